@@ -1,0 +1,137 @@
+"""Read raw delimited logs as strings and split them into typed rows and quarantined rows.
+
+A row is quarantined, with a reason, when a non-empty value does not parse as its declared
+``input_type``, when it has more columns than declared, or when a label is missing. Empty
+values of feature columns are missing values (filled later), not errors.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from recpipe.config.data import InputField, InputType
+
+SPARK_TYPES = {
+    InputType.STRING: T.StringType(),
+    InputType.INT32: T.IntegerType(),
+    InputType.INT64: T.LongType(),
+    InputType.FLOAT: T.FloatType(),
+    InputType.DOUBLE: T.DoubleType(),
+    InputType.BOOL: T.BooleanType(),
+}
+EXTRA = "_extra_columns"
+SOURCE = "_source_file"
+REASON = "_reason"
+
+
+class RawInputError(RuntimeError):
+    """A raw partition is missing, unreadable, or has a header that does not match the config."""
+
+
+def data_files(partition: Path) -> list[Path]:
+    """The data files of a partition directory (hidden and ``_`` files excluded).
+
+    Raises:
+        RawInputError: the directory does not exist or holds no data file.
+    """
+    if not partition.is_dir():
+        raise RawInputError(f"raw partition not found: {partition}")
+    files = sorted(p for p in partition.iterdir() if p.is_file() and not p.name.startswith(("_", ".")))
+    if not files:
+        raise RawInputError(f"raw partition has no data file: {partition}")
+    return files
+
+
+def check_header(path: Path, fields: list[InputField], separator: str) -> None:
+    """Check that a file's header names exactly the declared fields, in order.
+
+    Raises:
+        RawInputError: unreadable file or another header (names the file and both headers).
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            header = f.readline().rstrip("\r\n")
+    except (OSError, UnicodeDecodeError) as err:
+        raise RawInputError(f"cannot read raw file {path}: {err}") from err
+    got = [h.strip().strip('"') for h in header.split(separator)]
+    want = [f.input_name for f in fields]
+    if got != want:
+        raise RawInputError(f"{path}: header {got} does not match data_config.input_fields {want}")
+
+
+def read_strings(spark: SparkSession, files: list[Path], fields: list[InputField], separator: str) -> DataFrame:
+    """Read delimited files with a header as all-string columns plus the source file name."""
+    schema = T.StructType(
+        [T.StructField(f.input_name, T.StringType()) for f in fields] + [T.StructField(EXTRA, T.StringType())]
+    )
+    df = (
+        spark.read.option("header", True)
+        .option("sep", separator)
+        .option("mode", "PERMISSIVE")
+        .schema(schema)
+        .csv([str(p) for p in files])
+    )
+    return df.withColumn(SOURCE, F.input_file_name())
+
+
+def _blank(col: Column) -> Column:
+    return col.isNull() | (F.trim(col) == "")
+
+
+def typed_and_bad(df: DataFrame, fields: list[InputField], labels: list[str]) -> tuple[DataFrame, DataFrame]:
+    """Cast the string columns to their declared types.
+
+    Returns:
+        (typed rows with the declared columns, quarantined rows with every raw string
+        column, ``_source_file`` and ``_reason``).
+    """
+    reasons = [F.when(F.col(EXTRA).isNotNull(), F.lit("more columns than data_config.input_fields"))]
+    casted = {}
+    for field in fields:
+        raw = F.col(field.input_name)
+        if field.input_type == InputType.STRING:
+            casted[field.input_name] = raw
+            continue
+        value = F.trim(raw).try_cast(SPARK_TYPES[field.input_type])
+        casted[field.input_name] = value
+        reasons.append(
+            F.when(
+                ~_blank(raw) & value.isNull(),
+                F.concat(F.lit(f"{field.input_name}: cannot parse '"), raw, F.lit(f"' as {field.input_type.value}")),
+            )
+        )
+    for label in labels:
+        reasons.append(F.when(_blank(F.col(label)), F.lit(f"{label}: missing label")))
+    with_reason = df.withColumn(REASON, F.concat_ws("; ", *reasons))
+    bad = with_reason.filter(F.col(REASON) != "")
+    good = with_reason.filter(F.col(REASON) == "").select(
+        *[casted[f.input_name].alias(f.input_name) for f in fields]
+    )
+    return good, bad
+
+
+def read_dimension(spark: SparkSession, path: Path, fields: list[InputField], separator: str) -> DataFrame:
+    """Read the declared columns of a dimension snapshot (other columns are ignored).
+
+    Values that do not parse become missing (nulls): a dimension row never drops an event.
+
+    Raises:
+        RawInputError: the file is missing, or lacks a declared column (names both).
+    """
+    if not path.is_file():
+        raise RawInputError(f"dimension table not found: {path}")
+    df = spark.read.option("header", True).option("sep", separator).csv(str(path))
+    missing = [f.input_name for f in fields if f.input_name not in df.columns]
+    if missing:
+        raise RawInputError(f"{path}: columns {missing} of data_config.dimension_tables are missing")
+    columns = []
+    for f in fields:
+        raw = F.col(f.input_name)
+        if f.input_type != InputType.STRING:
+            raw = F.trim(raw).try_cast(SPARK_TYPES[f.input_type])
+        columns.append(raw.alias(f.input_name))
+    return df.select(*columns)

@@ -1,0 +1,46 @@
+"""The SparkSession the feature job runs in (local mode unless spark-submit gave a master)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from pyspark import SparkConf
+from pyspark.sql import SparkSession
+
+
+def get_spark(app_name: str = "recpipe-features", master: str | None = None) -> SparkSession:
+    """Get or create the session.
+
+    The master is, in order: ``master``, the one spark-submit set, ``$RECPIPE_SPARK_MASTER``,
+    ``local[*]``. Loopback only, no UI port, UTC, few shuffle partitions (one machine).
+    """
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = (
+        SparkSession.builder.appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.driver.memory", os.environ.get("RECPIPE_SPARK_DRIVER_MEMORY", "2g"))
+        # the job writes its own _SUCCESS after the stats files
+        .config("spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs", "false")
+        .config("spark.hadoop.parquet.block.size", str(16 << 20))
+    )
+    if master is not None or not SparkConf().contains("spark.master"):
+        builder = builder.master(master or os.environ.get("RECPIPE_SPARK_MASTER", "local[*]"))
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(os.environ.get("RECPIPE_SPARK_LOG_LEVEL", "WARN"))
+    _quiet_header_checker(spark)
+    return spark
+
+
+def _quiet_header_checker(spark: SparkSession) -> None:
+    # features.schema reads one sentinel column more than the header has, on purpose.
+    jvm = spark.sparkContext._jvm
+    jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
+        "org.apache.spark.sql.catalyst.csv.CSVHeaderChecker", jvm.org.apache.logging.log4j.Level.ERROR
+    )

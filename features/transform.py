@@ -1,0 +1,102 @@
+"""Apply ``feature_config`` to typed rows: ids cleaned, tags split, dense values normalised.
+
+Dense statistics (count, mean, std, min, max) come from a window of days and are saved
+as ``_normalization.json`` beside the day's features, so serving can apply the same
+transform to raw values. Normalisations (``recpipe.config.data.Normalizer``):
+``log``: sign(x) * ln(1 + |x|); ``min_max``: (x - min) / (max - min) clipped to [0, 1];
+``standard``: (x - mean) / std (std 0 -> 1). Missing values are filled before
+normalising with ``default_val``, or with the window mean when it is unset.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from recpipe.config.data import FeatureConfig, FeatureSpec, FeatureType, InputType, Normalizer
+from recpipe.ids import STRIP_PATTERN
+
+
+def clean_id(col: Column, input_type: InputType) -> Column:
+    """Clean an id value to its canonical string (``recpipe.ids`` step 1)."""
+    if input_type in (InputType.INT32, InputType.INT64):
+        return F.coalesce(col.cast(T.LongType()).cast(T.StringType()), F.lit(""))
+    return F.coalesce(F.regexp_replace(col, STRIP_PATTERN, ""), F.lit(""))
+
+
+def split_tags(col: Column, separator: str) -> Column:
+    """Split a tag string into cleaned, non-empty tokens (array<string>, empty when missing)."""
+    tokens = F.split(F.coalesce(col, F.lit("")), _regex_literal(separator))
+    cleaned = F.transform(tokens, lambda t: F.regexp_replace(t, STRIP_PATTERN, ""))
+    return F.filter(cleaned, lambda t: t != "")
+
+
+def _regex_literal(text: str) -> str:
+    return "".join("\\" + ch if not ch.isalnum() else ch for ch in text)
+
+
+def dense_statistics(df: DataFrame, features: list[FeatureSpec]) -> dict[str, dict[str, float | None]]:
+    """Count, mean, population std, min and max of each RawFeature's input over ``df``."""
+    raw = [f for f in features if f.feature_type == FeatureType.RawFeature]
+    if not raw:
+        return {}
+    aggs = []
+    for f in raw:
+        x = F.col(f.input_names[0]).cast(T.DoubleType())
+        aggs += [
+            F.count(x).alias(f"{f.name}__count"),
+            F.mean(x).alias(f"{f.name}__mean"),
+            F.stddev_pop(x).alias(f"{f.name}__std"),
+            F.min(x).alias(f"{f.name}__min"),
+            F.max(x).alias(f"{f.name}__max"),
+        ]
+    row = df.agg(*aggs).collect()[0].asDict()
+    return {f.name: {k: row[f"{f.name}__{k}"] for k in ("count", "mean", "std", "min", "max")} for f in raw}
+
+
+def normalization_params(feature: FeatureSpec, stats: dict[str, float | None]) -> dict[str, float | str]:
+    """The fill value and normaliser constants for one RawFeature, from its window stats."""
+    mean = stats.get("mean")
+    fill = feature.default_val if feature.default_val is not None else (mean if mean is not None else 0.0)
+    params: dict[str, float | str] = {"method": feature.normalizer.value, "fill": float(fill)}
+    if feature.normalizer == Normalizer.standard:
+        std = stats.get("std") or 0.0
+        params.update(mean=float(mean or 0.0), std=float(std) if std > 0 else 1.0)
+    elif feature.normalizer == Normalizer.min_max:
+        lo, hi = stats.get("min"), stats.get("max")
+        lo = float(lo) if lo is not None else 0.0
+        hi = float(hi) if hi is not None else lo + 1.0
+        params.update(min=lo, max=hi if hi > lo else lo + 1.0)
+    return params
+
+
+def normalize(col: Column, params: dict[str, float | str]) -> Column:
+    """Fill and normalise a dense column (float)."""
+    x = F.coalesce(col.cast(T.DoubleType()), F.lit(params["fill"]))
+    method = params["method"]
+    if method == Normalizer.log.value:
+        x = F.signum(x) * F.log1p(F.abs(x))
+    elif method == Normalizer.min_max.value:
+        x = F.least(F.greatest((x - params["min"]) / (params["max"] - params["min"]), F.lit(0.0)), F.lit(1.0))
+    elif method == Normalizer.standard.value:
+        x = (x - params["mean"]) / params["std"]
+    return x.cast(T.FloatType())
+
+
+def feature_columns(
+    feature_config: FeatureConfig,
+    types: dict[str, InputType],
+    normalization: dict[str, dict[str, float | str]],
+) -> list[Column]:
+    """One output column per feature, named by the feature's name."""
+    out = []
+    for f in feature_config.features:
+        col = F.col(f.input_names[0])
+        if f.feature_type == FeatureType.IdFeature:
+            out.append(clean_id(col, types[f.input_names[0]]).alias(f.name))
+        elif f.feature_type == FeatureType.TagFeature:
+            out.append(split_tags(col, f.separator).alias(f.name))
+        else:
+            out.append(normalize(col, normalization[f.name]).alias(f.name))
+    return out

@@ -1,0 +1,1 @@
+"""recpipe: the daily retraining pipeline for recommendation models."""

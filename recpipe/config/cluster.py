@@ -1,0 +1,52 @@
+"""Cluster resources, kept apart from the model config (PaddleRec's ``backend.yaml`` idea).
+
+``conf/cluster/*.yaml`` names the launcher and sizes each role; the same pipeline config can
+run on a laptop (``local``) or a cluster (``kubernetes``) by swapping only this file.
+"""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import Field, field_validator
+
+from recpipe.config.base import Section
+
+_MEMORY = re.compile(r"^\d+(\.\d+)?(Ki|Mi|Gi|Ti)?$")
+
+
+class RoleResources(Section):
+    """How many processes of one role, and what each gets.
+
+    ``cpu`` in cores, ``memory`` as a Kubernetes quantity (``512Mi``, ``4Gi``), ``gpu`` a count.
+    """
+
+    count: int = Field(0, ge=0)
+    cpu: float = Field(1.0, gt=0)
+    memory: str = "2Gi"
+    gpu: int = Field(0, ge=0)
+
+    @field_validator("memory")
+    @classmethod
+    def _quantity(cls, value: str) -> str:
+        if not _MEMORY.match(value):
+            raise ValueError(f"{value!r} is not a memory quantity like 512Mi or 4Gi")
+        return value
+
+
+class ClusterConfig(Section):
+    """Launcher and per-role resources (ps, worker, evaluator)."""
+
+    launcher: str = Field("local", pattern="^(local|kubernetes)$")
+    namespace: str = "default"
+    image: str | None = None
+    ps: RoleResources = Field(default_factory=RoleResources)
+    worker: RoleResources = Field(default_factory=lambda: RoleResources(count=1))
+    evaluator: RoleResources = Field(default_factory=RoleResources)
+
+    @field_validator("worker")
+    @classmethod
+    def _one_worker(cls, worker: RoleResources) -> RoleResources:
+        if worker.count < 1:
+            raise ValueError("at least one worker is needed")
+        return worker

@@ -1,0 +1,138 @@
+"""``data_config`` and ``feature_config``: what the raw logs hold and how features are built.
+
+Field names follow EasyRec's ``DatasetConfig`` and ``FeatureConfig`` (input_fields,
+input_name, input_type, label_fields, feature_type IdFeature / RawFeature / TagFeature,
+embedding_dim, hash_bucket_size, embedding_name, combiner, separator).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from pydantic import Field, field_validator, model_validator
+
+from recpipe.config.base import Section
+
+
+class InputType(str, Enum):
+    """Raw column types (EasyRec ``DatasetConfig.FieldType``)."""
+
+    STRING = "STRING"
+    INT32 = "INT32"
+    INT64 = "INT64"
+    FLOAT = "FLOAT"
+    DOUBLE = "DOUBLE"
+    BOOL = "BOOL"
+
+
+class InputField(Section):
+    """One column of the raw logs."""
+
+    input_name: str
+    input_type: InputType = InputType.STRING
+
+
+class DimensionTable(Section):
+    """A dimension snapshot joined to each day's events on ``key`` (e.g. users, items).
+
+    ``path`` is relative to ``raw_input_path`` unless absolute; the file is delimited text
+    with a header, ``input_fields`` typed as in the events.
+    """
+
+    name: str
+    path: str
+    key: str
+    separator: str = ","
+    input_fields: list[InputField]
+
+
+class DataConfig(Section):
+    """Raw log format and the input pipeline's batching (EasyRec ``data_config``)."""
+
+    input_format: str = Field("csv", pattern="^csv$")
+    separator: str = ","
+    input_fields: list[InputField]
+    label_fields: list[str] = Field(default_factory=lambda: ["label"])
+    dimension_tables: list[DimensionTable] = Field(default_factory=list)
+    batch_size: int = Field(1024, gt=0)
+    num_epochs: int = Field(1, gt=0)
+    shuffle: bool = True
+    shuffle_buffer_size: int = Field(32, gt=0)
+    prefetch_size: int = Field(32, gt=0)
+    max_bad_row_fraction: float = Field(0.01, ge=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _labels_declared(self) -> "DataConfig":
+        names = {f.input_name for f in self.input_fields}
+        if len(names) != len(self.input_fields):
+            raise ValueError("input_fields: duplicate input_name")
+        missing = [name for name in self.label_fields if name not in names]
+        if missing:
+            raise ValueError(f"label_fields {missing} are not among input_fields")
+        return self
+
+    def all_fields(self) -> dict[str, InputType]:
+        """Every column available to features: the events' and the dimension tables'."""
+        fields = {f.input_name: f.input_type for f in self.input_fields}
+        for table in self.dimension_tables:
+            for f in table.input_fields:
+                fields.setdefault(f.input_name, f.input_type)
+        return fields
+
+
+class FeatureType(str, Enum):
+    """EasyRec feature types supported by recpipe."""
+
+    IdFeature = "IdFeature"
+    RawFeature = "RawFeature"
+    TagFeature = "TagFeature"
+
+
+class Normalizer(str, Enum):
+    """Dense normalisations; statistics come from ``normalization_window_days`` of raw data.
+
+    ``log``: sign(x) * log(1 + |x|) (no statistics); ``min_max``: (x - min) / (max - min)
+    clipped to [0, 1]; ``standard``: (x - mean) / std (std 0 -> 1); ``none``.
+    """
+
+    none = "none"
+    log = "log"
+    min_max = "min_max"
+    standard = "standard"
+
+
+class FeatureSpec(Section):
+    """One feature (EasyRec ``FeatureConfig``)."""
+
+    input_names: list[str] = Field(min_length=1, max_length=1)
+    feature_name: str | None = None
+    feature_type: FeatureType = FeatureType.IdFeature
+    embedding_dim: int = Field(16, gt=0)
+    hash_bucket_size: int | None = Field(None, gt=0)
+    embedding_name: str | None = None
+    separator: str = "|"
+    combiner: str = Field("sum", pattern="^(sum|mean)$")
+    normalizer: Normalizer = Normalizer.none
+    default_val: float | None = None
+
+    @property
+    def name(self) -> str:
+        """The feature's name: ``feature_name`` or its input column."""
+        return self.feature_name or self.input_names[0]
+
+
+class FeatureConfig(Section):
+    """All features, and the window of days over which dense statistics are computed."""
+
+    features: list[FeatureSpec] = Field(min_length=1)
+    normalization_window_days: int = Field(7, gt=0)
+
+    @field_validator("features")
+    @classmethod
+    def _unique_names(cls, features: list[FeatureSpec]) -> list[FeatureSpec]:
+        seen: set[str] = set()
+        for feature in features:
+            if feature.name in seen:
+                raise ValueError(f"duplicate feature name {feature.name!r}")
+            seen.add(feature.name)
+        return features

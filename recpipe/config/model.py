@@ -1,0 +1,146 @@
+"""``model_config``, ``eval_config`` and ``export_config`` (EasyRec names)."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from pydantic import Field
+
+from recpipe.config.base import OneOf, Section
+
+
+class WideDeep(str, Enum):
+    DEEP = "DEEP"
+    WIDE = "WIDE"
+
+
+class FeatureGroup(Section):
+    """EasyRec ``feature_groups``: named lists of features fed to one part of the model."""
+
+    group_name: str
+    feature_names: list[str] = Field(min_length=1)
+    wide_deep: WideDeep = WideDeep.DEEP
+
+
+class DNN(Section):
+    hidden_units: list[int] = Field(default_factory=lambda: [256, 128, 64])
+    dropout_ratio: float = Field(0.0, ge=0, lt=1)
+    use_bn: bool = False
+
+
+class DNNModel(Section):
+    dnn: DNN = Field(default_factory=DNN)
+
+
+class WideAndDeepModel(Section):
+    dnn: DNN = Field(default_factory=DNN)
+    wide_output_dim: int = Field(1, gt=0)
+
+
+class DeepFMModel(Section):
+    dnn: DNN = Field(default_factory=DNN)
+    final_dnn: DNN | None = None
+    wide_output_dim: int = Field(1, gt=0)
+
+
+class DLRMModel(Section):
+    bot_dnn: DNN = Field(default_factory=lambda: DNN(hidden_units=[64, 16]))
+    top_dnn: DNN = Field(default_factory=lambda: DNN(hidden_units=[128, 64]))
+    arch_interaction_itself: bool = False
+
+
+class DCNModel(Section):
+    """DCN-v2: ``cross_num`` full-rank cross layers beside a DNN (Wang et al., 2021)."""
+
+    cross_num: int = Field(3, gt=0)
+    deep_tower: DNN = Field(default_factory=DNN)
+    final_dnn: DNN | None = None
+
+
+class ModelClass(str, Enum):
+    DNN = "DNN"
+    WideAndDeep = "WideAndDeep"
+    DeepFM = "DeepFM"
+    DLRM = "DLRM"
+    DCN = "DCN"
+
+
+class LossType(str, Enum):
+    """EasyRec ``loss_type`` values (shared/reference/easyrec_train_config_and_losses.txt)."""
+
+    CLASSIFICATION = "CLASSIFICATION"
+    L2_LOSS = "L2_LOSS"
+    SIGMOID_L2_LOSS = "SIGMOID_L2_LOSS"
+    CROSS_ENTROPY_LOSS = "CROSS_ENTROPY_LOSS"
+    PAIR_WISE_LOSS = "PAIR_WISE_LOSS"
+    F1_REWEIGHTED_LOSS = "F1_REWEIGHTED_LOSS"
+
+
+class Loss(Section):
+    loss_type: LossType
+    weight: float = Field(1.0, ge=0)
+    f1_beta_square: float = Field(1.0, gt=0)
+
+
+class ModelConfig(Section):
+    """EasyRec ``model_config``: the class, its feature groups, and its own block."""
+
+    model_class: ModelClass = ModelClass.DeepFM
+    feature_groups: list[FeatureGroup] = Field(min_length=1)
+    dnn: DNNModel | None = None
+    wide_and_deep: WideAndDeepModel | None = None
+    deepfm: DeepFMModel | None = None
+    dlrm: DLRMModel | None = None
+    dcn: DCNModel | None = None
+    embedding_regularization: float = Field(0.0, ge=0)
+    loss_type: LossType = LossType.CLASSIFICATION
+    losses: list[Loss] = Field(default_factory=list)
+
+
+class AUC(Section):
+    num_thresholds: int = Field(200, gt=1)
+
+
+class GAUC(Section):
+    uid_field: str
+
+
+class Thresholded(Section):
+    threshold: float = Field(0.5, ge=0, le=1)
+
+
+class Empty(Section):
+    pass
+
+
+class Metric(OneOf):
+    """One ``metrics_set`` entry, e.g. ``{auc: {}}`` or ``{gauc: {uid_field: user_id}}``."""
+
+    auc: AUC | None = None
+    gauc: GAUC | None = None
+    logloss: Empty | None = None
+    accuracy: Thresholded | None = None
+    precision: Thresholded | None = None
+    recall: Thresholded | None = None
+
+
+class EvalMethod(str, Enum):
+    separate = "separate"
+    master = "master"
+    none = "none"
+
+
+class EvalConfig(Section):
+    """EasyRec ``eval_config``; ``eval_method`` as PAI's ``-Deval_method``."""
+
+    eval_method: EvalMethod = EvalMethod.none
+    metrics_set: list[Metric] = Field(default_factory=lambda: [Metric(auc=AUC())])
+    num_examples: int | None = Field(None, gt=0)
+
+
+class ExportConfig(Section):
+    """EasyRec ``export_config``."""
+
+    exporter_type: str = Field("final", pattern="^(final|latest|best)$")
+    exports_to_keep: int = Field(5, gt=0)
+    best_exporter_metric: str = "auc"

@@ -1,0 +1,81 @@
+"""The whole pipeline config (EasyRec's ``EasyRecConfig``), as read from ``conf/*.yaml``."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from recpipe.config.base import Section
+from recpipe.config.data import DataConfig, FeatureConfig, FeatureType, InputType
+from recpipe.config.model import EvalConfig, ExportConfig, ModelConfig
+from recpipe.config.train import TrainConfig
+
+
+class PipelineConfig(Section):
+    """One pipeline: where data lives and every section EasyRec names.
+
+    Paths are relative to the working directory unless absolute. Day partitions below
+    ``raw_input_path`` and ``train_input_path`` are ``ds=YYYY-MM-DD`` directories.
+    """
+
+    model_dir: str
+    raw_input_path: str
+    train_input_path: str
+    eval_input_path: str | None = None
+    quarantine_path: str | None = None
+    data_config: DataConfig
+    feature_config: FeatureConfig
+    model_config_: ModelConfig | None = Field(None, alias="model_config")
+    train_config: TrainConfig = Field(default_factory=TrainConfig)
+    eval_config: EvalConfig = Field(default_factory=EvalConfig)
+    export_config: ExportConfig = Field(default_factory=ExportConfig)
+
+    model_config = {"extra": "forbid", "validate_assignment": True, "populate_by_name": True}
+
+    @model_validator(mode="after")
+    def _features_match_inputs(self) -> "PipelineConfig":
+        fields = self.data_config.all_fields()
+        for i, feature in enumerate(self.feature_config.features):
+            column = feature.input_names[0]
+            if column not in fields:
+                raise ValueError(
+                    f"feature_config.features[{i}].input_names: {column!r} is not a column of "
+                    "data_config.input_fields or a dimension table"
+                )
+            kind = fields[column]
+            if feature.feature_type == FeatureType.IdFeature and kind not in (
+                InputType.STRING,
+                InputType.INT32,
+                InputType.INT64,
+            ):
+                raise ValueError(
+                    f"feature_config.features[{i}]: IdFeature {feature.name!r} needs a STRING or "
+                    f"integer column, {column!r} is {kind.value}"
+                )
+            if feature.feature_type == FeatureType.TagFeature and kind != InputType.STRING:
+                raise ValueError(
+                    f"feature_config.features[{i}]: TagFeature {feature.name!r} needs a STRING "
+                    f"column, {column!r} is {kind.value}"
+                )
+        if self.model_config_ is not None:
+            names = {f.name for f in self.feature_config.features}
+            for g, group in enumerate(self.model_config_.feature_groups):
+                unknown = [n for n in group.feature_names if n not in names]
+                if unknown:
+                    raise ValueError(
+                        f"model_config.feature_groups[{g}].feature_names: unknown features {unknown}"
+                    )
+        return self
+
+    @property
+    def model(self) -> ModelConfig | None:
+        """``model_config`` (named so because pydantic reserves ``model_config``)."""
+        return self.model_config_
+
+    @property
+    def effective_quarantine_path(self) -> str:
+        """Where rows that fail the schema go; defaults beside the features."""
+        return self.quarantine_path or self.train_input_path.rstrip("/") + "_quarantine"
+
+    def to_dict(self) -> dict:
+        """The config as plain data, with EasyRec's section names."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)

@@ -1,0 +1,130 @@
+"""``train_config``: optimizers, learning rates, distribution and checkpointing.
+
+Names and defaults follow EasyRec's ``train.proto`` / ``optimizer.proto``
+(shared/reference/easyrec_train_config.md): several ``optimizer_config`` entries split the
+weights (the first for embeddings, the second for dense weights; for WideAndDeep the first is
+the wide part's and a third gives the deep embeddings their own).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from pydantic import Field, model_validator
+
+from recpipe.config.base import OneOf, Section
+
+
+class ConstantLearningRate(Section):
+    learning_rate: float = Field(0.001, gt=0)
+
+
+class ExponentialDecayLearningRate(Section):
+    """lr = initial * decay_factor ** (step / decay_steps), floored at ``min_learning_rate``."""
+
+    initial_learning_rate: float = Field(0.001, gt=0)
+    decay_steps: int = Field(10000, gt=0)
+    decay_factor: float = Field(0.95, gt=0, le=1)
+    staircase: bool = True
+    min_learning_rate: float = Field(0.0, ge=0)
+
+
+class LearningRate(OneOf):
+    """Learning-rate schedule, with an optional linear warmup from ``warmup_learning_rate``."""
+
+    constant_learning_rate: ConstantLearningRate | None = None
+    exponential_decay_learning_rate: ExponentialDecayLearningRate | None = None
+
+
+class _Optimizer(Section):
+    learning_rate: LearningRate = Field(
+        default_factory=lambda: LearningRate(constant_learning_rate=ConstantLearningRate())
+    )
+    warmup_steps: int = Field(0, ge=0)
+    warmup_learning_rate: float = Field(0.0, ge=0)
+
+
+class SgdOptimizer(_Optimizer):
+    pass
+
+
+class MomentumOptimizer(_Optimizer):
+    momentum_optimizer_value: float = Field(0.9, ge=0, lt=1)
+
+
+class AdagradOptimizer(_Optimizer):
+    initial_accumulator_value: float = Field(0.1, ge=0)
+
+
+class AdamOptimizer(_Optimizer):
+    beta1: float = Field(0.9, ge=0, lt=1)
+    beta2: float = Field(0.999, ge=0, lt=1)
+    epsilon: float = Field(1e-7, gt=0)
+
+
+class AdamWOptimizer(AdamOptimizer):
+    weight_decay: float = Field(1e-4, ge=0)
+
+
+class FtrlOptimizer(_Optimizer):
+    learning_rate_power: float = Field(-0.5, le=0)
+    initial_accumulator_value: float = Field(0.1, ge=0)
+    l1_reg: float = Field(0.0, ge=0)
+    l2_reg: float = Field(0.0, ge=0)
+
+
+class OptimizerConfig(OneOf):
+    """One ``optimizer_config`` entry: exactly one optimizer."""
+
+    sgd_optimizer: SgdOptimizer | None = None
+    momentum_optimizer: MomentumOptimizer | None = None
+    adagrad_optimizer: AdagradOptimizer | None = None
+    adam_optimizer: AdamOptimizer | None = None
+    adamw_optimizer: AdamWOptimizer | None = None
+    ftrl_optimizer: FtrlOptimizer | None = None
+
+
+class TrainDistribute(str, Enum):
+    """EasyRec's ``train_distribute`` names."""
+
+    NoStrategy = "NoStrategy"
+    PSStrategy = "PSStrategy"
+    MirroredStrategy = "MirroredStrategy"
+    MultiWorkerMirroredStrategy = "MultiWorkerMirroredStrategy"
+    HorovodStrategy = "HorovodStrategy"
+    EmbeddingParallelStrategy = "EmbeddingParallelStrategy"
+    SokStrategy = "SokStrategy"
+
+
+class TrainConfig(Section):
+    """EasyRec ``train_config``."""
+
+    log_step_count_steps: int = Field(10, gt=0)
+    optimizer_config: list[OptimizerConfig] = Field(
+        default_factory=lambda: [OptimizerConfig(adam_optimizer=AdamOptimizer())],
+        min_length=1,
+        max_length=3,
+    )
+    sync_replicas: bool = False
+    train_distribute: TrainDistribute = TrainDistribute.NoStrategy
+    num_gpus_per_worker: int = Field(1, ge=0)
+    num_steps: int | None = Field(None, gt=0)
+    fine_tune_checkpoint: str | None = None
+    fine_tune_ckpt_var_map: str | None = None
+    save_checkpoints_steps: int | None = Field(None, gt=0)
+    save_checkpoints_secs: int | None = Field(None, gt=0)
+    keep_checkpoint_max: int = Field(10, gt=0)
+    save_summary_steps: int = Field(1000, gt=0)
+
+    @model_validator(mode="after")
+    def _checkpoint_cadence(self) -> "TrainConfig":
+        if self.save_checkpoints_steps is not None and self.save_checkpoints_secs is not None:
+            raise ValueError(
+                "save_checkpoints_steps and save_checkpoints_secs are both set; set only one"
+            )
+        if self.save_checkpoints_steps is None and self.save_checkpoints_secs is None:
+            # EasyRec's default cadence; assigned without re-running validation.
+            object.__setattr__(self, "save_checkpoints_steps", 1000)
+        if self.sync_replicas and self.train_distribute != TrainDistribute.NoStrategy:
+            raise ValueError("sync_replicas: true is only valid with train_distribute: NoStrategy")
+        return self

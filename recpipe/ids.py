@@ -1,0 +1,18 @@
+"""The id contract shared by the Spark job and the TensorFlow graphs (training and serving).
+
+1. Clean (Spark, in ``features/transform.py``; TensorFlow, in ``trainer/features/ids.py``):
+   integer columns are written in decimal; strings lose leading and trailing
+   ``WHITESPACE``; a missing value becomes ``""``. Tag values are split on the feature's
+   ``separator`` first, each token cleaned, empty tokens dropped.
+2. Hash (TensorFlow only, for training and serving alike): the 64-bit id is FarmHash
+   ``Fingerprint64`` of the cleaned value's UTF-8 bytes (``tf.fingerprint``, as an int64
+   bit pattern); with ``hash_bucket_size`` N the id is that fingerprint, unsigned, modulo N
+   (``tf.strings.to_hash_bucket_fast``, as EasyRec's ``hash_bucket_size``).
+
+Spark therefore emits clean string ids and never hashes: one hash implementation, so the
+exported serving graph reproduces the training ids exactly from raw values.
+"""
+
+# RE2 (TensorFlow) and java.util.regex (Spark) read this class the same way.
+WHITESPACE = "[ \\t\\r\\n\\f]"
+STRIP_PATTERN = f"^{WHITESPACE}+|{WHITESPACE}+$"

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# One-command setup, idempotent: .venv with exactly requirements.lock, Horovod built with
+# Gloo against that TensorFlow, the project installed editable. Seconds when nothing is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+say() { echo "setup: $*" >&2; }
+
+if ! java -version 2>&1 | grep -qE 'version "17'; then
+  say "Spark 4 needs Java 17 and 'java' is $(command -v java || echo missing)."
+  say "Install it with: sudo apt-get update && sudo apt-get install -y openjdk-17-jre-headless"
+  exit 1
+fi
+
+stamp=.venv/.recpipe-setup
+want=$(cat requirements.lock pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  exit 0
+fi
+
+PY=${PYTHON:-python3.11}
+if [ ! -x .venv/bin/python ]; then
+  command -v "$PY" >/dev/null || { say "Python 3.11 ($PY) not found; set PYTHON=/path/to/python3.11"; exit 1; }
+  say "creating .venv with $($PY --version)"
+  "$PY" -m venv .venv
+fi
+pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@"; }
+
+say "installing requirements.lock"
+pip install -r requirements.lock
+# apache-airflow-providers-apache-spark pulls pyspark-client, which overwrites pyspark's files.
+want_spark=$(grep -E '^pyspark==' requirements.lock | cut -d= -f3)
+if [ "$(.venv/bin/python -c 'import pyspark; print(pyspark.__version__)')" != "$want_spark" ]; then
+  say "re-installing pyspark $want_spark over pyspark-client's files"
+  pip install --no-deps --force-reinstall "pyspark==$want_spark"
+fi
+[ "$(.venv/bin/python -c 'import pyspark; print(pyspark.__version__)')" = "$want_spark" ]
+
+if ! .venv/bin/python -c 'import horovod.tensorflow' >/dev/null 2>&1; then
+  say "building horovod 0.28.1 with Gloo (2-4 minutes the first time; pip caches the wheel)"
+  HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
+  HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=gloo \
+    pip install --no-build-isolation horovod==0.28.1
+fi
+
+pip install --no-deps --no-build-isolation -e .
+echo "$want" > "$stamp"
+say "ready: $(.venv/bin/python --version), .venv/bin/recpipe"
