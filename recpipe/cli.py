@@ -68,6 +68,7 @@ def features_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--master", default=None, help="Spark master (default local[*])")
     args, extra = parser.parse_known_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
     config = config_from_args(args, extra)
     from features.prepare import prepare_day
     from features.session import get_spark

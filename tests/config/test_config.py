@@ -1,0 +1,179 @@
+"""The pipeline config: shipped files, EasyRec overrides, and every error path."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from recpipe.config import (
+    ConfigError,
+    apply_edits,
+    load_cluster_config,
+    load_pipeline_config,
+    parse_edit_config_json,
+    parse_extend_args,
+)
+from recpipe.config.train import TrainDistribute
+
+ROOT = Path(__file__).resolve().parents[2]
+ML = ROOT / "conf/movielens_deepfm.yaml"
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "conf").glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_configs_load(path):
+    config = load_pipeline_config(path)
+    assert config.train_config.log_step_count_steps > 0
+    assert config.model is not None and config.model.feature_groups
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "conf/cluster").glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_cluster_configs_load(path):
+    cluster = load_cluster_config(path)
+    assert cluster.launcher in ("local", "kubernetes") and cluster.worker.count >= 1
+
+
+def test_easyrec_defaults():
+    config = load_pipeline_config(ROOT / "conf/avazu_deepfm.yaml")
+    tc = config.train_config
+    assert (tc.log_step_count_steps, tc.save_checkpoints_steps, tc.keep_checkpoint_max) == (10, 1000, 10)
+    assert tc.save_summary_steps == 1000 and tc.train_distribute == TrainDistribute.NoStrategy
+    assert tc.optimizer_config[0].which() == "adam_optimizer"
+    assert config.eval_config.eval_method.value == "none"
+
+
+def test_both_override_forms():
+    edits = parse_edit_config_json('{"train_config.num_steps": 500, "data_config.batch_size": 64}')
+    edits |= parse_extend_args(["--train_config.train_distribute=HorovodStrategy", "--model_dir=/tmp/m"])
+    config = load_pipeline_config(ML, edits)
+    assert config.train_config.num_steps == 500 and config.data_config.batch_size == 64
+    assert config.train_config.train_distribute == TrainDistribute.HorovodStrategy
+    assert config.model_dir == "/tmp/m"
+
+
+def test_override_list_selectors():
+    edits = {
+        "feature_config.features[input_names[0]=item_id].embedding_dim": 8,
+        "feature_config.features[0].hash_bucket_size": 77,
+        "model_config.deepfm.dnn.hidden_units": [16, 8],
+        "train_config.optimizer_config[0].adam_optimizer.learning_rate.constant_learning_rate.learning_rate": 0.5,
+    }
+    config = load_pipeline_config(ML, edits)
+    by_name = {f.name: f for f in config.feature_config.features}
+    assert by_name["item_id"].embedding_dim == 8 and by_name["user_id"].hash_bucket_size == 77
+    assert config.model.deepfm.dnn.hidden_units == [16, 8]
+    lr = config.train_config.optimizer_config[0].value().learning_rate.value()
+    assert lr.learning_rate == 0.5
+
+
+def test_extend_args_parse_yaml_scalars():
+    edits = parse_extend_args(["--train_config.sync_replicas=true", "--data_config.num_epochs=3"])
+    assert edits == {"train_config.sync_replicas": True, "data_config.num_epochs": 3}
+
+
+def test_apply_edits_creates_missing_sections():
+    assert apply_edits({}, {"eval_config.eval_method": "master"}) == {"eval_config": {"eval_method": "master"}}
+
+
+@pytest.mark.parametrize(
+    "edits, message",
+    [
+        ({"train_config.num_stepz": 5}, "train_config.num_stepz: Extra inputs are not permitted"),
+        ({"train_config.num_steps": "many"}, "train_config.num_steps: Input should be a valid integer"),
+        ({"train_config.save_checkpoints_secs": 60}, "save_checkpoints_steps and save_checkpoints_secs are both set"),
+        ({"train_config.train_distribute": "Magic"}, "train_config.train_distribute: Input should be"),
+        ({"train_config.sync_replicas": True, "train_config.train_distribute": "PSStrategy"}, "sync_replicas"),
+        ({"train_config.optimizer_config": [{}]}, "train_config.optimizer_config[0]: set exactly one of"),
+        (
+            {"train_config.optimizer_config": [{"adam_optimizer": {}, "sgd_optimizer": {}}]},
+            "set exactly one of",
+        ),
+        ({"feature_config.features[0].embedding_dim": 0}, "feature_config.features[0].embedding_dim"),
+        ({"feature_config.features[0].input_names": ["nope"]}, "'nope' is not a column"),
+        ({"data_config.label_fields": ["clicked"]}, "label_fields ['clicked'] are not among input_fields"),
+        ({"model_config.feature_groups[0].feature_names": ["ghost"]}, "unknown features ['ghost']"),
+        ({"eval_config.metrics_set": [{"auc": {}, "gauc": {"uid_field": "u"}}]}, "eval_config.metrics_set[0]"),
+        ({"feature_config.features[0].combiner": "max"}, "feature_config.features[0].combiner"),
+    ],
+)
+def test_invalid_values_name_file_and_field(edits, message):
+    with pytest.raises(ConfigError) as err:
+        load_pipeline_config(ML, edits)
+    assert "movielens_deepfm.yaml" in str(err.value)
+    assert message in str(err.value)
+
+
+def test_unknown_key_in_file_is_an_error(tmp_path):
+    raw = yaml.safe_load(ML.read_text())
+    raw["train_config"]["num_step"] = 10
+    path = tmp_path / "typo.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match=r"typo\.yaml.*\n  train_config\.num_step: Extra inputs"):
+        load_pipeline_config(path)
+
+
+def test_id_feature_on_float_column_is_rejected():
+    with pytest.raises(ConfigError, match="IdFeature 'rating' needs a STRING or integer column"):
+        load_pipeline_config(ML, {"feature_config.features[0].input_names": ["rating"]})
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [(None, "no such config file"), ("a: [1", "not valid YAML"), ("- 1\n- 2\n", "expected a mapping")],
+)
+def test_unreadable_files(tmp_path, text, message):
+    path = tmp_path / "c.yaml"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_pipeline_config(path)
+
+
+@pytest.mark.parametrize(
+    "fn, arg, message",
+    [
+        (parse_edit_config_json, "{not json", "not valid JSON"),
+        (parse_edit_config_json, "[1, 2]", "expected a JSON object"),
+        (parse_extend_args, ["--num_steps"], "expected --section.field=value"),
+        (parse_extend_args, ["--trian_config.num_steps=1"], "'trian_config' is not a config section"),
+    ],
+)
+def test_bad_override_syntax(fn, arg, message):
+    with pytest.raises(ConfigError, match=message):
+        fn(arg)
+
+
+@pytest.mark.parametrize(
+    "path, message",
+    [
+        ("feature_config.features[99].embedding_dim", r"index \[99\] out of range"),
+        ("feature_config.features[input_names=ghost].embedding_dim", "no element with input_names=ghost"),
+        ("model_dir.x", "'x' is not a section"),
+    ],
+)
+def test_bad_override_paths(path, message):
+    with pytest.raises(ConfigError, match=message):
+        load_pipeline_config(ML, {path: 1})
+
+
+def test_cluster_errors_name_file_and_field(tmp_path):
+    path = tmp_path / "cluster.yaml"
+    path.write_text("launcher: local\nworker: {count: 0}\nps: {memory: lots}\n")
+    with pytest.raises(ConfigError) as err:
+        load_cluster_config(path)
+    text = str(err.value)
+    assert "cluster.yaml" in text and "worker: at least one worker" in text
+    assert "ps.memory: 'lots' is not a memory quantity" in text
+
+
+def test_cli_prints_effective_config_and_fails_clearly():
+    recpipe = [sys.executable, "-m", "recpipe.cli", "config", "--pipeline_config_path", str(ML)]
+    ok = subprocess.run([*recpipe, "--train_config.num_steps=7"], capture_output=True, text=True, cwd=ROOT)
+    assert ok.returncode == 0, ok.stderr
+    assert yaml.safe_load(ok.stdout)["train_config"]["num_steps"] == 7
+    bad = subprocess.run([*recpipe, "--train_config.num_steps=-1"], capture_output=True, text=True, cwd=ROOT)
+    assert bad.returncode == 2
+    assert "train_config.num_steps: Input should be greater than 0" in bad.stderr

@@ -1,0 +1,208 @@
+"""The Spark feature job on real MovieLens days (real Spark, real files)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow.csv as pacsv
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
+import pytest
+
+from features.prepare import BadRowsError, prepare_day
+from features.schema import RawInputError
+
+ROOT = Path(__file__).resolve().parents[2]
+DAYS = ["1997-09-22", "1997-09-23", "1997-09-24"]
+
+
+def _rows(config, ds) -> int:
+    return pacsv.read_csv(Path(config.raw_input_path) / f"ds={ds}" / "part-00000.csv").num_rows
+
+
+def _output(config, ds):
+    return pq.read_table(Path(config.train_input_path) / f"ds={ds}")
+
+
+def _parts(config, ds):
+    return sorted(p.name for p in (Path(config.train_input_path) / f"ds={ds}").iterdir())
+
+
+def test_days_conserve_rows_and_write_markers(spark, movielens_config):
+    for ds in DAYS:
+        stats = prepare_day(spark, movielens_config, ds)
+        out_dir = Path(movielens_config.train_input_path) / f"ds={ds}"
+        assert (out_dir / "_SUCCESS").exists()
+        assert stats["rows"] + stats["rows_quarantined"] == _rows(movielens_config, ds)
+        assert stats["rows_quarantined"] == 0 and _output(movielens_config, ds).num_rows == stats["rows"]
+        assert json.loads((out_dir / "_stats.json").read_text()) == stats
+        assert 0.3 < stats["positive_rate"] < 0.8
+    table = _output(movielens_config, DAYS[0])
+    assert table.schema.field("genres").type.value_type == "string"
+    assert table.column_names == [
+        "label", "user_id", "item_id", "gender", "occupation", "zip_code", "genres", "age", "release_year"
+    ]
+    # a pyarrow reader of the root sees exactly the finished days, with ds as a partition column
+    dataset = pads.dataset(movielens_config.train_input_path, partitioning="hive")
+    assert dataset.count_rows() == sum(_rows(movielens_config, d) for d in DAYS)
+
+
+def test_dense_features_follow_the_window_statistics(spark, movielens_config, movielens_raw):
+    prepare_day(spark, movielens_config, DAYS[1])
+    out_dir = Path(movielens_config.train_input_path) / f"ds={DAYS[1]}"
+    norm = json.loads((out_dir / "_normalization.json").read_text())
+    assert norm["window"][-1] == DAYS[1] and norm["window"][0] == "1997-09-20"
+    events = [
+        pacsv.read_csv(movielens_raw / "events" / f"ds={d}" / "part-00000.csv", convert_options=pacsv.ConvertOptions(column_types={"user_id": "string"}))
+        for d in norm["window"]
+    ]
+    users = pacsv.read_csv(movielens_raw / "dims/users.csv", convert_options=pacsv.ConvertOptions(column_types={"user_id": "string"}))
+    age_of = dict(zip(users["user_id"].to_pylist(), users["age"].to_pylist()))
+    ages = np.array([age_of[u] for t in events for u in t["user_id"].to_pylist()], dtype=float)
+    assert norm["features"]["age"]["mean"] == pytest.approx(ages.mean())
+    assert norm["features"]["age"]["std"] == pytest.approx(ages.std())
+    out = _output(movielens_config, DAYS[1])
+    day_ages = np.array([age_of[u] for u in out["user_id"].to_pylist()])
+    expected = (day_ages - ages.mean()) / ages.std()
+    np.testing.assert_allclose(out["age"].to_numpy(), expected, rtol=1e-5, atol=1e-5)
+    years = out["release_year"].to_numpy()
+    assert years.min() >= 0.0 and years.max() <= 1.0
+
+
+def test_rerun_is_idempotent_and_ids_are_stable(spark, movielens_config):
+    prepare_day(spark, movielens_config, DAYS[0])
+    first = _output(movielens_config, DAYS[0]).sort_by([("user_id", "ascending"), ("item_id", "ascending")])
+    prepare_day(spark, movielens_config, DAYS[0])
+    second = _output(movielens_config, DAYS[0]).sort_by([("user_id", "ascending"), ("item_id", "ascending")])
+    assert first.equals(second)
+    assert sum(p.endswith(".parquet") for p in _parts(movielens_config, DAYS[0])) >= 1
+    assert not [p for p in Path(movielens_config.train_input_path).iterdir() if p.name.startswith(".")]
+
+
+def test_spark_ids_equal_tensorflow_ids_on_raw_values(spark, movielens_config):
+    import tensorflow as tf
+
+    from trainer.features.ids import clean_ids, hash_ids, split_tags
+
+    prepare_day(spark, movielens_config, DAYS[0])
+    out = _output(movielens_config, DAYS[0])
+    raw = pacsv.read_csv(
+        Path(movielens_config.raw_input_path) / f"ds={DAYS[0]}" / "part-00000.csv",
+        convert_options=pacsv.ConvertOptions(column_types={"user_id": "string", "item_id": "string"}),
+    )
+    # the Spark job keeps the raw row order within its single input file
+    for name in ("user_id", "item_id"):
+        spark_side = hash_ids(tf.constant(out[name].to_pylist()), 20000).numpy()
+        padded = [f"  {v}\t" for v in raw[name].to_pylist()]  # serving may see untrimmed values
+        serving_side = hash_ids(clean_ids(tf.constant(padded)), 20000).numpy()
+        np.testing.assert_array_equal(spark_side, serving_side)
+        assert len(set(spark_side)) > 1
+    as_int = hash_ids(clean_ids(tf.constant(raw["user_id"].to_numpy().astype(np.int64))), 20000).numpy()
+    np.testing.assert_array_equal(as_int, hash_ids(tf.constant(out["user_id"].to_pylist()), 20000).numpy())
+    tags = split_tags(tf.constant([" Action  Comedy ", "", "Drama"]), " ")
+    assert tags.to_list() == [[b"Action", b"Comedy"], [], [b"Drama"]]
+    assert out["genres"].to_pylist()[0] and all(t == t.strip() and t for row in out["genres"].to_pylist() for t in row)
+
+
+def test_full_id_space_is_farmhash_fingerprint64():
+    import tensorflow as tf
+
+    from trainer.features.ids import hash_ids
+
+    full = hash_ids(tf.constant(["a", "196", ""])).numpy()
+    assert full.dtype == np.int64 and (full >= 0).all() and len(set(full)) == 3
+    np.testing.assert_array_equal(full % 1000, hash_ids(tf.constant(["a", "196", ""]), 1000).numpy() * 0 + full % 1000)
+
+
+def _append(path: Path, lines: list[str]) -> None:
+    with open(path, "a") as f:
+        f.writelines(line + "\n" for line in lines)
+
+
+def test_few_bad_rows_are_quarantined_and_counted(spark, movielens_config):
+    ds = DAYS[2]
+    part = Path(movielens_config.raw_input_path) / f"ds={ds}" / "part-00000.csv"
+    n = _rows(movielens_config, ds)
+    _append(part, ['"1","2",oops,874724710,1'])
+    stats = prepare_day(spark, movielens_config, ds)
+    assert stats["rows_in"] == n + 1 and stats["rows"] + stats["rows_quarantined"] == n + 1
+    assert stats["rows_quarantined"] == 1
+    assert stats["quarantine_reasons"] == {"rating: cannot parse 'oops' as DOUBLE": 1}
+    rows = [json.loads(line) for f in (Path(movielens_config.effective_quarantine_path) / f"ds={ds}").glob("*.json") for line in f.read_text().splitlines()]
+    assert len(rows) == 1 and rows[0]["rating"] == "oops" and rows[0]["_source_file"].endswith("part-00000.csv")
+
+
+def test_corrupted_file_fails_clearly_and_writes_no_partition(spark, movielens_config):
+    ds = DAYS[1]
+    part = Path(movielens_config.raw_input_path) / f"ds={ds}" / "part-00000.csv"
+    _append(part, ['"1","2",4,not-a-time,1', '"1","2",4', '"3","4",5,874724710,1,extra'] * 5)
+    with pytest.raises(BadRowsError) as err:
+        prepare_day(spark, movielens_config, ds)
+    text = str(err.value)
+    assert f"ds={ds}: 15 of" in text and "part-00000.csv: 15 rows" in text and "max_bad_row_fraction=1.0%" in text
+    assert "timestamp: cannot parse 'not-a-time' as INT64" in text
+    assert not (Path(movielens_config.train_input_path) / f"ds={ds}").exists()
+    reasons = {json.loads(line)["_reason"] for f in (Path(movielens_config.effective_quarantine_path) / f"ds={ds}").glob("*.json") for line in f.read_text().splitlines()}
+    assert reasons == {"timestamp: cannot parse 'not-a-time' as INT64", "label: missing label", "more columns than data_config.input_fields"}
+
+
+def test_binary_garbage_and_missing_partitions_fail_clearly(spark, movielens_config):
+    raw = Path(movielens_config.raw_input_path)
+    (raw / f"ds={DAYS[0]}" / "part-00000.csv").write_bytes(bytes(range(256)) * 8)
+    with pytest.raises(RawInputError, match=rf"cannot read raw file .*ds={DAYS[0]}/part-00000.csv"):
+        prepare_day(spark, movielens_config, DAYS[0])
+    with pytest.raises(RawInputError, match=r"raw partition not found: .*ds=2001-01-01"):
+        prepare_day(spark, movielens_config, "2001-01-01")
+    (raw / f"ds={DAYS[1]}" / "part-00000.csv").write_text("user,item\n1,2\n")
+    with pytest.raises(RawInputError, match=r"header \['user', 'item'\] does not match"):
+        prepare_day(spark, movielens_config, DAYS[1])
+    assert not Path(movielens_config.train_input_path).exists() or not any(Path(movielens_config.train_input_path).iterdir())
+
+
+@pytest.mark.parametrize("name, sample", [("criteo", "criteo_sample.txt"), ("avazu", "avazu_sample.txt")])
+def test_criteo_and_avazu_formats(spark, tmp_path, name, sample):
+    from recpipe.config import load_pipeline_config
+
+    src = ROOT.parent / "shared/data/format-samples" / sample
+    if not src.exists():
+        pytest.fail(f"{src} is missing: the shared format samples sit beside the checkout")
+    day = tmp_path / "raw" / "ds=2024-01-01"
+    day.mkdir(parents=True)
+    shutil.copy(src, day / "part-00000.csv")
+    config = load_pipeline_config(
+        ROOT / f"conf/{name}_deepfm.yaml",
+        {"raw_input_path": str(tmp_path / "raw"), "train_input_path": str(tmp_path / "features")},
+    )
+    stats = prepare_day(spark, config, "2024-01-01")
+    n = pacsv.read_csv(src).num_rows
+    assert stats["rows"] == n and stats["rows_quarantined"] == 0
+    out = pq.read_table(tmp_path / "features" / "ds=2024-01-01")
+    assert out.num_rows == n
+    if name == "criteo":
+        assert stats["nulls"]["I1"] > 0 and not out["I1"].null_count  # missing filled
+        assert out["C1"].to_pylist()[0] == "05db9164"
+
+
+@pytest.mark.slow
+def test_spark_submit_runs_the_job(movielens_config, tmp_path):
+    import yaml
+
+    config_path = tmp_path / "pipeline.yaml"
+    config_path.write_text(yaml.safe_dump(movielens_config.to_dict()))
+    spark_submit = Path(sys.executable).parent / "spark-submit"
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    done = subprocess.run(
+        [str(spark_submit), "--master", "local[1]", str(ROOT / "features/prepare.py"),
+         "--pipeline_config_path", str(config_path), "--ds", DAYS[0], "--data_config.max_bad_row_fraction=0.5"],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    printed = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert printed[-1]["rows"] == _rows(movielens_config, DAYS[0])
+    assert (Path(movielens_config.train_input_path) / f"ds={DAYS[0]}" / "_SUCCESS").exists()

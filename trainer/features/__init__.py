@@ -1,0 +1,1 @@
+"""Feature transforms inside the TensorFlow graph (training and serving)."""
