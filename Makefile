@@ -19,7 +19,8 @@ demo: data
 	@echo "features: data/features/movielens/ds=*/ (stats in _stats.json, rejected rows in data/features/movielens_quarantine/)"
 
 test: setup
-	$(VENV)/python -m pytest -q $(PYTEST_ARGS)
+	$(VENV)/ruff check .
+	$(VENV)/python -m pytest $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/ruff check .

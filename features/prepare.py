@@ -29,11 +29,18 @@ from features.schema import (
     RawInputError,
     check_header,
     data_files,
+    parse,
+    quarantined,
     read_dimension,
     read_strings,
-    typed_and_bad,
 )
-from features.transform import dense_statistics, feature_columns, normalization_params
+from features.transform import (
+    feature_columns,
+    merge_moments,
+    moment_aggs,
+    moments_from_row,
+    normalization_params,
+)
 from recpipe.config.data import FeatureType
 from recpipe.config.pipeline import PipelineConfig
 from recpipe.data.atomic import replace_dir, temp_dir_beside
@@ -45,29 +52,47 @@ class BadRowsError(RuntimeError):
     """Too many raw rows fail the schema; the message names the files and counts."""
 
 
-def _read_day(spark: SparkSession, config: PipelineConfig, ds: str) -> tuple[DataFrame, DataFrame, list[Path]]:
+def _read_day(spark: SparkSession, config: PipelineConfig, ds: str) -> tuple[DataFrame, list[Path]]:
+    """Parsed rows of day ``ds`` (see ``features.schema.parse``) with the dimension columns joined."""
     dc = config.data_config
     files = data_files(Path(config.raw_input_path) / f"ds={ds}")
     for path in files:
         check_header(path, dc.input_fields, dc.separator)
-    raw = read_strings(spark, files, dc.input_fields, dc.separator)
-    good, bad = typed_and_bad(raw, dc.input_fields, dc.label_fields)
+    rows = parse(read_strings(spark, files, dc.input_fields, dc.separator), dc.input_fields, dc.label_fields)
     for table in dc.dimension_tables:
         path = Path(table.path)
         if not path.is_absolute():
             path = Path(config.raw_input_path) / path
         dim = read_dimension(spark, path, table.input_fields, table.separator).dropDuplicates([table.key])
-        extra = [f.input_name for f in table.input_fields if f.input_name not in good.columns or f.input_name == table.key]
-        good = good.join(F.broadcast(dim.select(*extra)), on=table.key, how="left")
-    return good, bad, files
+        extra = [f.input_name for f in table.input_fields if f.input_name not in rows.columns]
+        rows = rows.join(F.broadcast(dim.select(table.key, *extra)), on=table.key, how="left")
+    return rows, files
 
 
-def _window_days(config: PipelineConfig, ds: str) -> list[str]:
+def _window_moments(spark: SparkSession, config: PipelineConfig, ds: str) -> tuple[list[str], list[dict]]:
+    """Per-day dense moments of the window's earlier days: from their ``_stats.json`` when the
+    day was prepared, else from their raw data (one pass each)."""
     window = config.feature_config.normalization_window_days
     day = date.fromisoformat(ds)
-    days = [(day - timedelta(days=k)).isoformat() for k in range(window - 1, -1, -1)]
-    root = Path(config.raw_input_path)
-    return [d for d in days if d == ds or (root / f"ds={d}" / "_SUCCESS").exists()]
+    days, moments = [], []
+    features = config.feature_config.features
+    needed = {f.name for f in features if f.feature_type == FeatureType.RawFeature}
+    for k in range(window - 1, 0, -1):
+        d = (day - timedelta(days=k)).isoformat()
+        stats_file = Path(config.train_input_path) / f"ds={d}" / "_stats.json"
+        if stats_file.exists():
+            stored = json.loads(stats_file.read_text()).get("dense_moments", {})
+            if set(stored) >= needed:
+                days.append(d)
+                moments.append(stored)
+                continue
+        if not (Path(config.raw_input_path) / f"ds={d}" / "_SUCCESS").exists():
+            continue
+        rows, _ = _read_day(spark, config, d)
+        row = rows.agg(*moment_aggs(features, F.col(REASON) == "")).collect()[0]
+        days.append(d)
+        moments.append(moments_from_row(row.asDict(), features))
+    return days, moments
 
 
 def _quarantine(bad: DataFrame, bad_count: int, root: Path, ds: str) -> None:
@@ -76,11 +101,14 @@ def _quarantine(bad: DataFrame, bad_count: int, root: Path, ds: str) -> None:
         shutil.rmtree(final, ignore_errors=True)
         return
     tmp = temp_dir_beside(final)
-    bad.write.mode("overwrite").json(str(tmp / "rows"))
-    for part in (tmp / "rows").iterdir():
-        part.rename(tmp / part.name)
-    (tmp / "rows").rmdir()
-    replace_dir(tmp, final)
+    try:
+        bad.write.mode("overwrite").json(str(tmp / "rows"))
+        for part in (tmp / "rows").iterdir():
+            part.rename(tmp / part.name)
+        (tmp / "rows").rmdir()
+        replace_dir(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _bad_row_message(bad: DataFrame, bad_count: int, total: int, ds: str, limit: float, where: Path) -> str:
@@ -95,8 +123,36 @@ def _bad_row_message(bad: DataFrame, bad_count: int, total: int, ds: str, limit:
     )
 
 
+def _day_aggregates(rows: DataFrame, config: PipelineConfig) -> dict:
+    """One pass over the day: row counts, positive rate, nulls and dense moments of good rows."""
+    dc, fc = config.data_config, config.feature_config
+    good = F.col(REASON) == ""
+    columns = dict.fromkeys(f.input_names[0] for f in fc.features)
+    row = (
+        rows.agg(
+            F.count(F.lit(1)).alias("__total"),
+            F.sum((~good).cast("long")).alias("__bad"),
+            F.mean(F.when(good, F.col(dc.label_fields[0]).cast("double"))).alias("__positive_rate"),
+            *[F.sum((good & F.col(c).isNull()).cast("long")).alias(f"__null__{c}") for c in columns],
+            *moment_aggs(fc.features, good),
+        )
+        .collect()[0]
+        .asDict()
+    )
+    return {
+        "total": row["__total"],
+        "bad": row["__bad"] or 0,
+        "positive_rate": row["__positive_rate"],
+        "nulls": {c: row[f"__null__{c}"] or 0 for c in columns},
+        "dense_moments": moments_from_row(row, fc.features),
+    }
+
+
 def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
     """Prepare the features of day ``ds`` and return its stats (also in ``_stats.json``).
+
+    The raw data are read twice: one aggregate pass (counts, nulls, dense moments) and the
+    write. Dense statistics of the window's earlier days come from their stored moments.
 
     Raises:
         RawInputError: the raw partition or a dimension table is missing or unreadable.
@@ -105,51 +161,46 @@ def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
     """
     dc, fc = config.data_config, config.feature_config
     date.fromisoformat(ds)  # a malformed ds fails before any work
-    good, bad, files = _read_day(spark, config, ds)
-    good = good.cache()
-    bad = bad.cache()
+    rows, files = _read_day(spark, config, ds)
     try:
-        rows_out, bad_count = good.count(), bad.count()
+        day = _day_aggregates(rows, config)
     except Exception as err:  # a damaged file surfaces as a Java exception here
-        raise RawInputError(f"cannot read raw partition {files[0].parent}: {str(err).splitlines()[0]}") from err
-    total = rows_out + bad_count
+        raise RawInputError(
+            f"cannot read raw partition {files[0].parent}: {str(err).splitlines()[0]}"
+        ) from err
+    total, bad_count = day["total"], day["bad"]
+    bad = quarantined(rows, dc.input_fields)
     quarantine_root = Path(config.effective_quarantine_path)
     _quarantine(bad, bad_count, quarantine_root, ds)
-    if total == 0 or bad_count / total > dc.max_bad_row_fraction:
-        if total == 0:
-            raise RawInputError(f"raw partition {files[0].parent} holds no rows")
-        raise BadRowsError(
-            _bad_row_message(bad, bad_count, total, ds, dc.max_bad_row_fraction, quarantine_root / f"ds={ds}")
-        )
+    if total == 0:
+        raise RawInputError(f"raw partition {files[0].parent} holds no rows")
+    if bad_count / total > dc.max_bad_row_fraction:
+        where = quarantine_root / f"ds={ds}"
+        raise BadRowsError(_bad_row_message(bad, bad_count, total, ds, dc.max_bad_row_fraction, where))
 
-    window = _window_days(config, ds)
-    frames = [good] + [_read_day(spark, config, d)[0] for d in window if d != ds]
-    window_df = frames[0]
-    for frame in frames[1:]:
-        window_df = window_df.unionByName(frame)
-    dense_stats = dense_statistics(window_df, fc.features)
-    normalization = {f.name: normalization_params(f, dense_stats[f.name]) for f in fc.features if f.feature_type == FeatureType.RawFeature}
-
-    columns = [f.input_names[0] for f in fc.features]
-    nulls_and_rate = good.agg(
-        F.mean(F.col(dc.label_fields[0]).cast("double")).alias("__positive_rate"),
-        *[F.sum(F.col(c).isNull().cast("long")).alias(c) for c in dict.fromkeys(columns)],
-    ).collect()[0].asDict()
-    reasons = {r[REASON]: r["count"] for r in bad.groupBy(REASON).count().collect()}
+    window, earlier = _window_moments(spark, config, ds)
+    window.append(ds)
+    dense_stats = merge_moments([*earlier, day["dense_moments"]]) if day["dense_moments"] else {}
+    normalization = {name: normalization_params(fc.feature(name), s) for name, s in dense_stats.items()}
+    reasons = {}
+    if bad_count:
+        reasons = {r[REASON]: r["count"] for r in bad.groupBy(REASON).count().collect()}
     stats = {
         "ds": ds,
         "rows_in": total,
-        "rows": rows_out,
+        "rows": total - bad_count,
         "rows_quarantined": bad_count,
         "quarantine_reasons": reasons,
-        "positive_rate": nulls_and_rate.pop("__positive_rate"),
-        "nulls": nulls_and_rate,
+        "positive_rate": day["positive_rate"],
+        "nulls": day["nulls"],
+        "dense_moments": day["dense_moments"],
         "normalization_window": window,
         "raw_files": [str(p) for p in files],
     }
 
-    types = dc.all_fields()
-    out = good.select(*[F.col(c) for c in dc.label_fields], *feature_columns(fc, types, normalization))
+    out = rows.filter(F.col(REASON) == "").select(
+        *[F.col(c) for c in dc.label_fields], *feature_columns(fc, dc.all_fields(), normalization)
+    )
     final = Path(config.train_input_path) / f"ds={ds}"
     tmp = temp_dir_beside(final)
     try:
@@ -161,9 +212,7 @@ def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
         replace_dir(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-        good.unpersist()
-        bad.unpersist()
-    log.info("ds=%s: %d rows -> %s (%d quarantined)", ds, rows_out, final, bad_count)
+    log.info("ds=%s: %d rows -> %s (%d quarantined)", ds, stats["rows"], final, bad_count)
     return stats
 
 

@@ -26,6 +26,7 @@ SPARK_TYPES = {
 EXTRA = "_extra_columns"
 SOURCE = "_source_file"
 REASON = "_reason"
+RAW_PREFIX = "_raw_"
 
 
 class RawInputError(RuntimeError):
@@ -63,7 +64,9 @@ def check_header(path: Path, fields: list[InputField], separator: str) -> None:
         raise RawInputError(f"{path}: header {got} does not match data_config.input_fields {want}")
 
 
-def read_strings(spark: SparkSession, files: list[Path], fields: list[InputField], separator: str) -> DataFrame:
+def read_strings(
+    spark: SparkSession, files: list[Path], fields: list[InputField], separator: str
+) -> DataFrame:
     """Read delimited files with a header as all-string columns plus the source file name."""
     schema = T.StructType(
         [T.StructField(f.input_name, T.StringType()) for f in fields] + [T.StructField(EXTRA, T.StringType())]
@@ -82,36 +85,44 @@ def _blank(col: Column) -> Column:
     return col.isNull() | (F.trim(col) == "")
 
 
-def typed_and_bad(df: DataFrame, fields: list[InputField], labels: list[str]) -> tuple[DataFrame, DataFrame]:
-    """Cast the string columns to their declared types.
+def parse(df: DataFrame, fields: list[InputField], labels: list[str]) -> DataFrame:
+    """Cast the string columns to their declared types, keeping the raw strings for quarantine.
 
     Returns:
-        (typed rows with the declared columns, quarantined rows with every raw string
-        column, ``_source_file`` and ``_reason``).
+        The declared columns, typed; each raw string as ``_raw_<name>``; ``_source_file``;
+        ``_reason``, empty for a good row, else every problem of the row joined by "; ".
     """
     reasons = [F.when(F.col(EXTRA).isNotNull(), F.lit("more columns than data_config.input_fields"))]
-    casted = {}
+    typed = []
     for field in fields:
         raw = F.col(field.input_name)
-        if field.input_type == InputType.STRING:
-            casted[field.input_name] = raw
-            continue
-        value = F.trim(raw).try_cast(SPARK_TYPES[field.input_type])
-        casted[field.input_name] = value
-        reasons.append(
-            F.when(
-                ~_blank(raw) & value.isNull(),
-                F.concat(F.lit(f"{field.input_name}: cannot parse '"), raw, F.lit(f"' as {field.input_type.value}")),
+        value = raw
+        if field.input_type != InputType.STRING:
+            value = F.trim(raw).try_cast(SPARK_TYPES[field.input_type])
+            problem = F.concat(
+                F.lit(f"{field.input_name}: cannot parse '"), raw, F.lit(f"' as {field.input_type.value}")
             )
-        )
+            reasons.append(F.when(~_blank(raw) & value.isNull(), problem))
+        typed.append(value.alias(field.input_name))
     for label in labels:
         reasons.append(F.when(_blank(F.col(label)), F.lit(f"{label}: missing label")))
-    with_reason = df.withColumn(REASON, F.concat_ws("; ", *reasons))
-    bad = with_reason.filter(F.col(REASON) != "")
-    good = with_reason.filter(F.col(REASON) == "").select(
-        *[casted[f.input_name].alias(f.input_name) for f in fields]
+    return df.select(
+        *typed,
+        *[F.col(f.input_name).alias(RAW_PREFIX + f.input_name) for f in fields],
+        F.col(EXTRA).alias(RAW_PREFIX + EXTRA),
+        F.col(SOURCE),
+        F.concat_ws("; ", *reasons).alias(REASON),
     )
-    return good, bad
+
+
+def quarantined(parsed: DataFrame, fields: list[InputField]) -> DataFrame:
+    """The rejected rows of ``parse``'s output as their raw strings, with reason and file."""
+    return parsed.filter(F.col(REASON) != "").select(
+        *[F.col(RAW_PREFIX + f.input_name).alias(f.input_name) for f in fields],
+        F.col(RAW_PREFIX + EXTRA).alias(EXTRA),
+        F.col(SOURCE),
+        F.col(REASON),
+    )
 
 
 def read_dimension(spark: SparkSession, path: Path, fields: list[InputField], separator: str) -> DataFrame:

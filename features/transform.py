@@ -1,8 +1,8 @@
 """Apply ``feature_config`` to typed rows: ids cleaned, tags split, dense values normalised.
 
-Dense statistics (count, mean, std, min, max) come from a window of days and are saved
-as ``_normalization.json`` beside the day's features, so serving can apply the same
-transform to raw values. Normalisations (``recpipe.config.data.Normalizer``):
+Dense statistics (count, mean, std, min, max) over a window of days, merged from per-day
+moments, are saved as ``_normalization.json`` beside the day's features, so serving can
+apply the same transform to raw values. Normalisations (``recpipe.config.data.Normalizer``):
 ``log``: sign(x) * ln(1 + |x|); ``min_max``: (x - min) / (max - min) clipped to [0, 1];
 ``standard``: (x - mean) / std (std 0 -> 1). Missing values are filled before
 normalising with ``default_val``, or with the window mean when it is unset.
@@ -10,7 +10,7 @@ normalising with ``default_val``, or with the window mean when it is unset.
 
 from __future__ import annotations
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -36,23 +36,61 @@ def _regex_literal(text: str) -> str:
     return "".join("\\" + ch if not ch.isalnum() else ch for ch in text)
 
 
-def dense_statistics(df: DataFrame, features: list[FeatureSpec]) -> dict[str, dict[str, float | None]]:
-    """Count, mean, population std, min and max of each RawFeature's input over ``df``."""
-    raw = [f for f in features if f.feature_type == FeatureType.RawFeature]
-    if not raw:
-        return {}
+MOMENTS = ("count", "sum", "sumsq", "min", "max")
+
+
+def moment_aggs(features: list[FeatureSpec], keep: Column | None = None) -> list[Column]:
+    """Aggregations of each RawFeature input's count, sum, sum of squares, min and max.
+
+    Columns are named ``<feature>__<moment>``; rows where ``keep`` is false are ignored.
+    These moments merge across days by addition (and min / max), so a window's statistics
+    never need the window's raw data again.
+    """
     aggs = []
-    for f in raw:
+    for f in features:
+        if f.feature_type != FeatureType.RawFeature:
+            continue
         x = F.col(f.input_names[0]).cast(T.DoubleType())
+        if keep is not None:
+            x = F.when(keep, x)
         aggs += [
             F.count(x).alias(f"{f.name}__count"),
-            F.mean(x).alias(f"{f.name}__mean"),
-            F.stddev_pop(x).alias(f"{f.name}__std"),
+            F.sum(x).alias(f"{f.name}__sum"),
+            F.sum(x * x).alias(f"{f.name}__sumsq"),
             F.min(x).alias(f"{f.name}__min"),
             F.max(x).alias(f"{f.name}__max"),
         ]
-    row = df.agg(*aggs).collect()[0].asDict()
-    return {f.name: {k: row[f"{f.name}__{k}"] for k in ("count", "mean", "std", "min", "max")} for f in raw}
+    return aggs
+
+
+def moments_from_row(row: dict, features: list[FeatureSpec]) -> dict[str, dict[str, float | None]]:
+    """Pick the ``moment_aggs`` results of each RawFeature out of a collected row."""
+    return {
+        f.name: {m: row[f"{f.name}__{m}"] for m in MOMENTS}
+        for f in features
+        if f.feature_type == FeatureType.RawFeature
+    }
+
+
+def merge_moments(days: list[dict[str, dict[str, float | None]]]) -> dict[str, dict[str, float | None]]:
+    """Window statistics (count, mean, population std, min, max) from per-day moments."""
+    out: dict[str, dict[str, float | None]] = {}
+    for name in days[0]:
+        parts = [d[name] for d in days if d[name]["count"]]
+        n = sum(p["count"] for p in parts)
+        if not n:
+            out[name] = {"count": 0, "mean": None, "std": None, "min": None, "max": None}
+            continue
+        mean = sum(p["sum"] for p in parts) / n
+        var = max(sum(p["sumsq"] for p in parts) / n - mean * mean, 0.0)
+        out[name] = {
+            "count": n,
+            "mean": mean,
+            "std": var**0.5,
+            "min": min(p["min"] for p in parts),
+            "max": max(p["max"] for p in parts),
+        }
+    return out
 
 
 def normalization_params(feature: FeatureSpec, stats: dict[str, float | None]) -> dict[str, float | str]:

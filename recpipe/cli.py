@@ -25,7 +25,7 @@ from recpipe.config import (
 def add_config_args(parser: argparse.ArgumentParser) -> None:
     """The pipeline-config flags every config-reading command shares."""
     parser.add_argument("--pipeline_config_path", required=True, help="conf/*.yaml")
-    parser.add_argument("--edit_config_json", default=None, help='e.g. \'{"train_config.num_steps": 500}\'')
+    parser.add_argument("--edit_config_json", default=None, help="e.g. '{\"train_config.num_steps\": 500}'")
 
 
 def config_from_args(args: argparse.Namespace, extra: list[str]) -> PipelineConfig:
@@ -51,7 +51,10 @@ def _data(args: argparse.Namespace) -> int:
         from recpipe.data.replay import replay_movielens
 
         counts = replay_movielens(fetch_movielens(args.cache_dir), args.out)
-        print(f"{len(counts)} days, {sum(counts.values())} events -> {args.out} ({min(counts)} .. {max(counts)})")
+        print(
+            f"{len(counts)} days, {sum(counts.values())} events -> {args.out} "
+            f"({min(counts)} .. {max(counts)})"
+        )
     else:
         from recpipe.data.synth import synth_criteo
 

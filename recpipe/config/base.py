@@ -25,7 +25,7 @@ class OneOf(Section):
     """
 
     @model_validator(mode="after")
-    def _exactly_one(self) -> "OneOf":
+    def _exactly_one(self) -> OneOf:
         chosen = [name for name in type(self).model_fields if getattr(self, name) is not None]
         if len(chosen) != 1:
             options = ", ".join(type(self).model_fields)

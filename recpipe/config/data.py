@@ -7,14 +7,14 @@ embedding_dim, hash_bucket_size, embedding_name, combiner, separator).
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 from pydantic import Field, field_validator, model_validator
 
 from recpipe.config.base import Section
 
 
-class InputType(str, Enum):
+class InputType(StrEnum):
     """Raw column types (EasyRec ``DatasetConfig.FieldType``)."""
 
     STRING = "STRING"
@@ -62,7 +62,7 @@ class DataConfig(Section):
     max_bad_row_fraction: float = Field(0.01, ge=0.0, le=1.0)
 
     @model_validator(mode="after")
-    def _labels_declared(self) -> "DataConfig":
+    def _labels_declared(self) -> DataConfig:
         names = {f.input_name for f in self.input_fields}
         if len(names) != len(self.input_fields):
             raise ValueError("input_fields: duplicate input_name")
@@ -80,7 +80,7 @@ class DataConfig(Section):
         return fields
 
 
-class FeatureType(str, Enum):
+class FeatureType(StrEnum):
     """EasyRec feature types supported by recpipe."""
 
     IdFeature = "IdFeature"
@@ -88,7 +88,7 @@ class FeatureType(str, Enum):
     TagFeature = "TagFeature"
 
 
-class Normalizer(str, Enum):
+class Normalizer(StrEnum):
     """Dense normalisations; statistics come from ``normalization_window_days`` of raw data.
 
     ``log``: sign(x) * log(1 + |x|) (no statistics); ``min_max``: (x - min) / (max - min)
@@ -126,6 +126,17 @@ class FeatureConfig(Section):
 
     features: list[FeatureSpec] = Field(min_length=1)
     normalization_window_days: int = Field(7, gt=0)
+
+    def feature(self, name: str) -> FeatureSpec:
+        """The feature called ``name``.
+
+        Raises:
+            KeyError: no such feature.
+        """
+        for feature in self.features:
+            if feature.name == name:
+                return feature
+        raise KeyError(f"feature_config has no feature {name!r}")
 
     @field_validator("features")
     @classmethod

@@ -61,9 +61,7 @@ def validate(model: type[M], raw: dict[str, Any], source: str) -> M:
         raise ConfigError("\n".join(lines)) from None
 
 
-def load_pipeline_config(
-    path: str | Path, edits: dict[str, Any] | None = None
-) -> PipelineConfig:
+def load_pipeline_config(path: str | Path, edits: dict[str, Any] | None = None) -> PipelineConfig:
     """Load ``conf/*.yaml`` as a ``PipelineConfig`` with EasyRec-style ``edits`` applied.
 
     Args:

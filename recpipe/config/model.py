@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 from pydantic import Field
 
 from recpipe.config.base import OneOf, Section
 
 
-class WideDeep(str, Enum):
+class WideDeep(StrEnum):
     DEEP = "DEEP"
     WIDE = "WIDE"
 
@@ -57,7 +57,7 @@ class DCNModel(Section):
     final_dnn: DNN | None = None
 
 
-class ModelClass(str, Enum):
+class ModelClass(StrEnum):
     DNN = "DNN"
     WideAndDeep = "WideAndDeep"
     DeepFM = "DeepFM"
@@ -65,7 +65,7 @@ class ModelClass(str, Enum):
     DCN = "DCN"
 
 
-class LossType(str, Enum):
+class LossType(StrEnum):
     """EasyRec ``loss_type`` values (shared/reference/easyrec_train_config_and_losses.txt)."""
 
     CLASSIFICATION = "CLASSIFICATION"
@@ -124,7 +124,7 @@ class Metric(OneOf):
     recall: Thresholded | None = None
 
 
-class EvalMethod(str, Enum):
+class EvalMethod(StrEnum):
     separate = "separate"
     master = "master"
     none = "none"

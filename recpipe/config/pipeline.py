@@ -32,7 +32,7 @@ class PipelineConfig(Section):
     model_config = {"extra": "forbid", "validate_assignment": True, "populate_by_name": True}
 
     @model_validator(mode="after")
-    def _features_match_inputs(self) -> "PipelineConfig":
+    def _features_match_inputs(self) -> PipelineConfig:
         fields = self.data_config.all_fields()
         for i, feature in enumerate(self.feature_config.features):
             column = feature.input_names[0]

@@ -8,7 +8,7 @@ the wide part's and a third gives the deep embeddings their own).
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 from pydantic import Field, model_validator
 
@@ -84,7 +84,7 @@ class OptimizerConfig(OneOf):
     ftrl_optimizer: FtrlOptimizer | None = None
 
 
-class TrainDistribute(str, Enum):
+class TrainDistribute(StrEnum):
     """EasyRec's ``train_distribute`` names."""
 
     NoStrategy = "NoStrategy"
@@ -117,11 +117,9 @@ class TrainConfig(Section):
     save_summary_steps: int = Field(1000, gt=0)
 
     @model_validator(mode="after")
-    def _checkpoint_cadence(self) -> "TrainConfig":
+    def _checkpoint_cadence(self) -> TrainConfig:
         if self.save_checkpoints_steps is not None and self.save_checkpoints_secs is not None:
-            raise ValueError(
-                "save_checkpoints_steps and save_checkpoints_secs are both set; set only one"
-            )
+            raise ValueError("save_checkpoints_steps and save_checkpoints_secs are both set; set only one")
         if self.save_checkpoints_steps is None and self.save_checkpoints_secs is None:
             # EasyRec's default cadence; assigned without re-running validation.
             object.__setattr__(self, "save_checkpoints_steps", 1000)

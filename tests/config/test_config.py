@@ -59,7 +59,8 @@ def test_override_list_selectors():
         "feature_config.features[input_names[0]=item_id].embedding_dim": 8,
         "feature_config.features[0].hash_bucket_size": 77,
         "model_config.deepfm.dnn.hidden_units": [16, 8],
-        "train_config.optimizer_config[0].adam_optimizer.learning_rate.constant_learning_rate.learning_rate": 0.5,
+        "train_config.optimizer_config[0].adam_optimizer.learning_rate"
+        ".constant_learning_rate.learning_rate": 0.5,
     }
     config = load_pipeline_config(ML, edits)
     by_name = {f.name: f for f in config.feature_config.features}
@@ -75,7 +76,9 @@ def test_extend_args_parse_yaml_scalars():
 
 
 def test_apply_edits_creates_missing_sections():
-    assert apply_edits({}, {"eval_config.eval_method": "master"}) == {"eval_config": {"eval_method": "master"}}
+    assert apply_edits({}, {"eval_config.eval_method": "master"}) == {
+        "eval_config": {"eval_method": "master"}
+    }
 
 
 @pytest.mark.parametrize(
@@ -83,9 +86,15 @@ def test_apply_edits_creates_missing_sections():
     [
         ({"train_config.num_stepz": 5}, "train_config.num_stepz: Extra inputs are not permitted"),
         ({"train_config.num_steps": "many"}, "train_config.num_steps: Input should be a valid integer"),
-        ({"train_config.save_checkpoints_secs": 60}, "save_checkpoints_steps and save_checkpoints_secs are both set"),
+        (
+            {"train_config.save_checkpoints_secs": 60},
+            "save_checkpoints_steps and save_checkpoints_secs are both set",
+        ),
         ({"train_config.train_distribute": "Magic"}, "train_config.train_distribute: Input should be"),
-        ({"train_config.sync_replicas": True, "train_config.train_distribute": "PSStrategy"}, "sync_replicas"),
+        (
+            {"train_config.sync_replicas": True, "train_config.train_distribute": "PSStrategy"},
+            "sync_replicas",
+        ),
         ({"train_config.optimizer_config": [{}]}, "train_config.optimizer_config[0]: set exactly one of"),
         (
             {"train_config.optimizer_config": [{"adam_optimizer": {}, "sgd_optimizer": {}}]},
@@ -95,7 +104,10 @@ def test_apply_edits_creates_missing_sections():
         ({"feature_config.features[0].input_names": ["nope"]}, "'nope' is not a column"),
         ({"data_config.label_fields": ["clicked"]}, "label_fields ['clicked'] are not among input_fields"),
         ({"model_config.feature_groups[0].feature_names": ["ghost"]}, "unknown features ['ghost']"),
-        ({"eval_config.metrics_set": [{"auc": {}, "gauc": {"uid_field": "u"}}]}, "eval_config.metrics_set[0]"),
+        (
+            {"eval_config.metrics_set": [{"auc": {}, "gauc": {"uid_field": "u"}}]},
+            "eval_config.metrics_set[0]",
+        ),
         ({"feature_config.features[0].combiner": "max"}, "feature_config.features[0].combiner"),
     ],
 )

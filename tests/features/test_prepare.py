@@ -46,7 +46,15 @@ def test_days_conserve_rows_and_write_markers(spark, movielens_config):
     table = _output(movielens_config, DAYS[0])
     assert table.schema.field("genres").type.value_type == "string"
     assert table.column_names == [
-        "label", "user_id", "item_id", "gender", "occupation", "zip_code", "genres", "age", "release_year"
+        "label",
+        "user_id",
+        "item_id",
+        "gender",
+        "occupation",
+        "zip_code",
+        "genres",
+        "age",
+        "release_year",
     ]
     # a pyarrow reader of the root sees exactly the finished days, with ds as a partition column
     dataset = pads.dataset(movielens_config.train_input_path, partitioning="hive")
@@ -54,16 +62,24 @@ def test_days_conserve_rows_and_write_markers(spark, movielens_config):
 
 
 def test_dense_features_follow_the_window_statistics(spark, movielens_config, movielens_raw):
+    # DAYS[0]'s moments then come from its _stats.json, the earlier days' from raw data
+    prepare_day(spark, movielens_config, DAYS[0])
     prepare_day(spark, movielens_config, DAYS[1])
     out_dir = Path(movielens_config.train_input_path) / f"ds={DAYS[1]}"
     norm = json.loads((out_dir / "_normalization.json").read_text())
     assert norm["window"][-1] == DAYS[1] and norm["window"][0] == "1997-09-20"
     events = [
-        pacsv.read_csv(movielens_raw / "events" / f"ds={d}" / "part-00000.csv", convert_options=pacsv.ConvertOptions(column_types={"user_id": "string"}))
+        pacsv.read_csv(
+            movielens_raw / "events" / f"ds={d}" / "part-00000.csv",
+            convert_options=pacsv.ConvertOptions(column_types={"user_id": "string"}),
+        )
         for d in norm["window"]
     ]
-    users = pacsv.read_csv(movielens_raw / "dims/users.csv", convert_options=pacsv.ConvertOptions(column_types={"user_id": "string"}))
-    age_of = dict(zip(users["user_id"].to_pylist(), users["age"].to_pylist()))
+    users = pacsv.read_csv(
+        movielens_raw / "dims/users.csv",
+        convert_options=pacsv.ConvertOptions(column_types={"user_id": "string"}),
+    )
+    age_of = dict(zip(users["user_id"].to_pylist(), users["age"].to_pylist(), strict=True))
     ages = np.array([age_of[u] for t in events for u in t["user_id"].to_pylist()], dtype=float)
     assert norm["features"]["age"]["mean"] == pytest.approx(ages.mean())
     assert norm["features"]["age"]["std"] == pytest.approx(ages.std())
@@ -107,7 +123,9 @@ def test_spark_ids_equal_tensorflow_ids_on_raw_values(spark, movielens_config):
     np.testing.assert_array_equal(as_int, hash_ids(tf.constant(out["user_id"].to_pylist()), 20000).numpy())
     tags = split_tags(tf.constant([" Action  Comedy ", "", "Drama"]), " ")
     assert tags.to_list() == [[b"Action", b"Comedy"], [], [b"Drama"]]
-    assert out["genres"].to_pylist()[0] and all(t == t.strip() and t for row in out["genres"].to_pylist() for t in row)
+    assert out["genres"].to_pylist()[0] and all(
+        t == t.strip() and t for row in out["genres"].to_pylist() for t in row
+    )
 
 
 def test_full_id_space_is_farmhash_fingerprint64():
@@ -117,7 +135,9 @@ def test_full_id_space_is_farmhash_fingerprint64():
 
     full = hash_ids(tf.constant(["a", "196", ""])).numpy()
     assert full.dtype == np.int64 and (full >= 0).all() and len(set(full)) == 3
-    np.testing.assert_array_equal(full % 1000, hash_ids(tf.constant(["a", "196", ""]), 1000).numpy() * 0 + full % 1000)
+    np.testing.assert_array_equal(
+        full % 1000, hash_ids(tf.constant(["a", "196", ""]), 1000).numpy() * 0 + full % 1000
+    )
 
 
 def _append(path: Path, lines: list[str]) -> None:
@@ -134,8 +154,14 @@ def test_few_bad_rows_are_quarantined_and_counted(spark, movielens_config):
     assert stats["rows_in"] == n + 1 and stats["rows"] + stats["rows_quarantined"] == n + 1
     assert stats["rows_quarantined"] == 1
     assert stats["quarantine_reasons"] == {"rating: cannot parse 'oops' as DOUBLE": 1}
-    rows = [json.loads(line) for f in (Path(movielens_config.effective_quarantine_path) / f"ds={ds}").glob("*.json") for line in f.read_text().splitlines()]
-    assert len(rows) == 1 and rows[0]["rating"] == "oops" and rows[0]["_source_file"].endswith("part-00000.csv")
+    rows = [
+        json.loads(line)
+        for f in (Path(movielens_config.effective_quarantine_path) / f"ds={ds}").glob("*.json")
+        for line in f.read_text().splitlines()
+    ]
+    assert (
+        len(rows) == 1 and rows[0]["rating"] == "oops" and rows[0]["_source_file"].endswith("part-00000.csv")
+    )
 
 
 def test_corrupted_file_fails_clearly_and_writes_no_partition(spark, movielens_config):
@@ -145,11 +171,23 @@ def test_corrupted_file_fails_clearly_and_writes_no_partition(spark, movielens_c
     with pytest.raises(BadRowsError) as err:
         prepare_day(spark, movielens_config, ds)
     text = str(err.value)
-    assert f"ds={ds}: 15 of" in text and "part-00000.csv: 15 rows" in text and "max_bad_row_fraction=1.0%" in text
+    assert (
+        f"ds={ds}: 15 of" in text
+        and "part-00000.csv: 15 rows" in text
+        and "max_bad_row_fraction=1.0%" in text
+    )
     assert "timestamp: cannot parse 'not-a-time' as INT64" in text
     assert not (Path(movielens_config.train_input_path) / f"ds={ds}").exists()
-    reasons = {json.loads(line)["_reason"] for f in (Path(movielens_config.effective_quarantine_path) / f"ds={ds}").glob("*.json") for line in f.read_text().splitlines()}
-    assert reasons == {"timestamp: cannot parse 'not-a-time' as INT64", "label: missing label", "more columns than data_config.input_fields"}
+    reasons = {
+        json.loads(line)["_reason"]
+        for f in (Path(movielens_config.effective_quarantine_path) / f"ds={ds}").glob("*.json")
+        for line in f.read_text().splitlines()
+    }
+    assert reasons == {
+        "timestamp: cannot parse 'not-a-time' as INT64",
+        "label: missing label",
+        "more columns than data_config.input_fields",
+    }
 
 
 def test_binary_garbage_and_missing_partitions_fail_clearly(spark, movielens_config):
@@ -162,7 +200,9 @@ def test_binary_garbage_and_missing_partitions_fail_clearly(spark, movielens_con
     (raw / f"ds={DAYS[1]}" / "part-00000.csv").write_text("user,item\n1,2\n")
     with pytest.raises(RawInputError, match=r"header \['user', 'item'\] does not match"):
         prepare_day(spark, movielens_config, DAYS[1])
-    assert not Path(movielens_config.train_input_path).exists() or not any(Path(movielens_config.train_input_path).iterdir())
+    assert not Path(movielens_config.train_input_path).exists() or not any(
+        Path(movielens_config.train_input_path).iterdir()
+    )
 
 
 @pytest.mark.parametrize("name, sample", [("criteo", "criteo_sample.txt"), ("avazu", "avazu_sample.txt")])
@@ -198,9 +238,22 @@ def test_spark_submit_runs_the_job(movielens_config, tmp_path):
     spark_submit = Path(sys.executable).parent / "spark-submit"
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
     done = subprocess.run(
-        [str(spark_submit), "--master", "local[1]", str(ROOT / "features/prepare.py"),
-         "--pipeline_config_path", str(config_path), "--ds", DAYS[0], "--data_config.max_bad_row_fraction=0.5"],
-        capture_output=True, text=True, env=env, cwd=ROOT, timeout=300,
+        [
+            str(spark_submit),
+            "--master",
+            "local[1]",
+            str(ROOT / "features/prepare.py"),
+            "--pipeline_config_path",
+            str(config_path),
+            "--ds",
+            DAYS[0],
+            "--data_config.max_bad_row_fraction=0.5",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     printed = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
