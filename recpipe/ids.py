@@ -2,7 +2,7 @@
 
 1. Clean (Spark, in ``features/transform.py``; TensorFlow, in ``trainer/features/ids.py``):
    integer columns are written in decimal; strings lose leading and trailing
-   ``WHITESPACE``; a missing value becomes ``""``. Tag values are split on the feature's
+   ``WHITESPACE_CHARS``; a missing value becomes ``""``. Tag values are split on the feature's
    ``separator`` first, each token cleaned, empty tokens dropped.
 2. Hash (TensorFlow only, for training and serving alike): the 64-bit id is FarmHash
    ``Fingerprint64`` of the cleaned value's UTF-8 bytes (``tf.fingerprint``, as an int64
@@ -13,6 +13,7 @@ Spark therefore emits clean string ids and never hashes: one hash implementation
 exported serving graph reproduces the training ids exactly from raw values.
 """
 
-# RE2 (TensorFlow) and java.util.regex (Spark) read this class the same way.
-WHITESPACE = "[ \\t\\r\\n\\f]"
-STRIP_PATTERN = f"^{WHITESPACE}+|{WHITESPACE}+$"
+# The characters stripped from both ends of a value. Spark strips them with trim(col, chars);
+# TensorFlow with the RE2 pattern below (same set).
+WHITESPACE_CHARS = " \t\r\n\f"
+STRIP_PATTERN = "^[ \\t\\r\\n\\f]+|[ \\t\\r\\n\\f]+$"
