@@ -128,16 +128,17 @@ def test_spark_ids_equal_tensorflow_ids_on_raw_values(spark, movielens_config):
     )
 
 
-def test_full_id_space_is_farmhash_fingerprint64():
+def test_ids_are_farmhash_fingerprint64_modulo_the_bucket_count():
     import tensorflow as tf
 
-    from trainer.features.ids import hash_ids
+    from trainer.features.ids import FULL_ID_SPACE, hash_ids
 
-    full = hash_ids(tf.constant(["a", "196", ""])).numpy()
-    assert full.dtype == np.int64 and (full >= 0).all() and len(set(full)) == 3
-    np.testing.assert_array_equal(
-        full % 1000, hash_ids(tf.constant(["a", "196", ""]), 1000).numpy() * 0 + full % 1000
-    )
+    values = tf.constant(["a", "196", "", "05db9164"])
+    fingerprints = [int(v) for v in tf.bitcast(tf.fingerprint(values), tf.uint64).numpy()]
+    full = hash_ids(values).numpy()
+    assert full.dtype == np.int64 and len(set(full)) == 4
+    assert full.tolist() == [f % FULL_ID_SPACE for f in fingerprints]
+    assert hash_ids(values, 1000).numpy().tolist() == [f % 1000 for f in fingerprints]
 
 
 def _append(path: Path, lines: list[str]) -> None:
