@@ -1,0 +1,91 @@
+"""MovieLens fetch and replay: verified files, and every rating in exactly one day."""
+
+from __future__ import annotations
+
+import csv
+import io
+import zipfile
+from collections import Counter
+from datetime import datetime, timezone
+
+import pytest
+
+from recpipe.data.movielens import WHEEL_SHA256, FetchError, convert_grouplens_zip, fetch_movielens, sha256
+
+
+def test_fetch_verifies_and_reuses_cache(movielens_src):
+    for name, digest in WHEEL_SHA256.items():
+        assert sha256(movielens_src / name) == digest
+    assert (movielens_src / "SOURCE").read_text().startswith("recbole wheel")
+    before = (movielens_src / "SOURCE").stat().st_mtime_ns
+    assert fetch_movielens(movielens_src.parent) == movielens_src
+    assert (movielens_src / "SOURCE").stat().st_mtime_ns == before  # cache hit, no download
+
+
+def test_fetch_refetches_a_tampered_cache(movielens_src, tmp_path):
+    import shutil
+
+    copy = tmp_path / "movielens-100k"
+    shutil.copytree(movielens_src, copy)
+    (copy / "ml-100k.inter").write_text("user_id:token\n1\n")
+    fetched = fetch_movielens(tmp_path, source="wheel")
+    assert sha256(fetched / "ml-100k.inter") == WHEEL_SHA256["ml-100k.inter"]
+
+
+def test_replay_matches_the_source_exactly(movielens_src, movielens_raw):
+    expected: Counter[str] = Counter()
+    source_rows = set()
+    with open(movielens_src / "ml-100k.inter") as f:
+        next(f)
+        for line in f:
+            user, item, rating, ts = line.rstrip("\n").split("\t")
+            ds = datetime.fromtimestamp(int(float(ts)), timezone.utc).date().isoformat()
+            expected[ds] += 1
+            source_rows.add((user, item, int(float(ts)), int(float(rating) >= 4)))
+    days = sorted(p for p in (movielens_raw / "events").iterdir() if not p.name.startswith("."))
+    assert len(days) == 213 == len(expected)
+    seen = set()
+    got: Counter[str] = Counter()
+    for day in days:
+        assert (day / "_SUCCESS").exists()
+        ds = day.name.removeprefix("ds=")
+        with open(day / "part-00000.csv") as f:
+            for row in csv.DictReader(f):
+                got[ds] += 1
+                assert datetime.fromtimestamp(int(row["timestamp"]), timezone.utc).date().isoformat() == ds
+                assert int(row["label"]) == int(float(row["rating"]) >= 4)
+                seen.add((row["user_id"], row["item_id"], int(row["timestamp"]), int(row["label"])))
+    assert got == expected and sum(got.values()) == 100_000
+    assert seen == source_rows  # every rating landed (user, item) pairs are unique in ml-100k
+    users = list(csv.DictReader(open(movielens_raw / "dims/users.csv")))
+    items = list(csv.DictReader(open(movielens_raw / "dims/items.csv")))
+    assert (len(users), len(items)) == (943, 1682)
+    assert items[0]["genres"] == "Animation Children's Comedy"
+
+
+def _fake_grouplens(ratings: int) -> bytes:
+    genres = "|".join(["0"] * 18 + ["1"])
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("ml-100k/u.data", "".join(f"{i % 943 + 1}\t{i % 1682 + 1}\t4\t88125094{i % 10}\n" for i in range(ratings)))
+        z.writestr("ml-100k/u.user", "".join(f"{u}|24|M|technician|85711\n" for u in range(1, 944)))
+        z.writestr(
+            "ml-100k/u.item",
+            "".join(f"{i}|Movie {i} (1995)|01-Jan-1995||http://x|{genres}\n" for i in range(1, 1683)),
+        )
+    return buf.getvalue()
+
+
+def test_grouplens_archive_is_converted_to_the_recbole_layout():
+    files = convert_grouplens_zip(_fake_grouplens(100_000))
+    inter = files["ml-100k.inter"].splitlines()
+    assert inter[0] == "user_id:token\titem_id:token\trating:float\ttimestamp:float"
+    assert len(inter) == 100_001
+    assert files["ml-100k.item"].splitlines()[1] == "1\tMovie 1\t1995\tWestern"
+    assert files["ml-100k.user"].splitlines()[1] == "1\t24\tM\ttechnician\t85711"
+
+
+@pytest.mark.parametrize("blob, message", [(b"not a zip", "not the GroupLens archive"), (None, "expected 100000 ratings")])
+def test_grouplens_archive_is_checked(blob, message):
+    with pytest.raises(FetchError, match=message):
+        convert_grouplens_zip(blob if blob is not None else _fake_grouplens(10))
