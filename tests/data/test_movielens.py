@@ -6,7 +6,7 @@ import csv
 import io
 import zipfile
 from collections import Counter
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -39,7 +39,7 @@ def test_replay_matches_the_source_exactly(movielens_src, movielens_raw):
         next(f)
         for line in f:
             user, item, rating, ts = line.rstrip("\n").split("\t")
-            ds = datetime.fromtimestamp(int(float(ts)), timezone.utc).date().isoformat()
+            ds = datetime.fromtimestamp(int(float(ts)), UTC).date().isoformat()
             expected[ds] += 1
             source_rows.add((user, item, int(float(ts)), int(float(rating) >= 4)))
     days = sorted(p for p in (movielens_raw / "events").iterdir() if not p.name.startswith("."))
@@ -52,7 +52,7 @@ def test_replay_matches_the_source_exactly(movielens_src, movielens_raw):
         with open(day / "part-00000.csv") as f:
             for row in csv.DictReader(f):
                 got[ds] += 1
-                assert datetime.fromtimestamp(int(row["timestamp"]), timezone.utc).date().isoformat() == ds
+                assert datetime.fromtimestamp(int(row["timestamp"]), UTC).date().isoformat() == ds
                 assert int(row["label"]) == int(float(row["rating"]) >= 4)
                 seen.add((row["user_id"], row["item_id"], int(row["timestamp"]), int(row["label"])))
     assert got == expected and sum(got.values()) == 100_000
@@ -67,7 +67,10 @@ def _fake_grouplens(ratings: int) -> bytes:
     genres = "|".join(["0"] * 18 + ["1"])
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as z:
-        z.writestr("ml-100k/u.data", "".join(f"{i % 943 + 1}\t{i % 1682 + 1}\t4\t88125094{i % 10}\n" for i in range(ratings)))
+        z.writestr(
+            "ml-100k/u.data",
+            "".join(f"{i % 943 + 1}\t{i % 1682 + 1}\t4\t88125094{i % 10}\n" for i in range(ratings)),
+        )
         z.writestr("ml-100k/u.user", "".join(f"{u}|24|M|technician|85711\n" for u in range(1, 944)))
         z.writestr(
             "ml-100k/u.item",
@@ -85,7 +88,9 @@ def test_grouplens_archive_is_converted_to_the_recbole_layout():
     assert files["ml-100k.user"].splitlines()[1] == "1\t24\tM\ttechnician\t85711"
 
 
-@pytest.mark.parametrize("blob, message", [(b"not a zip", "not the GroupLens archive"), (None, "expected 100000 ratings")])
+@pytest.mark.parametrize(
+    "blob, message", [(b"not a zip", "not the GroupLens archive"), (None, "expected 100000 ratings")]
+)
 def test_grouplens_archive_is_checked(blob, message):
     with pytest.raises(FetchError, match=message):
         convert_grouplens_zip(blob if blob is not None else _fake_grouplens(10))
