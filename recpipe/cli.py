@@ -1,6 +1,7 @@
 """``recpipe``: the project's command-line tool.
 
-Subcommands: ``data fetch``, ``data replay``, ``data synth``, ``features``, ``config``.
+Subcommands: ``data fetch``, ``data replay``, ``data synth``, ``features``, ``config``,
+``train``, ``eval``, ``export``, ``ckpt list``.
 Commands that read a pipeline config take EasyRec's ``--edit_config_json`` and
 ``--section.field=value`` overrides.
 """
@@ -110,8 +111,20 @@ def main(argv: list[str] | None = None) -> int:
     check = sub.add_parser("config", help="validate a pipeline config and print it with overrides applied")
     add_config_args(check)
 
+    for name in ("train", "eval", "export", "ckpt"):
+        sub.add_parser(name, help=f"see python -m trainer.{name} --help", add_help=False)
     if argv and argv[0] == "features":
         return _run(lambda: features_main(argv[1:]))
+    if argv and argv[0] in ("train", "eval", "export", "ckpt"):
+        from trainer import entry
+
+        fn = {
+            "train": entry.train_eval_main,
+            "eval": entry.eval_main,
+            "export": entry.export_main,
+            "ckpt": entry.ckpt_main,
+        }[argv[0]]
+        return fn(argv[1:])
     args, extra = parser.parse_known_args(argv)
     if args.command == "data":
         if extra:
@@ -133,6 +146,12 @@ def _run(fn) -> int:
     except ConfigError as err:
         print(f"recpipe: config error: {err}", file=sys.stderr)
         return 2
+    except RuntimeError as err:
+        # RawInputError, BadRowsError, FetchError: the message names the file, day and counts
+        if type(err).__name__ not in ("RawInputError", "BadRowsError", "FetchError"):
+            raise
+        print(f"recpipe: {type(err).__name__}: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -29,6 +29,8 @@ SECTIONS = (
     "train_input_path",
     "eval_input_path",
     "quarantine_path",
+    "train_ds",
+    "eval_ds",
     "data_config",
     "feature_config",
     "model_config",

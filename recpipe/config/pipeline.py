@@ -14,7 +14,8 @@ class PipelineConfig(Section):
     """One pipeline: where data lives and every section EasyRec names.
 
     Paths are relative to the working directory unless absolute. Day partitions below
-    ``raw_input_path`` and ``train_input_path`` are ``ds=YYYY-MM-DD`` directories.
+    ``raw_input_path`` and ``train_input_path`` are ``ds=YYYY-MM-DD`` directories;
+    ``train_ds`` / ``eval_ds`` select them (``YYYY-MM-DD`` or ``START:END``, inclusive).
     """
 
     model_dir: str
@@ -22,6 +23,8 @@ class PipelineConfig(Section):
     train_input_path: str
     eval_input_path: str | None = None
     quarantine_path: str | None = None
+    train_ds: str | None = Field(None, pattern=r"^\d{4}-\d{2}-\d{2}(:\d{4}-\d{2}-\d{2})?$")
+    eval_ds: str | None = Field(None, pattern=r"^\d{4}-\d{2}-\d{2}(:\d{4}-\d{2}-\d{2})?$")
     data_config: DataConfig
     feature_config: FeatureConfig
     model_config_: ModelConfig | None = Field(None, alias="model_config")

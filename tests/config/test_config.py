@@ -60,14 +60,14 @@ def test_override_list_selectors():
         "feature_config.features[0].hash_bucket_size": 77,
         "model_config.deepfm.dnn.hidden_units": [16, 8],
         "train_config.optimizer_config[0].adam_optimizer.learning_rate"
-        ".constant_learning_rate.learning_rate": 0.5,
+        ".exponential_decay_learning_rate.initial_learning_rate": 0.5,
     }
     config = load_pipeline_config(ML, edits)
     by_name = {f.name: f for f in config.feature_config.features}
     assert by_name["item_id"].embedding_dim == 8 and by_name["user_id"].hash_bucket_size == 77
     assert config.model.deepfm.dnn.hidden_units == [16, 8]
     lr = config.train_config.optimizer_config[0].value().learning_rate.value()
-    assert lr.learning_rate == 0.5
+    assert lr.initial_learning_rate == 0.5
 
 
 def test_extend_args_parse_yaml_scalars():

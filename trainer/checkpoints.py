@@ -1,0 +1,147 @@
+"""Checkpoints keyed by variable name, as EasyRec users read them.
+
+A checkpoint ``<model_dir>/model.ckpt-<step>`` holds ``variables/<name>`` for every model
+variable (``deepfm/input_layer/user_id/embedding_weights``), the optimizers with their slots,
+``global_step`` and the input position (``epoch``, ``batch_in_epoch``). TensorFlow writes the
+files first and only then rewrites the ``checkpoint`` state file (atomically), so a crash
+during a save never makes a partial checkpoint the latest.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tensorflow as tf
+
+log = logging.getLogger(__name__)
+PREFIX = "model.ckpt"
+_VALUE = "/.ATTRIBUTES/VARIABLE_VALUE"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint or var map cannot be used (names the path or line)."""
+
+
+def variable_name(var: tf.Variable) -> str:
+    return var.name.split(":")[0]
+
+
+def name_map(variables: list[tf.Variable]) -> dict[str, tf.Variable]:
+    """Name -> variable; names must be unique (every layer is named explicitly)."""
+    out: dict[str, tf.Variable] = {}
+    for var in variables:
+        name = variable_name(var)
+        if name in out:
+            raise CheckpointError(f"two variables are named {name!r}")
+        out[name] = var
+    return out
+
+
+def _decode(key: str) -> str:
+    # tf.train.Checkpoint escapes "." as ".." and "/" as ".S" in dict keys
+    return re.sub(r"\.(.)", lambda m: "/" if m.group(1) == "S" else m.group(1), key)
+
+
+def resolve(path: str | Path) -> str:
+    """A checkpoint prefix from a prefix or a directory (its latest checkpoint).
+
+    Raises:
+        CheckpointError: nothing restorable there.
+    """
+    path = str(path)
+    if Path(path).is_dir():
+        latest = tf.train.latest_checkpoint(path)
+        if latest is None:
+            raise CheckpointError(f"no checkpoint in directory {path}")
+        return latest
+    if not Path(path + ".index").exists():
+        raise CheckpointError(f"no checkpoint at {path} ({path}.index missing)")
+    return path
+
+
+def list_variables(path: str | Path) -> list[tuple[str, list[int]]]:
+    """(name, shape) of each model variable in a checkpoint (optimizer slots left out)."""
+    out = []
+    for key, shape in tf.train.list_variables(resolve(path)):
+        if key.startswith("variables/") and key.endswith(_VALUE) and ".OPTIMIZER_SLOT" not in key:
+            out.append((_decode(key[len("variables/") : -len(_VALUE)]), shape))
+        elif key in ("global_step" + _VALUE,):
+            out.append(("global_step", shape))
+    return sorted(out)
+
+
+def read_var_map(path: str | Path) -> dict[str, str]:
+    """``fine_tune_ckpt_var_map``: lines of ``name_in_current_model<TAB>name_in_checkpoint``.
+
+    Blank lines and ``#`` comments are skipped.
+
+    Raises:
+        CheckpointError: a line without exactly two tab-separated names (names file and line).
+    """
+    mapping = {}
+    for n, line in enumerate(Path(path).read_text().splitlines(), start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        parts = line.split("\t")
+        if len(parts) != 2 or not all(p.strip() for p in parts):
+            raise CheckpointError(
+                f"{path}:{n}: expected 'name_in_current_model<TAB>name_in_checkpoint', got {line!r}"
+            )
+        mapping[parts[0].strip()] = parts[1].strip()
+    return mapping
+
+
+@dataclass
+class FineTuneReport:
+    """What a fine-tune restore did, variable by variable."""
+
+    checkpoint: str
+    restored: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    shape_mismatch: list[str] = field(default_factory=list)
+
+
+def fine_tune_restore(
+    variables: dict[str, tf.Variable], checkpoint: str | Path, var_map: dict[str, str] | None = None
+) -> FineTuneReport:
+    """Restore model variables by name from ``checkpoint`` (a prefix or a directory).
+
+    Each variable ``n`` is read from ``var_map.get(n, n)``; with a var map, only the mapped
+    variables are restored. Variables not found, or found with another shape, are listed in
+    the report and logged as warnings, never skipped silently. Optimizer slots and the global
+    step are not restored: fine-tuning starts at step 0 (EasyRec's ``fine_tune_checkpoint``).
+
+    Raises:
+        CheckpointError: no checkpoint there.
+    """
+    path = resolve(checkpoint)
+    reader = tf.train.load_checkpoint(path)
+    shapes = {
+        _decode(k[len("variables/") : -len(_VALUE)]): s
+        for k, s in tf.train.list_variables(path)
+        if k.startswith("variables/") and k.endswith(_VALUE) and ".OPTIMIZER_SLOT" not in k
+    }
+    report = FineTuneReport(path)
+    names = list(var_map) if var_map else list(variables)
+    for name in names:
+        if name not in variables:
+            raise CheckpointError(f"fine_tune_ckpt_var_map names {name!r}, which the current model lacks")
+        old = (var_map or {}).get(name, name)
+        var = variables[name]
+        if old not in shapes:
+            report.missing.append(name)
+        elif list(shapes[old]) != var.shape.as_list():
+            report.shape_mismatch.append(f"{name}: model {var.shape.as_list()} vs checkpoint {shapes[old]}")
+        else:
+            key = "variables/" + old.replace(".", "..").replace("/", ".S") + _VALUE
+            var.assign(reader.get_tensor(key))
+            report.restored.append(name)
+    log.info("fine-tune from %s: %d variables restored", path, len(report.restored))
+    for name in report.missing:
+        log.warning("fine-tune: %s not in checkpoint %s, kept its initial value", name, path)
+    for line in report.shape_mismatch:
+        log.warning("fine-tune: shape mismatch, not restored: %s", line)
+    return report

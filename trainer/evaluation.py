@@ -1,0 +1,88 @@
+"""Evaluate a checkpoint on ``ds`` partitions: exact metrics, written to ``eval_result.json``."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from recpipe.config.pipeline import PipelineConfig
+from trainer.checkpoints import name_map, resolve
+from trainer.input import FeatureReader, feature_spec, finished_partitions, sample_inputs
+from trainer.metrics import compute_metrics
+from trainer.models.builders import build_model
+from trainer.models.ranking import RankingModel
+
+log = logging.getLogger(__name__)
+
+
+def load_model(config: PipelineConfig, checkpoint: str | Path) -> tuple[RankingModel, int]:
+    """Build the model, restore its variables from ``checkpoint``; return it and the step.
+
+    Raises:
+        trainer.checkpoints.CheckpointError: no checkpoint there.
+        AssertionError: the checkpoint does not hold every model variable.
+    """
+    path = resolve(checkpoint)
+    model = build_model(config)
+    model(sample_inputs(config))
+    step = tf.Variable(0, dtype=tf.int64)
+    ckpt = tf.train.Checkpoint(variables=name_map(model.variables), global_step=step)
+    ckpt.restore(path).expect_partial().assert_existing_objects_matched()
+    return model, int(step)
+
+
+def predict(
+    model: RankingModel, reader: FeatureReader, keep: list[str]
+) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Labels ``[N]``, probabilities ``[N]`` and the ``keep`` feature columns over the reader."""
+    spec = [feature_spec(reader.config)]
+    call = tf.function(lambda f: tf.sigmoid(model(f, training=False)), input_signature=spec)
+    labels, probs, kept = [], [], {k: [] for k in keep}
+    for flat in reader.batches():
+        features, y = reader.structure(flat)
+        labels.append(np.asarray(y))
+        probs.append(call(features).numpy())
+        for k in keep:
+            kept[k].append(np.asarray(features[k]))
+    return (
+        np.concatenate(labels),
+        np.concatenate(probs),
+        {k: np.concatenate(v) for k, v in kept.items()},
+    )
+
+
+def evaluate(
+    config: PipelineConfig, model_dir: str | Path, eval_days: list[str], checkpoint: str | Path | None = None
+) -> dict:
+    """Score ``eval_days`` with ``checkpoint`` (default: model_dir's latest) and write
+    ``<model_dir>/eval_result.json`` (atomically) with the metrics, step and checkpoint."""
+    model_dir = Path(model_dir)
+    partitions = finished_partitions(config.eval_input_path or config.train_input_path, eval_days)
+    reader = FeatureReader(config, partitions, shuffle=False)
+    path = resolve(checkpoint or model_dir)
+    model, step = load_model(config, path)
+    groups = [m.value().uid_field for m in config.eval_config.metrics_set if m.which() == "gauc"]
+    labels, probs, kept = predict(model, reader, groups)
+    result = {
+        "global_step": step,
+        "checkpoint": path,
+        "eval_days": [p.name.removeprefix("ds=") for p in partitions],
+        "num_examples": int(labels.size),
+        **compute_metrics(config.eval_config.metrics_set, labels, probs, kept),
+    }
+    model_dir.mkdir(parents=True, exist_ok=True)
+    tmp = model_dir / f".eval_result.json.{os.getpid()}"
+    tmp.write_text(json.dumps(result, indent=2))
+    tmp.replace(model_dir / "eval_result.json")
+    log.info(
+        "eval at step %d on %d examples: %s",
+        step,
+        labels.size,
+        {k: v for k, v in result.items() if isinstance(v, float)},
+    )
+    return result

@@ -1,0 +1,106 @@
+"""SavedModel export in TF Serving's layout: ``<export_dir>/<version>/``.
+
+The ``serving_default`` signature takes the raw feature columns (named by their
+``input_name``, typed by ``data_config``: STRING -> string, INT32/INT64 -> int, FLOAT/DOUBLE ->
+float) and returns ``probability`` and ``logit`` (``float32 [B]``). Inside it the same
+transforms as the Spark job: ids cleaned then hashed (``recpipe.ids``), tags split, dense
+values filled (NaN = missing) and normalised with the constants of the newest training day
+(``<model_dir>/normalization.json``). Written to a temporary directory, then renamed.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import tensorflow as tf
+
+from recpipe.config.data import FeatureSpec, FeatureType, InputType
+from recpipe.config.pipeline import PipelineConfig
+from trainer.features.ids import clean_ids, split_tags
+from trainer.models.ranking import RankingModel
+
+TF_TYPES = {
+    InputType.STRING: tf.string,
+    InputType.INT32: tf.int32,
+    InputType.INT64: tf.int64,
+    InputType.FLOAT: tf.float32,
+    InputType.DOUBLE: tf.float64,
+    InputType.BOOL: tf.bool,
+}
+
+
+def normalize(x: tf.Tensor, params: dict) -> tf.Tensor:
+    """The Spark job's fill + normalisation (``features.transform.normalize``), in float64."""
+    x = tf.cast(x, tf.float64)
+    x = tf.where(tf.math.is_nan(x), tf.constant(params.get("fill", 0.0), tf.float64), x)
+    method = params.get("method", "none")
+    if method == "log":
+        x = tf.sign(x) * tf.math.log1p(tf.abs(x))
+    elif method == "min_max":
+        x = tf.clip_by_value((x - params["min"]) / (params["max"] - params["min"]), 0.0, 1.0)
+    elif method == "standard":
+        x = (x - params["mean"]) / params["std"]
+    return tf.cast(x, tf.float32)
+
+
+class ServingModule(tf.Module):
+    """Raw request columns -> {probability, logit}; see the module docstring."""
+
+    def __init__(self, config: PipelineConfig, model: RankingModel, normalization: dict):
+        super().__init__()
+        self.model = model
+        self.features: list[FeatureSpec] = list(config.feature_config.features)
+        self.normalization = normalization
+        types = config.data_config.all_fields()
+        self.inputs = {f.input_names[0]: types[f.input_names[0]] for f in self.features}
+        spec = {name: tf.TensorSpec([None], TF_TYPES[kind], name=name) for name, kind in self.inputs.items()}
+        self.serve = tf.function(self._serve, input_signature=[spec])
+
+    def transform(self, raw: dict) -> dict:
+        """Raw columns -> the model's features dict (as the Spark job would have written it)."""
+        out = {}
+        for f in self.features:
+            x = raw[f.input_names[0]]
+            if f.feature_type == FeatureType.IdFeature:
+                out[f.name] = clean_ids(x)
+            elif f.feature_type == FeatureType.TagFeature:
+                out[f.name] = tf.cast(split_tags(x, f.separator), tf.string).with_row_splits_dtype(tf.int64)
+            else:
+                out[f.name] = normalize(x, self.normalization.get(f.name, {}))
+        return out
+
+    def _serve(self, raw):
+        logit = self.model(self.transform(raw), training=False)
+        return {"probability": tf.sigmoid(logit), "logit": logit}
+
+
+def export_saved_model(
+    config: PipelineConfig, model: RankingModel, model_dir: str | Path, export_dir: str | Path
+) -> Path:
+    """Write the SavedModel to ``export_dir/<version>/`` (version: unix seconds, increasing).
+
+    Returns:
+        The final version directory.
+    """
+    norm_file = Path(model_dir) / "normalization.json"
+    normalization = json.loads(norm_file.read_text()).get("features", {}) if norm_file.exists() else {}
+    module = ServingModule(config, model, normalization)
+    export_dir = Path(export_dir)
+    export_dir.mkdir(parents=True, exist_ok=True)
+    versions = [int(p.name) for p in export_dir.iterdir() if p.name.isdigit()]
+    version = max([int(time.time()), *[v + 1 for v in versions]])
+    tmp = export_dir / f".tmp-{version}"
+    try:
+        tf.saved_model.save(
+            module, str(tmp), signatures={"serving_default": module.serve.get_concrete_function()}
+        )
+        (tmp / "assets.extra").mkdir(exist_ok=True)
+        (tmp / "assets.extra" / "pipeline.json").write_text(json.dumps(config.to_dict(), indent=2))
+        final = export_dir / str(version)
+        tmp.replace(final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final

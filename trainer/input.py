@@ -1,0 +1,233 @@
+"""Feature Parquet (the Spark job's output) -> ``tf.data`` batches.
+
+Each worker reads a disjoint shard: the row groups of the selected ``ds`` partitions, in a
+fixed order, are dealt round-robin by ``rank`` over ``world_size``. Within an epoch the shard's
+row groups are visited in a seeded random order and rows are permuted within each chunk of
+``shuffle_buffer_size`` batches, so an epoch is a deterministic function of (seed, epoch):
+training resumes exactly by skipping the batches it already consumed.
+
+Batches are dicts of feature name -> tensor: id features ``string [B]``, tag features
+``RaggedTensor string [B, (n)]``, raw features ``float32 [B]``; labels ``float32 [B]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import date, timedelta
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import tensorflow as tf
+
+from recpipe.config.data import FeatureType
+from recpipe.config.pipeline import PipelineConfig
+
+
+class InputError(RuntimeError):
+    """No finished feature partition matches the requested days."""
+
+
+def parse_ds_range(text: str) -> list[str]:
+    """``YYYY-MM-DD`` or ``START:END`` (inclusive) -> the days in it.
+
+    Raises:
+        ValueError: malformed dates, or END before START.
+    """
+    start, _, end = text.partition(":")
+    first, last = date.fromisoformat(start), date.fromisoformat(end or start)
+    if last < first:
+        raise ValueError(f"ds range {text!r}: end before start")
+    return [(first + timedelta(days=k)).isoformat() for k in range((last - first).days + 1)]
+
+
+def finished_partitions(root: str | Path, days: list[str]) -> list[Path]:
+    """The ``ds=`` partitions of ``days`` under ``root`` that carry ``_SUCCESS``.
+
+    Raises:
+        InputError: none of them exists.
+    """
+    found = [Path(root) / f"ds={d}" for d in days if (Path(root) / f"ds={d}" / "_SUCCESS").exists()]
+    if not found:
+        raise InputError(f"no finished feature partition under {root} for ds {days[0]}..{days[-1]}")
+    return found
+
+
+@dataclass(frozen=True)
+class RowGroup:
+    path: Path
+    index: int
+    rows: int
+
+
+def row_groups(partitions: list[Path]) -> list[RowGroup]:
+    """Every row group of every data file, in a stable order."""
+    out = []
+    for part in partitions:
+        for path in sorted(part.glob("*.parquet")):
+            meta = pq.ParquetFile(path).metadata
+            out += [RowGroup(path, i, meta.row_group(i).num_rows) for i in range(meta.num_row_groups)]
+    return out
+
+
+def shard(groups: list[RowGroup], rank: int, world_size: int) -> list[RowGroup]:
+    """Row groups of worker ``rank``: disjoint across ranks, together all of them.
+
+    Raises:
+        ValueError: rank outside [0, world_size).
+    """
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} outside world of size {world_size}")
+    return groups[rank::world_size]
+
+
+class FeatureReader:
+    """Batches of one worker's shard, as numpy arrays, for one pipeline config.
+
+    Args:
+        config: the pipeline config (feature_config, data_config).
+        partitions: finished ``ds=`` directories.
+        rank, world_size: this worker's shard.
+        batch_size: rows per batch (the last batch of an epoch may be shorter).
+        shuffle: permute row groups and rows (seeded by ``seed`` and the epoch).
+    """
+
+    def __init__(
+        self,
+        config: PipelineConfig,
+        partitions: list[Path],
+        rank: int = 0,
+        world_size: int = 1,
+        batch_size: int | None = None,
+        shuffle: bool | None = None,
+        seed: int = 0,
+    ):
+        dc = config.data_config
+        self.config = config
+        self.features = list(config.feature_config.features)
+        self.labels = list(dc.label_fields)
+        self.batch_size = batch_size or dc.batch_size
+        self.shuffle = dc.shuffle if shuffle is None else shuffle
+        self.buffer_rows = dc.shuffle_buffer_size * self.batch_size
+        self.seed = seed
+        self.groups = shard(row_groups(partitions), rank, world_size)
+        self.columns = self.labels + [f.name for f in self.features]
+
+    @property
+    def num_rows(self) -> int:
+        return sum(g.rows for g in self.groups)
+
+    def _tables(self, epoch: int) -> Iterator[pa.Table]:
+        order = np.arange(len(self.groups))
+        rng = np.random.default_rng((self.seed, epoch))
+        if self.shuffle:
+            rng.shuffle(order)
+        pending: list[pa.Table] = []
+        pending_rows = 0
+        for i in order:
+            g = self.groups[i]
+            pending.append(pq.ParquetFile(g.path).read_row_group(g.index, columns=self.columns))
+            pending_rows += g.rows
+            if pending_rows >= self.buffer_rows:
+                yield self._permute(pa.concat_tables(pending), rng)
+                pending, pending_rows = [], 0
+        if pending:
+            yield self._permute(pa.concat_tables(pending), rng)
+
+    def _permute(self, table: pa.Table, rng: np.random.Generator) -> pa.Table:
+        return table.take(rng.permutation(table.num_rows)) if self.shuffle else table
+
+    def batches(self, epoch: int = 0, skip: int = 0) -> Iterator[tuple]:
+        """Yield the epoch's batches as flat tuples of numpy arrays (see ``signature``)."""
+        carry: pa.Table | None = None
+        n = 0
+        for table in self._tables(epoch):
+            if carry is not None:
+                table = pa.concat_tables([carry, table])
+            full = table.num_rows - table.num_rows % self.batch_size
+            for start in range(0, full, self.batch_size):
+                if n >= skip:
+                    yield self._to_numpy(table.slice(start, self.batch_size))
+                n += 1
+            carry = table.slice(full) if full < table.num_rows else None
+        if carry is not None and carry.num_rows and n >= skip:
+            yield self._to_numpy(carry)
+
+    def _to_numpy(self, table: pa.Table) -> tuple:
+        out = [np.asarray(table[name].to_numpy(), dtype=np.float32) for name in self.labels]
+        for f in self.features:
+            column = table[f.name].combine_chunks()
+            if f.feature_type == FeatureType.IdFeature:
+                out.append(column.to_numpy(zero_copy_only=False).astype(object))
+            elif f.feature_type == FeatureType.TagFeature:
+                offsets = column.offsets.to_numpy().astype(np.int64)
+                out.append(column.flatten().to_numpy(zero_copy_only=False).astype(object))
+                out.append(offsets - offsets[0])
+            else:
+                out.append(column.fill_null(0.0).to_numpy().astype(np.float32))
+        return tuple(out)
+
+    def signature(self) -> tuple:
+        """``tf.TensorSpec`` of each element of a ``batches()`` tuple."""
+        specs = [tf.TensorSpec([None], tf.float32) for _ in self.labels]
+        for f in self.features:
+            if f.feature_type == FeatureType.IdFeature:
+                specs.append(tf.TensorSpec([None], tf.string))
+            elif f.feature_type == FeatureType.TagFeature:
+                specs += [tf.TensorSpec([None], tf.string), tf.TensorSpec([None], tf.int64)]
+            else:
+                specs.append(tf.TensorSpec([None], tf.float32))
+        return tuple(specs)
+
+    def structure(self, flat: tuple) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
+        """Flat tuple -> (features dict, labels [B] of the first label field)."""
+        labels = flat[0]
+        i = len(self.labels)
+        features: dict[str, tf.Tensor] = {}
+        for f in self.features:
+            if f.feature_type == FeatureType.TagFeature:
+                features[f.name] = tf.RaggedTensor.from_row_splits(flat[i], flat[i + 1], validate=False)
+                i += 2
+            else:
+                features[f.name] = flat[i]
+                i += 1
+        return features, labels
+
+    def dataset(self, epoch: int = 0, skip: int = 0, prefetch: int = 32) -> tf.data.Dataset:
+        """The epoch as a ``tf.data.Dataset`` of (features, labels), prefetched."""
+        ds = tf.data.Dataset.from_generator(
+            lambda: self.batches(epoch, skip), output_signature=self.signature()
+        )
+        return ds.map(lambda *flat: self.structure(flat)).prefetch(prefetch)
+
+
+def feature_spec(config: PipelineConfig) -> dict[str, tf.TypeSpec]:
+    """The type spec of a features dict (pins the train step's input signature)."""
+    spec: dict[str, tf.TypeSpec] = {}
+    for f in config.feature_config.features:
+        if f.feature_type == FeatureType.IdFeature:
+            spec[f.name] = tf.TensorSpec([None], tf.string)
+        elif f.feature_type == FeatureType.TagFeature:
+            spec[f.name] = tf.RaggedTensorSpec(
+                [None, None], tf.string, ragged_rank=1, row_splits_dtype=tf.int64
+            )
+        else:
+            spec[f.name] = tf.TensorSpec([None], tf.float32)
+    return spec
+
+
+def sample_inputs(config: PipelineConfig) -> dict[str, tf.Tensor]:
+    """A one-row features dict (empty ids and tags, zero dense values) to build a model."""
+    sample: dict[str, tf.Tensor] = {}
+    for f in config.feature_config.features:
+        if f.feature_type == FeatureType.IdFeature:
+            sample[f.name] = tf.constant([""])
+        elif f.feature_type == FeatureType.TagFeature:
+            sample[f.name] = tf.RaggedTensor.from_row_splits(
+                tf.constant([], tf.string), tf.constant([0, 0], tf.int64)
+            )
+        else:
+            sample[f.name] = tf.constant([0.0])
+    return sample

@@ -1,0 +1,1 @@
+"""Small composable Keras layers (tf-keras): embeddings, MLP, FM, cross, dot interaction."""

@@ -1,0 +1,37 @@
+"""Multi-layer perceptron (EasyRec's ``dnn { hidden_units }``)."""
+
+from __future__ import annotations
+
+import tf_keras as keras
+
+from recpipe.config.model import DNN
+
+
+class MLP(keras.layers.Layer):
+    """Dense ReLU layers, each optionally followed by batch norm and dropout.
+
+    Input ``float32 [B, d]`` -> output ``float32 [B, hidden_units[-1]]``.
+    """
+
+    def __init__(self, config: DNN, **kwargs):
+        super().__init__(**kwargs)
+        self.config = config
+        self.dense = [
+            keras.layers.Dense(u, activation="relu", name=f"dense_{i}")
+            for i, u in enumerate(config.hidden_units)
+        ]
+        self.norms = (
+            [keras.layers.BatchNormalization(name=f"bn_{i}") for i in range(len(self.dense))]
+            if config.use_bn
+            else []
+        )
+        self.dropout = keras.layers.Dropout(config.dropout_ratio) if config.dropout_ratio else None
+
+    def call(self, x, training=False):
+        for i, dense in enumerate(self.dense):
+            x = dense(x)
+            if self.norms:
+                x = self.norms[i](x, training=training)
+            if self.dropout is not None:
+                x = self.dropout(x, training=training)
+        return x

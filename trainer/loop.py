@@ -1,0 +1,239 @@
+"""The training loop: steps, logging, summaries, checkpoints, resume and fine-tune.
+
+The loop receives a frozen ``TrainJob`` and a ``tf.distribute.Strategy``; it never reads
+environment variables, TF_CONFIG or Horovod state (the strategy layer does). Every
+strategy runs this same loop.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tensorflow as tf
+import tf_keras as keras
+
+from recpipe.config.pipeline import PipelineConfig
+from trainer.checkpoints import PREFIX, fine_tune_restore, name_map, read_var_map
+from trainer.input import FeatureReader, feature_spec, finished_partitions
+from trainer.losses import build_loss
+from trainer.models.builders import build_model
+from trainer.optimizers import build_optimizer, split_variables
+
+log = logging.getLogger(__name__)
+
+
+class TrainError(RuntimeError):
+    """The job cannot start (e.g. model_dir holds checkpoints and --continue_train is unset)."""
+
+
+@dataclass(frozen=True)
+class TrainJob:
+    """Everything one training process needs, fixed before it starts.
+
+    Args:
+        config: the effective pipeline config (overrides applied).
+        model_dir: where checkpoints, summaries and results go.
+        train_days: the ``ds`` partitions to train on.
+        continue_train: resume from ``model_dir``'s latest checkpoint.
+        rank, world_size: this worker's input shard.
+        is_chief: writes checkpoints and summaries.
+        seed: shuffling and initialisation seed.
+    """
+
+    config: PipelineConfig
+    model_dir: Path
+    train_days: list[str]
+    continue_train: bool = False
+    rank: int = 0
+    world_size: int = 1
+    is_chief: bool = True
+    seed: int = 0
+
+
+@dataclass
+class TrainResult:
+    global_step: int
+    checkpoint: str
+    loss: float
+    examples_per_sec: float
+    fine_tune: dict = field(default_factory=dict)
+
+
+class Trainer:
+    """Builds model, optimizers and checkpoint for a job, then runs ``train()``."""
+
+    def __init__(self, job: TrainJob, strategy: tf.distribute.Strategy | None = None):
+        self.job = job
+        self.config = job.config
+        self.strategy = strategy or tf.distribute.get_strategy()
+        tc = self.config.train_config
+        partitions = finished_partitions(self.config.train_input_path, job.train_days)
+        self.partitions = partitions
+        self.reader = FeatureReader(self.config, partitions, job.rank, job.world_size, seed=job.seed)
+        keras.utils.set_random_seed(job.seed)
+        with self.strategy.scope():
+            self.model = build_model(self.config)
+            self.model(self.reader.structure(next(self.reader.batches()))[0])
+            self.optimizers = [
+                build_optimizer(c, f"optimizer_{i}") for i, c in enumerate(tc.optimizer_config)
+            ]
+            self.var_split = split_variables(
+                self.model.variable_groups(), len(self.optimizers), self.config.model.model_class
+            )
+            for opt, variables in zip(self.optimizers, self.var_split, strict=True):
+                opt.build(variables)
+            self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+            self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
+            self.batch_in_epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="batch_in_epoch")
+        self.variables = name_map(self.model.variables)
+        self.checkpoint = tf.train.Checkpoint(
+            variables=self.variables,
+            global_step=self.global_step,
+            epoch=self.epoch,
+            batch_in_epoch=self.batch_in_epoch,
+            **{f"optimizer_{i}": opt for i, opt in enumerate(self.optimizers)},
+        )
+        self.manager = tf.train.CheckpointManager(
+            self.checkpoint, str(job.model_dir), max_to_keep=tc.keep_checkpoint_max, checkpoint_name=PREFIX
+        )
+        self.loss_fn = build_loss(self.config.model)
+
+    def _restore(self) -> dict:
+        tc = self.config.train_config
+        latest = self.manager.latest_checkpoint
+        if latest and not self.job.continue_train:
+            raise TrainError(
+                f"model_dir {self.job.model_dir} already holds checkpoints (latest {latest}); "
+                "pass --continue_train to resume, or choose another --model_dir"
+            )
+        if latest:
+            self.checkpoint.restore(latest).assert_existing_objects_matched()
+            log.info("resumed from %s at step %d", latest, int(self.global_step))
+            return {}
+        if tc.fine_tune_checkpoint:
+            var_map = read_var_map(tc.fine_tune_ckpt_var_map) if tc.fine_tune_ckpt_var_map else None
+            report = fine_tune_restore(self.variables, tc.fine_tune_checkpoint, var_map)
+            return {
+                "checkpoint": report.checkpoint,
+                "restored": len(report.restored),
+                "missing": report.missing,
+                "shape_mismatch": report.shape_mismatch,
+            }
+        return {}
+
+    def _train_step_fn(self) -> Callable:
+        spec = (feature_spec(self.config), tf.TensorSpec([None], tf.float32))
+        model, loss_fn, optimizers, split = self.model, self.loss_fn, self.optimizers, self.var_split
+        reg = self.config.model.embedding_regularization
+        tables = self.model.variable_groups()["embedding"]
+
+        def step(features, labels):
+            with tf.GradientTape() as tape:
+                logits = model(features, training=True)
+                loss = loss_fn(labels, logits)
+                if reg:
+                    loss += reg * tf.add_n([tf.nn.l2_loss(t) for t in tables])
+            grads = tape.gradient(loss, [v for part in split for v in part])
+            i = 0
+            for opt, part in zip(optimizers, split, strict=True):
+                opt.apply_gradients(zip(grads[i : i + len(part)], part, strict=True))
+                i += len(part)
+            return loss
+
+        @tf.function(input_signature=spec, reduce_retracing=True)
+        def train_step(features, labels):
+            loss = self.strategy.run(step, args=(features, labels))
+            self.global_step.assign_add(1)
+            self.batch_in_epoch.assign_add(1)
+            return self.strategy.reduce(tf.distribute.ReduceOp.MEAN, loss, axis=None)
+
+        return train_step
+
+    def _learning_rate(self) -> float:
+        opt = self.optimizers[-1]
+        return (
+            float(opt.learning_rate(opt.iterations))
+            if callable(opt.learning_rate)
+            else float(opt.learning_rate)
+        )
+
+    def train(self, on_log: Callable[[int, dict], None] | None = None) -> TrainResult:
+        """Train until ``num_steps`` or ``num_epochs`` of data; return the final state.
+
+        ``on_log(step, {"loss", "learning_rate", "examples_per_sec"})`` is called at every
+        ``log_step_count_steps`` (for tracking).
+        """
+        job, tc, dc = self.job, self.config.train_config, self.config.data_config
+        job.model_dir.mkdir(parents=True, exist_ok=True)
+        fine_tune = self._restore()
+        if job.is_chief:
+            self._save_normalization()
+        train_step = self._train_step_fn()
+        writer = tf.summary.create_file_writer(str(job.model_dir / "train")) if job.is_chief else None
+        last_save_step, last_save_time = int(self.global_step), time.time()
+        window_start, window_examples = time.time(), 0
+        total_start, total_examples = time.time(), 0
+        loss = float("nan")
+        done = tc.num_steps is not None and int(self.global_step) >= tc.num_steps
+        while not done and int(self.epoch) < dc.num_epochs:
+            skip = int(self.batch_in_epoch)
+            for features, labels in self.reader.dataset(int(self.epoch), skip, dc.prefetch_size):
+                loss_t = train_step(features, labels)
+                step = int(self.global_step)
+                n = int(tf.shape(labels)[0])
+                window_examples += n
+                total_examples += n
+                if step % tc.log_step_count_steps == 0:
+                    loss = float(loss_t)
+                    rate = window_examples / max(time.time() - window_start, 1e-9)
+                    lr = self._learning_rate()
+                    log.info("step %d loss %.5f lr %.6g examples/s %.0f", step, loss, lr, rate)
+                    if on_log:
+                        on_log(step, {"loss": loss, "learning_rate": lr, "examples_per_sec": rate})
+                    window_start, window_examples = time.time(), 0
+                if writer is not None and step % tc.save_summary_steps == 0:
+                    with writer.as_default(step=step):
+                        tf.summary.scalar("loss", loss_t)
+                        tf.summary.scalar("learning_rate", self._learning_rate())
+                if job.is_chief and self._due(step, last_save_step, last_save_time):
+                    self.manager.save(checkpoint_number=step)
+                    last_save_step, last_save_time = step, time.time()
+                if tc.num_steps is not None and step >= tc.num_steps:
+                    done = True
+                    break
+            else:
+                self.epoch.assign_add(1)
+                self.batch_in_epoch.assign(0)
+        loss = float(loss_t) if total_examples else loss
+        step = int(self.global_step)
+        if job.is_chief and (step != last_save_step or self.manager.latest_checkpoint is None):
+            self.manager.save(checkpoint_number=step)
+        if writer is not None:
+            writer.flush()
+        elapsed = max(time.time() - total_start, 1e-9)
+        return TrainResult(
+            step, self.manager.latest_checkpoint or "", loss, total_examples / elapsed, fine_tune
+        )
+
+    def _due(self, step: int, last_step: int, last_time: float) -> bool:
+        tc = self.config.train_config
+        if tc.save_checkpoints_secs is not None:
+            return time.time() - last_time >= tc.save_checkpoints_secs
+        return step - last_step >= tc.save_checkpoints_steps
+
+    def _save_normalization(self) -> None:
+        # serving must apply the normalisation of the newest training day
+        source = self.partitions[-1] / "_normalization.json"
+        target = self.job.model_dir / "normalization.json"
+        if source.exists():
+            tmp = target.with_suffix(".json.tmp")
+            shutil.copyfile(source, tmp)
+            tmp.replace(target)
+        else:
+            target.write_text(json.dumps({"features": {}}))

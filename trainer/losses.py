@@ -1,0 +1,79 @@
+"""EasyRec loss types for binary ranking (shared/reference/easyrec_train_config_and_losses.txt).
+
+All take labels ``float32 [B]`` in [0, 1] and logits ``float32 [B]`` and return a scalar mean.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import tensorflow as tf
+
+from recpipe.config.model import Loss, LossType, ModelConfig
+
+
+def classification(labels, logits, _: Loss):
+    """Sigmoid cross entropy."""
+    return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+
+
+def l2(labels, logits, _: Loss):
+    """Squared error of the raw output (regression)."""
+    return tf.reduce_mean(tf.square(logits - labels))
+
+
+def sigmoid_l2(labels, logits, _: Loss):
+    """Squared error of sigmoid(output)."""
+    return tf.reduce_mean(tf.square(tf.sigmoid(logits) - labels))
+
+
+def cross_entropy(labels, logits, _: Loss):
+    """Log loss with soft labels: -y log p - (1 - y) log(1 - p), p = sigmoid(logit)."""
+    return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+
+
+def pair_wise(labels, logits, _: Loss):
+    """Pairwise logistic loss over every (positive, negative) pair in the batch:
+    mean log(1 + exp(-(s_i - s_j))) for y_i > y_j, a surrogate of AUC (RankNet, Burges 2005).
+    Zero for a batch without such pairs."""
+    diff = logits[:, None] - logits[None, :]
+    mask = tf.cast(labels[:, None] > labels[None, :], logits.dtype)
+    pairs = tf.reduce_sum(mask)
+    loss = tf.reduce_sum(tf.nn.softplus(-diff) * mask)
+    return tf.math.divide_no_nan(loss, pairs)
+
+
+def f1_reweighted(labels, logits, config: Loss):
+    """Sigmoid cross entropy with negatives re-weighted towards F-beta (EasyRec's
+    ``F1_REWEIGHTED_LOSS``): positives weigh 1, negatives
+    w = TP / (beta^2 * N_pos + N_neg - TN), with soft TP = sum p and TN = B - TP.
+    beta^2 (``f1_beta_square``) > 1 favours recall, < 1 precision. w is not differentiated."""
+    p = tf.sigmoid(logits)
+    batch = tf.cast(tf.size(labels), logits.dtype)
+    n_pos = tf.reduce_sum(labels)
+    tp = tf.reduce_sum(p)
+    tn = batch - tp
+    w_neg = tf.stop_gradient(tp / (config.f1_beta_square * n_pos + (batch - n_pos) - tn + 1e-8))
+    weights = tf.where(labels > 0.5, tf.ones_like(labels), w_neg * tf.ones_like(labels))
+    ce = tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits)
+    return tf.reduce_sum(weights * ce) / batch
+
+
+LOSSES: dict[LossType, Callable] = {
+    LossType.CLASSIFICATION: classification,
+    LossType.L2_LOSS: l2,
+    LossType.SIGMOID_L2_LOSS: sigmoid_l2,
+    LossType.CROSS_ENTROPY_LOSS: cross_entropy,
+    LossType.PAIR_WISE_LOSS: pair_wise,
+    LossType.F1_REWEIGHTED_LOSS: f1_reweighted,
+}
+
+
+def build_loss(model_config: ModelConfig) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
+    """``losses`` (weighted sum) if given, else the single ``loss_type``."""
+    terms = list(model_config.losses) or [Loss(loss_type=model_config.loss_type)]
+
+    def loss(labels, logits):
+        return tf.add_n([t.weight * LOSSES[t.loss_type](labels, logits, t) for t in terms])
+
+    return loss

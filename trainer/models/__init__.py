@@ -1,0 +1,1 @@
+"""The ranking model and the EasyRec model classes built from its parts."""

@@ -1,0 +1,73 @@
+"""One ranking model; the EasyRec model classes differ only in the parts injected.
+
+    logit = head(tower(deep embeddings, dense)) + tower's extra term + wide logit
+
+Composition follows tensorflow/recommenders' ``Ranking`` model: the model knows nothing of
+checkpoints, strategies or tracking.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+import tf_keras as keras
+
+from recpipe.config.data import FeatureSpec, FeatureType
+from trainer.layers.embedding import FeatureEmbedding
+
+
+class WideLogit(keras.layers.Layer):
+    """First-order part: a width-``wide_output_dim`` embedding per wide id / tag feature and a
+    linear term per wide raw feature, summed to ``float32 [B, 1]``."""
+
+    def __init__(self, features: list[FeatureSpec], wide_output_dim: int = 1, **kwargs):
+        super().__init__(**kwargs)
+        self.raw = [f.name for f in features if f.feature_type == FeatureType.RawFeature]
+        self.embedding = FeatureEmbedding(features, dim=wide_output_dim, name="wide_embedding")
+        self.linear = keras.layers.Dense(1, use_bias=False, name="linear") if self.raw else None
+
+    def call(self, inputs):
+        parts = [tf.reduce_sum(e, axis=1, keepdims=True) for e in self.embedding(inputs).values()]
+        if self.linear is not None:
+            parts.append(self.linear(tf.stack([inputs[n] for n in self.raw], axis=1)))
+        return tf.add_n(parts)
+
+
+class RankingModel(keras.Model):
+    """Inputs: the features dict of ``trainer.input`` (or of the serving graph after
+    cleaning). Output: logits ``float32 [B]``.
+
+    Args:
+        deep_features: features of the DEEP groups (id / tag embedded, raw as dense inputs).
+        tower: a ``trainer.models.towers`` layer.
+        wide: a ``WideLogit`` or None.
+    """
+
+    def __init__(
+        self, deep_features: list[FeatureSpec], tower: keras.layers.Layer, wide: WideLogit | None, **kw
+    ):
+        super().__init__(**kw)
+        self.dense_names = [f.name for f in deep_features if f.feature_type == FeatureType.RawFeature]
+        self.embedding = FeatureEmbedding(deep_features, name="input_layer")
+        self.tower = tower
+        self.wide = wide
+        self.head = keras.layers.Dense(1, name="logit")
+
+    def call(self, inputs, training=False):
+        embeddings = self.embedding(inputs)
+        dense = tf.stack([inputs[n] for n in self.dense_names], axis=1) if self.dense_names else None
+        hidden, extra = self.tower(embeddings, dense, training=training)
+        logit = self.head(hidden)
+        if extra is not None:
+            logit += extra
+        if self.wide is not None:
+            logit += self.wide(inputs)
+        return tf.squeeze(logit, axis=1)
+
+    def variable_groups(self) -> dict[str, list[tf.Variable]]:
+        """Trainable variables split as EasyRec's multi-optimizer needs: ``wide`` (wide
+        embeddings and linear terms), ``embedding`` (deep tables), ``dense`` (the rest)."""
+        wide = self.wide.trainable_variables if self.wide is not None else []
+        embedding = self.embedding.trainable_variables
+        taken = {id(v) for v in wide + embedding}
+        dense = [v for v in self.trainable_variables if id(v) not in taken]
+        return {"wide": wide, "embedding": embedding, "dense": dense}

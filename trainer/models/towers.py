@@ -1,0 +1,87 @@
+"""The interaction towers that tell the EasyRec model classes apart.
+
+A tower maps (embeddings: dict name -> ``float32 [B, D_i]``, dense: ``float32 [B, n]``) to
+(hidden ``float32 [B, H]``, extra logit ``float32 [B, 1]`` or None).
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+import tf_keras as keras
+
+from recpipe.config.model import DNN
+from trainer.layers.cross import Cross
+from trainer.layers.dot_interaction import DotInteraction
+from trainer.layers.fm import FM
+from trainer.layers.mlp import MLP
+
+
+def _concat(embeddings: dict, dense) -> tf.Tensor:
+    parts = list(embeddings.values()) + ([dense] if dense is not None else [])
+    return tf.concat(parts, axis=1)
+
+
+class ConcatMLPTower(keras.layers.Layer):
+    """DNN and WideAndDeep's deep part: MLP over the concatenated inputs."""
+
+    def __init__(self, dnn: DNN, **kwargs):
+        super().__init__(**kwargs)
+        self.mlp = MLP(dnn, name="dnn")
+
+    def call(self, embeddings, dense, training=False):
+        return self.mlp(_concat(embeddings, dense), training=training), None
+
+
+class DeepFMTower(keras.layers.Layer):
+    """DeepFM: MLP over the concatenated inputs, plus the FM term over the id embeddings
+    (Guo et al., "DeepFM", IJCAI 2017)."""
+
+    def __init__(self, dnn: DNN, **kwargs):
+        super().__init__(**kwargs)
+        self.mlp = MLP(dnn, name="dnn")
+        self.fm = FM(name="fm")
+
+    def call(self, embeddings, dense, training=False):
+        fm = self.fm(tf.stack(list(embeddings.values()), axis=1))
+        return self.mlp(_concat(embeddings, dense), training=training), fm
+
+
+class DLRMTower(keras.layers.Layer):
+    """DLRM: bottom MLP on dense features to the embedding width, pairwise dot products of
+    it and the embeddings, top MLP over [bottom, interactions] (Naumov et al., 2019)."""
+
+    def __init__(self, bot_dnn: DNN, top_dnn: DNN, self_interaction: bool, **kwargs):
+        super().__init__(**kwargs)
+        self.bottom = MLP(bot_dnn, name="bot_dnn")
+        self.interaction = DotInteraction(self_interaction, name="interaction")
+        self.top = MLP(top_dnn, name="top_dnn")
+
+    def call(self, embeddings, dense, training=False):
+        fields = list(embeddings.values())
+        if dense is not None:
+            bottom = self.bottom(dense, training=training)
+            fields = [bottom] + fields
+        z = self.interaction(tf.stack(fields, axis=1))
+        top_in = tf.concat([fields[0], z], axis=1)
+        return self.top(top_in, training=training), None
+
+
+class DCNTower(keras.layers.Layer):
+    """DCN-v2 parallel structure: ``cross_num`` cross layers and a deep tower over the same
+    x0, concatenated (optionally through ``final_dnn``) (Wang et al., WWW 2021)."""
+
+    def __init__(self, cross_num: int, deep: DNN, final: DNN | None, **kwargs):
+        super().__init__(**kwargs)
+        self.cross = [Cross(name=f"cross_{i}") for i in range(cross_num)]
+        self.deep = MLP(deep, name="deep_tower")
+        self.final = MLP(final, name="final_dnn") if final is not None else None
+
+    def call(self, embeddings, dense, training=False):
+        x0 = _concat(embeddings, dense)
+        x = x0
+        for layer in self.cross:
+            x = layer((x0, x))
+        h = tf.concat([x, self.deep(x0, training=training)], axis=1)
+        if self.final is not None:
+            h = self.final(h, training=training)
+        return h, None
