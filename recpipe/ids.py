@@ -13,7 +13,7 @@ Spark therefore emits clean string ids and never hashes: one hash implementation
 exported serving graph reproduces the training ids exactly from raw values.
 """
 
-# The characters stripped from both ends of a value. Spark strips them with trim(col, chars);
+# The characters stripped from both ends of a value. Spark strips them with btrim(col, chars);
 # TensorFlow with the RE2 pattern below (same set).
 WHITESPACE_CHARS = " \t\r\n\f"
 STRIP_PATTERN = "^[ \\t\\r\\n\\f]+|[ \\t\\r\\n\\f]+$"

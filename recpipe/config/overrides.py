@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import date, datetime
 from typing import Any
 
 import yaml
@@ -69,7 +70,9 @@ def parse_extend_args(args: list[str]) -> dict[str, Any]:
         path, raw = match.groups()
         if path.split(".")[0].split("[")[0] not in SECTIONS:
             raise ConfigError(f"{arg!r}: {path.split('.')[0]!r} is not a config section")
-        edits[path] = yaml.safe_load(raw) if raw != "" else ""
+        value = yaml.safe_load(raw) if raw != "" else ""
+        # YAML reads 2024-01-01 as a date; every config field holding a day is a string
+        edits[path] = raw if isinstance(value, date | datetime) else value
     return edits
 
 

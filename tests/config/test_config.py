@@ -71,8 +71,10 @@ def test_override_list_selectors():
 
 
 def test_extend_args_parse_yaml_scalars():
-    edits = parse_extend_args(["--train_config.sync_replicas=true", "--data_config.num_epochs=3"])
-    assert edits == {"train_config.sync_replicas": True, "data_config.num_epochs": 3}
+    edits = parse_extend_args(
+        ["--train_config.sync_replicas=true", "--data_config.num_epochs=3", "--eval_ds=2024-01-02"]
+    )
+    assert edits == {"train_config.sync_replicas": True, "data_config.num_epochs": 3, "eval_ds": "2024-01-02"}
 
 
 def test_apply_edits_creates_missing_sections():

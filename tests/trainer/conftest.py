@@ -1,0 +1,65 @@
+"""MovieLens features written by the project's Spark job, shared by the trainer tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+EARLY = ("1997-09-20", "1997-10-20")
+
+
+def _days(raw_events: Path, first: str, last: str) -> list[str]:
+    days = [p.name.removeprefix("ds=") for p in raw_events.iterdir() if p.name.startswith("ds=")]
+    return sorted(d for d in days if first <= d <= last)
+
+
+@pytest.fixture(scope="session")
+def ml_root(movielens_raw, tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("ml")
+
+
+def _config(movielens_raw, root):
+    from recpipe.config import load_pipeline_config
+
+    return load_pipeline_config(
+        ROOT / "conf/movielens_deepfm.yaml",
+        {
+            "raw_input_path": str(movielens_raw / "events"),
+            "train_input_path": str(root / "features"),
+            "model_dir": str(root / "model"),
+        },
+    )
+
+
+def _prepare(spark, config, days):
+    from features.prepare import prepare_day
+
+    for ds in days:
+        if not (Path(config.train_input_path) / f"ds={ds}" / "_SUCCESS").exists():
+            prepare_day(spark, config, ds)
+
+
+@pytest.fixture(scope="session")
+def ml_early(spark, movielens_raw, ml_root):
+    """Config whose train_input_path holds the features of the first month (~20 days)."""
+    config = _config(movielens_raw, ml_root)
+    _prepare(spark, config, _days(movielens_raw / "events", *EARLY))
+    return config
+
+
+@pytest.fixture(scope="session")
+def ml_all(spark, ml_early, movielens_raw):
+    """The same, with every one of the 213 days prepared."""
+    _prepare(spark, ml_early, _days(movielens_raw / "events", "1997-01-01", "1999-01-01"))
+    return ml_early
+
+
+def with_edits(config, edits: dict):
+    """A copy of ``config`` with EasyRec-style edits applied and validated."""
+    from recpipe.config import apply_edits
+    from recpipe.config.loader import validate
+    from recpipe.config.pipeline import PipelineConfig
+
+    return validate(PipelineConfig, apply_edits(config.to_dict(), edits), "test config")

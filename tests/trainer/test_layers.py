@@ -1,0 +1,76 @@
+"""Layers against their formulas, computed independently in numpy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from recpipe.config.data import FeatureSpec
+from trainer.features.ids import hash_ids
+from trainer.layers.cross import Cross
+from trainer.layers.dot_interaction import DotInteraction
+from trainer.layers.embedding import EmbeddingConfigError, FeatureEmbedding
+from trainer.layers.fm import FM
+
+
+def test_fm_equals_sum_of_pairwise_dot_products():
+    v = np.random.default_rng(0).normal(size=(4, 5, 3)).astype(np.float32)
+    expected = [sum(v[b, i] @ v[b, j] for i in range(5) for j in range(i + 1, 5)) for b in range(4)]
+    np.testing.assert_allclose(FM()(tf.constant(v)).numpy()[:, 0], expected, rtol=1e-5)
+
+
+def test_cross_layer_formula():
+    rng = np.random.default_rng(1)
+    x0, x = rng.normal(size=(3, 4)).astype(np.float32), rng.normal(size=(3, 4)).astype(np.float32)
+    layer = Cross()
+    out = layer((tf.constant(x0), tf.constant(x))).numpy()
+    w, b = layer.dense.kernel.numpy(), layer.dense.bias.numpy()
+    np.testing.assert_allclose(out, x0 * (x @ w + b) + x, rtol=1e-5)
+
+
+@pytest.mark.parametrize("self_interaction, pairs", [(False, 6), (True, 10)])
+def test_dot_interaction_upper_triangle(self_interaction, pairs):
+    z = np.random.default_rng(2).normal(size=(2, 4, 3)).astype(np.float32)
+    out = DotInteraction(self_interaction)(tf.constant(z)).numpy()
+    k = 0 if self_interaction else 1
+    expected = [[z[b, i] @ z[b, j] for i in range(4) for j in range(i + k, 4)] for b in range(2)]
+    assert out.shape == (2, pairs)
+    np.testing.assert_allclose(out, expected, rtol=1e-5)
+
+
+def test_embedding_lookup_combiners_and_shared_tables():
+    features = [
+        FeatureSpec(input_names=["u"], hash_bucket_size=50, embedding_dim=4, embedding_name="shared"),
+        FeatureSpec(input_names=["v"], hash_bucket_size=50, embedding_dim=4, embedding_name="shared"),
+        FeatureSpec(
+            input_names=["t"],
+            feature_type="TagFeature",
+            hash_bucket_size=30,
+            embedding_dim=4,
+            combiner="mean",
+        ),
+    ]
+    layer = FeatureEmbedding(features)
+    tags = tf.ragged.constant([["a", "b"], [], ["a"]], dtype=tf.string, row_splits_dtype=tf.int64)
+    out = layer({"u": tf.constant(["x", "y", "x"]), "v": tf.constant(["x", "z", "q"]), "t": tags})
+    assert set(layer.tables) == {"shared", "t"}
+    shared, tag_table = layer.tables["shared"].numpy(), layer.tables["t"].numpy()
+    ids = hash_ids(tf.constant(["x", "y"]), 50).numpy()
+    np.testing.assert_allclose(out["u"].numpy()[0], shared[ids[0]])
+    np.testing.assert_allclose(out["v"].numpy()[0], shared[ids[0]])  # same value, same shared row
+    a, b = hash_ids(tf.constant(["a", "b"]), 30).numpy()
+    np.testing.assert_allclose(out["t"].numpy()[0], (tag_table[a] + tag_table[b]) / 2, rtol=1e-6)
+    np.testing.assert_allclose(out["t"].numpy()[1], 0.0)
+    np.testing.assert_allclose(out["t"].numpy()[2], tag_table[a], rtol=1e-6)
+
+
+def test_embedding_config_errors():
+    with pytest.raises(EmbeddingConfigError, match="'u' needs hash_bucket_size"):
+        FeatureEmbedding([FeatureSpec(input_names=["u"])])
+    shared = [
+        FeatureSpec(input_names=["u"], hash_bucket_size=50, embedding_name="s"),
+        FeatureSpec(input_names=["v"], hash_bucket_size=60, embedding_name="s"),
+    ]
+    with pytest.raises(EmbeddingConfigError, match="sharing embedding_name 's'"):
+        FeatureEmbedding(shared)

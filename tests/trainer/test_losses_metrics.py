@@ -1,0 +1,80 @@
+"""Losses and metrics against independent numpy / scikit-learn computations."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from sklearn.metrics import log_loss, roc_auc_score
+
+from recpipe.config.model import Loss, Metric, ModelConfig
+from trainer.losses import build_loss
+from trainer.metrics import auc, compute_metrics, gauc
+
+Y = np.array([1, 0, 1, 1, 0, 0, 1, 0], np.float32)
+S = np.array([2.0, -1.0, 0.5, -0.3, 0.2, -2.0, 1.2, 0.9], np.float32)
+P = 1 / (1 + np.exp(-S))
+
+
+def _loss(**kw) -> float:
+    config = ModelConfig(feature_groups=[{"group_name": "g", "feature_names": ["x"]}], **kw)
+    return float(build_loss(config)(tf.constant(Y), tf.constant(S)))
+
+
+def test_single_losses():
+    bce = -np.mean(Y * np.log(P) + (1 - Y) * np.log(1 - P))
+    assert _loss() == pytest.approx(bce, rel=1e-5)
+    assert _loss(loss_type="CROSS_ENTROPY_LOSS") == pytest.approx(bce, rel=1e-5)
+    assert _loss(loss_type="L2_LOSS") == pytest.approx(np.mean((S - Y) ** 2), rel=1e-5)
+    assert _loss(loss_type="SIGMOID_L2_LOSS") == pytest.approx(np.mean((P - Y) ** 2), rel=1e-5)
+    pairs = [np.log1p(np.exp(-(S[i] - S[j]))) for i in range(8) for j in range(8) if Y[i] > Y[j]]
+    assert _loss(loss_type="PAIR_WISE_LOSS") == pytest.approx(np.mean(pairs), rel=1e-5)
+
+
+def test_f1_reweighted_and_weighted_sum():
+    beta2 = 0.5625
+    n_pos, tp = Y.sum(), P.sum()
+    w_neg = tp / (beta2 * n_pos + (8 - n_pos) - (8 - tp) + 1e-8)
+    ce = -(Y * np.log(P) + (1 - Y) * np.log(1 - P))
+    f1 = np.sum(np.where(Y > 0.5, 1.0, w_neg) * ce) / 8
+    losses = [{"loss_type": "F1_REWEIGHTED_LOSS", "f1_beta_square": beta2}]
+    assert _loss(losses=losses) == pytest.approx(f1, rel=1e-5)
+    both = losses + [{"loss_type": "L2_LOSS", "weight": 0.5}]
+    assert _loss(losses=both) == pytest.approx(f1 + 0.5 * np.mean((S - Y) ** 2), rel=1e-5)
+    assert Loss(loss_type="L2_LOSS").weight == 1.0
+
+
+def test_auc_matches_sklearn_with_ties():
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, 5000)
+    s = np.round(rng.normal(size=5000) + y, 1)  # many ties
+    assert auc(y, s) == pytest.approx(roc_auc_score(y, s), abs=1e-12)
+    assert np.isnan(auc(np.ones(3), np.arange(3)))
+
+
+def test_gauc_weights_groups_by_size_and_skips_one_class_groups():
+    y = np.array([1, 0, 1, 0, 0, 1, 1, 1])
+    s = np.array([0.9, 0.1, 0.2, 0.8, 0.3, 0.5, 0.4, 0.6])
+    g = np.array(["a", "a", "b", "b", "b", "c", "c", "c"])
+    a, b = roc_auc_score(y[:2], s[:2]), roc_auc_score(y[2:5], s[2:5])
+    assert gauc(y, s, g) == pytest.approx((2 * a + 3 * b) / 5)
+
+
+def test_compute_metrics_exact_over_the_whole_set():
+    metrics = [
+        Metric(auc={}),
+        Metric(gauc={"uid_field": "u"}),
+        Metric(logloss={}),
+        Metric(accuracy={}),
+        Metric(precision={"threshold": 0.6}),
+        Metric(recall={"threshold": 0.6}),
+    ]
+    out = compute_metrics(metrics, Y, P, {"u": np.array(list("aabbaabb"))})
+    assert out["auc"] == pytest.approx(roc_auc_score(Y, P))
+    assert out["logloss"] == pytest.approx(log_loss(Y, P), rel=1e-6)
+    pred = P >= 0.6
+    assert out["precision"] == pytest.approx((pred & (Y == 1)).sum() / pred.sum())
+    assert out["recall"] == pytest.approx((pred & (Y == 1)).sum() / (Y == 1).sum())
+    assert out["accuracy"] == pytest.approx(((P >= 0.5) == (Y == 1)).mean())
+    with pytest.raises(KeyError, match="uid_field 'u'"):
+        compute_metrics([Metric(gauc={"uid_field": "u"})], Y, P, {})

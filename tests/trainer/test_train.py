@@ -1,0 +1,196 @@
+"""The training loop on real MovieLens features: checkpoints, resume, fine-tune, eval, CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.trainer.conftest import EARLY, ROOT, with_edits
+from trainer.checkpoints import CheckpointError, list_variables, read_var_map
+from trainer.evaluation import evaluate
+from trainer.input import parse_ds_range
+from trainer.loop import Trainer, TrainError, TrainJob
+
+DAYS = parse_ds_range(":".join(EARLY))
+EVAL = parse_ds_range("1997-10-10:1997-10-20")
+
+
+def _job(config, model_dir, **kw):
+    return TrainJob(config=config, model_dir=Path(model_dir), train_days=DAYS, **kw)
+
+
+def _small(config, **edits):
+    return with_edits(
+        config, {"train_config.log_step_count_steps": 10, "data_config.batch_size": 128, **edits}
+    )
+
+
+def _values(trainer):
+    return {name: v.numpy() for name, v in trainer.variables.items()}
+
+
+def test_train_writes_checkpoints_summaries_and_refuses_to_overwrite(ml_early, tmp_path):
+    config = _small(
+        ml_early,
+        **{
+            "train_config.num_steps": 60,
+            "train_config.save_checkpoints_steps": 20,
+            "train_config.keep_checkpoint_max": 2,
+            "train_config.save_summary_steps": 10,
+        },
+    )
+    logged = []
+    result = Trainer(_job(config, tmp_path)).train(on_log=lambda step, m: logged.append((step, m)))
+    assert result.global_step == 60 and result.checkpoint.endswith("model.ckpt-60")
+    assert np.isfinite(result.loss) and result.examples_per_sec > 0
+    assert [s for s, _ in logged] == [10, 20, 30, 40, 50, 60]
+    assert set(logged[0][1]) == {"loss", "learning_rate", "examples_per_sec"}
+    kept = sorted(p.name for p in tmp_path.glob("model.ckpt-*.index"))
+    assert kept == ["model.ckpt-40.index", "model.ckpt-60.index"]  # keep_checkpoint_max
+    assert list((tmp_path / "train").glob("events.out.tfevents.*"))
+    assert (
+        json.loads((tmp_path / "normalization.json").read_text())["features"]["age"]["method"] == "standard"
+    )
+    with pytest.raises(TrainError, match="already holds checkpoints.*--continue_train"):
+        Trainer(_job(config, tmp_path)).train()
+
+
+def test_continue_train_resumes_step_slots_and_input_position(ml_early, tmp_path):
+    config = _small(ml_early, **{"train_config.num_steps": 30, "train_config.save_checkpoints_steps": 1000})
+    straight = Trainer(_job(_small(ml_early, **{"train_config.num_steps": 60}), tmp_path / "a"))
+    straight.train()
+    Trainer(_job(config, tmp_path / "b")).train()
+    resumed = Trainer(
+        _job(_small(ml_early, **{"train_config.num_steps": 60}), tmp_path / "b", continue_train=True)
+    )
+    result = resumed.train()
+    assert result.global_step == 60
+    a, b = _values(straight), _values(resumed)
+    assert a.keys() == b.keys()
+    for name in a:  # same data order and optimizer state: the same weights as one run
+        np.testing.assert_allclose(a[name], b[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    slots = [v.numpy() for v in resumed.optimizers[0].variables]
+    np.testing.assert_allclose(slots[1], straight.optimizers[0].variables[1].numpy(), rtol=1e-5, atol=1e-7)
+
+
+def test_a_crashed_save_never_becomes_the_latest(ml_early, tmp_path):
+    config = _small(ml_early, **{"train_config.num_steps": 20})
+    Trainer(_job(config, tmp_path)).train()
+    # what a save killed before its state update leaves behind: files, no 'checkpoint' entry
+    (tmp_path / "model.ckpt-999.index").write_bytes(b"partial")
+    (tmp_path / "model.ckpt-999.data-00000-of-00001").write_bytes(b"partial")
+    assert tf.train.latest_checkpoint(str(tmp_path)).endswith("model.ckpt-20")
+    result = Trainer(
+        _job(_small(ml_early, **{"train_config.num_steps": 30}), tmp_path, continue_train=True)
+    ).train()
+    assert result.global_step == 30
+
+
+def test_fine_tune_by_name_with_var_map(ml_early, tmp_path):
+    base = Trainer(_job(_small(ml_early, **{"train_config.num_steps": 20}), tmp_path / "base"))
+    base.train()
+    old_name = "deepfm/input_layer/user_id/embedding_weights"
+    new_name = "deepfm/input_layer/uid/embedding_weights"
+    var_map = tmp_path / "var_map.txt"
+    var_map.write_text(f"{new_name}\t{old_name}\n# comment\n\ndeepfm/logit/kernel\tdeepfm/logit/kernel\n")
+    edits = {
+        "train_config.num_steps": 5,
+        "train_config.fine_tune_checkpoint": str(tmp_path / "base"),
+        "train_config.fine_tune_ckpt_var_map": str(var_map),
+        "feature_config.features[input_names[0]=user_id].embedding_name": "uid",
+    }
+    tuned = Trainer(_job(_small(ml_early, **edits), tmp_path / "tuned"))
+    before = tuned.variables[new_name].numpy().copy()
+    report = tuned._restore()
+    assert report["restored"] == 2 and not report["missing"]
+    np.testing.assert_array_equal(tuned.variables[new_name].numpy(), base.variables[old_name].numpy())
+    assert not np.array_equal(before, tuned.variables[new_name].numpy())
+
+    # without a map: names are matched as they are, the renamed table is reported missing
+    edits.pop("train_config.fine_tune_ckpt_var_map")
+    edits["feature_config.features[input_names[0]=item_id].hash_bucket_size"] = 777
+    plain = Trainer(_job(_small(ml_early, **edits), tmp_path / "plain"))
+    result = plain.train()
+    assert result.global_step == 5  # fine-tuning starts from step 0
+    assert result.fine_tune["missing"] == [new_name, "deepfm/wide/wide_embedding/uid/embedding_weights"]
+    assert result.fine_tune["shape_mismatch"][0].startswith(
+        "deepfm/input_layer/item_id/embedding_weights: model [777"
+    )
+
+
+def test_malformed_var_map_line_is_named(tmp_path):
+    path = tmp_path / "map.txt"
+    path.write_text("a\tb\nonly_one_name\n")
+    with pytest.raises(CheckpointError, match=r"map\.txt:2: expected"):
+        read_var_map(path)
+
+
+def test_eval_writes_exact_metrics_and_ckpt_list_shows_names(ml_early, tmp_path):
+    config = _small(ml_early, **{"train_config.num_steps": 40})
+    Trainer(_job(config, tmp_path)).train()
+    result = evaluate(config, tmp_path, EVAL)
+    stored = json.loads((tmp_path / "eval_result.json").read_text())
+    assert stored == result and result["global_step"] == 40
+    assert 0.5 < result["auc"] < 1 and 0 < result["logloss"] < 1 and "gauc" in result
+    assert result["num_examples"] > 1000
+    names = dict(list_variables(tmp_path))
+    assert names["deepfm/input_layer/item_id/embedding_weights"] == [100000, 16]
+    assert names["global_step"] == []
+    done = subprocess.run(
+        [sys.executable, "-m", "recpipe.cli", "ckpt", "list", str(tmp_path / "model.ckpt-40")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0 and "deepfm/tower/dnn/dense_0/kernel\t[98, 64]" in done.stdout
+
+
+@pytest.mark.parametrize("model_class", ["DNN", "WideAndDeep", "DeepFM", "DLRM", "DCN"])
+def test_every_model_class_learns(ml_early, tmp_path, model_class):
+    edits = {"model_config.model_class": model_class, "train_config.num_steps": 80}
+    if model_class == "WideAndDeep":  # three optimizers: wide, dense, deep embeddings
+        fast = {"learning_rate": {"constant_learning_rate": {"learning_rate": 0.05}}}
+        edits["train_config.optimizer_config"] = [
+            {"ftrl_optimizer": fast},
+            {"adam_optimizer": {}},
+            {"adagrad_optimizer": fast},
+        ]
+    if model_class == "DLRM":
+        edits["model_config.dlrm"] = {"bot_dnn": {"hidden_units": [32, 16]}}
+    trainer = Trainer(_job(_small(ml_early, **edits), tmp_path))
+    result = trainer.train()
+    assert result.global_step == 80 and np.isfinite(result.loss)
+    assert evaluate(trainer.config, tmp_path, EVAL)["auc"] > 0.55
+
+
+def test_train_eval_cli(ml_early, tmp_path):
+    import yaml
+
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(ml_early.to_dict()))
+    cmd = [
+        sys.executable,
+        "-m",
+        "trainer.train_eval",
+        "--pipeline_config_path",
+        str(path),
+        "--model_dir",
+        str(tmp_path / "m"),
+        f"--train_ds={EARLY[0]}:{EARLY[1]}",
+        "--eval_ds=1997-10-15",
+        "--edit_config_json",
+        '{"train_config.num_steps": 15}',
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["global_step"] == 15 and summary["eval"]["eval_days"] == ["1997-10-15"]
+    assert yaml.safe_load((tmp_path / "m/pipeline.yaml").read_text())["train_config"]["num_steps"] == 15
+    again = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    assert again.returncode == 2 and "already holds checkpoints" in again.stderr
