@@ -27,6 +27,7 @@ lint: setup
 
 bench: setup
 	$(VENV)/python bench/feature_prep.py
+	$(VENV)/python bench/train_throughput.py
 
 lock:
 	$(VENV)/python -m pip freeze --all --exclude-editable | grep -viE '^(horovod|recpipe)==' \

@@ -1,0 +1,69 @@
+"""Export: the reloaded SavedModel scores raw rows like the in-process model scores features."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import tensorflow as tf
+
+from tests.trainer.conftest import EARLY, with_edits
+from trainer.evaluation import load_model
+from trainer.exporter import export_saved_model
+from trainer.input import FeatureReader, finished_partitions, parse_ds_range
+from trainer.loop import Trainer, TrainJob
+
+LAST = EARLY[1]
+
+
+def _raw_requests(config) -> dict[str, np.ndarray]:
+    """The last training day's raw events joined with the dimension snapshots, as a client
+    would send them: raw strings and floats, NaN where a value is missing."""
+    raw = Path(config.raw_input_path)
+    strings = pacsv.ConvertOptions(
+        column_types={"user_id": "string", "item_id": "string", "zip_code": "string"}
+    )
+    events = pacsv.read_csv(raw / f"ds={LAST}" / "part-00000.csv", convert_options=strings).to_pandas()
+    users = pacsv.read_csv(raw / "../dims/users.csv", convert_options=strings).to_pandas()
+    items = pacsv.read_csv(raw / "../dims/items.csv", convert_options=strings).to_pandas()
+    rows = events.merge(users, on="user_id", how="left").merge(items, on="item_id", how="left")
+    out = {
+        c: rows[c].astype(str).to_numpy(dtype=object)
+        for c in ("user_id", "item_id", "gender", "occupation", "zip_code")
+    }
+    out["genres"] = rows["genres"].fillna("").to_numpy(dtype=object)
+    out["age"] = rows["age"].astype(float).to_numpy()
+    out["release_year"] = rows["release_year"].astype(float).to_numpy()
+    return out
+
+
+def test_saved_model_reproduces_the_model_on_raw_values(ml_early, tmp_path):
+    config = with_edits(ml_early, {"train_config.num_steps": 60})
+    days = parse_ds_range(":".join(EARLY))
+    Trainer(TrainJob(config=config, model_dir=tmp_path / "m", train_days=days)).train()
+    model, step = load_model(config, tmp_path / "m")
+    final = export_saved_model(config, model, tmp_path / "m", tmp_path / "exports")
+    assert final.parent == tmp_path / "exports" and final.name.isdigit()
+    assert (final / "saved_model.pb").exists() and [p.name for p in final.parent.iterdir()] == [final.name]
+
+    reader = FeatureReader(
+        config, finished_partitions(config.train_input_path, [LAST]), shuffle=False, batch_size=10**6
+    )
+    features, _ = reader.structure(next(reader.batches()))
+    expected = tf.sigmoid(model(features)).numpy()
+    assert (
+        pq.ParquetFile(
+            next((Path(config.train_input_path) / f"ds={LAST}").glob("*.parquet"))
+        ).metadata.num_rows
+        == expected.size
+    )
+
+    served = tf.saved_model.load(str(final)).signatures["serving_default"]
+    request = _raw_requests(config)
+    got = served(**{k: tf.constant(v) for k, v in request.items()})
+    np.testing.assert_allclose(got["probability"].numpy(), expected, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(tf.sigmoid(got["logit"]).numpy(), got["probability"].numpy(), atol=1e-6)
+    assert set(served.structured_input_signature[1]) == set(request)
+    assert served.structured_input_signature[1]["age"].dtype == tf.float64
