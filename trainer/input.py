@@ -8,6 +8,8 @@ training resumes exactly by skipping the batches it already consumed.
 
 Batches are dicts of feature name -> tensor: id features ``string [B]``, tag features
 ``RaggedTensor string [B, (n)]``, raw features ``float32 [B]``; labels ``float32 [B]``.
+String columns travel from pyarrow to TensorFlow as raw buffers (bytes + offsets), never as
+one Python object per value.
 """
 
 from __future__ import annotations
@@ -114,6 +116,9 @@ class FeatureReader:
         self.seed = seed
         self.groups = shard(row_groups(partitions), rank, world_size)
         self.columns = self.labels + [f.name for f in self.features]
+        self._ids = [f.name for f in self.features if f.feature_type == FeatureType.IdFeature]
+        self._dense = [f.name for f in self.features if f.feature_type == FeatureType.RawFeature]
+        self._tags = [f.name for f in self.features if f.feature_type == FeatureType.TagFeature]
 
     @property
     def num_rows(self) -> int:
@@ -156,29 +161,42 @@ class FeatureReader:
             yield self._to_numpy(carry)
 
     def _to_numpy(self, table: pa.Table) -> tuple:
+        """(labels..., id blob, id offsets [F_id, B+1], dense [F_dense, B], per tag: blob,
+        offsets, row splits). Few, large arrays: tf.data pays per array, not per byte."""
         out = [np.asarray(table[name].to_numpy(), dtype=np.float32) for name in self.labels]
-        for f in self.features:
-            column = table[f.name].combine_chunks()
-            if f.feature_type == FeatureType.IdFeature:
-                out.append(column.to_numpy(zero_copy_only=False).astype(object))
-            elif f.feature_type == FeatureType.TagFeature:
-                offsets = column.offsets.to_numpy().astype(np.int64)
-                out.append(column.flatten().to_numpy(zero_copy_only=False).astype(object))
-                out.append(offsets - offsets[0])
-            else:
-                out.append(column.fill_null(0.0).to_numpy().astype(np.float32))
+        blobs, offsets, base = [], [], 0
+        for name in self._ids:
+            blob, off = _string_buffers(table[name].combine_chunks())
+            blobs.append(blob)
+            offsets.append(off + base)
+            base += len(blob)
+        out += [
+            np.array(b"".join(blobs), dtype=object),
+            np.stack(offsets) if offsets else np.zeros((0, 1), np.int64),
+        ]
+        dense = [table[n].combine_chunks().fill_null(0.0).to_numpy().astype(np.float32) for n in self._dense]
+        out.append(np.stack(dense) if dense else np.zeros((0, table.num_rows), np.float32))
+        for name in self._tags:
+            column = table[name].combine_chunks()
+            splits = column.offsets.to_numpy().astype(np.int64)
+            blob, off = _string_buffers(column.flatten())
+            out += [np.array(blob, dtype=object), off, splits - splits[0]]
         return tuple(out)
 
     def signature(self) -> tuple:
         """``tf.TensorSpec`` of each element of a ``batches()`` tuple."""
         specs = [tf.TensorSpec([None], tf.float32) for _ in self.labels]
-        for f in self.features:
-            if f.feature_type == FeatureType.IdFeature:
-                specs.append(tf.TensorSpec([None], tf.string))
-            elif f.feature_type == FeatureType.TagFeature:
-                specs += [tf.TensorSpec([None], tf.string), tf.TensorSpec([None], tf.int64)]
-            else:
-                specs.append(tf.TensorSpec([None], tf.float32))
+        specs += [
+            tf.TensorSpec([], tf.string),
+            tf.TensorSpec([len(self._ids), None], tf.int64),
+            tf.TensorSpec([len(self._dense), None], tf.float32),
+        ]
+        for _ in self._tags:
+            specs += [
+                tf.TensorSpec([], tf.string),
+                tf.TensorSpec([None], tf.int64),
+                tf.TensorSpec([None], tf.int64),
+            ]
         return tuple(specs)
 
     def structure(self, flat: tuple) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
@@ -186,21 +204,49 @@ class FeatureReader:
         labels = flat[0]
         i = len(self.labels)
         features: dict[str, tf.Tensor] = {}
-        for f in self.features:
-            if f.feature_type == FeatureType.TagFeature:
-                features[f.name] = tf.RaggedTensor.from_row_splits(flat[i], flat[i + 1], validate=False)
-                i += 2
-            else:
-                features[f.name] = flat[i]
-                i += 1
-        return features, labels
+        if self._ids:
+            offsets = tf.convert_to_tensor(flat[i + 1])
+            ids = tf.strings.substr(flat[i], offsets[:, :-1], offsets[:, 1:] - offsets[:, :-1])
+            features.update(zip(self._ids, tf.unstack(ids), strict=True))
+        if self._dense:
+            features.update(zip(self._dense, tf.unstack(tf.convert_to_tensor(flat[i + 2])), strict=True))
+        i += 3
+        for name in self._tags:
+            values = _strings(flat[i], flat[i + 1])
+            features[name] = tf.RaggedTensor.from_row_splits(values, flat[i + 2], validate=False)
+            i += 3
+        return {f.name: features[f.name] for f in self.features}, labels
 
     def dataset(self, epoch: int = 0, skip: int = 0, prefetch: int = 32) -> tf.data.Dataset:
         """The epoch as a ``tf.data.Dataset`` of (features, labels), prefetched."""
         ds = tf.data.Dataset.from_generator(
             lambda: self.batches(epoch, skip), output_signature=self.signature()
         )
-        return ds.map(lambda *flat: self.structure(flat)).prefetch(prefetch)
+        structure = ds.map(
+            lambda *flat: self.structure(flat), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
+        )
+        return structure.prefetch(prefetch)
+
+
+def _string_buffers(column: pa.Array) -> tuple[bytes, np.ndarray]:
+    """A string column as (its bytes, int64 offsets [n + 1] from 0).
+
+    Passing Arrow's buffers instead of one Python object per value keeps the input pipeline
+    several times faster; ``_strings`` cuts the values apart again inside TensorFlow.
+    """
+    if column.null_count:
+        column = column.fill_null("")
+    width = np.int64 if pa.types.is_large_string(column.type) else np.int32
+    _, offsets_buf, data_buf = column.buffers()
+    offsets = np.frombuffer(offsets_buf, dtype=width)[column.offset : column.offset + len(column) + 1]
+    offsets = offsets.astype(np.int64)
+    data = b"" if data_buf is None else data_buf[offsets[0] : offsets[-1]].to_pybytes()
+    return data, offsets - offsets[0]
+
+
+def _strings(data: tf.Tensor, offsets: tf.Tensor) -> tf.Tensor:
+    """The strings of ``_string_buffers``: string [n]."""
+    return tf.strings.substr(data, offsets[:-1], offsets[1:] - offsets[:-1])
 
 
 def feature_spec(config: PipelineConfig) -> dict[str, tf.TypeSpec]:

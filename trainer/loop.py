@@ -180,13 +180,15 @@ class Trainer:
         window_start, window_examples = time.time(), 0
         total_start, total_examples = time.time(), 0
         loss = float("nan")
-        done = tc.num_steps is not None and int(self.global_step) >= tc.num_steps
+        # the step is counted here too: reading global_step every step would sync with the device
+        step = int(self.global_step)
+        done = tc.num_steps is not None and step >= tc.num_steps
         while not done and int(self.epoch) < dc.num_epochs:
             skip = int(self.batch_in_epoch)
             for features, labels in self.reader.dataset(int(self.epoch), skip, dc.prefetch_size):
                 loss_t = train_step(features, labels)
-                step = int(self.global_step)
-                n = int(tf.shape(labels)[0])
+                step += 1
+                n = labels.shape[0]
                 window_examples += n
                 total_examples += n
                 if step % tc.log_step_count_steps == 0:
