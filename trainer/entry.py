@@ -49,12 +49,13 @@ def _train_eval(args, extra) -> int:
     train_days = _days(config.train_ds, "train_ds")
     from trainer.evaluation import evaluate
     from trainer.loop import Trainer, TrainJob
+    from trainer.strategies import strategy_for
 
-    trainer = Trainer(
-        TrainJob(
-            config=config, model_dir=model_dir, train_days=train_days, continue_train=args.continue_train
-        )
+    strategy = strategy_for(config.train_config)
+    job = TrainJob(
+        config=config, model_dir=model_dir, train_days=train_days, continue_train=args.continue_train
     )
+    trainer = Trainer(job, strategy)
     result = trainer.train()
     _write_config(config, model_dir)
     summary = {
@@ -146,9 +147,10 @@ def _guard(fn) -> int:
     from trainer.checkpoints import CheckpointError
     from trainer.input import InputError
     from trainer.loop import TrainError
+    from trainer.strategies import StrategyError
 
     try:
         return fn()
-    except (ConfigError, CheckpointError, InputError, TrainError, ValueError) as err:
+    except (ConfigError, CheckpointError, InputError, TrainError, StrategyError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
