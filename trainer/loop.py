@@ -20,7 +20,7 @@ import tf_keras as keras
 
 from recpipe.config.pipeline import PipelineConfig
 from trainer.checkpoints import PREFIX, fine_tune_restore, name_map, read_var_map
-from trainer.input import FeatureReader, feature_spec, finished_partitions
+from trainer.input import FeatureReader, feature_spec, finished_partitions, sample_inputs
 from trainer.losses import build_loss
 from trainer.models.builders import build_model
 from trainer.optimizers import build_optimizer, split_variables
@@ -79,7 +79,7 @@ class Trainer:
         keras.utils.set_random_seed(job.seed)
         with self.strategy.scope():
             self.model = build_model(self.config)
-            self.model(self.reader.structure(next(self.reader.batches()))[0])
+            self.model(sample_inputs(self.config))
             self.optimizers = [
                 build_optimizer(c, f"optimizer_{i}") for i, c in enumerate(tc.optimizer_config)
             ]
