@@ -26,6 +26,7 @@ class CheckpointError(RuntimeError):
 
 
 def variable_name(var: tf.Variable) -> str:
+    """A variable's checkpoint name: its TensorFlow name without ``:0``."""
     return var.name.split(":")[0]
 
 

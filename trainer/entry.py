@@ -32,6 +32,7 @@ def _days(value: str | None, field: str) -> list[str]:
 
 
 def train_eval_main(argv: list[str] | None = None) -> int:
+    """``python -m trainer.train_eval`` / ``recpipe train``: train, then evaluate on ``eval_ds``."""
     parser = argparse.ArgumentParser(prog="trainer.train_eval", description="train, then evaluate on eval_ds")
     add_config_args(parser)
     parser.add_argument("--model_dir", default=None, help="overrides the config's model_dir")
@@ -79,6 +80,7 @@ def _write_config(config, model_dir: Path) -> None:
 
 
 def eval_main(argv: list[str] | None = None) -> int:
+    """``python -m trainer.eval`` / ``recpipe eval``: write ``eval_result.json`` for a checkpoint."""
     parser = argparse.ArgumentParser(prog="trainer.eval", description="evaluate a checkpoint on eval_ds")
     add_config_args(parser)
     parser.add_argument("--model_dir", default=None)
@@ -98,6 +100,7 @@ def eval_main(argv: list[str] | None = None) -> int:
 
 
 def export_main(argv: list[str] | None = None) -> int:
+    """``python -m trainer.export`` / ``recpipe export``: write a SavedModel version."""
     parser = argparse.ArgumentParser(prog="trainer.export", description="export a SavedModel for serving")
     add_config_args(parser)
     parser.add_argument("--model_dir", default=None)
@@ -127,6 +130,7 @@ def export_main(argv: list[str] | None = None) -> int:
 
 
 def ckpt_main(argv: list[str] | None = None) -> int:
+    """``recpipe ckpt list``: print each variable's name and shape, as EasyRec's doc does."""
     parser = argparse.ArgumentParser(prog="recpipe ckpt", description="inspect checkpoints")
     sub = parser.add_subparsers(dest="action", required=True)
     ls = sub.add_parser("list", help="each variable's name and shape")

@@ -59,6 +59,8 @@ def finished_partitions(root: str | Path, days: list[str]) -> list[Path]:
 
 @dataclass(frozen=True)
 class RowGroup:
+    """One Parquet row group: the unit of sharding."""
+
     path: Path
     index: int
     rows: int
@@ -122,6 +124,7 @@ class FeatureReader:
 
     @property
     def num_rows(self) -> int:
+        """Rows in this worker's shard."""
         return sum(g.rows for g in self.groups)
 
     def _tables(self, epoch: int) -> Iterator[pa.Table]:

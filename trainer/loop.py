@@ -58,6 +58,8 @@ class TrainJob:
 
 @dataclass
 class TrainResult:
+    """What a finished ``train()`` reports (step, checkpoint, last loss, examples/s, fine-tune report)."""
+
     global_step: int
     checkpoint: str
     loss: float

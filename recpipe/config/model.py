@@ -10,6 +10,8 @@ from recpipe.config.base import OneOf, Section
 
 
 class WideDeep(StrEnum):
+    """Which part of the model a feature group feeds (EasyRec ``wide_deep``)."""
+
     DEEP = "DEEP"
     WIDE = "WIDE"
 
@@ -23,27 +25,37 @@ class FeatureGroup(Section):
 
 
 class DNN(Section):
+    """An MLP block (EasyRec ``dnn``): ReLU ``hidden_units``, optional dropout and batch norm."""
+
     hidden_units: list[int] = Field(default_factory=lambda: [256, 128, 64])
     dropout_ratio: float = Field(0.0, ge=0, lt=1)
     use_bn: bool = False
 
 
 class DNNModel(Section):
+    """``model_config.dnn`` of the DNN model class."""
+
     dnn: DNN = Field(default_factory=DNN)
 
 
 class WideAndDeepModel(Section):
+    """``model_config.wide_and_deep``: the deep MLP and the wide output width."""
+
     dnn: DNN = Field(default_factory=DNN)
     wide_output_dim: int = Field(1, gt=0)
 
 
 class DeepFMModel(Section):
+    """``model_config.deepfm``: the deep MLP beside the FM term (Guo et al., 2017)."""
+
     dnn: DNN = Field(default_factory=DNN)
     final_dnn: DNN | None = None
     wide_output_dim: int = Field(1, gt=0)
 
 
 class DLRMModel(Section):
+    """``model_config.dlrm``: bottom MLP (dense -> embedding width) and top MLP (Naumov et al., 2019)."""
+
     bot_dnn: DNN = Field(default_factory=lambda: DNN(hidden_units=[64, 16]))
     top_dnn: DNN = Field(default_factory=lambda: DNN(hidden_units=[128, 64]))
     arch_interaction_itself: bool = False
@@ -58,6 +70,8 @@ class DCNModel(Section):
 
 
 class ModelClass(StrEnum):
+    """EasyRec ``model_class`` names supported by recpipe."""
+
     DNN = "DNN"
     WideAndDeep = "WideAndDeep"
     DeepFM = "DeepFM"
@@ -77,6 +91,8 @@ class LossType(StrEnum):
 
 
 class Loss(Section):
+    """One ``losses`` entry: a loss type and its weight in the sum."""
+
     loss_type: LossType
     weight: float = Field(1.0, ge=0)
     f1_beta_square: float = Field(1.0, gt=0)
@@ -98,19 +114,25 @@ class ModelConfig(Section):
 
 
 class AUC(Section):
+    """``auc`` metric options."""
+
     num_thresholds: int = Field(200, gt=1)
 
 
 class GAUC(Section):
+    """``gauc`` metric: AUC per ``uid_field`` value, weighted by rows."""
+
     uid_field: str
 
 
 class Thresholded(Section):
+    """Options of metrics that threshold the probability (accuracy, precision, recall)."""
+
     threshold: float = Field(0.5, ge=0, le=1)
 
 
 class Empty(Section):
-    pass
+    """A metric without options."""
 
 
 class Metric(OneOf):
@@ -125,6 +147,8 @@ class Metric(OneOf):
 
 
 class EvalMethod(StrEnum):
+    """Where evaluation runs while training (EasyRec / PAI ``eval_method``)."""
+
     separate = "separate"
     master = "master"
     none = "none"

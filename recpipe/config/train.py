@@ -16,6 +16,8 @@ from recpipe.config.base import OneOf, Section
 
 
 class ConstantLearningRate(Section):
+    """A fixed learning rate."""
+
     learning_rate: float = Field(0.001, gt=0)
 
 
@@ -45,28 +47,38 @@ class _Optimizer(Section):
 
 
 class SgdOptimizer(_Optimizer):
-    pass
+    """Plain SGD."""
 
 
 class MomentumOptimizer(_Optimizer):
+    """SGD with momentum ``momentum_optimizer_value``."""
+
     momentum_optimizer_value: float = Field(0.9, ge=0, lt=1)
 
 
 class AdagradOptimizer(_Optimizer):
+    """Adagrad (Duchi et al., 2011), accumulators starting at ``initial_accumulator_value``."""
+
     initial_accumulator_value: float = Field(0.1, ge=0)
 
 
 class AdamOptimizer(_Optimizer):
+    """Adam (Kingma and Ba, 2015)."""
+
     beta1: float = Field(0.9, ge=0, lt=1)
     beta2: float = Field(0.999, ge=0, lt=1)
     epsilon: float = Field(1e-7, gt=0)
 
 
 class AdamWOptimizer(AdamOptimizer):
+    """Adam with decoupled weight decay (Loshchilov and Hutter, 2019)."""
+
     weight_decay: float = Field(1e-4, ge=0)
 
 
 class FtrlOptimizer(_Optimizer):
+    """FTRL-Proximal (McMahan et al., 2013) with L1 / L2 strengths."""
+
     learning_rate_power: float = Field(-0.5, le=0)
     initial_accumulator_value: float = Field(0.1, ge=0)
     l1_reg: float = Field(0.0, ge=0)

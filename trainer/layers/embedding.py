@@ -92,4 +92,5 @@ class FeatureEmbedding(keras.layers.Layer):
         return out
 
     def table_variables(self) -> list[tf.Variable]:
+        """The embedding tables, one per table name."""
         return list(self.tables.values())
