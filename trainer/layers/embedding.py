@@ -90,7 +90,3 @@ class FeatureEmbedding(keras.layers.Layer):
                 summed = summed / counts[:, None]
             out[f.name] = summed
         return out
-
-    def table_variables(self) -> list[tf.Variable]:
-        """The embedding tables, one per table name."""
-        return list(self.tables.values())
