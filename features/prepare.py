@@ -44,11 +44,12 @@ from features.transform import (
 from recpipe.config.data import FeatureType
 from recpipe.config.pipeline import PipelineConfig
 from recpipe.data.atomic import replace_dir, temp_dir_beside
+from recpipe.errors import PipelineError
 
 log = logging.getLogger(__name__)
 
 
-class BadRowsError(RuntimeError):
+class BadRowsError(PipelineError):
     """Too many raw rows fail the schema; the message names the files and counts."""
 
 
@@ -77,6 +78,8 @@ def _window_moments(spark: SparkSession, config: PipelineConfig, ds: str) -> tup
     days, moments = [], []
     features = config.feature_config.features
     needed = {f.name for f in features if f.feature_type == FeatureType.RawFeature}
+    if not needed:
+        return [], []
     for k in range(window - 1, 0, -1):
         d = (day - timedelta(days=k)).isoformat()
         stats_file = Path(config.train_input_path) / f"ds={d}" / "_stats.json"

@@ -14,6 +14,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from recpipe.config.data import InputField, InputType
+from recpipe.errors import PipelineError
 
 SPARK_TYPES = {
     InputType.STRING: T.StringType(),
@@ -29,7 +30,7 @@ REASON = "_reason"
 RAW_PREFIX = "_raw_"
 
 
-class RawInputError(RuntimeError):
+class RawInputError(PipelineError):
     """A raw partition is missing, unreadable, or has a header that does not match the config."""
 
 

@@ -21,6 +21,7 @@ from recpipe.config import (
     parse_edit_config_json,
     parse_extend_args,
 )
+from recpipe.errors import PipelineError
 
 
 def add_config_args(parser: argparse.ArgumentParser) -> None:
@@ -146,10 +147,7 @@ def _run(fn) -> int:
     except ConfigError as err:
         print(f"recpipe: config error: {err}", file=sys.stderr)
         return 2
-    except RuntimeError as err:
-        # RawInputError, BadRowsError, FetchError: the message names the file, day and counts
-        if type(err).__name__ not in ("RawInputError", "BadRowsError", "FetchError"):
-            raise
+    except PipelineError as err:
         print(f"recpipe: {type(err).__name__}: {err}", file=sys.stderr)
         return 1
 

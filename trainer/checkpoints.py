@@ -16,12 +16,14 @@ from pathlib import Path
 
 import tensorflow as tf
 
+from recpipe.errors import PipelineError
+
 log = logging.getLogger(__name__)
 PREFIX = "model.ckpt"
 _VALUE = "/.ATTRIBUTES/VARIABLE_VALUE"
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(PipelineError):
     """A checkpoint or var map cannot be used (names the path or line)."""
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from recpipe.cli import add_config_args, config_from_args
 from recpipe.config import ConfigError
+from recpipe.errors import PipelineError
 
 # TensorFlow's C++ start-up chatter hides the log lines users need.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -148,13 +149,9 @@ def ckpt_main(argv: list[str] | None = None) -> int:
 
 
 def _guard(fn) -> int:
-    from trainer.checkpoints import CheckpointError
-    from trainer.input import InputError
-    from trainer.loop import TrainError
-    from trainer.strategies import StrategyError
-
+    # ConfigError, StrategyError and model / embedding config errors are ValueErrors
     try:
         return fn()
-    except (ConfigError, CheckpointError, InputError, TrainError, StrategyError, ValueError) as err:
+    except (PipelineError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

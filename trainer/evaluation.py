@@ -43,8 +43,7 @@ def predict(
     spec = [feature_spec(reader.config)]
     call = tf.function(lambda f: tf.sigmoid(model(f, training=False)), input_signature=spec)
     labels, probs, kept = [], [], {k: [] for k in keep}
-    for flat in reader.batches():
-        features, y = reader.structure(flat)
+    for features, y in reader.dataset():
         labels.append(np.asarray(y))
         probs.append(call(features).numpy())
         for k in keep:

@@ -67,7 +67,7 @@ class ServingModule(tf.Module):
             if f.feature_type == FeatureType.IdFeature:
                 out[f.name] = clean_ids(x)
             elif f.feature_type == FeatureType.TagFeature:
-                out[f.name] = tf.cast(split_tags(x, f.separator), tf.string).with_row_splits_dtype(tf.int64)
+                out[f.name] = split_tags(x, f.separator)
             else:
                 out[f.name] = normalize(x, self.normalization.get(f.name, {}))
         return out

@@ -19,6 +19,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from recpipe.config.pipeline import PipelineConfig
+from recpipe.errors import PipelineError
 from trainer.checkpoints import PREFIX, fine_tune_restore, name_map, read_var_map
 from trainer.input import FeatureReader, feature_spec, finished_partitions, sample_inputs
 from trainer.losses import build_loss
@@ -28,7 +29,7 @@ from trainer.optimizers import build_optimizer, split_variables
 log = logging.getLogger(__name__)
 
 
-class TrainError(RuntimeError):
+class TrainError(PipelineError):
     """The job cannot start (e.g. model_dir holds checkpoints and --continue_train is unset)."""
 
 
@@ -75,9 +76,8 @@ class Trainer:
         self.config = job.config
         self.strategy = strategy or tf.distribute.get_strategy()
         tc = self.config.train_config
-        partitions = finished_partitions(self.config.train_input_path, job.train_days)
-        self.partitions = partitions
-        self.reader = FeatureReader(self.config, partitions, job.rank, job.world_size, seed=job.seed)
+        self.partitions = finished_partitions(self.config.train_input_path, job.train_days)
+        self.reader = FeatureReader(self.config, self.partitions, job.rank, job.world_size, seed=job.seed)
         keras.utils.set_random_seed(job.seed)
         with self.strategy.scope():
             self.model = build_model(self.config)

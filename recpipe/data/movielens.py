@@ -22,6 +22,8 @@ import zipfile
 from datetime import UTC, datetime
 from pathlib import Path
 
+from recpipe.errors import PipelineError
+
 log = logging.getLogger(__name__)
 
 GROUPLENS_URL = "https://files.grouplens.org/datasets/movielens/ml-100k.zip"
@@ -41,7 +43,7 @@ GENRES = (
 NUM_RATINGS, NUM_USERS, NUM_ITEMS = 100_000, 943, 1_682
 
 
-class FetchError(RuntimeError):
+class FetchError(PipelineError):
     """No source could deliver verified MovieLens files."""
 
 

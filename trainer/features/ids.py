@@ -49,7 +49,8 @@ def hash_ids(clean: tf.Tensor, hash_bucket_size: int | None = None) -> tf.Tensor
 
 
 def split_tags(values: tf.Tensor, separator: str) -> tf.RaggedTensor:
-    """Split raw tag strings [batch] into cleaned, non-empty tokens [batch, (tokens)]."""
+    """Split raw tag strings [batch] into cleaned, non-empty tokens [batch, (tokens)]
+    (row splits int64, as ``trainer.input.feature_spec`` has them)."""
     tokens = tf.strings.split(values, sep=separator)
     tokens = tokens.with_flat_values(tf.strings.regex_replace(tokens.flat_values, STRIP_PATTERN, ""))
-    return tf.ragged.boolean_mask(tokens, tf.not_equal(tokens, ""))
+    return tf.ragged.boolean_mask(tokens, tf.not_equal(tokens, "")).with_row_splits_dtype(tf.int64)
