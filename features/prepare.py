@@ -45,6 +45,7 @@ from recpipe.config.data import FeatureType
 from recpipe.config.pipeline import PipelineConfig
 from recpipe.data.atomic import replace_dir, temp_dir_beside
 from recpipe.errors import PipelineError
+from recpipe.ids import HOLDOUT
 
 log = logging.getLogger(__name__)
 
@@ -201,9 +202,12 @@ def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
         "raw_files": [str(p) for p in files],
     }
 
-    out = rows.filter(F.col(REASON) == "").select(
-        *[F.col(c) for c in dc.label_fields], *feature_columns(fc, dc.all_fields(), normalization)
-    )
+    columns = [*[F.col(c) for c in dc.label_fields], *feature_columns(fc, dc.all_fields(), normalization)]
+    if dc.holdout_percent:
+        # a function of the raw row, so a re-run of the day holds out the same rows
+        raw = F.xxhash64(*[F.col(f.input_name) for f in dc.input_fields])
+        columns.append((F.pmod(raw, F.lit(100)) < dc.holdout_percent).alias(HOLDOUT))
+    out = rows.filter(F.col(REASON) == "").select(*columns)
     final = Path(config.train_input_path) / f"ds={ds}"
     tmp = temp_dir_beside(final)
     try:

@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from recpipe.config import (
@@ -74,7 +76,8 @@ def features_main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
-    config = config_from_args(args, extra)
+    # relative paths resolve against $RECPIPE_HOME (the DAG's spark-submit runs elsewhere)
+    config = config_from_args(args, extra).resolved(Path(os.environ.get("RECPIPE_HOME") or Path.cwd()))
     from features.prepare import prepare_day
     from features.session import get_spark
 

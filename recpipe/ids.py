@@ -15,5 +15,7 @@ exported serving graph reproduces the training ids exactly from raw values.
 
 # The characters stripped from both ends of a value. Spark strips them with btrim(col, chars);
 # TensorFlow with the RE2 pattern below (same set).
+# Boolean column the Spark job adds when data_config.holdout_percent > 0: the day's held-out rows.
+HOLDOUT = "_holdout"
 WHITESPACE_CHARS = " \t\r\n\f"
 STRIP_PATTERN = "^[ \\t\\r\\n\\f]+|[ \\t\\r\\n\\f]+$"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from recpipe.cli import add_config_args, config_from_args
 from recpipe.config import ConfigError
+from recpipe.config.model import EvalMethod
 from recpipe.errors import PipelineError
 
 # TensorFlow's C++ start-up chatter hides the log lines users need.
@@ -58,18 +59,32 @@ def _train_eval(args, extra) -> int:
         config=config, model_dir=model_dir, train_days=train_days, continue_train=args.continue_train
     )
     trainer = Trainer(job, strategy)
-    result = trainer.train()
+    result = trainer.train(on_log=_metrics_log(model_dir))
     _write_config(config, model_dir)
     summary = {
         "global_step": result.global_step,
         "checkpoint": result.checkpoint,
         "loss": result.loss,
         "examples_per_sec": round(result.examples_per_sec),
+        "fine_tune": result.fine_tune,
     }
-    if config.eval_ds:
+    if config.eval_ds and config.eval_config.eval_method != EvalMethod.none:
         summary["eval"] = evaluate(config, model_dir, _days(config.eval_ds, "eval_ds"), result.checkpoint)
     print(json.dumps(summary))
     return 0
+
+
+def _metrics_log(model_dir: Path):
+    """An ``on_log`` callback appending one JSON line per logged step to
+    ``<model_dir>/train_metrics.jsonl``, which the Airflow operator forwards to MLflow."""
+    path = model_dir / "train_metrics.jsonl"
+
+    def on_log(step: int, values: dict) -> None:
+        model_dir.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as out:
+            out.write(json.dumps({"step": step, **{k: float(v) for k, v in values.items()}}) + "\n")
+
+    return on_log
 
 
 def _write_config(config, model_dir: Path) -> None:
@@ -86,6 +101,9 @@ def eval_main(argv: list[str] | None = None) -> int:
     add_config_args(parser)
     parser.add_argument("--model_dir", default=None)
     parser.add_argument("--checkpoint_path", default=None, help="default: model_dir's latest checkpoint")
+    parser.add_argument(
+        "--eval_result_path", default=None, help="result file (default: model_dir/eval_result.json)"
+    )
     args, extra = parser.parse_known_args(argv)
 
     def run() -> int:
@@ -94,7 +112,9 @@ def eval_main(argv: list[str] | None = None) -> int:
         from trainer.evaluation import evaluate
 
         days = _days(config.eval_ds, "eval_ds")
-        print(json.dumps(evaluate(config, args.model_dir or config.model_dir, days, args.checkpoint_path)))
+        model_dir = args.model_dir or config.model_dir
+        result = evaluate(config, model_dir, days, args.checkpoint_path, args.eval_result_path)
+        print(json.dumps(result))
         return 0
 
     return _guard(run)

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from recpipe.config.pipeline import PipelineConfig
 from trainer.checkpoints import name_map, resolve
-from trainer.input import FeatureReader, feature_spec, finished_partitions, sample_inputs
+from trainer.input import FeatureReader, feature_spec, holdout_split, sample_inputs
 from trainer.metrics import compute_metrics
 from trainer.models.builders import build_model
 from trainer.models.ranking import RankingModel
@@ -56,13 +56,18 @@ def predict(
 
 
 def evaluate(
-    config: PipelineConfig, model_dir: str | Path, eval_days: list[str], checkpoint: str | Path | None = None
+    config: PipelineConfig,
+    model_dir: str | Path,
+    eval_days: list[str],
+    checkpoint: str | Path | None = None,
+    result_path: str | Path | None = None,
 ) -> dict:
     """Score ``eval_days`` with ``checkpoint`` (default: model_dir's latest) and write
-    ``<model_dir>/eval_result.json`` (atomically) with the metrics, step and checkpoint."""
+    ``result_path`` (default ``<model_dir>/eval_result.json``, atomically) with the metrics,
+    step and checkpoint. Days also in ``train_ds`` contribute only their held-out rows."""
     model_dir = Path(model_dir)
-    partitions = finished_partitions(config.eval_input_path or config.train_input_path, eval_days)
-    reader = FeatureReader(config, partitions, shuffle=False)
+    partitions, holdout = holdout_split(config, eval_days, "eval")
+    reader = FeatureReader(config, partitions, shuffle=False, holdout=holdout)
     path = resolve(checkpoint or model_dir)
     model, step = load_model(config, path)
     groups = [m.value().uid_field for m in config.eval_config.metrics_set if m.which() == "gauc"]
@@ -74,10 +79,11 @@ def evaluate(
         "num_examples": int(labels.size),
         **compute_metrics(config.eval_config.metrics_set, labels, probs, kept),
     }
-    model_dir.mkdir(parents=True, exist_ok=True)
-    tmp = model_dir / f".eval_result.json.{os.getpid()}"
+    target = Path(result_path) if result_path else model_dir / "eval_result.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}")
     tmp.write_text(json.dumps(result, indent=2))
-    tmp.replace(model_dir / "eval_result.json")
+    tmp.replace(target)
     log.info(
         "eval at step %d on %d examples: %s",
         step,

@@ -27,6 +27,7 @@ import tensorflow as tf
 from recpipe.config.data import FeatureType
 from recpipe.config.pipeline import PipelineConfig
 from recpipe.errors import PipelineError
+from recpipe.ids import HOLDOUT
 
 
 class InputError(PipelineError):
@@ -44,6 +45,39 @@ def parse_ds_range(text: str) -> list[str]:
     if last < first:
         raise ValueError(f"ds range {text!r}: end before start")
     return [(first + timedelta(days=k)).isoformat() for k in range((last - first).days + 1)]
+
+
+def holdout_split(
+    config: PipelineConfig, days: list[str], role: str
+) -> tuple[list[Path], dict[Path, bool]]:
+    """The finished partitions of ``days`` for ``role`` ("train" or "eval") and, for the days in
+    both ``train_ds`` and ``eval_ds``, which rows to keep: ``{partition: is_holdout}``.
+
+    A day in both ranges is split by the Spark job's ``_holdout`` column (``data_config.
+    holdout_percent``): training reads its other rows, evaluation only the held-out ones, so no
+    evaluated row was trained on. Days in one range only are read whole.
+
+    Raises:
+        InputError: no finished partition; or a shared day without holdout (the config has
+            ``holdout_percent: 0``, so training would see the evaluation rows).
+    """
+    root = config.train_input_path if role == "train" else config.eval_input_path or config.train_input_path
+    partitions = finished_partitions(root, days)
+    if not (config.train_ds and config.eval_ds):
+        return partitions, {}
+    shared = set(parse_ds_range(config.train_ds)) & set(parse_ds_range(config.eval_ds))
+    if shared and config.eval_input_path not in (None, config.train_input_path):
+        shared = set()  # separate eval data: nothing to split
+    keep = {}
+    for part in partitions:
+        if part.name.removeprefix("ds=") in shared:
+            if not config.data_config.holdout_percent:
+                raise InputError(
+                    f"{part.name} is in both train_ds and eval_ds but data_config.holdout_percent "
+                    "is 0: set it (and re-run the feature job) or make the ranges disjoint"
+                )
+            keep[part] = role == "eval"
+    return partitions, keep
 
 
 def finished_partitions(root: str | Path, days: list[str]) -> list[Path]:
@@ -97,6 +131,8 @@ class FeatureReader:
         rank, world_size: this worker's shard.
         batch_size: rows per batch (the last batch of an epoch may be shorter).
         shuffle: permute row groups and rows (seeded by ``seed`` and the epoch).
+        holdout: ``{partition: is_holdout}`` keeps only the rows of those partitions whose
+            ``_holdout`` column equals the value (see ``holdout_split``).
     """
 
     def __init__(
@@ -108,6 +144,7 @@ class FeatureReader:
         batch_size: int | None = None,
         shuffle: bool | None = None,
         seed: int = 0,
+        holdout: dict[Path, bool] | None = None,
     ):
         dc = config.data_config
         self.config = config
@@ -119,6 +156,7 @@ class FeatureReader:
         self.seed = seed
         self.groups = shard(row_groups(partitions), rank, world_size)
         self.columns = self.labels + [f.name for f in self.features]
+        self.holdout = holdout or {}
         self._ids = [f.name for f in self.features if f.feature_type == FeatureType.IdFeature]
         self._dense = [f.name for f in self.features if f.feature_type == FeatureType.RawFeature]
         self._tags = [f.name for f in self.features if f.feature_type == FeatureType.TagFeature]
@@ -137,13 +175,22 @@ class FeatureReader:
         pending_rows = 0
         for i in order:
             g = self.groups[i]
-            pending.append(pq.ParquetFile(g.path).read_row_group(g.index, columns=self.columns))
-            pending_rows += g.rows
+            table = self._read(g)
+            pending.append(table)
+            pending_rows += table.num_rows
             if pending_rows >= self.buffer_rows:
                 yield self._permute(pa.concat_tables(pending), rng)
                 pending, pending_rows = [], 0
         if pending:
             yield self._permute(pa.concat_tables(pending), rng)
+
+    def _read(self, g: RowGroup) -> pa.Table:
+        keep = self.holdout.get(g.path.parent)
+        if keep is None:
+            return pq.ParquetFile(g.path).read_row_group(g.index, columns=self.columns)
+        table = pq.ParquetFile(g.path).read_row_group(g.index, columns=[*self.columns, HOLDOUT])
+        mask = table[HOLDOUT].to_numpy(zero_copy_only=False) == keep
+        return table.filter(pa.array(mask)).select(self.columns)
 
     def _permute(self, table: pa.Table, rng: np.random.Generator) -> pa.Table:
         return table.take(rng.permutation(table.num_rows)) if self.shuffle else table

@@ -21,7 +21,7 @@ import tf_keras as keras
 from recpipe.config.pipeline import PipelineConfig
 from recpipe.errors import PipelineError
 from trainer.checkpoints import PREFIX, fine_tune_restore, name_map, read_var_map
-from trainer.input import FeatureReader, feature_spec, finished_partitions, sample_inputs
+from trainer.input import FeatureReader, feature_spec, holdout_split, sample_inputs
 from trainer.losses import build_loss
 from trainer.models.builders import build_model
 from trainer.optimizers import build_optimizer, split_variables
@@ -76,8 +76,10 @@ class Trainer:
         self.config = job.config
         self.strategy = strategy or tf.distribute.get_strategy()
         tc = self.config.train_config
-        self.partitions = finished_partitions(self.config.train_input_path, job.train_days)
-        self.reader = FeatureReader(self.config, self.partitions, job.rank, job.world_size, seed=job.seed)
+        self.partitions, holdout = holdout_split(self.config, job.train_days, "train")
+        self.reader = FeatureReader(
+            self.config, self.partitions, job.rank, job.world_size, seed=job.seed, holdout=holdout
+        )
         keras.utils.set_random_seed(job.seed)
         with self.strategy.scope():
             self.model = build_model(self.config)

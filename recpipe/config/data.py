@@ -60,6 +60,9 @@ class DataConfig(Section):
     shuffle_buffer_size: int = Field(32, gt=0)
     prefetch_size: int = Field(32, gt=0)
     max_bad_row_fraction: float = Field(0.01, ge=0.0, le=1.0)
+    # Share of each day's rows (by a hash of the raw row) marked ``_holdout``: on a day that is
+    # in both train_ds and eval_ds, training skips them and evaluation reads only them.
+    holdout_percent: int = Field(0, ge=0, lt=100)
 
     @model_validator(mode="after")
     def _labels_declared(self) -> DataConfig:

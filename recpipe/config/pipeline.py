@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import Field, model_validator
 
 from recpipe.config.base import Section
@@ -68,6 +70,14 @@ class PipelineConfig(Section):
                         f"model_config.feature_groups[{g}].feature_names: unknown features {unknown}"
                     )
         return self
+
+    def resolved(self, home: Path) -> PipelineConfig:
+        """A copy whose relative paths (model_dir, inputs, quarantine) are made absolute
+        against ``home``: a job whose working directory differs (spark-submit's JVM) reads the
+        same files."""
+        fields = ("model_dir", "raw_input_path", "train_input_path", "eval_input_path", "quarantine_path")
+        update = {f: str(Path(home) / getattr(self, f)) for f in fields if getattr(self, f)}
+        return self.model_copy(update=update)
 
     @property
     def model(self) -> ModelConfig | None:

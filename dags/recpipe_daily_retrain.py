@@ -1,0 +1,186 @@
+"""``recpipe_daily_retrain``: every day, prepare the day's features, check them, score the
+champion on them, fine-tune from yesterday, evaluate, export, register and gate, clean up.
+
+Settings come from ``$RECPIPE_RETRAIN_CONFIG`` (default ``conf/retrain/movielens_daily.yaml``);
+the model from its pipeline config. Wiring only: the work is in ``operators/``. Parsing this
+file imports neither TensorFlow nor Spark.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from datetime import UTC, datetime, timedelta
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import DAG, Param
+
+from operators.evaluate import EvalOperator
+from operators.export import ExportOperator, export_asset
+from operators.paths import project_home
+from operators.register import RegisterModelOperator
+from operators.retention import RetentionOperator
+from operators.sensors import RawPartitionSensor
+from operators.tracking import fail_parent_run
+from operators.train import DistributedTrainOperator
+from operators.validate import ValidateFeaturesOperator
+from recpipe.config import load_pipeline_config
+from recpipe.config.retrain import load_retrain_config
+
+HOME = project_home()
+RETRAIN = load_retrain_config(
+    HOME / os.environ.get("RECPIPE_RETRAIN_CONFIG", "conf/retrain/movielens_daily.yaml")
+)
+PIPELINE = load_pipeline_config(HOME / RETRAIN.pipeline_config_path, RETRAIN.edit_config_json).resolved(HOME)
+RUNS = f"{RETRAIN.runs_dir}/{RETRAIN.model_name}"
+MODEL_DIR = RUNS + "/ds={{ ds }}"
+EXPORTS = f"{RETRAIN.export_dir}/{RETRAIN.model_name}"
+# the training window ending on ds (the evaluation tasks need it to pick the held-out rows)
+WINDOW = f"{{{{ macros.ds_add(ds, -{RETRAIN.training_window_days - 1}) }}}}:{{{{ ds }}}}"
+# the retrain config's overrides, then the run's (Params / trigger conf)
+EDITS = "{{ with_retrain_edits(params.edit_config_json) }}"
+
+
+def with_retrain_edits(run_edits: dict | None) -> str:
+    return json.dumps({**RETRAIN.edit_config_json, **(run_edits or {})})
+
+
+def _utc(d) -> datetime:
+    return datetime(d.year, d.month, d.day, tzinfo=UTC)
+
+
+common = {
+    "pipeline_config_path": RETRAIN.pipeline_config_path,
+    "edit_config_json": EDITS,
+    "experiment": RETRAIN.experiment,
+    "mlflow_conn_id": RETRAIN.tracking.mlflow_conn_id,
+}
+job = {**common, "cluster_config_path": RETRAIN.cluster_config_path}
+
+with DAG(
+    dag_id="recpipe_daily_retrain",
+    description=f"daily retrain of {RETRAIN.model_name} ({RETRAIN.pipeline_config_path})",
+    schedule="@daily",
+    start_date=_utc(RETRAIN.start_date),
+    end_date=_utc(RETRAIN.end_date) if RETRAIN.end_date else None,
+    catchup=RETRAIN.catchup,
+    max_active_runs=1,
+    default_args={
+        "retries": RETRAIN.tracking.retries,
+        "retry_delay": timedelta(seconds=RETRAIN.tracking.retry_delay_s),
+        "on_failure_callback": fail_parent_run(RETRAIN.experiment, RETRAIN.tracking.mlflow_conn_id),
+    },
+    params={
+        "full_retrain": Param(False, type="boolean", description="train from scratch, not from yesterday"),
+        "edit_config_json": Param(
+            {},
+            type="object",
+            description="EasyRec overrides (dotted path -> value) on top of the retrain config's",
+        ),
+    },
+    user_defined_macros={"with_retrain_edits": with_retrain_edits},
+    tags=["recpipe", RETRAIN.model_name],
+    doc_md=__doc__,
+) as dag:
+    wait_for_raw = RawPartitionSensor(
+        task_id="wait_for_raw",
+        filepath=f"{PIPELINE.raw_input_path}/ds={{{{ ds }}}}/_SUCCESS",
+        mode=RETRAIN.sensor.mode,
+        deferrable=RETRAIN.sensor.deferrable,
+        poke_interval=RETRAIN.sensor.poke_interval_s,
+        timeout=RETRAIN.sensor.timeout_s,
+        retries=0,
+    )
+    prepare = SparkSubmitOperator(
+        task_id="prepare_features",
+        conn_id=RETRAIN.spark_conn_id,
+        application=str(HOME / "features" / "prepare.py"),
+        application_args=[
+            "--pipeline_config_path",
+            str(HOME / RETRAIN.pipeline_config_path),
+            "--ds",
+            "{{ ds }}",
+            "--edit_config_json",
+            EDITS,
+        ],
+        name="recpipe-prepare-{{ ds }}",
+        env_vars={
+            "PYSPARK_PYTHON": sys.executable,
+            "PYSPARK_DRIVER_PYTHON": sys.executable,
+            "PYTHONPATH": str(HOME),
+            "RECPIPE_HOME": str(HOME),
+            "SPARK_LOCAL_IP": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"),
+        },
+        conf={"spark.ui.enabled": "false", "spark.driver.host": "127.0.0.1"},
+    )
+    validate = ValidateFeaturesOperator(
+        task_id="validate_features",
+        min_rows=RETRAIN.validation.min_rows,
+        positive_rate_min=RETRAIN.validation.positive_rate_min,
+        positive_rate_max=RETRAIN.validation.positive_rate_max,
+        drift_tolerance=RETRAIN.validation.drift_tolerance,
+        drift_lookback_days=RETRAIN.validation.drift_lookback_days,
+        **common,
+    )
+    evaluate_champion = EvalOperator(
+        task_id="evaluate_champion",
+        model_dir=MODEL_DIR,
+        eval_ds="{{ ds }}",
+        train_ds=WINDOW,
+        champion_of=RETRAIN.model_name,
+        alias=RETRAIN.gate.alias,
+        result_name="champion_eval_result.json",
+        step="evaluate_champion",
+        **job,
+    )
+    train = DistributedTrainOperator(
+        task_id="train",
+        model_dir=MODEL_DIR,
+        training_window_days=RETRAIN.training_window_days,
+        warm_start_root=RUNS,
+        full_retrain="{{ params.full_retrain }}",
+        **job,
+    )
+    evaluate = EvalOperator(
+        task_id="evaluate",
+        model_dir=MODEL_DIR,
+        eval_ds="{{ ds }}",
+        train_ds=WINDOW,
+        **job,
+    )
+    export = ExportOperator(
+        task_id="export",
+        model_dir=MODEL_DIR,
+        export_dir=EXPORTS,
+        outlets=[export_asset(RETRAIN.model_name)],
+        **job,
+    )
+    register = RegisterModelOperator(
+        task_id="register_and_gate",
+        model_name=RETRAIN.model_name,
+        metric=RETRAIN.gate.metric,
+        tolerance=RETRAIN.gate.tolerance,
+        alias=RETRAIN.gate.alias,
+        **common,
+    )
+    retention = RetentionOperator(
+        task_id="retention",
+        runs_root=RUNS,
+        keep_days=RETRAIN.retention_days,
+        model_name=RETRAIN.model_name,
+        alias=RETRAIN.gate.alias,
+        **common,
+    )
+
+    (
+        wait_for_raw
+        >> prepare
+        >> validate
+        >> evaluate_champion
+        >> train
+        >> evaluate
+        >> export
+        >> register
+        >> retention
+    )

@@ -1,0 +1,120 @@
+"""``EvalOperator``: score a checkpoint on a day's held-out rows, as its own task."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from operators.base import JobOperator
+from operators.paths import confine
+
+log = logging.getLogger(__name__)
+METRIC_KEYS = ("auc", "gauc", "logloss", "accuracy", "precision", "recall")
+
+
+class EvalOperator(JobOperator):
+    """Evaluate ``checkpoint_path`` (or ``model_dir``'s latest, or the registered champion's)
+    on ``eval_ds``; days also in ``train_ds`` contribute only their held-out rows.
+
+    Args:
+        model_dir: the run's model dir; the result goes to ``<model_dir>/<result_name>`` (templated).
+        eval_ds, train_ds: days (``YYYY-MM-DD`` or ``START:END``) (templated).
+        checkpoint_path: a checkpoint or model dir (templated; default ``model_dir``).
+        champion_of: a registered model name: evaluate the checkpoint of its ``alias`` version
+            instead (the tag ``checkpoint`` set at registration); without one, nothing to do.
+        result_name: file name of the result in ``model_dir``.
+        step: the MLflow nested run's name, and the prefix of the metrics on the parent run.
+
+    Returns (XCom): ``{"metrics": {...} | None, "checkpoint", "num_examples", "global_step",
+    "mlflow_run_id", "reason"}``.
+    """
+
+    template_fields = (*JobOperator.template_fields, "model_dir", "eval_ds", "train_ds", "checkpoint_path")
+    ui_color = "#d4f0f7"
+
+    def __init__(
+        self,
+        *,
+        model_dir: str,
+        eval_ds: str = "{{ ds }}",
+        train_ds: str | None = None,
+        checkpoint_path: str | None = None,
+        champion_of: str | None = None,
+        alias: str = "champion",
+        result_name: str = "eval_result.json",
+        step: str = "eval",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.model_dir = model_dir
+        self.eval_ds = eval_ds
+        self.train_ds = train_ds
+        self.checkpoint_path = checkpoint_path
+        self.champion_of = champion_of
+        self.alias = alias
+        self.result_name = result_name
+        self.step = step
+
+    def _checkpoint(self) -> tuple[str | None, str]:
+        if self.champion_of:
+            version = self.hook.champion(self.champion_of, self.alias)
+            if version is None:
+                return None, f"registered model {self.champion_of!r} has no {self.alias!r} yet"
+            ckpt = version.tags.get("checkpoint")
+            if not ckpt or not Path(ckpt + ".index").exists():
+                return None, f"{self.alias} version {version.version} has no checkpoint on disk ({ckpt})"
+            return ckpt, f"{self.alias} version {version.version}"
+        return str(confine(self.checkpoint_path or self.model_dir, "checkpoint_path")), "model_dir"
+
+    def execute(self, context) -> dict[str, Any]:
+        model_dir = confine(self.model_dir, "model_dir")
+        checkpoint, what = self._checkpoint()
+        if checkpoint is None:
+            log.info("nothing to evaluate: %s", what)
+            return {"metrics": None, "reason": what}
+        edits = {"eval_ds": self.eval_ds, **({"train_ds": self.train_ds} if self.train_ds else {})}
+        self.load_config(edits)
+        result_path = model_dir / self.result_name
+        args = [
+            "--pipeline_config_path",
+            str(self.config_path()),
+            "--model_dir",
+            str(model_dir),
+            "--checkpoint_path",
+            checkpoint,
+            "--eval_result_path",
+            str(result_path),
+            "--edit_config_json",
+            json.dumps(self.edits(edits)),
+        ]
+        log.info("evaluating %s (%s) on eval_ds=%s", checkpoint, what, self.eval_ds)
+        self.run_job(self.step, "trainer.eval", args, model_dir / "logs")
+        result = json.loads(result_path.read_text())
+        metrics = {k: result[k] for k in METRIC_KEYS if isinstance(result.get(k), (int, float))}
+        out = {
+            "metrics": metrics,
+            "checkpoint": result["checkpoint"],
+            "global_step": result["global_step"],
+            "num_examples": result["num_examples"],
+            "reason": what,
+        }
+        out["mlflow_run_id"] = self._track(context, result_path, out)
+        return out
+
+    def _track(self, context, result_path: Path, out: dict) -> str:
+        hook = self.hook
+        parent = self.parent_run_id(context)
+        run = hook.child_run(parent, self.step, {"checkpoint": out["checkpoint"], "evaluated": out["reason"]})
+        try:
+            step = out["global_step"]
+            rows = [(k, v, step) for k, v in out["metrics"].items()]
+            hook.log_metrics(run, [*rows, ("num_examples", out["num_examples"], step)])
+            hook.log_metrics(parent, [(f"{self.step}.{k}", v, 0) for k, v in out["metrics"].items()])
+            hook.log_artifact(run, result_path)
+        except Exception:
+            hook.end_run(run, failed=True)
+            raise
+        hook.end_run(run)
+        return run

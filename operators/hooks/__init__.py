@@ -1,0 +1,1 @@
+"""Hooks: the operators' clients of outside systems (MLflow tracking and registry)."""

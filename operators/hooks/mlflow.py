@@ -1,0 +1,242 @@
+"""MLflow tracking and registry for the operators (the project's own hook: the only
+Airflow-MLflow provider on the index is unmaintained).
+
+Where the tracking server is, in order: the Airflow connection ``mlflow_default`` (its
+``extra.tracking_uri``, or ``http://host:port``), ``$MLFLOW_TRACKING_URI``, else a SQLite
+database ``<var>/mlflow/mlflow.db`` with artifacts in ``<var>/mlflow/artifacts``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from operators.paths import project_home, var_dir
+
+log = logging.getLogger(__name__)
+PARENT = "parent"
+
+
+class TrackingUnavailableError(RuntimeError):
+    """The MLflow tracking server cannot be reached; the message names its URI."""
+
+
+def flatten(doc: Any, prefix: str = "") -> dict[str, str]:
+    """A nested config dict -> ``{"train_config.num_steps": "500", "a.b.0.c": "x"}`` (list
+    items by index: MLflow param names allow no brackets)."""
+    out: dict[str, str] = {}
+    if isinstance(doc, dict):
+        for key, value in doc.items():
+            out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    elif isinstance(doc, list) and any(isinstance(v, (dict, list)) for v in doc):
+        for i, value in enumerate(doc):
+            out.update(flatten(value, f"{prefix}.{i}"))
+    else:
+        out[prefix] = str(doc)
+    return out
+
+
+def git_commit() -> str:
+    """The project's commit (``$RECPIPE_GIT_COMMIT`` in images without .git), or "unknown"."""
+    if os.environ.get("RECPIPE_GIT_COMMIT"):
+        return os.environ["RECPIPE_GIT_COMMIT"]
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=project_home(), capture_output=True, text=True, timeout=10
+        )
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+
+
+class MLflowHook:
+    """Experiments, parent / nested runs, metrics and the model registry.
+
+    Args:
+        mlflow_conn_id: Airflow connection naming the tracking server (optional).
+        check_reachable: probe an HTTP server's ``/health`` first, so an outage fails the task
+            at once with a clear message (the task's ``retries`` decide what happens next)
+            instead of MLflow's own retry loop.
+    """
+
+    def __init__(self, mlflow_conn_id: str = "mlflow_default", check_reachable: bool = True):
+        self.mlflow_conn_id = mlflow_conn_id
+        self.check_reachable = check_reachable
+        self._client = None
+
+    # -- connection -----------------------------------------------------------------------
+    def tracking_uri(self) -> str:
+        """The tracking URI (see the module docstring for the order)."""
+        conn = self._connection()
+        if conn is not None:
+            extra = conn.extra_dejson or {}
+            if extra.get("tracking_uri"):
+                return extra["tracking_uri"]
+            scheme = conn.schema or "http"
+            return f"{scheme}://{conn.host}" + (f":{conn.port}" if conn.port else "")
+        if os.environ.get("MLFLOW_TRACKING_URI"):
+            return os.environ["MLFLOW_TRACKING_URI"]
+        return f"sqlite:///{var_dir() / 'mlflow' / 'mlflow.db'}"
+
+    def artifact_root(self) -> str | None:
+        """Artifact root for new experiments on a local store; None lets a server decide."""
+        uri = self.tracking_uri()
+        if uri.startswith(("sqlite:", "postgresql", "mysql", "file:")) or "://" not in uri:
+            return (var_dir() / "mlflow" / "artifacts").as_uri()
+        return None
+
+    def _connection(self):
+        if not self.mlflow_conn_id:
+            return None
+        try:
+            from airflow.sdk import BaseHook
+
+            return BaseHook.get_connection(self.mlflow_conn_id)
+        except Exception:  # not defined (AirflowNotFoundException) or no Airflow context
+            return None
+
+    def get_client(self):
+        """An ``mlflow.MlflowClient`` for the tracking URI (created once).
+
+        Raises:
+            TrackingUnavailableError: an HTTP tracking server does not answer ``/health``.
+        """
+        if self._client is None:
+            from mlflow import MlflowClient
+
+            uri = self.tracking_uri()
+            if uri.startswith("sqlite:///"):
+                Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+            if self.check_reachable and uri.startswith(("http://", "https://")):
+                self._probe(uri)
+            self._client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+        return self._client
+
+    @staticmethod
+    def _probe(uri: str) -> None:
+        import requests
+
+        try:
+            requests.get(uri.rstrip("/") + "/health", timeout=10).raise_for_status()
+        except requests.RequestException as err:
+            raise TrackingUnavailableError(
+                f"MLflow tracking server {uri} is unreachable ({err.__class__.__name__}: {err}); "
+                "nothing was logged. Start it (make mlflow) or fix the mlflow_default connection / "
+                "MLFLOW_TRACKING_URI; the task fails now so that its retries can log later."
+            ) from err
+
+    # -- runs -------------------------------------------------------------------------------
+    def experiment_id(self, name: str) -> str:
+        """The experiment ``name``, created (with the local artifact root) if missing."""
+        client = self.get_client()
+        exp = client.get_experiment_by_name(name)
+        if exp is not None:
+            return exp.experiment_id
+        root = self.artifact_root()
+        location = f"{root}/{name}" if root else None
+        return client.create_experiment(name, artifact_location=location)
+
+    def parent_run(self, experiment: str, dag_id: str, run_id: str, tags: dict[str, str]) -> str:
+        """The parent run of a DAG run: found by its (dag_id, run_id) tags or created."""
+        client = self.get_client()
+        exp_id = self.experiment_id(experiment)
+        found = client.search_runs(
+            [exp_id],
+            filter_string=(
+                f"tags.`airflow.dag_id` = '{dag_id}' and tags.`airflow.run_id` = '{run_id}' "
+                f"and tags.`recpipe.step` = '{PARENT}'"
+            ),
+            max_results=1,
+        )
+        if found:
+            return found[0].info.run_id
+        run = client.create_run(
+            exp_id,
+            run_name=f"{dag_id} {run_id}",
+            tags={"airflow.dag_id": dag_id, "airflow.run_id": run_id, "recpipe.step": PARENT, **tags},
+        )
+        return run.info.run_id
+
+    def child_run(self, parent_run_id: str, step: str, tags: dict[str, str] | None = None) -> str:
+        """A new nested run (one per task attempt, so a failed attempt stays visible)."""
+        client = self.get_client()
+        parent = client.get_run(parent_run_id)
+        run = client.create_run(
+            parent.info.experiment_id,
+            run_name=step,
+            tags={"mlflow.parentRunId": parent_run_id, "recpipe.step": step, **(tags or {})},
+        )
+        return run.info.run_id
+
+    def end_run(self, run_id: str, failed: bool = False) -> None:
+        """Mark a run FINISHED (or FAILED)."""
+        self.get_client().set_terminated(run_id, "FAILED" if failed else "FINISHED")
+
+    def log_params(self, run_id: str, params: dict[str, Any]) -> None:
+        """Log params in batches of 100 (MLflow's limit); values cut to 6,000 characters."""
+        from mlflow.entities import Param
+
+        items = [Param(k[:250], str(v)[:6000]) for k, v in params.items()]
+        for i in range(0, len(items), 100):
+            self.get_client().log_batch(run_id, params=items[i : i + 100])
+
+    def log_metrics(self, run_id: str, rows: Iterable[tuple[str, float, int]]) -> int:
+        """Log ``(key, value, step)`` rows in batches; returns how many were logged."""
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = [Metric(k, float(v), now, int(s)) for k, v, s in rows]
+        for i in range(0, len(items), 1000):
+            self.get_client().log_batch(run_id, metrics=items[i : i + 1000])
+        return len(items)
+
+    def set_tags(self, run_id: str, tags: dict[str, Any]) -> None:
+        for key, value in tags.items():
+            self.get_client().set_tag(run_id, key, str(value))
+
+    def log_artifact(self, run_id: str, path: str | os.PathLike, artifact_path: str | None = None) -> None:
+        """Log a file, or a directory's contents, under ``artifact_path``."""
+        path = Path(path)
+        if path.is_dir():
+            self.get_client().log_artifacts(run_id, str(path), artifact_path)
+        else:
+            self.get_client().log_artifact(run_id, str(path), artifact_path)
+
+    def artifact_uri(self, run_id: str, artifact_path: str) -> str:
+        return self.get_client().get_run(run_id).info.artifact_uri.rstrip("/") + "/" + artifact_path
+
+    # -- registry ---------------------------------------------------------------------------
+    def champion(self, model_name: str, alias: str = "champion"):
+        """The registered version holding ``alias``, or None."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return self.get_client().get_model_version_by_alias(model_name, alias)
+        except MlflowException:
+            return None
+
+    def register(self, model_name: str, source: str, run_id: str, tags: dict[str, Any]):
+        """A new version of registered model ``model_name`` (created if missing)."""
+        from mlflow.exceptions import MlflowException
+
+        client = self.get_client()
+        try:
+            client.get_registered_model(model_name)
+        except MlflowException:
+            client.create_registered_model(model_name)
+        return client.create_model_version(
+            model_name, source, run_id=run_id, tags={k: str(v) for k, v in tags.items()}
+        )
+
+    def set_alias(self, model_name: str, version: str, alias: str = "champion") -> None:
+        self.get_client().set_registered_model_alias(model_name, alias, version)
+
+    def set_version_tags(self, model_name: str, version: str, tags: dict[str, Any]) -> None:
+        for key, value in tags.items():
+            self.get_client().set_model_version_tag(model_name, version, key, str(value))

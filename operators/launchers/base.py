@@ -1,0 +1,42 @@
+"""The launcher interface and the job description operators hand to it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One job: a role name and, per process, its argv.
+
+    Attributes:
+        name: a label for logs and errors (``train``, ``eval``, ...).
+        argv: the command of each process, e.g. ``[["python", "-m", "trainer.train_eval", ...]]``.
+        cwd: working directory of every process (the project home).
+        env: variables added to the inherited environment.
+    """
+
+    name: str
+    argv: list[list[str]]
+    cwd: Path
+    env: dict[str, str] = field(default_factory=dict)
+
+
+class JobFailedError(RuntimeError):
+    """A process of the job exited non-zero; the message names it and holds its log's tail."""
+
+
+class Launcher(Protocol):
+    """Start a job, wait for it, stop it: the operators' only view of where jobs run."""
+
+    def run(self, job: JobSpec) -> list[Path]:
+        """Run ``job`` to completion and return its log files.
+
+        Raises:
+            JobFailedError: a process failed (all others are stopped first).
+        """
+
+    def kill(self) -> None:
+        """Stop every process of the running job and their children; idempotent, never raises."""

@@ -1,0 +1,123 @@
+"""Processes on this machine: each in its own session (process group), one log file each."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from operators.launchers.base import JobFailedError, JobSpec
+
+log = logging.getLogger(__name__)
+TAIL_LINES = 40
+
+
+def tail(path: Path, lines: int = TAIL_LINES) -> str:
+    """The last ``lines`` lines of a log file ("" if it does not exist)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            return b"\n".join(f.read().splitlines()[-lines:]).decode("utf-8", "replace")
+    except FileNotFoundError:
+        return ""
+
+
+class LocalLauncher:
+    """Runs a job's processes on 127.0.0.1 and forwards their output to the task log.
+
+    Each process starts a new session, so ``kill`` (Airflow's ``on_kill``) can signal its whole
+    tree: SIGTERM to every process group, SIGKILL after ``grace_s`` seconds.
+
+    Args:
+        log_dir: where ``<job>-<i>.log`` files go (created).
+        grace_s: seconds between SIGTERM and SIGKILL.
+    """
+
+    def __init__(self, log_dir: str | os.PathLike, grace_s: float = 10.0):
+        self.log_dir = Path(log_dir)
+        self.grace_s = grace_s
+        self._procs: list[subprocess.Popen] = []
+
+    def run(self, job: JobSpec) -> list[Path]:
+        """Start every process of ``job``, stream their logs, wait for all.
+
+        Raises:
+            JobFailedError: a process exited non-zero; the others were stopped. The message
+                names the process and ends with the tail of its log.
+        """
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        logs = [self.log_dir / f"{job.name}-{i}.log" for i in range(len(job.argv))]
+        env = {**os.environ, **job.env}
+        for argv, path in zip(job.argv, logs, strict=True):
+            with path.open("wb") as out:
+                self._procs.append(
+                    subprocess.Popen(
+                        argv,
+                        cwd=job.cwd,
+                        env=env,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                        start_new_session=True,
+                    )
+                )
+        log.info("started %s: %s", job.name, "; ".join(" ".join(a) for a in job.argv))
+        offsets = [0] * len(logs)
+        try:
+            while True:
+                pairs = enumerate(zip(logs, offsets, strict=True))
+                offsets = [self._forward(p, o, job.name, i) for i, (p, o) in pairs]
+                codes = [p.poll() for p in self._procs]
+                failed = [i for i, c in enumerate(codes) if c not in (None, 0)]
+                if failed:
+                    i = failed[0]
+                    self.kill()
+                    raise JobFailedError(
+                        f"{job.name} process {i} exited with code {codes[i]} (log {logs[i]}); "
+                        f"last lines:\n{tail(logs[i])}"
+                    )
+                if all(c == 0 for c in codes):
+                    for i, (p, o) in enumerate(zip(logs, offsets, strict=True)):
+                        self._forward(p, o, job.name, i)
+                    return logs
+                time.sleep(0.5)
+        finally:
+            self._procs = []
+
+    @staticmethod
+    def _forward(path: Path, offset: int, name: str, index: int) -> int:
+        with path.open("rb") as f:
+            f.seek(offset)
+            chunk = f.read()
+        end = chunk.rfind(b"\n") + 1
+        for line in chunk[:end].decode("utf-8", "replace").splitlines():
+            log.info("[%s-%d] %s", name, index, line)
+        return offset + end
+
+    def kill(self) -> None:
+        """SIGTERM every process group of the job, then SIGKILL those still alive."""
+        procs = [p for p in self._procs if p.poll() is None]
+        for p in procs:
+            _signal_group(p.pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.grace_s
+        for p in procs:
+            try:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            _signal_group(p.pid, signal.SIGKILL)
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                log.warning("process %d did not exit after SIGKILL", p.pid)
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -1,0 +1,108 @@
+"""The daily retrain DAG's own settings (``conf/retrain/*.yaml``): schedule, training window,
+checks, promotion gate, retention and tracking. The model itself stays in the pipeline config
+and the resources in the cluster config, as PaddleRec keeps them apart."""
+
+from __future__ import annotations
+
+from datetime import date
+
+from pydantic import Field, model_validator
+
+from recpipe.config.base import Section
+
+
+class SensorConfig(Section):
+    """Waiting for the day's raw partition (``_SUCCESS``).
+
+    ``mode: reschedule`` frees the worker slot between pokes; ``deferrable`` hands the wait to
+    the triggerer. Times in seconds.
+    """
+
+    mode: str = Field("reschedule", pattern="^(poke|reschedule)$")
+    deferrable: bool = False
+    poke_interval_s: float = Field(300, gt=0)
+    timeout_s: float = Field(6 * 3600, gt=0)
+
+
+class ValidationConfig(Section):
+    """Checks of the day's features (``_stats.json``): failing ones stop the run, drift warns.
+
+    ``drift_tolerance``: a relative change (0.25 = 25 %) of rows, positive rate, a column's
+    null share or a dense feature's mean against the previous prepared day, above which a
+    warning goes to the log and to MLflow.
+    """
+
+    min_rows: int = Field(1, ge=1)
+    positive_rate_min: float = Field(0.0, ge=0.0, le=1.0)
+    positive_rate_max: float = Field(1.0, ge=0.0, le=1.0)
+    drift_tolerance: float = Field(0.25, gt=0.0)
+    drift_lookback_days: int = Field(7, ge=1)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> ValidationConfig:
+        if self.positive_rate_min > self.positive_rate_max:
+            raise ValueError("positive_rate_min is above positive_rate_max")
+        return self
+
+
+class GateConfig(Section):
+    """Promotion: the new version gets ``alias`` unless its ``metric`` on the day's held-out
+    rows is worse than the champion's on the same rows by more than ``tolerance``."""
+
+    metric: str = Field("auc", pattern="^(auc|gauc)$")
+    tolerance: float = Field(0.002, ge=0.0)
+    alias: str = "champion"
+
+
+class TrackingConfig(Section):
+    """MLflow: the experiment (default: the pipeline config's file name), the Airflow
+    connection naming the server, and how often a task retries when it is unreachable."""
+
+    experiment: str | None = None
+    mlflow_conn_id: str = "mlflow_default"
+    retries: int = Field(2, ge=0)
+    retry_delay_s: float = Field(60, ge=0)
+
+
+class RetrainConfig(Section):
+    """One daily retrain: which pipeline, from when, with which window and rules.
+
+    Paths are relative to the project home. Day ``ds`` trains on ``[ds - training_window_days
+    + 1, ds]`` (its held-out rows excluded), fine-tuning from the last successful day's model
+    dir under ``runs_dir`` unless the run asks for ``full_retrain``.
+    """
+
+    pipeline_config_path: str
+    cluster_config_path: str = "conf/cluster/local.yaml"
+    model_name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    start_date: date
+    end_date: date | None = None
+    catchup: bool = False
+    training_window_days: int = Field(7, ge=1)
+    retention_days: int = Field(7, ge=1)
+    runs_dir: str = "var/runs"
+    export_dir: str = "var/exports"
+    edit_config_json: dict = Field(default_factory=dict)
+    spark_conn_id: str = "spark_default"
+    sensor: SensorConfig = Field(default_factory=SensorConfig)
+    validation: ValidationConfig = Field(default_factory=ValidationConfig)
+    gate: GateConfig = Field(default_factory=GateConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+
+    @property
+    def experiment(self) -> str:
+        """The MLflow experiment: ``tracking.experiment`` or the pipeline config's stem."""
+        from pathlib import Path
+
+        return self.tracking.experiment or Path(self.pipeline_config_path).stem
+
+
+def load_retrain_config(path) -> RetrainConfig:
+    """Load ``conf/retrain/*.yaml``.
+
+    Raises:
+        ConfigError: unreadable file or invalid value (file + field named).
+    """
+    from recpipe.config.loader import read_yaml, validate
+
+    return validate(RetrainConfig, read_yaml(path), str(path))

@@ -1,0 +1,91 @@
+"""A private Airflow + MLflow + data root per test session, and the daily DAG run for real
+(``airflow dags test``) on three consecutive MovieLens days."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+DAYS = ["1997-09-22", "1997-09-23", "1997-09-24"]
+MODEL = "movielens_test"
+
+
+@pytest.fixture(scope="session")
+def stack(movielens_raw, tmp_path_factory) -> dict:
+    """Env (Airflow home, var dir, retrain config, MLflow URI) of a fresh local deployment."""
+    from recpipe.localenv import airflow_env
+
+    base = tmp_path_factory.mktemp("stack")
+    var = base / "var"
+    shutil.copytree(movielens_raw, var / "raw")
+    retrain = {
+        "pipeline_config_path": "conf/movielens_deepfm.yaml",
+        "model_name": MODEL,
+        "start_date": DAYS[0],
+        "training_window_days": 7,
+        "retention_days": 2,
+        "runs_dir": str(var / "runs"),
+        "export_dir": str(var / "exports"),
+        "edit_config_json": {
+            "raw_input_path": str(var / "raw" / "events"),
+            "train_input_path": str(var / "features"),
+            "model_dir": str(var / "model"),
+            "data_config.batch_size": 64,
+            "data_config.num_epochs": 2,
+            "train_config.log_step_count_steps": 5,
+        },
+        "sensor": {"mode": "reschedule", "poke_interval_s": 1, "timeout_s": 3},
+        "validation": {
+            "min_rows": 20,
+            "positive_rate_min": 0.2,
+            "positive_rate_max": 0.9,
+            "drift_tolerance": 0.5,
+        },
+        "gate": {"metric": "auc", "tolerance": 0.005},
+        "tracking": {"retries": 0},
+    }
+    (base / "retrain.yaml").write_text(yaml.safe_dump(retrain))
+    env = {
+        **os.environ,
+        **airflow_env(ROOT, base / "airflow"),
+        "RECPIPE_VAR_DIR": str(var),
+        "RECPIPE_RETRAIN_CONFIG": str(base / "retrain.yaml"),
+        "MLFLOW_TRACKING_URI": f"sqlite:///{var / 'mlflow' / 'mlflow.db'}",
+    }
+    airflow(env, "db", "migrate")
+    return {"env": env, "var": var, "base": base, "tracking_uri": env["MLFLOW_TRACKING_URI"]}
+
+
+def airflow(env: dict, *args: str, check: bool = True, timeout: int = 900) -> subprocess.CompletedProcess:
+    """Run the ``airflow`` CLI of this environment; on failure, show the output's tail."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "airflow", *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"airflow {' '.join(args)} exited {proc.returncode}:\n{(proc.stdout + proc.stderr)[-4000:]}"
+        )
+    return proc
+
+
+@pytest.fixture(scope="session")
+def daily_runs(stack) -> dict:
+    """Day 1 from scratch, day 2 warm-started, day 3 a deliberately worse model (full
+    retrain, one step): each through ``airflow dags test``."""
+    env = stack["env"]
+    logs = {}
+    for ds in DAYS[:2]:
+        logs[ds] = airflow(env, "dags", "test", "recpipe_daily_retrain", ds).stdout
+    worse = {"full_retrain": True, "edit_config_json": {"train_config.num_steps": 1}}
+    logs[DAYS[2]] = airflow(
+        env, "dags", "test", "recpipe_daily_retrain", DAYS[2], "-c", json.dumps(worse)
+    ).stdout
+    return {**stack, "logs": logs, "runs": stack["var"] / "runs" / MODEL}

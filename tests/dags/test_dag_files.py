@@ -1,0 +1,107 @@
+"""The DAG files parse in a fresh interpreter without TensorFlow or Spark, wire the tasks in
+order, and the manual DAG's Params validate a trigger's conf (JSON schema, path confinement)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+PROBE = r"""
+import copy, json, sys
+from airflow.dag_processing.dagbag import DagBag
+bag = DagBag()
+out = {"errors": {k: str(v) for k, v in bag.import_errors.items()}, "dags": sorted(bag.dags),
+       "heavy": [m for m in ("tensorflow", "pyspark", "mlflow", "torch") if m in sys.modules]}
+daily = bag.dags["recpipe_daily_retrain"]
+out["daily_upstream"] = {t: sorted(daily.task_dict[t].upstream_task_ids) for t in daily.task_dict}
+out["schedule"] = str(daily.timetable.summary)
+out["max_active_runs"] = daily.max_active_runs
+out["params"] = {}
+manual = bag.dags["recpipe_train"]
+for name, conf in json.loads(sys.argv[1]).items():
+    params = copy.deepcopy(manual.params)
+    try:
+        params.update(conf)
+        params.validate()
+        out["params"][name] = "ok"
+    except Exception as err:
+        out["params"][name] = f"{type(err).__name__}: {err}"
+print("PROBE" + json.dumps(out))
+"""
+
+CONFS = {
+    "defaults": {},
+    "good": {
+        "train_ds": "1997-09-20:1997-09-26",
+        "eval_ds": "1997-09-27",
+        "num_workers": 1,
+        "edit_config_json": {"train_config.num_steps": 10},
+        "full_retrain": True,
+    },
+    "escape": {"pipeline_config_path": "conf/../../etc/passwd.yaml"},
+    "absolute": {"pipeline_config_path": "/etc/x.yaml"},
+    "bad_date": {"train_ds": "1997-9-20"},
+    "bad_strategy": {"train_distribute": "NoSuchStrategy"},
+    "zero_workers": {"num_workers": 0},
+    "edits_not_object": {"edit_config_json": "train_config.num_steps=1"},
+}
+
+
+@pytest.fixture(scope="module")
+def probe(stack):
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, json.dumps(CONFS)],
+        env=stack["env"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    line = [x for x in proc.stdout.splitlines() if x.startswith("PROBE")]
+    assert line, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(line[0][5:])
+
+
+def test_dags_import_without_errors_or_heavy_imports(probe):
+    assert probe["errors"] == {}
+    assert probe["dags"] == ["recpipe_daily_retrain", "recpipe_train"]
+    assert probe["heavy"] == []
+
+
+def test_daily_dag_wiring(probe):
+    up = probe["daily_upstream"]
+    chain = [
+        "wait_for_raw",
+        "prepare_features",
+        "validate_features",
+        "evaluate_champion",
+        "train",
+        "evaluate",
+        "export",
+        "register_and_gate",
+        "retention",
+    ]
+    for before, after in zip(chain, chain[1:], strict=False):
+        assert up[after] == [before]
+    assert probe["max_active_runs"] == 1
+    assert "day" in probe["schedule"].lower() or "@daily" in probe["schedule"]
+
+
+def test_manual_dag_params_validate_the_trigger_conf(probe):
+    params = probe["params"]
+    assert params["defaults"] == "ok" and params["good"] == "ok"
+    for name in ("escape", "absolute", "bad_date", "bad_strategy", "zero_workers", "edits_not_object"):
+        assert params[name].startswith("ParamValidationError"), (name, params[name])
+    assert "pipeline_config_path" in params["escape"]
+
+
+def test_an_invalid_trigger_is_rejected_by_the_cli(stack):
+    from tests.dags.conftest import airflow
+
+    proc = airflow(
+        stack["env"], "dags", "test", "recpipe_train", "-c", json.dumps(CONFS["escape"]), check=False
+    )
+    assert proc.returncode != 0
+    assert "pipeline_config_path" in proc.stdout + proc.stderr

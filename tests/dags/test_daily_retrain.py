@@ -1,0 +1,100 @@
+"""``recpipe_daily_retrain`` run for real on three MovieLens days (Spark, TensorFlow jobs,
+MLflow on SQLite), then its results checked on disk and in MLflow."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from operators.register import gate
+from tests.dags.conftest import DAYS, MODEL
+
+pytestmark = pytest.mark.slow
+
+
+def _client(daily_runs):
+    from mlflow import MlflowClient
+
+    return MlflowClient(daily_runs["tracking_uri"], registry_uri=daily_runs["tracking_uri"])
+
+
+def _runs(daily_runs, step):
+    client = _client(daily_runs)
+    exp = client.get_experiment_by_name("movielens_deepfm")
+    runs = client.search_runs([exp.experiment_id], filter_string=f"tags.`recpipe.step` = '{step}'")
+    return sorted(runs, key=lambda r: r.info.start_time)
+
+
+def test_day_two_fine_tunes_from_day_one(daily_runs):
+    day1, day2 = (daily_runs["runs"] / f"ds={d}" for d in DAYS[:2])
+    first = json.loads((day1 / "train_result.json").read_text())
+    second = json.loads((day2 / "train_result.json").read_text())
+    assert first["fine_tune_checkpoint"] is None
+    assert second["fine_tune_checkpoint"] == str(day1)
+    # the trainer restored every variable of day 1's latest checkpoint, by name
+    assert second["fine_tune"]["checkpoint"].startswith(str(day1) + "/model.ckpt-")
+    assert second["fine_tune"]["restored"] > 10 and not second["fine_tune"]["missing"]
+    assert second["train_ds"] == "1997-09-17:1997-09-23"
+
+
+def test_mlflow_holds_parent_and_nested_runs_with_metrics(daily_runs):
+    parents = _runs(daily_runs, "parent")
+    assert [p.data.tags["ds"] for p in parents] == DAYS
+    for parent in parents:
+        assert parent.info.status == "FINISHED"
+        assert parent.data.tags["airflow.dag_id"] == "recpipe_daily_retrain"
+        assert parent.data.tags["train_distribute"] == "NoStrategy"
+        assert len(parent.data.tags["git_commit"]) in (7, 40) or parent.data.tags["git_commit"] == "unknown"
+        assert 0.5 < parent.data.metrics["eval.auc"] <= 1.0
+    client = _client(daily_runs)
+    train = [
+        r for r in _runs(daily_runs, "train") if r.data.tags["mlflow.parentRunId"] == parents[1].info.run_id
+    ]
+    assert len(train) == 1
+    run = train[0]
+    assert run.data.params["data_config.batch_size"] == "64"
+    assert run.data.params["feature_config.features.0.hash_bucket_size"] == "50000"
+    assert run.data.params["recpipe.fine_tune_checkpoint"].endswith(f"ds={DAYS[0]}")
+    losses = client.get_metric_history(run.info.run_id, "loss")
+    assert len(losses) >= 2 and all(0 < m.value < 5 for m in losses)
+    assert client.get_metric_history(run.info.run_id, "examples_per_sec")[0].value > 0
+    prepare = [r for r in _runs(daily_runs, "prepare") if r.data.tags["ds"] == DAYS[1]]
+    assert prepare[0].data.metrics["rows"] > 100
+    assert "drift.positive_rate" in prepare[0].data.metrics
+    artifacts = [a.path for a in client.list_artifacts(run.info.run_id)]
+    assert "pipeline.yaml" in artifacts
+
+
+def test_champion_alias_and_the_gate(daily_runs):
+    client = _client(daily_runs)
+    versions = {v.tags["ds"]: v for v in client.search_model_versions(f"name = '{MODEL}'")}
+    assert set(versions) == set(DAYS)
+    champion = client.get_model_version_by_alias(MODEL, "champion")
+    assert champion.tags["ds"] in DAYS[:2]
+    assert versions[DAYS[0]].tags["promotion"] == "promoted"
+    # day 2 was gated against day 1's model scored on the same held-out rows
+    before = _runs(daily_runs, "parent")[1].data.metrics["evaluate_champion.auc"]
+    expected = gate({"auc": float(versions[DAYS[1]].tags["eval.auc"])}, {"auc": before}, "auc", 0.005)
+    assert versions[DAYS[1]].tags["promotion"] == ("promoted" if expected.promote else "rejected")
+    # the deliberately worse day-3 model (one step from scratch) is registered, not promoted
+    worse = versions[DAYS[2]]
+    assert worse.tags["promotion"] == "rejected", worse.tags["promotion_reason"]
+    assert "worse than champion" in worse.tags["promotion_reason"]
+    assert champion.version != worse.version
+    parent3 = _runs(daily_runs, "parent")[2]
+    assert parent3.data.tags["promoted"] == "False"
+    assert parent3.data.metrics["eval.auc"] < parent3.data.metrics["evaluate_champion.auc"] - 0.005
+
+
+def test_exports_and_retention(daily_runs):
+    client = _client(daily_runs)
+    champion = client.get_model_version_by_alias(MODEL, "champion")
+    exports = sorted(p for p in (daily_runs["var"] / "exports" / MODEL).iterdir())
+    assert len(exports) == 3 and all((p / "saved_model.pb").exists() for p in exports)
+    assert not any(p.name.startswith(".") for p in exports)
+    kept = sorted(p.name for p in daily_runs["runs"].iterdir())
+    # retention_days=2: the two newest days, plus the champion's dir if older
+    expected = {f"ds={DAYS[1]}", f"ds={DAYS[2]}", f"ds={champion.tags['ds']}"}
+    assert set(kept) == expected
+    assert (daily_runs["runs"] / f"ds={champion.tags['ds']}" / "checkpoint").exists()

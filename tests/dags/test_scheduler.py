@@ -1,0 +1,79 @@
+"""A running Airflow (api-server, scheduler, dag-processor, triggerer; LocalExecutor) on
+127.0.0.1: ``recpipe_train`` triggered through the REST API v2 with a conf runs to success,
+on SQLite and on the PostgreSQL server at 127.0.0.1 as the metadata DB; the UI's grid is
+rendered in headless Chromium and kept as a screenshot."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.dags.airflow_server import deployment, screenshot
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "var" / "test-artifacts"
+CONF = {
+    "train_ds": "1997-09-22:1997-09-23",
+    "eval_ds": "1997-09-23",
+    "edit_config_json": {"train_config.num_steps": 20},
+    "full_retrain": True,
+}
+
+
+def _trigger_and_wait(api, conf: dict) -> dict:
+    api.wait_for_dag("recpipe_train")
+    api.patch("/api/v2/dags/recpipe_train", {"is_paused": False})
+    run = api.post("/api/v2/dags/recpipe_train/dagRuns", {"logical_date": None, "conf": conf})
+    assert run["conf"] == conf
+    return api.wait_for_run("recpipe_train", run["dag_run_id"])
+
+
+def _assert_trained(api, run: dict, var: Path) -> None:
+    tasks = api.get(f"/api/v2/dags/recpipe_train/dagRuns/{run['dag_run_id']}/taskInstances")["task_instances"]
+    states = {t["task_id"]: t["state"] for t in tasks}
+    assert run["state"] == "success", states
+    assert states == {"train": "success", "evaluate": "success", "export": "success", "register": "success"}
+    xcom = api.get(
+        f"/api/v2/dags/recpipe_train/dagRuns/{run['dag_run_id']}/taskInstances/evaluate/xcomEntries/return_value"
+    )["value"]
+    value = xcom if isinstance(xcom, dict) else json.loads(xcom)
+    assert 0.5 < value["metrics"]["auc"] <= 1.0
+    model_dir = Path(
+        json.loads((Path(value["checkpoint"]).parent / "train_result.json").read_text())["model_dir"]
+    )
+    assert (
+        model_dir.is_relative_to(var / "runs")
+        and json.loads((model_dir / "train_result.json").read_text())["global_step"] == 20
+    )
+
+
+def test_trigger_through_rest_api_on_sqlite_and_screenshot_the_grid(daily_runs, tmp_path):
+    with deployment(daily_runs["env"], tmp_path / "airflow") as api:
+        run = _trigger_and_wait(api, CONF)
+        _assert_trained(api, run, daily_runs["var"])
+        if shutil.which("chromium") or Path("/usr/bin/chromium").exists():
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            shot = ARTIFACTS / "recpipe_train_grid.png"
+            screenshot(f"{api.base}/dags/recpipe_train/runs/{run['dag_run_id']}", api.token, shot)
+            assert shot.stat().st_size > 20_000
+
+
+@pytest.fixture
+def postgres_db():
+    name = f"recpipe_airflow_{uuid.uuid4().hex[:8]}"
+    psql = ["psql", "-h", "127.0.0.1", "-U", "postgres", "-v", "ON_ERROR_STOP=1", "-c"]
+    subprocess.run([*psql, f"CREATE DATABASE {name}"], check=True, capture_output=True)
+    yield f"postgresql+psycopg2://postgres@127.0.0.1:5432/{name}"
+    subprocess.run([*psql, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"], capture_output=True)
+
+
+def test_trigger_through_rest_api_on_postgresql(daily_runs, tmp_path, postgres_db):
+    with deployment(daily_runs["env"], tmp_path / "airflow", database_url=postgres_db) as api:
+        run = _trigger_and_wait(api, {**CONF, "edit_config_json": {"train_config.num_steps": 20}})
+        _assert_trained(api, run, daily_runs["var"])
