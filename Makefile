@@ -1,10 +1,9 @@
 # The commands a newcomer needs: `make demo` and `make test` (both set up what is missing).
 SHELL := /bin/bash
 VENV := .venv/bin
-DEMO_DAYS ?= 1997-09-22 1997-09-23 1997-09-24 1997-09-25 1997-09-26 1997-09-27 1997-09-28
-DEMO_CONFIG ?= conf/movielens_deepfm.yaml
+DEMO_DAYS ?= 7
 
-.PHONY: setup test demo data lock lint bench
+.PHONY: setup test demo data lock lint bench airflow mlflow
 
 setup:
 	@scripts/setup.sh
@@ -13,10 +12,15 @@ data: setup
 	$(VENV)/recpipe data fetch movielens-100k
 	$(VENV)/recpipe data replay movielens-100k --out data/raw/movielens
 
-# Until the DAG lands, the main job is feature preparation of the demo days.
+# The main job: recpipe_daily_retrain for 7 consecutive days, then a table of the results.
 demo: data
-	$(VENV)/recpipe features --pipeline_config_path $(DEMO_CONFIG) $(addprefix --ds ,$(DEMO_DAYS))
-	@echo "features: data/features/movielens/ds=*/ (stats in _stats.json, rejected rows in data/features/movielens_quarantine/)"
+	$(VENV)/python scripts/demo.py --days $(DEMO_DAYS)
+
+airflow: setup
+	@scripts/airflow_up.sh
+
+mlflow: setup
+	@scripts/mlflow_up.sh
 
 test: setup
 	$(VENV)/ruff check .

@@ -12,6 +12,17 @@ if ! java -version 2>&1 | grep -qE 'version "17'; then
   exit 1
 fi
 
+# The UI test renders Airflow's grid in Debian's Chromium (driven by Playwright from the lock).
+if [ ! -x /usr/bin/chromium ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    say "installing Debian's chromium (for the Airflow UI test)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1 \
+      || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; }
+  else
+    say "chromium is missing: sudo apt-get install -y chromium (the UI screenshot test is skipped without it)"
+  fi
+fi
+
 stamp=.venv/.recpipe-setup
 want=$(cat requirements.lock pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then

@@ -54,3 +54,27 @@ def test_input_errors():
     assert parse_ds_range("2020-02-28:2020-03-01") == ["2020-02-28", "2020-02-29", "2020-03-01"]
     with pytest.raises(ValueError, match="end before start"):
         parse_ds_range("2020-03-01:2020-02-01")
+
+
+def test_a_day_in_both_ranges_is_split_by_its_holdout_rows(ml_early):
+    from tests.trainer.conftest import with_edits
+    from trainer.input import holdout_split
+
+    config = with_edits(ml_early, {"train_ds": "1997-09-20:1997-09-23", "eval_ds": "1997-09-23"})
+    train_parts, train_keep = holdout_split(config, parse_ds_range(config.train_ds), "train")
+    eval_parts, eval_keep = holdout_split(config, parse_ds_range(config.eval_ds), "eval")
+    day = train_parts[-1]
+    assert train_keep == {day: False} and eval_keep == {day: True} and eval_parts == [day]
+    held_out = Counter(_keys(FeatureReader(config, eval_parts, batch_size=50, holdout=eval_keep)))
+    trained = Counter(_keys(FeatureReader(config, train_parts, batch_size=50, holdout=train_keep)))
+    day_rows = pq.read_table(day).num_rows
+    assert 0.1 < sum(held_out.values()) / day_rows < 0.3  # holdout_percent: 20
+    assert not set(held_out) & set(trained)  # no evaluated row was trained on
+    other_days = sum(pq.read_table(p).num_rows for p in train_parts[:-1])
+    assert sum(trained.values()) + sum(held_out.values()) == other_days + day_rows
+    # ranges that do not overlap read whole days
+    disjoint = with_edits(config, {"eval_ds": "1997-09-24"})
+    assert holdout_split(disjoint, ["1997-09-24"], "eval")[1] == {}
+    no_holdout = with_edits(config, {"data_config.holdout_percent": 0})
+    with pytest.raises(InputError, match="holdout_percent is 0"):
+        holdout_split(no_holdout, ["1997-09-23"], "eval")

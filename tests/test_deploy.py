@@ -1,0 +1,96 @@
+"""docker-compose.yaml (Docker does not run here): it parses, takes its secrets from the env
+file, publishes on 127.0.0.1 only, and every setting it passes is one the project, Airflow
+or the service's image reads."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+REFERENCE = re.compile(r"\$\{(\w+)(?::?[-?][^}]*)?\}")
+# variables the official images document (postgres) or MLflow's server reads
+IMAGE_SETTINGS = {"POSTGRES_USER", "POSTGRES_PASSWORD", "POSTGRES_DB", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"}
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load((ROOT / "docker-compose.yaml").read_text())
+
+
+def _env(service: dict) -> dict:
+    return service.get("environment") or {}
+
+
+def _project_source() -> str:
+    files = [*ROOT.glob("recpipe/**/*.py"), *ROOT.glob("operators/**/*.py"), *ROOT.glob("dags/*.py")]
+    return "\n".join(p.read_text() for p in files)
+
+
+def test_services_of_the_deployment(compose):
+    services = compose["services"]
+    for name in (
+        "postgres",
+        "redis",
+        "mlflow",
+        "airflow-init",
+        "airflow-api-server",
+        "airflow-scheduler",
+        "airflow-dag-processor",
+        "airflow-triggerer",
+        "airflow-worker",
+    ):
+        assert name in services, name
+    assert _env(services["airflow-worker"])["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
+    assert services["airflow-worker"]["build"]["context"] == "."
+    for service in services.values():
+        for port in service.get("ports", []):
+            assert port.startswith("127.0.0.1:"), port
+
+
+def test_secrets_come_from_the_env_file(compose):
+    text = (ROOT / "docker-compose.yaml").read_text()
+    declared = {
+        line.split("=")[0]
+        for line in (ROOT / ".env.example").read_text().splitlines()
+        if line and not line.startswith("#")
+    }
+    used = set(REFERENCE.findall(text)) - {"GIT_COMMIT"}
+    assert used <= declared, used - declared
+    for service in compose["services"].values():
+        for key, value in _env(service).items():
+            if re.search(r"PASSWORD$|SECRET|FERNET", key):
+                assert REFERENCE.fullmatch(str(value)), f"{key} must come from .env, not the compose file"
+    # the admin password is required (":?"), never defaulted
+    assert "${AIRFLOW_ADMIN_PASSWORD:?" in text and "${POSTGRES_PASSWORD:?" in text
+
+
+def test_every_setting_is_read_by_someone(compose):
+    from airflow.configuration import conf
+
+    source = _project_source()
+    retrain = yaml.safe_load((ROOT / "conf/retrain/movielens_daily.yaml").read_text())
+    connections = {
+        "spark_default": retrain.get("spark_conn_id", "spark_default"),
+        "fs_default": "fs_default",
+        "mlflow_default": retrain["tracking"]["mlflow_conn_id"],
+    }
+    for name, service in compose["services"].items():
+        for key in _env(service):
+            if key.startswith("AIRFLOW__"):
+                section, option = key.removeprefix("AIRFLOW__").lower().split("__", 1)
+                known = conf.configuration_description.get(section, {}).get("options", {})
+                assert option in known, f"{name}: {key} is no Airflow option"
+            elif key.startswith("AIRFLOW_CONN_"):
+                conn = key.removeprefix("AIRFLOW_CONN_").lower()
+                assert conn in connections.values(), f"{name}: connection {conn} is not used by the DAGs"
+            elif key == "AIRFLOW_ADMIN_PASSWORD":
+                assert "AIRFLOW_ADMIN_PASSWORD" in service["command"]
+            elif key not in IMAGE_SETTINGS:
+                assert f'"{key}"' in source, f"{name}: {key} is not read by the project"
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    for key in re.findall(r"(RECPIPE_\w+)=", dockerfile):
+        assert f'"{key}"' in source, f"Dockerfile: {key} is not read by the project"
