@@ -94,7 +94,11 @@ class RecpipeOperator(BaseOperator):
             self.experiment_name(),
             context["dag"].dag_id,
             context["run_id"],
-            {"ds": context["ds"], "git_commit": git_commit(), "pipeline_config": self.pipeline_config_path},
+            {
+                "ds": context.get("ds") or "none",
+                "git_commit": git_commit(),
+                "pipeline_config": self.pipeline_config_path,
+            },
         )
 
 
@@ -112,7 +116,7 @@ class JobOperator(RecpipeOperator):
         self.cluster_config_path = cluster_config_path
         self._launcher = None
 
-    def run_job(self, name: str, module: str, args: list[str], log_dir: Path) -> str:
+    def run_job(self, name: str, module: str, args: list[str], log_dir: Path) -> dict | None:
         """Run ``python -m module args`` through the cluster's launcher; return its stdout's
         last line that parses as JSON (the entry points print their result so).
 

@@ -103,7 +103,7 @@ class RegisterModelOperator(RecpipeOperator):
             export["artifact_uri"],
             export["mlflow_run_id"],
             {
-                "ds": context["ds"],
+                "ds": context.get("ds") or train.get("train_ds", ""),
                 "dag_run": f"{context['dag'].dag_id}/{context['run_id']}",
                 "checkpoint": train["checkpoint"],
                 "model_dir": train["model_dir"],

@@ -22,7 +22,7 @@ def fail_parent_run(experiment: str, mlflow_conn_id: str = "mlflow_default") -> 
                 experiment,
                 context["dag"].dag_id,
                 context["run_id"],
-                {"ds": context["ds"], "git_commit": git_commit()},
+                {"ds": context.get("ds") or "none", "git_commit": git_commit()},
             )
             hook.set_tags(parent, {"outcome": "failed", "failed_task": context["ti"].task_id})
             hook.end_run(parent, failed=True)

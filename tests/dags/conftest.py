@@ -83,7 +83,8 @@ def daily_runs(stack) -> dict:
     env = stack["env"]
     logs = {}
     for ds in DAYS[:2]:
-        logs[ds] = airflow(env, "dags", "test", "recpipe_daily_retrain", ds).stdout
+        proc = airflow(env, "dags", "test", "recpipe_daily_retrain", ds)
+        logs[ds] = proc.stdout + proc.stderr
     worse = {"full_retrain": True, "edit_config_json": {"train_config.num_steps": 1}}
     logs[DAYS[2]] = airflow(
         env, "dags", "test", "recpipe_daily_retrain", DAYS[2], "-c", json.dumps(worse)

@@ -28,9 +28,10 @@ def _runs(daily_runs, step):
 
 def test_day_two_fine_tunes_from_day_one(daily_runs):
     day1, day2 = (daily_runs["runs"] / f"ds={d}" for d in DAYS[:2])
-    first = json.loads((day1 / "train_result.json").read_text())
+    # day 1's dir may be gone by now (retention keeps 2 days and the champion's): read the logs
+    assert "warm start from nothing (training from scratch)" in daily_runs["logs"][DAYS[0]]
+    assert f"warm start from {day1}" in daily_runs["logs"][DAYS[1]]
     second = json.loads((day2 / "train_result.json").read_text())
-    assert first["fine_tune_checkpoint"] is None
     assert second["fine_tune_checkpoint"] == str(day1)
     # the trainer restored every variable of day 1's latest checkpoint, by name
     assert second["fine_tune"]["checkpoint"].startswith(str(day1) + "/model.ckpt-")
@@ -98,3 +99,22 @@ def test_exports_and_retention(daily_runs):
     expected = {f"ds={DAYS[1]}", f"ds={DAYS[2]}", f"ds={champion.tags['ds']}"}
     assert set(kept) == expected
     assert (daily_runs["runs"] / f"ds={champion.tags['ds']}" / "checkpoint").exists()
+
+
+def test_a_retried_train_task_resumes_and_never_trains_twice(daily_runs):
+    from tests.dags.conftest import airflow
+
+    day2 = daily_runs["runs"] / f"ds={DAYS[1]}"
+    first = json.loads((day2 / "train_result.json").read_text())
+    # a finished model dir: the task returns its result without starting a job
+    proc = airflow(daily_runs["env"], "tasks", "test", "recpipe_daily_retrain", "train", DAYS[1])
+    assert "already finished training: not training it again" in proc.stdout + proc.stderr
+    # an attempt that died after its last checkpoint: the retry resumes (--continue_train)
+    (day2 / "_SUCCESS").unlink()
+    (day2 / "train_result.json").unlink()
+    proc = airflow(daily_runs["env"], "tasks", "test", "recpipe_daily_retrain", "train", DAYS[1])
+    out = proc.stdout + proc.stderr
+    assert "resuming" in out and "--continue_train" in out
+    again = json.loads((day2 / "train_result.json").read_text())
+    assert again["global_step"] == first["global_step"]  # nothing left to train: no second pass
+    assert again["checkpoint"] == first["checkpoint"]

@@ -1,0 +1,85 @@
+"""The MLflow hook against a real tracking server on 127.0.0.1 (runs, metrics, registry,
+alias), and the clear failure when the server is down."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from operators.hooks.mlflow import MLflowHook, TrackingUnavailableError, flatten
+from tests.dags.airflow_server import free_port
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    port = free_port()
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    args = [
+        Path(sys.executable).with_name("mlflow"),
+        "server",
+        "--backend-store-uri",
+        f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "--artifacts-destination",
+        str(tmp_path / "artifacts"),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
+    log = (tmp_path / "server.log").open("wb")
+    proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    uri = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            urllib.request.urlopen(uri + "/health", timeout=2)
+            break
+        except OSError:
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "server.log").read_text()[
+                -2000:
+            ]
+            time.sleep(1)
+    yield uri, proc
+    if proc.poll() is None:
+        os.killpg(proc.pid, 15)
+        proc.wait(30)
+
+
+def test_runs_metrics_and_registry_through_the_server(mlflow_server, tmp_path, monkeypatch):
+    uri, proc = mlflow_server
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    hook = MLflowHook(mlflow_conn_id="")
+    assert hook.tracking_uri() == uri and hook.artifact_root() is None
+    parent = hook.parent_run("exp", "dag", "run-1", {"ds": "1997-09-22"})
+    assert hook.parent_run("exp", "dag", "run-1", {}) == parent  # found again, not duplicated
+    child = hook.child_run(parent, "train")
+    hook.log_params(child, flatten({"a": {"b": [{"c": 1}, {"c": 2}]}, "d": [1, 2]}))
+    assert hook.log_metrics(child, [("loss", 0.7 - 0.1 * s, s) for s in range(3)]) == 3
+    model = tmp_path / "export" / "1"
+    model.mkdir(parents=True)
+    (model / "saved_model.pb").write_bytes(b"x" * 100)
+    hook.log_artifact(child, model, "model")
+    hook.end_run(child)
+    version = hook.register("m", hook.artifact_uri(child, "model"), child, {"ds": "1997-09-22"})
+    hook.set_alias("m", version.version)
+    assert hook.champion("m").version == version.version and hook.champion("other") is None
+    client = hook.get_client()
+    run = client.get_run(child)
+    assert run.data.params == {"a.b.0.c": "1", "a.b.1.c": "2", "d": "[1, 2]"}
+    assert [m.value for m in client.get_metric_history(child, "loss")] == pytest.approx([0.7, 0.6, 0.5])
+    assert [a.path for a in client.list_artifacts(child, "model")] == ["model/saved_model.pb"]
+
+    os.killpg(proc.pid, 15)
+    proc.wait(30)
+    with pytest.raises(TrackingUnavailableError, match=f"MLflow tracking server {uri} is unreachable"):
+        MLflowHook(mlflow_conn_id="").get_client()
