@@ -12,6 +12,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# in-process Airflow imports (operators, config checks) keep their state in var/, not ~/airflow
+os.environ.setdefault("AIRFLOW_HOME", str(ROOT / "var" / "pytest-airflow"))
 
 
 @pytest.fixture(scope="session")
