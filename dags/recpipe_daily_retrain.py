@@ -8,7 +8,6 @@ file imports neither TensorFlow nor Spark.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from datetime import UTC, datetime, timedelta
@@ -26,12 +25,10 @@ from operators.tracking import fail_parent_run
 from operators.train import DistributedTrainOperator
 from operators.validate import ValidateFeaturesOperator
 from recpipe.config import load_pipeline_config
-from recpipe.config.retrain import load_retrain_config
+from recpipe.config.retrain import active_retrain_config
 
 HOME = project_home()
-RETRAIN = load_retrain_config(
-    HOME / os.environ.get("RECPIPE_RETRAIN_CONFIG", "conf/retrain/movielens_daily.yaml")
-)
+RETRAIN = active_retrain_config(HOME)
 PIPELINE = load_pipeline_config(HOME / RETRAIN.pipeline_config_path, RETRAIN.edit_config_json).resolved(HOME)
 RUNS = f"{RETRAIN.runs_dir}/{RETRAIN.model_name}"
 MODEL_DIR = RUNS + "/ds={{ ds }}"
@@ -39,11 +36,7 @@ EXPORTS = f"{RETRAIN.export_dir}/{RETRAIN.model_name}"
 # the training window ending on ds (the evaluation tasks need it to pick the held-out rows)
 WINDOW = f"{{{{ macros.ds_add(ds, -{RETRAIN.training_window_days - 1}) }}}}:{{{{ ds }}}}"
 # the retrain config's overrides, then the run's (Params / trigger conf)
-EDITS = "{{ with_retrain_edits(params.edit_config_json) }}"
-
-
-def with_retrain_edits(run_edits: dict | None) -> str:
-    return json.dumps({**RETRAIN.edit_config_json, **(run_edits or {})})
+EDITS = "{{ retrain.with_run_edits(params.edit_config_json) }}"
 
 
 def _utc(d) -> datetime:
@@ -79,7 +72,7 @@ with DAG(
             description="EasyRec overrides (dotted path -> value) on top of the retrain config's",
         ),
     },
-    user_defined_macros={"with_retrain_edits": with_retrain_edits},
+    user_defined_macros={"retrain": RETRAIN},
     tags=["recpipe", RETRAIN.model_name],
     doc_md=__doc__,
 ) as dag:

@@ -9,9 +9,6 @@ registers the export without moving the ``champion`` alias.
 
 from __future__ import annotations
 
-import json
-import os
-
 from airflow.sdk import DAG, Param
 
 from operators.evaluate import EvalOperator
@@ -20,24 +17,17 @@ from operators.paths import project_home
 from operators.register import RegisterModelOperator
 from operators.tracking import fail_parent_run
 from operators.train import DistributedTrainOperator
-from recpipe.config.retrain import load_retrain_config
+from recpipe.config.retrain import active_retrain_config
 from recpipe.config.train import TrainDistribute
 
 HOME = project_home()
-RETRAIN = load_retrain_config(
-    HOME / os.environ.get("RECPIPE_RETRAIN_CONFIG", "conf/retrain/movielens_daily.yaml")
-)
+RETRAIN = active_retrain_config(HOME)
 DAY = r"\d{4}-\d{2}-\d{2}"
 # inside the project: no absolute path, no "..", only conf/*.yaml
 CONFIG_PATH = r"^conf/(?!.*\.\.)[A-Za-z0-9_./-]+\.ya?ml$"
 RUN = "{{ run_id | replace(':', '_') | replace('+', '_') }}"
 MODEL_DIR = f"{RETRAIN.runs_dir}/{RETRAIN.model_name}/manual/{RUN}"
-EDITS = "{{ with_retrain_edits(params.edit_config_json) }}"
-
-
-def with_retrain_edits(run_edits: dict | None) -> str:
-    """The retrain config's overrides (where data live), then the run's."""
-    return json.dumps({**RETRAIN.edit_config_json, **(run_edits or {})})
+EDITS = "{{ retrain.with_run_edits(params.edit_config_json) }}"
 
 
 common = {
@@ -80,7 +70,7 @@ with DAG(
         "edit_config_json": Param({}, type="object", description="EasyRec overrides: dotted path -> value"),
         "full_retrain": Param(False, type="boolean"),
     },
-    user_defined_macros={"with_retrain_edits": with_retrain_edits},
+    user_defined_macros={"retrain": RETRAIN},
     tags=["recpipe", "manual"],
     doc_md=__doc__,
 ) as dag:

@@ -18,7 +18,7 @@ from pathlib import Path
 HOME = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(HOME))
 
-from recpipe.config.retrain import load_retrain_config  # noqa: E402
+from recpipe.config.retrain import active_retrain_config  # noqa: E402
 from recpipe.localenv import airflow_env  # noqa: E402
 
 
@@ -27,8 +27,7 @@ def main() -> int:
     parser.add_argument("--days", type=int, default=7)
     parser.add_argument("--first", default=None)
     args = parser.parse_args()
-    retrain_path = os.environ.get("RECPIPE_RETRAIN_CONFIG", "conf/retrain/movielens_daily.yaml")
-    retrain = load_retrain_config(HOME / retrain_path)
+    retrain = active_retrain_config(HOME)
     first = date.fromisoformat(args.first) if args.first else retrain.start_date
     days = [(first + timedelta(days=k)).isoformat() for k in range(args.days)]
     env = {**os.environ, **airflow_env(HOME)}

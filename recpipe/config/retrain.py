@@ -89,12 +89,31 @@ class RetrainConfig(Section):
     gate: GateConfig = Field(default_factory=GateConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 
+    def with_run_edits(self, run_edits: dict | None) -> str:
+        """``edit_config_json`` text for a run: this config's overrides (where data live, the
+        daily schedule's epochs), then the run's own (Params or trigger conf), which win."""
+        import json
+
+        return json.dumps({**self.edit_config_json, **(run_edits or {})})
+
     @property
     def experiment(self) -> str:
         """The MLflow experiment: ``tracking.experiment`` or the pipeline config's stem."""
         from pathlib import Path
 
         return self.tracking.experiment or Path(self.pipeline_config_path).stem
+
+
+DEFAULT_PATH = "conf/retrain/movielens_daily.yaml"
+
+
+def active_retrain_config(home) -> RetrainConfig:
+    """The retrain config the DAGs use: ``$RECPIPE_RETRAIN_CONFIG`` (relative to ``home`` or
+    absolute) or ``conf/retrain/movielens_daily.yaml``."""
+    import os
+    from pathlib import Path
+
+    return load_retrain_config(Path(home) / os.environ.get("RECPIPE_RETRAIN_CONFIG", DEFAULT_PATH))
 
 
 def load_retrain_config(path) -> RetrainConfig:
