@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
@@ -55,7 +56,10 @@ def test_days_conserve_rows_and_write_markers(spark, movielens_config):
         "genres",
         "age",
         "release_year",
+        "_holdout",  # data_config.holdout_percent: 20
     ]
+    holdout = pq.read_table(Path(movielens_config.train_input_path), columns=["_holdout"])["_holdout"]
+    assert 0.15 < pc.mean(holdout.cast("int8")).as_py() < 0.25
     # a pyarrow reader of the root sees exactly the finished days, with ds as a partition column
     dataset = pads.dataset(movielens_config.train_input_path, partitioning="hive")
     assert dataset.count_rows() == sum(_rows(movielens_config, d) for d in DAYS)
