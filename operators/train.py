@@ -96,11 +96,11 @@ class DistributedTrainOperator(JobOperator):
         self.num_workers = num_workers
 
     def job_edits(self) -> dict[str, Any]:
-        """The operator's overrides: days, evaluation left to the evaluation task, strategy."""
+        """The operator's overrides: the days (eval_ds keeps its held-out rows out of training)
+        and the strategy."""
         edits: dict[str, Any] = {
             "train_ds": self.train_ds or window(self.ds, self.training_window_days),
             "eval_ds": self.eval_ds or self.ds,
-            "eval_config.eval_method": "none",
         }
         if self.train_distribute not in (None, "", "None"):
             edits["train_config.train_distribute"] = self.train_distribute
@@ -138,6 +138,7 @@ class DistributedTrainOperator(JobOperator):
                 str(model_dir),
                 "--edit_config_json",
                 json.dumps(self.edits(edits)),
+                "--skip_eval",  # the evaluation task scores the model
             ]
             if resume:
                 log.info("resuming %s from its latest checkpoint", model_dir)

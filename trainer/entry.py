@@ -12,7 +12,6 @@ from pathlib import Path
 
 from recpipe.cli import add_config_args, config_from_args
 from recpipe.config import ConfigError
-from recpipe.config.model import EvalMethod
 from recpipe.errors import PipelineError
 
 # TensorFlow's C++ start-up chatter hides the log lines users need.
@@ -41,6 +40,9 @@ def train_eval_main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--continue_train", action="store_true", help="resume from model_dir's latest checkpoint"
     )
+    parser.add_argument(
+        "--skip_eval", action="store_true", help="train only; the caller evaluates eval_ds (the DAGs do)"
+    )
     args, extra = parser.parse_known_args(argv)
     return _guard(lambda: _train_eval(args, extra))
 
@@ -68,7 +70,7 @@ def _train_eval(args, extra) -> int:
         "examples_per_sec": round(result.examples_per_sec),
         "fine_tune": result.fine_tune,
     }
-    if config.eval_ds and config.eval_config.eval_method != EvalMethod.none:
+    if config.eval_ds and not args.skip_eval:
         summary["eval"] = evaluate(config, model_dir, _days(config.eval_ds, "eval_ds"), result.checkpoint)
     print(json.dumps(summary))
     return 0
