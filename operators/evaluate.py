@@ -106,15 +106,11 @@ class EvalOperator(JobOperator):
     def _track(self, context, result_path: Path, out: dict) -> str:
         hook = self.hook
         parent = self.parent_run_id(context)
-        run = hook.child_run(parent, self.step, {"checkpoint": out["checkpoint"], "evaluated": out["reason"]})
-        try:
+        tags = {"checkpoint": out["checkpoint"], "evaluated": out["reason"]}
+        with hook.nested_run(parent, self.step, tags) as run:
             step = out["global_step"]
             rows = [(k, v, step) for k, v in out["metrics"].items()]
             hook.log_metrics(run, [*rows, ("num_examples", out["num_examples"], step)])
             hook.log_metrics(parent, [(f"{self.step}.{k}", v, 0) for k, v in out["metrics"].items()])
             hook.log_artifact(run, result_path)
-        except Exception:
-            hook.end_run(run, failed=True)
-            raise
-        hook.end_run(run)
         return run

@@ -65,11 +65,7 @@ class ExportOperator(JobOperator):
             tmp.write_text(json.dumps(done))
             tmp.replace(record)
         hook = self.hook
-        run = hook.child_run(self.parent_run_id(context), "export", {"export_path": done["export_path"]})
-        try:
+        parent = self.parent_run_id(context)
+        with hook.nested_run(parent, "export", {"export_path": done["export_path"]}) as run:
             hook.log_artifact(run, done["export_path"], "model")
-        except Exception:
-            hook.end_run(run, failed=True)
-            raise
-        hook.end_run(run)
         return {**done, "artifact_uri": hook.artifact_uri(run, "model"), "mlflow_run_id": run}

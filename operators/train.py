@@ -120,7 +120,7 @@ class DistributedTrainOperator(JobOperator):
         if self.num_workers not in (None, "", "None") and int(self.num_workers) != 1:
             # the local launcher starts one process; multi-process launchers plug in here
             raise ValueError(f"num_workers={self.num_workers}: this launcher runs 1 worker")
-        source = None
+        source = config = None
         if (model_dir / DONE).exists():
             log.info("%s already finished training: not training it again", model_dir)
             result = json.loads((model_dir / RESULT).read_text())
@@ -161,15 +161,13 @@ class DistributedTrainOperator(JobOperator):
             tmp.write_text(json.dumps(result, indent=2))
             tmp.replace(model_dir / RESULT)
             (model_dir / DONE).touch()
-        result["mlflow_run_id"] = self._track(context, model_dir, result, edits)
+        result["mlflow_run_id"] = self._track(context, model_dir, result, config or self.load_config(edits))
         return result
 
-    def _track(self, context, model_dir: Path, result: dict, edits: dict) -> str:
+    def _track(self, context, model_dir: Path, result: dict, config) -> str:
         hook = self.hook
         parent = self.parent_run_id(context)
-        run = hook.child_run(parent, "train", {"model_dir": str(model_dir)})
-        try:
-            config = self.load_config(edits)
+        with hook.nested_run(parent, "train", {"model_dir": str(model_dir)}) as run:
             params = flatten(config.to_dict())
             params["recpipe.fine_tune_checkpoint"] = result.get("fine_tune_checkpoint") or ""
             params["recpipe.full_retrain"] = str(_truthy(self.full_retrain))
@@ -186,10 +184,6 @@ class DistributedTrainOperator(JobOperator):
             hook.log_metrics(run, rows)
             if (model_dir / "pipeline.yaml").exists():
                 hook.log_artifact(run, model_dir / "pipeline.yaml")
-        except Exception:
-            hook.end_run(run, failed=True)
-            raise
-        hook.end_run(run)
         return run
 
 

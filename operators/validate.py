@@ -130,8 +130,7 @@ class ValidateFeaturesOperator(RecpipeOperator):
     def _track(self, context, path: Path, stats: dict, changes: dict, warnings: list[str]) -> str:
         hook = self.hook
         parent = self.parent_run_id(context)
-        run = hook.child_run(parent, "prepare", {"ds": self.ds})
-        try:
+        with hook.nested_run(parent, "prepare", {"ds": self.ds}) as run:
             values = {
                 "rows": stats["rows"],
                 "rows_quarantined": stats.get("rows_quarantined", 0),
@@ -147,8 +146,4 @@ class ValidateFeaturesOperator(RecpipeOperator):
             norm = path.parent / "_normalization.json"
             if norm.exists():
                 hook.log_artifact(run, norm, "features")
-        except Exception:
-            hook.end_run(run, failed=True)
-            raise
-        hook.end_run(run)
         return run

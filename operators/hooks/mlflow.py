@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -171,6 +172,17 @@ class MLflowHook:
             tags={"mlflow.parentRunId": parent_run_id, "recpipe.step": step, **(tags or {})},
         )
         return run.info.run_id
+
+    @contextmanager
+    def nested_run(self, parent_run_id: str, step: str, tags: dict[str, str] | None = None) -> Iterator[str]:
+        """A ``child_run`` that ends FINISHED when the block completes, FAILED if it raises."""
+        run = self.child_run(parent_run_id, step, tags)
+        try:
+            yield run
+        except BaseException:
+            self.end_run(run, failed=True)
+            raise
+        self.end_run(run)
 
     def end_run(self, run_id: str, failed: bool = False) -> None:
         """Mark a run FINISHED (or FAILED)."""
