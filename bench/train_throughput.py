@@ -18,40 +18,20 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 DS = "2024-01-01"
 
 
 def prepare(rows: int, work: Path, buckets: int):
-    from features.prepare import prepare_day
-    from features.session import get_spark
-    from recpipe.config import load_pipeline_config
-    from recpipe.data.synth import synth_criteo
+    from bench.criteo_data import prepare as prepare_days
 
-    edits = {
-        "raw_input_path": str(work / "raw"),
-        "train_input_path": str(work / "features"),
-        "data_config.batch_size": 1024,
-        "train_config.log_step_count_steps": 100,
-        "train_config.save_checkpoints_steps": 100000,
-        "train_config.save_summary_steps": 100000,
-    }
-    for i in range(1, 27):
-        edits[f"feature_config.features[input_names=C{i}].hash_bucket_size"] = buckets
-    config = load_pipeline_config(ROOT / "conf/criteo_deepfm.yaml", edits)
-    marker = work / "features" / f"ds={DS}" / "_SUCCESS"
-    if not marker.exists() or int((work / "rows").read_text() if (work / "rows").exists() else 0) != rows:
-        shutil.rmtree(work, ignore_errors=True)
-        synth_criteo(rows, 1, work / "raw", start=DS)
-        spark = get_spark("recpipe-bench")
-        prepare_day(spark, config, DS)
-        spark.stop()
-        (work / "rows").write_text(str(rows))
-    return config
+    return prepare_days(rows, 1, work, buckets)
 
 
 def input_only(config) -> float:

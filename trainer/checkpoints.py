@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import tensorflow as tf
+from tensorflow.core.protobuf import trackable_object_graph_pb2
 
 from recpipe.errors import PipelineError
 
@@ -105,17 +106,51 @@ class FineTuneReport:
     restored: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     shape_mismatch: list[str] = field(default_factory=list)
+    slots_restored: list[str] = field(default_factory=list)
+    optimizer_iterations: dict[str, int] = field(default_factory=dict)
+
+
+def saved_names(path: str | Path) -> dict[str, str]:
+    """Variable name -> checkpoint key for every variable in a checkpoint, from its object
+    graph. Optimizer slots are named ``<slot>/<variable>`` (``m/deepfm/.../embedding_weights``)
+    and keyed ``optimizer_<i>/_variables/<n>/...``; the step counters ``optimizer_<i>/iteration``.
+
+    Raises:
+        CheckpointError: no checkpoint there.
+    """
+    reader = tf.train.load_checkpoint(resolve(path))
+    graph = trackable_object_graph_pb2.TrackableObjectGraph()
+    graph.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
+    out = {}
+    for node in graph.nodes:
+        for attr in node.attributes:
+            name = attr.full_name
+            if attr.checkpoint_key.startswith("optimizer_") and name == "iteration":
+                name = attr.checkpoint_key.split("/")[0] + "/iteration"
+            out[name] = attr.checkpoint_key
+    return out
 
 
 def fine_tune_restore(
-    variables: dict[str, tf.Variable], checkpoint: str | Path, var_map: dict[str, str] | None = None
+    variables: dict[str, tf.Variable],
+    checkpoint: str | Path,
+    var_map: dict[str, str] | None = None,
+    optimizers: list | None = None,
 ) -> FineTuneReport:
     """Restore model variables by name from ``checkpoint`` (a prefix or a directory).
 
     Each variable ``n`` is read from ``var_map.get(n, n)``; with a var map, only the mapped
     variables are restored. Variables not found, or found with another shape, are listed in
-    the report and logged as warnings, never skipped silently. Optimizer slots and the global
-    step are not restored: fine-tuning starts at step 0 (EasyRec's ``fine_tune_checkpoint``).
+    the report and logged as warnings, never skipped silently. The global step is not
+    restored: fine-tuning starts at step 0 (EasyRec's ``fine_tune_checkpoint``).
+
+    With ``optimizers`` (tf-keras optimizers, built), the slots of every restored variable
+    are restored too, by slot and variable name whichever optimizer held them yesterday
+    (``m``/``v`` of Adam and LazyAdam, ``accumulator``/``linear`` of Adagrad and FTRL), and
+    each optimizer with a restored slot takes the step count of the optimizer they came
+    from, so that Adam's bias correction fits the restored moments. Incremental training then
+    continues the moments and accumulators instead of restarting them (PaddleRec's online
+    learning keeps them too); the learning-rate schedule continues with the step count.
 
     Raises:
         CheckpointError: no checkpoint there.
@@ -142,9 +177,41 @@ def fine_tune_restore(
             key = "variables/" + old.replace(".", "..").replace("/", ".S") + _VALUE
             var.assign(reader.get_tensor(key))
             report.restored.append(name)
-    log.info("fine-tune from %s: %d variables restored", path, len(report.restored))
+    if optimizers:
+        _restore_slots(optimizers, path, reader, var_map or {}, report)
+    log.info(
+        "fine-tune from %s: %d variables, %d optimizer slots restored",
+        path,
+        len(report.restored),
+        len(report.slots_restored),
+    )
     for name in report.missing:
         log.warning("fine-tune: %s not in checkpoint %s, kept its initial value", name, path)
     for line in report.shape_mismatch:
         log.warning("fine-tune: shape mismatch, not restored: %s", line)
     return report
+
+
+def _restore_slots(optimizers, path: str, reader, var_map: dict[str, str], report: FineTuneReport) -> None:
+    saved = saved_names(path)
+    restored = set(report.restored)
+    for opt in optimizers:
+        sources = []
+        for slot in opt.variables:
+            slot_name, _, var_name = variable_name(slot).partition("/")
+            if var_name not in restored:
+                continue
+            key = saved.get(f"{slot_name}/{var_map.get(var_name, var_name)}")
+            if key is None or not key.startswith("optimizer_"):
+                continue
+            value = reader.get_tensor(key)
+            if list(value.shape) != slot.shape.as_list():
+                continue
+            slot.assign(value)
+            report.slots_restored.append(variable_name(slot))
+            sources.append(key.split("/")[0])
+        if sources:
+            source = max(set(sources), key=sources.count)
+            step = int(reader.get_tensor(saved[f"{source}/iteration"]))
+            opt.iterations.assign(step)
+            report.optimizer_iterations[opt.name] = step

@@ -14,6 +14,7 @@ import tf_keras as keras
 
 from recpipe.config.model import ModelClass
 from recpipe.config.train import LearningRate, OptimizerConfig
+from trainer.sparse_optimizers import LazyAdam, SparseFtrl
 
 
 class OptimizerConfigError(ValueError):
@@ -57,7 +58,12 @@ class LearningRateSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
 
 def build_optimizer(config: OptimizerConfig, name: str) -> keras.optimizers.Optimizer:
-    """One tf-keras optimizer for one ``optimizer_config`` entry."""
+    """One tf-keras optimizer for one ``optimizer_config`` entry.
+
+    ``lazy_adam_optimizer``, ``adagrad_optimizer`` and ``ftrl_optimizer`` update only the
+    embedding rows in the batch (``trainer.sparse_optimizers``); ``adam_optimizer`` and
+    ``adamw_optimizer`` update every row of a table on each step.
+    """
     which, c = config.which(), config.value()
     lr = LearningRateSchedule(c.learning_rate, c.warmup_steps, c.warmup_learning_rate)
     if which == "sgd_optimizer":
@@ -68,11 +74,13 @@ def build_optimizer(config: OptimizerConfig, name: str) -> keras.optimizers.Opti
         return keras.optimizers.Adagrad(lr, initial_accumulator_value=c.initial_accumulator_value, name=name)
     if which == "adam_optimizer":
         return keras.optimizers.Adam(lr, beta_1=c.beta1, beta_2=c.beta2, epsilon=c.epsilon, name=name)
+    if which == "lazy_adam_optimizer":
+        return LazyAdam(lr, beta_1=c.beta1, beta_2=c.beta2, epsilon=c.epsilon, name=name)
     if which == "adamw_optimizer":
         return keras.optimizers.AdamW(
             lr, weight_decay=c.weight_decay, beta_1=c.beta1, beta_2=c.beta2, epsilon=c.epsilon, name=name
         )
-    return keras.optimizers.Ftrl(
+    return SparseFtrl(
         lr,
         learning_rate_power=c.learning_rate_power,
         initial_accumulator_value=c.initial_accumulator_value,

@@ -108,6 +108,7 @@ class ModelConfig(Section):
     deepfm: DeepFMModel | None = None
     dlrm: DLRMModel | None = None
     dcn: DCNModel | None = None
+    # L2 weight on each embedding row a batch looks up (EasyRec), so table updates stay sparse
     embedding_regularization: float = Field(0.0, ge=0)
     loss_type: LossType = LossType.CLASSIFICATION
     losses: list[Loss] = Field(default_factory=list)

@@ -57,7 +57,8 @@ class MomentumOptimizer(_Optimizer):
 
 
 class AdagradOptimizer(_Optimizer):
-    """Adagrad (Duchi et al., 2011), accumulators starting at ``initial_accumulator_value``."""
+    """Adagrad (Duchi et al., 2011), accumulators starting at ``initial_accumulator_value``;
+    sparse by nature: a table's rows not in the batch are left alone."""
 
     initial_accumulator_value: float = Field(0.1, ge=0)
 
@@ -70,6 +71,12 @@ class AdamOptimizer(_Optimizer):
     epsilon: float = Field(1e-7, gt=0)
 
 
+class LazyAdamOptimizer(AdamOptimizer):
+    """Adam whose moments and weights of an embedding table change only on the rows a batch
+    looks up (EasyRec ``lazy_adam_optimizer``, TF Addons ``LazyAdam``); dense weights get
+    plain Adam."""
+
+
 class AdamWOptimizer(AdamOptimizer):
     """Adam with decoupled weight decay (Loshchilov and Hutter, 2019)."""
 
@@ -77,7 +84,8 @@ class AdamWOptimizer(AdamOptimizer):
 
 
 class FtrlOptimizer(_Optimizer):
-    """FTRL-Proximal (McMahan et al., 2013) with L1 / L2 strengths."""
+    """FTRL-Proximal (McMahan et al., 2013) with L1 / L2 strengths; a table's update touches
+    only the rows in the batch."""
 
     learning_rate_power: float = Field(-0.5, le=0)
     initial_accumulator_value: float = Field(0.1, ge=0)
@@ -92,6 +100,7 @@ class OptimizerConfig(OneOf):
     momentum_optimizer: MomentumOptimizer | None = None
     adagrad_optimizer: AdagradOptimizer | None = None
     adam_optimizer: AdamOptimizer | None = None
+    lazy_adam_optimizer: LazyAdamOptimizer | None = None
     adamw_optimizer: AdamWOptimizer | None = None
     ftrl_optimizer: FtrlOptimizer | None = None
 

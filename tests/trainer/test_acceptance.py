@@ -107,3 +107,36 @@ def test_models_beat_baselines_out_of_time(ml_all, tmp_path):
     for name in ("DNN", "WideAndDeep", "DLRM", "DCN"):
         assert results[name]["auc"] > results["item_positive_rate"]["auc"] - 0.01
         assert np.isfinite(results[name]["logloss"])
+
+
+def _lr(rate: float, decay: bool) -> dict:
+    if not decay:
+        return {"constant_learning_rate": {"learning_rate": rate}}
+    schedule = {"initial_learning_rate": rate, "decay_steps": 300, "decay_factor": 0.5}
+    return {"exponential_decay_learning_rate": {**schedule, "min_learning_rate": rate / 40}}
+
+
+@pytest.mark.slow
+def test_sparse_optimizers_match_dense_adam_out_of_time(ml_all, tmp_path):
+    """Row-wise embedding optimizers (with Adam for the dense weights) reach dense Adam's AUC
+    within 0.005 on the acceptance split. Adagrad and FTRL get their own (larger) rates."""
+    adam = {"adam_optimizer": {"learning_rate": _lr(0.002, True)}}
+    variants = {
+        "adam": [adam],
+        "lazy_adam+adam": [{"lazy_adam_optimizer": {"learning_rate": _lr(0.002, True)}}, adam],
+        "adagrad+adam": [{"adagrad_optimizer": {"learning_rate": _lr(1.0, False)}}, adam],
+        "ftrl+adam": [{"ftrl_optimizer": {"learning_rate": _lr(0.5, False)}}, adam],
+    }
+    results = {}
+    for name, optimizers in variants.items():
+        config = with_edits(ml_all, {"train_config.optimizer_config": optimizers})
+        model_dir = tmp_path / name
+        job = TrainJob(config=config, model_dir=model_dir, train_days=parse_ds_range(config.train_ds))
+        trained = Trainer(job).train()
+        results[name] = {
+            "auc": evaluate(config, model_dir, parse_ds_range(config.eval_ds))["auc"],
+            "examples_per_sec": round(trained.examples_per_sec),
+        }
+    print("\n" + "\n".join(f"{n:16s} {r}" for n, r in results.items()))
+    for name in ("lazy_adam+adam", "adagrad+adam", "ftrl+adam"):
+        assert abs(results[name]["auc"] - results["adam"]["auc"]) < 0.005, (name, results)

@@ -61,13 +61,20 @@ def test_train_writes_checkpoints_summaries_and_refuses_to_overwrite(ml_early, t
         Trainer(_job(config, tmp_path)).train()
 
 
-def test_continue_train_resumes_step_slots_and_input_position(ml_early, tmp_path):
-    config = _small(ml_early, **{"train_config.num_steps": 30, "train_config.save_checkpoints_steps": 1000})
-    straight = Trainer(_job(_small(ml_early, **{"train_config.num_steps": 60}), tmp_path / "a"))
+LAZY_SPLIT = [{"lazy_adam_optimizer": {}}, {"adam_optimizer": {}}]
+
+
+@pytest.mark.parametrize("optimizers", [None, LAZY_SPLIT], ids=["adam", "lazy_adam+adam"])
+def test_continue_train_resumes_step_slots_and_input_position(ml_early, tmp_path, optimizers):
+    opt = {"train_config.optimizer_config": optimizers} if optimizers else {}
+    config = _small(
+        ml_early, **{"train_config.num_steps": 30, "train_config.save_checkpoints_steps": 1000, **opt}
+    )
+    straight = Trainer(_job(_small(ml_early, **{"train_config.num_steps": 60, **opt}), tmp_path / "a"))
     straight.train()
     Trainer(_job(config, tmp_path / "b")).train()
     resumed = Trainer(
-        _job(_small(ml_early, **{"train_config.num_steps": 60}), tmp_path / "b", continue_train=True)
+        _job(_small(ml_early, **{"train_config.num_steps": 60, **opt}), tmp_path / "b", continue_train=True)
     )
     result = resumed.train()
     assert result.global_step == 60
@@ -77,6 +84,51 @@ def test_continue_train_resumes_step_slots_and_input_position(ml_early, tmp_path
         np.testing.assert_allclose(a[name], b[name], rtol=1e-5, atol=1e-6, err_msg=name)
     slots = [v.numpy() for v in resumed.optimizers[0].variables]
     np.testing.assert_allclose(slots[1], straight.optimizers[0].variables[1].numpy(), rtol=1e-5, atol=1e-7)
+
+
+def test_one_trace_per_job_and_fine_tune_carries_the_slots(ml_early, tmp_path):
+    # 128 does not divide the days' rows: the last batch of the epoch is short
+    config = _small(ml_early, **{"train_config.optimizer_config": LAZY_SPLIT, "data_config.num_epochs": 1})
+    first = Trainer(_job(config, tmp_path / "day1"))
+    result = first.train()
+    assert first.reader.num_rows % 128 and result.global_step == -(-first.reader.num_rows // 128)
+    assert first.train_step.experimental_get_tracing_count() == 1
+    tuned = Trainer(
+        _job(
+            _small(
+                ml_early,
+                **{
+                    "train_config.optimizer_config": LAZY_SPLIT,
+                    "train_config.num_steps": 5,
+                    "train_config.fine_tune_checkpoint": str(tmp_path / "day1"),
+                },
+            ),
+            tmp_path / "day2",
+        )
+    )
+    slots_before = {v.name: v.numpy() for opt in first.optimizers for v in opt.variables}
+    report = tuned._restore()
+    assert report["slots_restored"] == sum(len(opt.variables) - 1 for opt in first.optimizers)
+    assert report["optimizer_iterations"] == {
+        "optimizer_0": result.global_step,
+        "optimizer_1": result.global_step,
+    }
+    for opt in tuned.optimizers:
+        for v in opt.variables:
+            np.testing.assert_array_equal(v.numpy(), slots_before[v.name], err_msg=v.name)
+    assert int(tuned.global_step) == 0
+
+
+def test_embedding_regularization_stays_on_the_looked_up_rows():
+    from trainer.loop import _l2_on_rows
+
+    table, dense = tf.Variable([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]), tf.Variable([1.0])
+    grad = tf.IndexedSlices(tf.ones([3, 2]), tf.constant([2, 0, 2]), tf.constant([3, 2]))
+    (g_table, g_dense), reg_loss = _l2_on_rows([grad, tf.constant([0.5])], [table, dense], {table.ref()}, 0.1)
+    assert isinstance(g_table, tf.IndexedSlices)
+    np.testing.assert_allclose(g_table.values.numpy(), [[1.5, 1.6], [1.1, 1.2], [1.5, 1.6]], rtol=1e-6)
+    np.testing.assert_array_equal(g_dense.numpy(), [0.5])
+    assert float(reg_loss) == pytest.approx(0.1 * 0.5 * (2 * (25 + 36) + 1 + 4))
 
 
 def test_a_crashed_save_never_becomes_the_latest(ml_early, tmp_path):

@@ -1,0 +1,59 @@
+"""Synthetic Criteo days prepared by the project's Spark job, shared by the benchmarks.
+
+DeepFM as the issues state it: 26 id fields x 16 dims (``buckets`` rows per table), 13 dense
+fields, MLP 256-128-64, batch 1024; features under ``<work>/features/ds=2024-01-0N``.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "conf/criteo_deepfm.yaml"
+START = "2024-01-01"
+
+
+def days(n: int) -> list[str]:
+    """The first ``n`` ``ds`` values the synthetic data uses."""
+    return [f"2024-01-{d:02d}" for d in range(1, n + 1)]
+
+
+def bench_edits(work: Path, buckets: int) -> dict:
+    """``--edit_config_json`` edits that point conf/criteo_deepfm.yaml at the bench data."""
+    edits = {
+        "raw_input_path": str(work / "raw"),
+        "train_input_path": str(work / "features"),
+        "data_config.batch_size": 1024,
+        "train_config.log_step_count_steps": 100,
+        "train_config.save_checkpoints_steps": 100000,
+        "train_config.save_summary_steps": 100000,
+    }
+    for i in range(1, 27):
+        edits[f"feature_config.features[input_names=C{i}].hash_bucket_size"] = buckets
+    return edits
+
+
+def prepare(rows: int, n_days: int, work: Path, buckets: int):
+    """Draw ``rows`` rows over ``n_days`` days and run the Spark job on each (once; kept in
+    ``work`` while ``rows`` and ``n_days`` stay the same). Returns the pipeline config."""
+    from recpipe.config import load_pipeline_config
+
+    config = load_pipeline_config(CONFIG, bench_edits(work, buckets))
+    stamp = work / "rows"
+    wanted = f"{rows} {n_days}"
+    marker = work / "features" / f"ds={days(n_days)[-1]}" / "_SUCCESS"
+    if marker.exists() and stamp.exists() and stamp.read_text() == wanted:
+        return config
+    from features.prepare import prepare_day
+    from features.session import get_spark
+    from recpipe.data.synth import synth_criteo
+
+    shutil.rmtree(work, ignore_errors=True)
+    synth_criteo(rows, n_days, work / "raw", start=START)
+    spark = get_spark("recpipe-bench")
+    for ds in days(n_days):
+        prepare_day(spark, config, ds)
+    spark.stop()
+    stamp.write_text(wanted)
+    return config

@@ -1,0 +1,215 @@
+"""Benchmark: DeepCTR's DeepFM + ``model.fit`` against ``trainer.train_eval``, side by side.
+
+On the same synthetic Criteo Parquet (the Spark job's output; 1M training rows over five
+days, the sixth day held out), the same DeepFM (26 id fields x 16 dims, 13 dense, FM, MLP
+256-128-64, no regularization), batch 1024, one epoch, Adam at 0.001:
+
+(a) DeepCTR 0.9.4 ``DeepFM`` + ``model.fit`` on in-memory arrays (ids hashed beforehand as
+    the trainer hashes them, not timed);
+(b) ``python -m trainer.train_eval`` with dense Adam;
+(c) the same with ``lazy_adam_optimizer`` for the embedding tables and Adam for the rest.
+
+Each runs in its own process, ``--repeat`` times (the machine is noisy); printed: training
+examples/s (one epoch, tracing included, reading excluded for (a)), held-out AUC, and the
+ratios to (a). Goal: (c) >= 2.5x (a) at an AUC within 0.002.
+
+DeepCTR is installed for this benchmark only, into ``var/bench/deepctr-0.9.4`` (it needs
+``TF_USE_LEGACY_KERAS=1``, tf-keras being the project's Keras already).
+
+Usage: ``python bench/vs_deepctr.py [--rows 1200000] [--buckets 12800] [--repeat 2]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from bench.criteo_data import CONFIG, bench_edits, days, prepare  # noqa: E402
+
+DEEPCTR = "deepctr==0.9.4"
+DEEPCTR_DIR = ROOT / "var/bench/deepctr-0.9.4"
+N_DAYS = 6  # five training days, one held out
+ADAM = {"adam_optimizer": {"learning_rate": {"constant_learning_rate": {"learning_rate": 0.001}}}}
+LAZY = {"lazy_adam_optimizer": {"learning_rate": {"constant_learning_rate": {"learning_rate": 0.001}}}}
+VARIANTS = {
+    "a_deepctr": "(a) DeepCTR DeepFM + model.fit",
+    "b_dense_adam": "(b) train_eval, dense Adam",
+    "c_lazy_adam": "(c) train_eval, lazy Adam + Adam",
+}
+
+
+def _edits(work: Path, buckets: int, variant: str) -> dict:
+    train, held_out = days(N_DAYS)[:-1], days(N_DAYS)[-1]
+    edits = bench_edits(work, buckets)
+    edits.update(
+        {
+            "train_ds": f"{train[0]}:{train[-1]}",
+            "eval_ds": held_out,
+            "data_config.num_epochs": 1,
+            "data_config.holdout_percent": 0,
+            "train_config.optimizer_config": [LAZY, ADAM] if variant == "c_lazy_adam" else [ADAM],
+        }
+    )
+    return edits
+
+
+def _install_deepctr() -> None:
+    if (DEEPCTR_DIR / "deepctr").is_dir():
+        return
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--target",
+            str(DEEPCTR_DIR),
+            DEEPCTR,
+        ],
+        check=True,
+    )
+
+
+def _arrays(config, day_list: list[str]):
+    """Every row of ``day_list`` as DeepCTR's input: name -> numpy array, and labels."""
+    import numpy as np
+
+    from trainer.features.ids import hash_ids
+    from trainer.input import FeatureReader, finished_partitions
+
+    reader = FeatureReader(config, finished_partitions(config.train_input_path, day_list), shuffle=False)
+    columns: dict[str, list] = {}
+    labels = []
+    for flat in reader.batches():
+        features, y = reader.structure(flat)
+        labels.append(np.asarray(y))
+        for f in config.feature_config.features:
+            value = features[f.name]
+            if f.hash_bucket_size:
+                value = hash_ids(value, f.hash_bucket_size)
+            columns.setdefault(f.name, []).append(np.asarray(value))
+    return {k: np.concatenate(v) for k, v in columns.items()}, np.concatenate(labels)
+
+
+def run_deepctr(work: Path, buckets: int) -> dict:
+    """(a), in this process: DeepCTR's DeepFM trained by ``model.fit`` for one epoch."""
+    sys.path.insert(0, str(DEEPCTR_DIR))
+    import tensorflow as tf
+    from deepctr.feature_column import DenseFeat, SparseFeat
+    from deepctr.models import DeepFM
+
+    from recpipe.config import load_pipeline_config
+    from trainer.metrics import auc
+
+    config = load_pipeline_config(CONFIG, _edits(work, buckets, "a_deepctr"))
+    train_x, train_y = _arrays(config, days(N_DAYS)[:-1])
+    test_x, test_y = _arrays(config, days(N_DAYS)[-1:])
+    columns = [
+        SparseFeat(f.name, vocabulary_size=f.hash_bucket_size, embedding_dim=16)
+        if f.hash_bucket_size
+        else DenseFeat(f.name, 1)
+        for f in config.feature_config.features
+    ]
+    model = DeepFM(
+        columns,
+        columns,
+        dnn_hidden_units=(256, 128, 64),
+        l2_reg_linear=0.0,
+        l2_reg_embedding=0.0,
+        l2_reg_dnn=0.0,
+        seed=0,
+    )
+    model.compile(tf.keras.optimizers.Adam(0.001), "binary_crossentropy")
+    start = time.perf_counter()
+    model.fit(train_x, train_y, batch_size=1024, epochs=1, verbose=0, shuffle=True)
+    seconds = time.perf_counter() - start
+    scores = model.predict(test_x, batch_size=8192, verbose=0)[:, 0]
+    return {"examples_per_sec": len(train_y) / seconds, "auc": auc(test_y, scores), "rows": len(train_y)}
+
+
+def run_train_eval(work: Path, buckets: int, variant: str) -> dict:
+    """(b) / (c): ``python -m trainer.train_eval`` in a child process; its summary line."""
+    model_dir = work / "models" / variant
+    subprocess.run(["rm", "-rf", str(model_dir)], check=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainer.train_eval",
+            "--pipeline_config_path",
+            str(CONFIG),
+            "--edit_config_json",
+            json.dumps(_edits(work, buckets, variant)),
+            "--model_dir",
+            str(model_dir),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    return {"examples_per_sec": summary["examples_per_sec"], "auc": summary["eval"]["auc"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_200_000, help="over six days; five are trained on")
+    parser.add_argument("--buckets", type=int, default=12_800)
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--workdir", default=str(ROOT / "var/bench/vs_deepctr"))
+    parser.add_argument("--variant", choices=sorted(VARIANTS), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    work = Path(args.workdir)
+    if args.variant:  # a child: one measurement, one JSON line
+        if args.variant == "a_deepctr":
+            result = run_deepctr(work, args.buckets)
+        else:
+            result = run_train_eval(work, args.buckets, args.variant)
+        print(json.dumps(result))
+        return
+    prepare(args.rows, N_DAYS, work, args.buckets)
+    _install_deepctr()
+    print(
+        f"data: {args.rows * 5 // 6:,} training rows, {args.rows // 6:,} held out; "
+        f"{26 * args.buckets * 16 / 1e6:.1f}M embedding parameters; batch 1024; one epoch"
+    )
+    results: dict[str, list[dict]] = {v: [] for v in VARIANTS}
+    env = {**os.environ, "TF_USE_LEGACY_KERAS": "1"}
+    for attempt in range(args.repeat):
+        for variant in VARIANTS:
+            cmd = [sys.executable, __file__, "--variant", variant, "--workdir", str(work)]
+            cmd += ["--buckets", str(args.buckets)]
+            out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
+            r = json.loads(out.stdout.strip().splitlines()[-1])
+            results[variant].append(r)
+            print(
+                f"run {attempt + 1} {VARIANTS[variant]:36s} {r['examples_per_sec']:9,.0f} examples/s "
+                f"AUC {r['auc']:.4f}",
+                flush=True,
+            )
+    base = results["a_deepctr"]
+    base_rate = sum(r["examples_per_sec"] for r in base) / len(base)
+    base_auc = sum(r["auc"] for r in base) / len(base)
+    print(f"\n{'':40s} {'examples/s':>10s} {'x (a)':>6s} {'AUC':>7s} {'- (a)':>7s}")
+    for variant, rs in results.items():
+        rate = sum(r["examples_per_sec"] for r in rs) / len(rs)
+        score = sum(r["auc"] for r in rs) / len(rs)
+        ratio, gap = rate / base_rate, score - base_auc
+        print(f"{VARIANTS[variant]:40s} {rate:10,.0f} {ratio:6.2f} {score:7.4f} {gap:+7.4f}")
+    print("goal: (c) >= 2.50x (a), AUC within 0.002 of (a)")
+
+
+if __name__ == "__main__":
+    main()
