@@ -3,7 +3,7 @@
 DeepFM on synthetic Criteo rows (26 id fields x 16 dims, 13 dense, MLP 256-128-64, Adam),
 batch 1024, one epoch, from the Parquet the Spark job writes. Printed:
 
-- the input pipeline alone (``FeatureReader.dataset``, no model);
+- the input pipeline alone (``FeatureReader.flat_dataset``, what the loop consumes; no model);
 - ``trainer.loop.Trainer`` (input, logging, checkpoints, summaries), steady state;
 - a minimal loop: the same model and optimizer, batches pre-loaded in memory, one
   ``tf.function`` step, nothing else; and the ratio loop / minimal (goal >= 0.95);
@@ -39,8 +39,8 @@ def input_only(config) -> float:
 
     reader = FeatureReader(config, finished_partitions(config.train_input_path, [DS]))
     start, n = time.perf_counter(), 0
-    for _, labels in reader.dataset():
-        n += int(labels.shape[0])
+    for flat in reader.flat_dataset():
+        n += int(flat[0].shape[0])
     return n / (time.perf_counter() - start)
 
 
@@ -52,7 +52,7 @@ def trainer_loop(config, model_dir: Path, preloaded: bool = False) -> float:
     trainer = Trainer(TrainJob(config=config, model_dir=model_dir, train_days=[DS]))
     if preloaded:
         batches = _preload(trainer.reader)
-        trainer.reader.dataset = lambda epoch, skip, prefetch: batches[skip:]
+        trainer.reader.flat_dataset = lambda epoch, skip, prefetch: batches[skip:]
     trainer.train(on_log=lambda step, m: rates.append(m["examples_per_sec"]) if step > 100 else None)
     return float(sum(rates) / len(rates))
 
@@ -60,8 +60,7 @@ def trainer_loop(config, model_dir: Path, preloaded: bool = False) -> float:
 def _preload(reader) -> list:
     import tensorflow as tf
 
-    batches = [reader.structure(flat) for flat in reader.batches()]
-    return [({k: tf.convert_to_tensor(v) for k, v in f.items()}, tf.convert_to_tensor(y)) for f, y in batches]
+    return [tuple(tf.convert_to_tensor(x) for x in flat) for flat in reader.batches()]
 
 
 def minimal_loop(config) -> float:

@@ -9,6 +9,7 @@ during a save never makes a partial checkpoint the latest.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
 from recpipe.errors import PipelineError
+from trainer.layers.embedding import TableSlice
 
 log = logging.getLogger(__name__)
 PREFIX = "model.ckpt"
@@ -178,7 +180,7 @@ def fine_tune_restore(
             var.assign(reader.get_tensor(key))
             report.restored.append(name)
     if optimizers:
-        _restore_slots(optimizers, path, reader, var_map or {}, report)
+        _restore_slots(optimizers, path, reader, variables, var_map or {}, report)
     log.info(
         "fine-tune from %s: %d variables, %d optimizer slots restored",
         path,
@@ -192,26 +194,85 @@ def fine_tune_restore(
     return report
 
 
-def _restore_slots(optimizers, path: str, reader, var_map: dict[str, str], report: FineTuneReport) -> None:
+def _restore_slots(
+    optimizers, path: str, reader, variables: dict, var_map: dict[str, str], report: FineTuneReport
+) -> None:
     saved = saved_names(path)
+    layout = _saved_layout(reader)
     restored = set(report.restored)
+    # slot rows of each restored table: (name in the model, rows in the model's variable)
+    parts: dict[str, list[tuple[str, int, int]]] = {}
+    for name, var in variables.items():
+        if name in restored:
+            fused, offset, rows = _location(var)
+            parts.setdefault(fused, []).append((name, offset, rows))
+    cache: dict[str, object] = {}
+
+    def saved_rows(slot_name: str, old: str):
+        if old in layout:  # a table in a fused variable of the checkpoint
+            fused, offset, rows = layout[old]
+        else:
+            fused, offset, rows = old, 0, None
+        key = saved.get(f"{slot_name}/{fused}")
+        if key is None or not key.startswith("optimizer_"):
+            return None, None
+        if key not in cache:
+            cache[key] = reader.get_tensor(key)
+        value = cache[key]
+        return value[offset : offset + rows] if rows is not None else value, key
+
     for opt in optimizers:
         sources = []
         for slot in opt.variables:
             slot_name, _, var_name = variable_name(slot).partition("/")
-            if var_name not in restored:
-                continue
-            key = saved.get(f"{slot_name}/{var_map.get(var_name, var_name)}")
-            if key is None or not key.startswith("optimizer_"):
-                continue
-            value = reader.get_tensor(key)
-            if list(value.shape) != slot.shape.as_list():
-                continue
-            slot.assign(value)
-            report.slots_restored.append(variable_name(slot))
-            sources.append(key.split("/")[0])
+            for name, offset, rows in parts.get(var_name, []):
+                value, key = saved_rows(slot_name, var_map.get(name, name))
+                if value is None or [rows, *slot.shape.as_list()[1:]] != list(value.shape):
+                    continue
+                slot[offset : offset + rows].assign(value)
+                report.slots_restored.append(f"{slot_name}/{name}")
+                sources.append(key.split("/")[0])
         if sources:
             source = max(set(sources), key=sources.count)
             step = int(reader.get_tensor(saved[f"{source}/iteration"]))
             opt.iterations.assign(step)
             report.optimizer_iterations[opt.name] = step
+
+
+LAYOUT_KEY = "embedding_layout"
+
+
+def _location(var) -> tuple[str, int, int]:
+    """(variable holding it, first row, rows) of a model variable or a ``TableSlice``."""
+    if isinstance(var, TableSlice):
+        return variable_name(var.fused), var.offset, var.rows
+    return variable_name(var), 0, var.shape[0] if var.shape.rank else 1
+
+
+def checkpoint_map(model) -> dict[str, tf.Variable | TableSlice]:
+    """Name -> what a checkpoint saves for each model variable: fused embedding variables
+    are replaced by their tables (``TableSlice``), so checkpoints keep one entry per table."""
+    tables: dict = {}
+    for module in model.submodules:
+        for table in getattr(module, "tables", {}).values():
+            if isinstance(table, TableSlice):
+                tables.setdefault(table.fused.ref(), []).append(table)
+    out: list = []
+    for var in model.variables:
+        out.extend(tables.get(var.ref(), [var]))
+    return name_map(out)
+
+
+def embedding_layout(variables: dict) -> tf.Variable:
+    """Where each table sits in its fused variable, saved with the checkpoint
+    (``embedding_layout``: JSON ``{table: [fused variable, first row, rows]}``) so that a
+    fine-tune can take the optimizer slots of each table by name."""
+    layout = {n: list(_location(v)) for n, v in variables.items() if isinstance(v, TableSlice)}
+    return tf.Variable(json.dumps(layout, sort_keys=True), dtype=tf.string, trainable=False)
+
+
+def _saved_layout(reader) -> dict[str, tuple[str, int, int]]:
+    key = LAYOUT_KEY + _VALUE
+    if not reader.has_tensor(key):
+        return {}
+    return {k: tuple(v) for k, v in json.loads(reader.get_tensor(key)).items()}

@@ -11,7 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 from recpipe.config.pipeline import PipelineConfig
-from trainer.checkpoints import name_map, resolve
+from trainer.checkpoints import checkpoint_map, resolve
 from trainer.input import FeatureReader, feature_spec, holdout_split, sample_inputs
 from trainer.metrics import compute_metrics
 from trainer.models.builders import build_model
@@ -31,7 +31,7 @@ def load_model(config: PipelineConfig, checkpoint: str | Path) -> tuple[RankingM
     model = build_model(config)
     model(sample_inputs(config))
     step = tf.Variable(0, dtype=tf.int64)
-    ckpt = tf.train.Checkpoint(variables=name_map(model.variables), global_step=step)
+    ckpt = tf.train.Checkpoint(variables=checkpoint_map(model), global_step=step)
     ckpt.restore(path).expect_partial().assert_existing_objects_matched()
     return model, int(step)
 

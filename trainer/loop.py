@@ -20,8 +20,8 @@ import tf_keras as keras
 
 from recpipe.config.pipeline import PipelineConfig
 from recpipe.errors import PipelineError
-from trainer.checkpoints import PREFIX, fine_tune_restore, name_map, read_var_map
-from trainer.input import FeatureReader, feature_spec, holdout_split, sample_inputs
+from trainer.checkpoints import PREFIX, checkpoint_map, embedding_layout, fine_tune_restore, read_var_map
+from trainer.input import FeatureReader, holdout_split, sample_inputs
 from trainer.losses import build_loss
 from trainer.models.builders import build_model
 from trainer.optimizers import build_optimizer, split_variables
@@ -109,9 +109,10 @@ class Trainer:
             self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
             self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
             self.batch_in_epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="batch_in_epoch")
-        self.variables = name_map(self.model.variables)
+        self.variables = checkpoint_map(self.model)
         self.checkpoint = tf.train.Checkpoint(
             variables=self.variables,
+            embedding_layout=embedding_layout(self.variables),
             global_step=self.global_step,
             epoch=self.epoch,
             batch_in_epoch=self.batch_in_epoch,
@@ -149,7 +150,7 @@ class Trainer:
         return {}
 
     def _train_step_fn(self) -> Callable:
-        spec = (feature_spec(self.config), tf.TensorSpec([None], tf.float32))
+        reader = self.reader
         model, loss_fn, optimizers, split = self.model, self.loss_fn, self.optimizers, self.var_split
         reg = self.config.model.embedding_regularization
         tables = {t.ref() for t in self.model.variable_groups()["embedding"]}
@@ -169,8 +170,9 @@ class Trainer:
                 i += len(part)
             return loss
 
-        @tf.function(input_signature=spec, reduce_retracing=True)
-        def train_step(features, labels):
+        @tf.function(input_signature=reader.signature(), reduce_retracing=True)
+        def train_step(*flat):
+            features, labels = reader.structure(flat)
             loss = self.strategy.run(step, args=(features, labels))
             self.global_step.assign_add(1)
             self.batch_in_epoch.assign_add(1)
@@ -209,10 +211,10 @@ class Trainer:
         done = tc.num_steps is not None and step >= tc.num_steps
         while not done and int(self.epoch) < dc.num_epochs:
             skip = int(self.batch_in_epoch)
-            for features, labels in self.reader.dataset(int(self.epoch), skip, dc.prefetch_size):
-                loss_t = train_step(features, labels)
+            for flat in self.reader.flat_dataset(int(self.epoch), skip, dc.prefetch_size):
+                loss_t = train_step(*flat)
                 step += 1
-                n = labels.shape[0]
+                n = flat[0].shape[0]
                 window_examples += n
                 total_examples += n
                 if step % tc.log_step_count_steps == 0:

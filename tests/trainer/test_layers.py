@@ -74,3 +74,27 @@ def test_embedding_config_errors():
     ]
     with pytest.raises(EmbeddingConfigError, match="sharing embedding_name 's'"):
         FeatureEmbedding(shared)
+
+
+def test_fused_tables_save_and_restore_one_entry_per_table(tmp_path):
+    features = [
+        FeatureSpec(input_names=["u"], hash_bucket_size=5, embedding_dim=4),
+        FeatureSpec(input_names=["v"], hash_bucket_size=7, embedding_dim=4),
+        FeatureSpec(input_names=["w"], hash_bucket_size=3, embedding_dim=2),
+    ]
+    layer = FeatureEmbedding(features)
+    layer.build()
+    assert {w: v.shape.as_list() for w, v in layer.fused.items()} == {2: [3, 2], 4: [12, 4]}
+    # a checkpoint of plain per-table variables (the layout before fusing) restores by name
+    old = {n: tf.Variable(np.full(layer.tables[n].shape, i + 1.0, np.float32)) for i, n in enumerate("uvw")}
+    path = tf.train.Checkpoint(tables=old).save(str(tmp_path / "old"))
+    tf.train.Checkpoint(tables=dict(layer.tables)).restore(path).assert_consumed()
+    np.testing.assert_array_equal(
+        layer.fused[4].numpy(), np.repeat([[1.0], [2.0]], [5, 7], axis=0) * np.ones(4)
+    )
+    np.testing.assert_array_equal(layer.tables["w"].numpy(), np.full((3, 2), 3.0))
+    # and the fused layer saves the same keys
+    path = tf.train.Checkpoint(tables=dict(layer.tables)).save(str(tmp_path / "new"))
+    assert sorted(k for k, _ in tf.train.list_variables(path) if k.startswith("tables/")) == [
+        f"tables/{n}/.ATTRIBUTES/VARIABLE_VALUE" for n in "uvw"
+    ]

@@ -12,6 +12,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from recpipe.config.data import FeatureSpec, FeatureType
+from trainer.features.ids import hash_ids
 from trainer.layers.embedding import FeatureEmbedding
 
 
@@ -53,6 +54,7 @@ class RankingModel(keras.Model):
         self.head = keras.layers.Dense(1, name="logit")
 
     def call(self, inputs, training=False):
+        inputs = self._hash_once(inputs)
         embeddings = self.embedding(inputs)
         dense = tf.stack([inputs[n] for n in self.dense_names], axis=1) if self.dense_names else None
         hidden, extra = self.tower(embeddings, dense, training=training)
@@ -62,6 +64,17 @@ class RankingModel(keras.Model):
         if self.wide is not None:
             logit += self.wide(inputs)
         return tf.squeeze(logit, axis=1)
+
+    def _hash_once(self, inputs: dict) -> dict:
+        # a feature in both the wide and the deep part is hashed once, not by each layer
+        if self.wide is None:
+            return inputs
+        out = dict(inputs)
+        wide = {f.name for f in self.wide.embedding.features}
+        for f in self.embedding.features:
+            if f.name in wide and inputs[f.name].dtype == tf.string:
+                out[f.name] = hash_ids(inputs[f.name], f.hash_bucket_size)
+        return out
 
     def variable_groups(self) -> dict[str, list[tf.Variable]]:
         """Trainable variables split as EasyRec's multi-optimizer needs: ``wide`` (wide
