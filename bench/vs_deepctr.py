@@ -194,9 +194,11 @@ def main() -> None:
             out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
             r = json.loads(out.stdout.strip().splitlines()[-1])
             results[variant].append(r)
+            # the ratio to (a) of the same run: neighbours in time share the machine's mood
+            paired = r["examples_per_sec"] / results["a_deepctr"][attempt]["examples_per_sec"]
             print(
                 f"run {attempt + 1} {VARIANTS[variant]:36s} {r['examples_per_sec']:9,.0f} examples/s "
-                f"AUC {r['auc']:.4f}",
+                f"({paired:.2f}x (a) of this run) AUC {r['auc']:.4f}",
                 flush=True,
             )
     base = results["a_deepctr"]

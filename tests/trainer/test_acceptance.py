@@ -137,6 +137,9 @@ def test_sparse_optimizers_match_dense_adam_out_of_time(ml_all, tmp_path):
             "auc": evaluate(config, model_dir, parse_ds_range(config.eval_ds))["auc"],
             "examples_per_sec": round(trained.examples_per_sec),
         }
+    out = ROOT / "var/acceptance/sparse_optimizers.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
     print("\n" + "\n".join(f"{n:16s} {r}" for n, r in results.items()))
     for name in ("lazy_adam+adam", "adagrad+adam", "ftrl+adam"):
         assert abs(results[name]["auc"] - results["adam"]["auc"]) < 0.005, (name, results)
