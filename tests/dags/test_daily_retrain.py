@@ -47,7 +47,9 @@ def test_mlflow_holds_parent_and_nested_runs_with_metrics(daily_runs):
         assert parent.data.tags["airflow.dag_id"] == "recpipe_daily_retrain"
         assert parent.data.tags["train_distribute"] == "NoStrategy"
         assert len(parent.data.tags["git_commit"]) in (7, 40) or parent.data.tags["git_commit"] == "unknown"
-        assert 0.5 < parent.data.metrics["eval.auc"] <= 1.0
+        assert 0.0 <= parent.data.metrics["eval.auc"] <= 1.0
+    # days 1 and 2 learn; day 3's one-step model is a random guess whichever side of 0.5
+    assert all(0.5 < p.data.metrics["eval.auc"] for p in parents[:2])
     client = _client(daily_runs)
     train = [
         r for r in _runs(daily_runs, "train") if r.data.tags["mlflow.parentRunId"] == parents[1].info.run_id
