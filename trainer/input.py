@@ -266,21 +266,20 @@ class FeatureReader:
             i += 3
         return {f.name: features[f.name] for f in self.features}, labels
 
+    def _generated(self, epoch: int, skip: int) -> tf.data.Dataset:
+        return tf.data.Dataset.from_generator(
+            lambda: self.batches(epoch, skip), output_signature=self.signature()
+        )
+
     def flat_dataset(self, epoch: int = 0, skip: int = 0, prefetch: int = 32) -> tf.data.Dataset:
         """The epoch as a ``tf.data.Dataset`` of ``batches()`` tuples, prefetched; the
         training step applies ``structure`` in its own graph (a few tensors a call instead of
         one per feature: calling a ``tf.function`` with 40 tensors cost ~1.5 ms a step)."""
-        ds = tf.data.Dataset.from_generator(
-            lambda: self.batches(epoch, skip), output_signature=self.signature()
-        )
-        return ds.prefetch(prefetch)
+        return self._generated(epoch, skip).prefetch(prefetch)
 
     def dataset(self, epoch: int = 0, skip: int = 0, prefetch: int = 32) -> tf.data.Dataset:
         """The epoch as a ``tf.data.Dataset`` of (features, labels), prefetched."""
-        ds = tf.data.Dataset.from_generator(
-            lambda: self.batches(epoch, skip), output_signature=self.signature()
-        )
-        structure = ds.map(
+        structure = self._generated(epoch, skip).map(
             lambda *flat: self.structure(flat), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
         )
         return structure.prefetch(prefetch)
