@@ -3,7 +3,9 @@ parent run of the DAG run, and (for jobs) the launcher that ``on_kill`` stops.""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -116,23 +118,34 @@ class JobOperator(RecpipeOperator):
         self.cluster_config_path = cluster_config_path
         self._launcher = None
 
-    def run_job(self, name: str, module: str, args: list[str], log_dir: Path) -> dict | None:
-        """Run ``python -m module args`` through the cluster's launcher; return its stdout's
+    def cluster(self):
+        """The cluster config (``cluster_config_path``)."""
+        from recpipe.config import load_cluster_config
+
+        return load_cluster_config(confine(self.cluster_config_path, "cluster_config_path"))
+
+    def run_job(
+        self, name: str, module: str, args: list[str], log_dir: Path, processes: list | None = None
+    ) -> dict | None:
+        """Run ``python -m module args`` (or ``processes``, ``topology.Process`` items, the
+        first being the chief) through the cluster's launcher; return the chief's stdout's
         last line that parses as JSON (the entry points print their result so).
 
         Raises:
-            JobFailedError: the job failed; the message has the tail of its log.
+            JobFailedError: the job failed; the message names the role and has its log's tail.
         """
-        from recpipe.config import load_cluster_config
-
-        cluster = load_cluster_config(confine(self.cluster_config_path, "cluster_config_path"))
-        self._launcher = launcher_for(cluster.launcher, log_dir)
-        job = JobSpec(
-            name=name,
-            argv=[[sys.executable, "-m", module, *args]],
-            cwd=project_home(),
-            env={"PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2"},
-        )
+        self._launcher = launcher_for(self.cluster().launcher, log_dir)
+        if processes is None:
+            job = JobSpec(name=name, argv=[[sys.executable, "-m", module, *args]], cwd=project_home())
+        else:
+            job = JobSpec(
+                name=name,
+                argv=[p.argv for p in processes],
+                cwd=project_home(),
+                envs=[p.env for p in processes],
+                roles=[p.role for p in processes],
+            )
+        job = dataclasses.replace(job, env={"PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2"})
         try:
             logs = self._launcher.run(job)
         finally:
@@ -144,10 +157,14 @@ class JobOperator(RecpipeOperator):
             self._launcher.kill()
 
 
+# horovodrun prefixes each rank's lines: "[0]<stdout>:" (rank 0 prints the result)
+_RANK_PREFIX = re.compile(r"^\[\d+(,\d+)?\]<std(out|err)>:")
+
+
 def last_json_line(path: Path) -> Any:
     """The last line of a log that is a JSON object (the entry points' result), or None."""
     for line in reversed(path.read_text(errors="replace").splitlines()):
-        line = line.strip()
+        line = _RANK_PREFIX.sub("", line.strip())
         if line.startswith("{"):
             try:
                 return json.loads(line)

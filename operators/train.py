@@ -10,6 +10,7 @@ from typing import Any
 
 from operators.base import JobOperator
 from operators.hooks.mlflow import flatten
+from operators.launchers.topology import training_processes
 from operators.paths import confine
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ class DistributedTrainOperator(JobOperator):
         warm_start_root: where earlier days' model dirs are (``ds=YYYY-MM-DD``) (templated).
         full_retrain: train from scratch (templated; "True"/"False" strings accepted).
         train_distribute, num_workers: the strategy and worker count (templated; default: the
-            config's).
+            config's ``train_distribute`` and the cluster config's ``worker.count``).
 
     Returns (XCom): ``{"model_dir", "checkpoint", "global_step", "loss", "examples_per_sec",
     "fine_tune_checkpoint", "fine_tune", "mlflow_run_id"}``.
@@ -106,6 +107,22 @@ class DistributedTrainOperator(JobOperator):
             edits["train_config.train_distribute"] = self.train_distribute
         return edits
 
+    def worker_count(self) -> int:
+        """``num_workers`` if given, else the cluster config's ``worker.count``.
+
+        Raises:
+            ValueError: not a positive integer.
+        """
+        if self.num_workers in (None, "", "None"):
+            return self.cluster().worker.count
+        try:
+            workers = int(self.num_workers)
+        except ValueError:
+            raise ValueError(f"num_workers={self.num_workers!r} is not an integer") from None
+        if workers < 1:
+            raise ValueError(f"num_workers={workers}: at least one worker is needed")
+        return workers
+
     def warm_start(self, model_dir: Path) -> Path | None:
         """The model dir to fine-tune from, or None (full retrain, or no earlier day)."""
         if _truthy(self.full_retrain) or not self.warm_start_root:
@@ -117,9 +134,6 @@ class DistributedTrainOperator(JobOperator):
     def execute(self, context) -> dict:
         model_dir = confine(self.model_dir, "model_dir")
         edits = self.job_edits()
-        if self.num_workers not in (None, "", "None") and int(self.num_workers) != 1:
-            # the local launcher starts one process; multi-process launchers plug in here
-            raise ValueError(f"num_workers={self.num_workers}: this launcher runs 1 worker")
         source = config = None
         if (model_dir / DONE).exists():
             log.info("%s already finished training: not training it again", model_dir)
@@ -145,7 +159,12 @@ class DistributedTrainOperator(JobOperator):
                 args.append("--continue_train")
             else:
                 log.info("warm start from %s", source or "nothing (training from scratch)")
-            summary = self.run_job("train", "trainer.train_eval", args, model_dir / "logs")
+            workers = self.worker_count()
+            processes = training_processes(
+                config.train_config.train_distribute, workers, ["trainer.train_eval", *args]
+            )
+            log.info("%s with %d worker(s)", config.train_config.train_distribute.value, workers)
+            summary = self.run_job("train", "trainer.train_eval", args, model_dir / "logs", processes)
             if not summary or "checkpoint" not in summary:
                 raise RuntimeError(f"training in {model_dir} printed no result line")
             result = {

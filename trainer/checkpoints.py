@@ -19,7 +19,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
 from recpipe.errors import PipelineError
-from trainer.layers.embedding import TableSlice
+from trainer.layers.embedding import TableSlice, assign_rows
 
 log = logging.getLogger(__name__)
 PREFIX = "model.ckpt"
@@ -229,7 +229,7 @@ def _restore_slots(
                 value, key = saved_rows(slot_name, var_map.get(name, name))
                 if value is None or [rows, *slot.shape.as_list()[1:]] != list(value.shape):
                     continue
-                slot[offset : offset + rows].assign(value)
+                assign_rows(slot, offset, value)
                 report.slots_restored.append(f"{slot_name}/{name}")
                 sources.append(key.split("/")[0])
         if sources:

@@ -52,16 +52,24 @@ def _train_eval(args, extra) -> int:
     config = config_from_args(args, extra)
     model_dir = Path(args.model_dir or config.model_dir)
     train_days = _days(config.train_ds, "train_ds")
+    from trainer.distribute import distribution_for
     from trainer.evaluation import evaluate
     from trainer.loop import Trainer, TrainJob
-    from trainer.strategies import strategy_for
 
-    strategy = strategy_for(config.train_config)
+    dist = distribution_for(config.train_config)
     job = TrainJob(
-        config=config, model_dir=model_dir, train_days=train_days, continue_train=args.continue_train
+        config=config,
+        model_dir=model_dir,
+        train_days=train_days,
+        continue_train=args.continue_train,
+        rank=dist.rank,
+        world_size=dist.world_size,
+        is_chief=dist.is_chief,
     )
-    trainer = Trainer(job, strategy)
+    trainer = Trainer(job, dist)
     result = trainer.train(on_log=_metrics_log(model_dir))
+    if not dist.is_chief:
+        return 0  # the chief writes the config, evaluates and prints the result
     _write_config(config, model_dir)
     summary = {
         "global_step": result.global_step,

@@ -1,7 +1,10 @@
 """Feature Parquet (the Spark job's output) -> ``tf.data`` batches.
 
 Each worker reads a disjoint shard: the row groups of the selected ``ds`` partitions, in a
-fixed order, are dealt round-robin by ``rank`` over ``world_size``. Within an epoch the shard's
+fixed order, are dealt round-robin by ``rank`` over ``world_size``. Synchronous jobs (all-reduce
+every step) need the same number of steps on every worker: ``synchronized_batches`` is the
+largest shard's batch count, and a worker whose shard is smaller pads its epoch with empty
+batches (B = 0), which add nothing to the loss or the gradients. Within an epoch the shard's
 row groups are visited in a seeded random order and rows are permuted within each chunk of
 ``shuffle_buffer_size`` batches, so an epoch is a deterministic function of (seed, epoch):
 training resumes exactly by skipping the batches it already consumed.
@@ -152,7 +155,9 @@ class FeatureReader:
         self.shuffle = dc.shuffle if shuffle is None else shuffle
         self.buffer_rows = dc.shuffle_buffer_size * self.batch_size
         self.seed = seed
-        self.groups = shard(row_groups(partitions), rank, world_size)
+        self.all_groups = row_groups(partitions)
+        self.world_size = world_size
+        self.groups = shard(self.all_groups, rank, world_size)
         self.columns = self.labels + [f.name for f in self.features]
         self.holdout = holdout or {}
         self._ids = [f.name for f in self.features if f.feature_type == FeatureType.IdFeature]
@@ -163,6 +168,25 @@ class FeatureReader:
     def num_rows(self) -> int:
         """Rows in this worker's shard."""
         return sum(g.rows for g in self.groups)
+
+    def _group_rows(self, g: RowGroup) -> int:
+        keep = self.holdout.get(g.path.parent)
+        if keep is None:
+            return g.rows
+        column = pq.ParquetFile(g.path).read_row_group(g.index, columns=[HOLDOUT])[HOLDOUT]
+        return int(np.count_nonzero(column.to_numpy(zero_copy_only=False) == keep))
+
+    def synchronized_batches(self, multiple: int = 1) -> int:
+        """Batches per epoch every worker runs in a synchronous job: the largest shard's
+        ``ceil(rows / batch_size)``, rounded up to a multiple of ``multiple`` (the replicas
+        one process feeds). Reads only metadata, and the ``_holdout`` column where rows are
+        split."""
+        counts = {g: self._group_rows(g) for g in self.all_groups}
+        largest = max(
+            -(-sum(counts[g] for g in shard(self.all_groups, r, self.world_size)) // self.batch_size)
+            for r in range(self.world_size)
+        )
+        return -(-largest // multiple) * multiple
 
     def _tables(self, epoch: int) -> Iterator[pa.Table]:
         order = np.arange(len(self.groups))
@@ -193,8 +217,19 @@ class FeatureReader:
     def _permute(self, table: pa.Table, rng: np.random.Generator) -> pa.Table:
         return table.take(rng.permutation(table.num_rows)) if self.shuffle else table
 
-    def batches(self, epoch: int = 0, skip: int = 0) -> Iterator[tuple]:
-        """Yield the epoch's batches as flat tuples of numpy arrays (see ``signature``)."""
+    def batches(self, epoch: int = 0, skip: int = 0, pad_to: int | None = None) -> Iterator[tuple]:
+        """Yield the epoch's batches as flat tuples of numpy arrays (see ``signature``), then
+        empty batches until ``pad_to`` batches were counted (synchronous jobs)."""
+        n = skip
+        for batch in self._data_batches(epoch, skip):
+            n += 1
+            yield batch
+        if pad_to is not None and n < pad_to:
+            empty = self._to_numpy(self._read(self.all_groups[0]).slice(0, 0))
+            for _ in range(pad_to - n):
+                yield empty
+
+    def _data_batches(self, epoch: int, skip: int) -> Iterator[tuple]:
         carry: pa.Table | None = None
         n = 0
         for table in self._tables(epoch):
@@ -256,9 +291,10 @@ class FeatureReader:
         if self._ids:
             offsets = tf.convert_to_tensor(flat[i + 1])
             ids = tf.strings.substr(flat[i], offsets[:, :-1], offsets[:, 1:] - offsets[:, :-1])
-            features.update(zip(self._ids, tf.unstack(ids), strict=True))
+            features.update(zip(self._ids, tf.unstack(ids, num=len(self._ids)), strict=True))
         if self._dense:
-            features.update(zip(self._dense, tf.unstack(tf.convert_to_tensor(flat[i + 2])), strict=True))
+            dense = tf.unstack(tf.convert_to_tensor(flat[i + 2]), num=len(self._dense))
+            features.update(zip(self._dense, dense, strict=True))
         i += 3
         for name in self._tags:
             values = _strings(flat[i], flat[i + 1])
@@ -266,16 +302,18 @@ class FeatureReader:
             i += 3
         return {f.name: features[f.name] for f in self.features}, labels
 
-    def _generated(self, epoch: int, skip: int) -> tf.data.Dataset:
+    def _generated(self, epoch: int, skip: int, pad_to: int | None = None) -> tf.data.Dataset:
         return tf.data.Dataset.from_generator(
-            lambda: self.batches(epoch, skip), output_signature=self.signature()
+            lambda: self.batches(epoch, skip, pad_to), output_signature=self.signature()
         )
 
-    def flat_dataset(self, epoch: int = 0, skip: int = 0, prefetch: int = 32) -> tf.data.Dataset:
+    def flat_dataset(
+        self, epoch: int = 0, skip: int = 0, prefetch: int = 32, pad_to: int | None = None
+    ) -> tf.data.Dataset:
         """The epoch as a ``tf.data.Dataset`` of ``batches()`` tuples, prefetched; the
         training step applies ``structure`` in its own graph (a few tensors a call instead of
         one per feature: calling a ``tf.function`` with 40 tensors cost ~1.5 ms a step)."""
-        return self._generated(epoch, skip).prefetch(prefetch)
+        return self._generated(epoch, skip, pad_to).prefetch(prefetch)
 
     def dataset(self, epoch: int = 0, skip: int = 0, prefetch: int = 32) -> tf.data.Dataset:
         """The epoch as a ``tf.data.Dataset`` of (features, labels), prefetched."""

@@ -1,8 +1,10 @@
 """The training loop: steps, logging, summaries, checkpoints, resume and fine-tune.
 
-The loop receives a frozen ``TrainJob`` and a ``tf.distribute.Strategy``; it never reads
-environment variables, TF_CONFIG or Horovod state (the strategy layer does). Every
-strategy runs this same loop.
+The loop receives a frozen ``TrainJob`` and a ``Distribution`` (``trainer.distribute``); it
+never reads environment variables, TF_CONFIG or Horovod state (the distribution does). Every
+strategy runs this same loop: each replica's loss is its share of the step's global mean
+(``loss * n_replica / n_global``), so summed gradients equal those of one process on the
+global batch.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import tf_keras as keras
 from recpipe.config.pipeline import PipelineConfig
 from recpipe.errors import PipelineError
 from trainer.checkpoints import PREFIX, checkpoint_map, embedding_layout, fine_tune_restore, read_var_map
+from trainer.distribute import Distribution
 from trainer.input import FeatureReader, holdout_split, sample_inputs
 from trainer.losses import build_loss
 from trainer.models.builders import build_model
@@ -85,10 +88,11 @@ def _l2_on_rows(grads: list, variables: list, tables: set, reg: float) -> tuple[
 class Trainer:
     """Builds model, optimizers and checkpoint for a job, then runs ``train()``."""
 
-    def __init__(self, job: TrainJob, strategy: tf.distribute.Strategy | None = None):
+    def __init__(self, job: TrainJob, distribution: Distribution | None = None):
         self.job = job
         self.config = job.config
-        self.strategy = strategy or tf.distribute.get_strategy()
+        self.dist = distribution or Distribution()
+        self.strategy = self.dist.strategy
         tc = self.config.train_config
         self.partitions, holdout = holdout_split(self.config, job.train_days, "train")
         self.reader = FeatureReader(
@@ -134,8 +138,10 @@ class Trainer:
             )
         if latest:
             self.checkpoint.restore(latest).assert_existing_objects_matched()
-            log.info("resumed from %s at step %d", latest, int(self.global_step))
+            log.info("resumed from %s at step %d", latest, int(self.global_step.numpy()))
             return {}
+        if self.job.continue_train and not self.job.is_chief:
+            return {}  # a retry before the chief's first save: nothing to resume, start fresh
         if tc.fine_tune_checkpoint:
             var_map = read_var_map(tc.fine_tune_ckpt_var_map) if tc.fine_tune_ckpt_var_map else None
             report = fine_tune_restore(self.variables, tc.fine_tune_checkpoint, var_map, self.optimizers)
@@ -149,72 +155,101 @@ class Trainer:
             }
         return {}
 
-    def _train_step_fn(self) -> Callable:
-        reader = self.reader
+    def _train_step_fn(self, signature: tuple) -> Callable:
+        reader, dist = self.reader, self.dist
         model, loss_fn, optimizers, split = self.model, self.loss_fn, self.optimizers, self.var_split
         reg = self.config.model.embedding_regularization
         tables = {t.ref() for t in self.model.variable_groups()["embedding"]}
         variables = [v for part in split for v in part]
+        several = dist.world_size * dist.replicas_per_process > 1
 
-        def step(features, labels):
+        def step(*flat):
+            features, labels = reader.structure(flat)
+            n = tf.cast(tf.shape(labels)[0], tf.float32)
+            share = tf.math.divide_no_nan(n, dist.all_sum(n)) if several else 1.0
             with tf.GradientTape() as tape:
                 logits = model(features, training=True)
-                loss = loss_fn(labels, logits)
+                loss = loss_fn(labels, logits) * share
             grads = tape.gradient(loss, variables)
             if reg:
                 grads, reg_loss = _l2_on_rows(grads, variables, tables, reg)
                 loss += reg_loss
+            grads = dist.reduce_gradients(grads)
             i = 0
             for opt, part in zip(optimizers, split, strict=True):
                 opt.apply_gradients(zip(grads[i : i + len(part)], part, strict=True))
                 i += len(part)
             return loss
 
-        @tf.function(input_signature=reader.signature(), reduce_retracing=True)
-        def train_step(*flat):
-            features, labels = reader.structure(flat)
-            loss = self.strategy.run(step, args=(features, labels))
+        @tf.function(input_signature=signature, reduce_retracing=True)
+        def train_step(*inputs):
+            loss = self.strategy.run(step, args=inputs)
             self.global_step.assign_add(1)
             self.batch_in_epoch.assign_add(1)
-            return self.strategy.reduce(tf.distribute.ReduceOp.MEAN, loss, axis=None)
+            return dist.job_loss(loss)
 
         return train_step
 
     def _learning_rate(self) -> float:
         opt = self.optimizers[-1]
-        return (
-            float(opt.learning_rate(opt.iterations))
+        lr = (
+            opt.learning_rate(opt.iterations.read_value())
             if callable(opt.learning_rate)
-            else float(opt.learning_rate)
+            else opt.learning_rate
         )
+        return float(lr.numpy() if hasattr(lr, "numpy") else lr)
 
     def train(self, on_log: Callable[[int, dict], None] | None = None) -> TrainResult:
         """Train until ``num_steps`` or ``num_epochs`` of data; return the final state.
 
-        ``on_log(step, {"loss", "learning_rate", "examples_per_sec"})`` is called at every
-        ``log_step_count_steps`` (for tracking).
+        ``on_log(step, {"loss", "learning_rate", "examples_per_sec"})`` is called on the chief
+        at every ``log_step_count_steps`` (for tracking); examples/s are this process's.
+        In a synchronous job every process runs the same steps: shards are padded to the
+        largest one's batch count.
         """
-        job, tc, dc = self.job, self.config.train_config, self.config.data_config
+        job, tc, dc, dist = self.job, self.config.train_config, self.config.data_config, self.dist
         job.model_dir.mkdir(parents=True, exist_ok=True)
         fine_tune = self._restore()
+        dist.broadcast(self._all_variables())
         if job.is_chief:
             self._save_normalization()
+        else:
+            on_log = None
+        per_step = dist.replicas_per_process
+        pad_to = self.reader.synchronized_batches(per_step) if dist.synchronous else None
+        if pad_to is not None:
+            log.info(
+                "rank %d of %d: %d rows, %d batches an epoch (padded to the largest shard)",
+                job.rank,
+                job.world_size,
+                self.reader.num_rows,
+                pad_to,
+            )
+
+        def epoch_data(epoch: int, skip_steps: int):
+            return dist.distribute(
+                lambda: self.reader.flat_dataset(epoch, skip_steps * per_step, dc.prefetch_size, pad_to)
+            )
+
         # kept for inspection: one trace per job (pinned signature, short last batch included)
-        self.train_step = train_step = self._train_step_fn()
+        train_step = None
         writer = tf.summary.create_file_writer(str(job.model_dir / "train")) if job.is_chief else None
-        last_save_step, last_save_time = int(self.global_step), time.time()
+        last_save_step, last_save_time = int(self.global_step.numpy()), time.time()
         window_start, window_examples = time.time(), 0
         total_start, total_examples = time.time(), 0
         loss = float("nan")
         # the step is counted here too: reading global_step every step would sync with the device
-        step = int(self.global_step)
+        step = int(self.global_step.numpy())
         done = tc.num_steps is not None and step >= tc.num_steps
-        while not done and int(self.epoch) < dc.num_epochs:
-            skip = int(self.batch_in_epoch)
-            for flat in self.reader.flat_dataset(int(self.epoch), skip, dc.prefetch_size):
-                loss_t = train_step(*flat)
+        while not done and int(self.epoch.numpy()) < dc.num_epochs:
+            data = epoch_data(int(self.epoch.numpy()), int(self.batch_in_epoch.numpy()))
+            if train_step is None:
+                signature = dist.input_signature(data, self.reader.signature())
+                self.train_step = train_step = self._train_step_fn(signature)
+            for element in data:
+                loss_t = train_step(*element)
                 step += 1
-                n = flat[0].shape[0]
+                n = dist.local_examples(element)
                 window_examples += n
                 total_examples += n
                 if step % tc.log_step_count_steps == 0:
@@ -239,7 +274,7 @@ class Trainer:
                 self.epoch.assign_add(1)
                 self.batch_in_epoch.assign(0)
         loss = float(loss_t) if total_examples else loss
-        step = int(self.global_step)
+        step = int(self.global_step.numpy())
         if job.is_chief and (step != last_save_step or self.manager.latest_checkpoint is None):
             self.manager.save(checkpoint_number=step)
         if writer is not None:
@@ -248,6 +283,13 @@ class Trainer:
         return TrainResult(
             step, self.manager.latest_checkpoint or "", loss, total_examples / elapsed, fine_tune
         )
+
+    def _all_variables(self) -> list[tf.Variable]:
+        """Model, optimizer and progress variables (what Horovod broadcasts from rank 0)."""
+        out = list(self.model.variables)
+        for opt in self.optimizers:
+            out += list(opt.variables)
+        return out + [self.global_step, self.epoch, self.batch_in_epoch]
 
     def _due(self, step: int, last_step: int, last_time: float) -> bool:
         tc = self.config.train_config

@@ -1,6 +1,7 @@
 """EasyRec loss types for binary ranking (shared/reference/easyrec_train_config_and_losses.txt).
 
-All take labels ``float32 [B]`` in [0, 1] and logits ``float32 [B]`` and return a scalar mean.
+All take labels ``float32 [B]`` in [0, 1] and logits ``float32 [B]`` and return a scalar mean;
+an empty batch (B = 0, a distributed worker padding its last steps) has loss 0, not NaN.
 """
 
 from __future__ import annotations
@@ -12,24 +13,29 @@ import tensorflow as tf
 from recpipe.config.model import Loss, LossType, ModelConfig
 
 
+def _mean(values: tf.Tensor) -> tf.Tensor:
+    """Mean of ``values``, 0 for an empty tensor (and a zero, not NaN, gradient)."""
+    return tf.math.divide_no_nan(tf.reduce_sum(values), tf.cast(tf.size(values), values.dtype))
+
+
 def classification(labels, logits, _: Loss):
     """Sigmoid cross entropy."""
-    return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+    return _mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
 
 
 def l2(labels, logits, _: Loss):
     """Squared error of the raw output (regression)."""
-    return tf.reduce_mean(tf.square(logits - labels))
+    return _mean(tf.square(logits - labels))
 
 
 def sigmoid_l2(labels, logits, _: Loss):
     """Squared error of sigmoid(output)."""
-    return tf.reduce_mean(tf.square(tf.sigmoid(logits) - labels))
+    return _mean(tf.square(tf.sigmoid(logits) - labels))
 
 
 def cross_entropy(labels, logits, _: Loss):
     """Log loss with soft labels: -y log p - (1 - y) log(1 - p), p = sigmoid(logit)."""
-    return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+    return _mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
 
 
 def pair_wise(labels, logits, _: Loss):
@@ -56,7 +62,7 @@ def f1_reweighted(labels, logits, config: Loss):
     w_neg = tf.stop_gradient(tp / (config.f1_beta_square * n_pos + (batch - n_pos) - tn + 1e-8))
     weights = tf.where(labels > 0.5, tf.ones_like(labels), w_neg * tf.ones_like(labels))
     ce = tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits)
-    return tf.reduce_sum(weights * ce) / batch
+    return tf.math.divide_no_nan(tf.reduce_sum(weights * ce), batch)
 
 
 LOSSES: dict[LossType, Callable] = {

@@ -16,12 +16,22 @@ class JobSpec:
         argv: the command of each process, e.g. ``[["python", "-m", "trainer.train_eval", ...]]``.
         cwd: working directory of every process (the project home).
         env: variables added to the inherited environment.
+        envs: per process, variables added on top of ``env`` (TF_CONFIG differs by task).
+        roles: per process, its name in logs and errors (default ``process <i>``).
     """
 
     name: str
     argv: list[list[str]]
     cwd: Path
     env: dict[str, str] = field(default_factory=dict)
+    envs: list[dict[str, str]] | None = None
+    roles: list[str] | None = None
+
+    def role(self, i: int) -> str:
+        return self.roles[i] if self.roles else f"process {i}"
+
+    def process_env(self, i: int) -> dict[str, str]:
+        return {**self.env, **(self.envs[i] if self.envs else {})}
 
 
 class JobFailedError(RuntimeError):

@@ -51,14 +51,13 @@ class LocalLauncher:
         """
         self.log_dir.mkdir(parents=True, exist_ok=True)
         logs = [self.log_dir / f"{job.name}-{i}.log" for i in range(len(job.argv))]
-        env = {**os.environ, **job.env}
-        for argv, path in zip(job.argv, logs, strict=True):
+        for i, (argv, path) in enumerate(zip(job.argv, logs, strict=True)):
             with path.open("wb") as out:
                 self._procs.append(
                     subprocess.Popen(
                         argv,
                         cwd=job.cwd,
-                        env=env,
+                        env={**os.environ, **job.process_env(i)},
                         stdout=out,
                         stderr=subprocess.STDOUT,
                         stdin=subprocess.DEVNULL,
@@ -70,32 +69,32 @@ class LocalLauncher:
         try:
             while True:
                 pairs = enumerate(zip(logs, offsets, strict=True))
-                offsets = [self._forward(p, o, job.name, i) for i, (p, o) in pairs]
+                offsets = [self._forward(p, o, job.name, job.role(i)) for i, (p, o) in pairs]
                 codes = [p.poll() for p in self._procs]
                 failed = [i for i, c in enumerate(codes) if c not in (None, 0)]
                 if failed:
                     i = failed[0]
                     self.kill()
                     raise JobFailedError(
-                        f"{job.name} process {i} exited with code {codes[i]} (log {logs[i]}); "
+                        f"{job.name} {job.role(i)} exited with code {codes[i]} (log {logs[i]}); "
                         f"last lines:\n{tail(logs[i])}"
                     )
                 if all(c == 0 for c in codes):
                     for i, (p, o) in enumerate(zip(logs, offsets, strict=True)):
-                        self._forward(p, o, job.name, i)
+                        self._forward(p, o, job.name, job.role(i))
                     return logs
                 time.sleep(0.5)
         finally:
             self._procs = []
 
     @staticmethod
-    def _forward(path: Path, offset: int, name: str, index: int) -> int:
+    def _forward(path: Path, offset: int, name: str, role: str) -> int:
         with path.open("rb") as f:
             f.seek(offset)
             chunk = f.read()
         end = chunk.rfind(b"\n") + 1
         for line in chunk[:end].decode("utf-8", "replace").splitlines():
-            log.info("[%s-%d] %s", name, index, line)
+            log.info("[%s %s] %s", name, role, line)
         return offset + end
 
     def kill(self) -> None:

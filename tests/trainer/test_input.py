@@ -78,3 +78,32 @@ def test_a_day_in_both_ranges_is_split_by_its_holdout_rows(ml_early):
     no_holdout = with_edits(config, {"data_config.holdout_percent": 0})
     with pytest.raises(InputError, match="holdout_percent is 0"):
         holdout_split(no_holdout, ["1997-09-23"], "eval")
+
+
+def test_synchronous_shards_are_padded_to_the_largest_with_empty_batches(ml_early):
+    from tests.trainer.conftest import with_edits
+
+    # eval_ds inside train_ds: the padded counts must follow the holdout filter, not metadata
+    config = with_edits(ml_early, {"train_ds": ":".join(EARLY), "eval_ds": EARLY[1]})
+    from trainer.input import holdout_split
+
+    parts, holdout = holdout_split(config, parse_ds_range(":".join(EARLY)), "train")
+    readers = [FeatureReader(config, parts, r, 3, batch_size=100, holdout=holdout) for r in range(3)]
+    steps = readers[0].synchronized_batches()
+    seen = Counter()
+    for reader in readers:
+        assert reader.synchronized_batches() == steps  # every rank agrees
+        batches = list(reader.batches(pad_to=steps))
+        assert len(batches) == steps
+        sizes = [b[0].shape[0] for b in batches]
+        data = [s for s in sizes if s]
+        assert sizes == data + [0] * (steps - len(data))  # empty batches only at the end
+        for flat in batches:
+            features, _ = reader.structure(flat)
+            seen.update(zip(np.asarray(features["user_id"]), np.asarray(features["item_id"]), strict=True))
+    whole = FeatureReader(config, parts, batch_size=100, holdout=holdout)
+    assert sum(seen.values()) == sum(b[0].shape[0] for b in whole.batches())  # none missed
+    assert max(seen.values()) == 1  # none twice
+    assert steps == max(-(-sum(b[0].shape[0] for b in r.batches()) // 100) for r in readers)
+    assert readers[0].synchronized_batches(multiple=4) % 4 == 0
+    assert len(list(readers[2].batches(skip=steps - 1, pad_to=steps))) == 1  # resume inside padding

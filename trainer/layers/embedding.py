@@ -49,6 +49,14 @@ def table_shapes(features: list[FeatureSpec], dim: int | None = None) -> dict[st
     return shapes
 
 
+def assign_rows(variable: tf.Variable, offset: int, value) -> tf.Operation:
+    """``variable[offset : offset + len(value)] = value``, on every replica of a mirrored
+    variable too (a sliced ``assign`` of a ``MirroredVariable`` writes only its primary copy)."""
+    value = tf.convert_to_tensor(value, variable.dtype)
+    rows = tf.range(offset, offset + tf.shape(value)[0])
+    return variable.scatter_update(tf.IndexedSlices(value, rows))
+
+
 class TableSlice(Trackable):
     """One table inside a fused variable: rows ``[offset, offset + rows)`` of ``fused``.
 
@@ -69,7 +77,7 @@ class TableSlice(Trackable):
         return self.value().numpy()
 
     def assign(self, value):
-        return self.fused[self.offset : self.offset + self.rows].assign(value)
+        return assign_rows(self.fused, self.offset, value)
 
     def _serialize_to_tensors(self):
         return {"VARIABLE_VALUE": self.value()}

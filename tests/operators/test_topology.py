@@ -1,0 +1,45 @@
+"""The processes the local launcher starts for each train_distribute."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from operators.launchers.topology import free_ports, training_processes
+from recpipe.config.train import TrainDistribute as D
+
+ARGS = ["trainer.train_eval", "--model_dir", "m"]
+
+
+def test_single_process_strategies():
+    for kind in (D.NoStrategy, D.MirroredStrategy):
+        (p,) = training_processes(kind, 1, ARGS)
+        assert p.argv == [sys.executable, "-m", *ARGS] and p.env == {} and p.role == "worker 0"
+    with pytest.raises(ValueError, match="MirroredStrategy runs in one process"):
+        training_processes(D.MirroredStrategy, 2, ARGS)
+    with pytest.raises(ValueError, match="at least one worker"):
+        training_processes(D.HorovodStrategy, 0, ARGS)
+
+
+def test_multi_worker_mirrored_gets_one_tf_config_per_worker_on_distinct_local_ports():
+    procs = training_processes(D.MultiWorkerMirroredStrategy, 3, ARGS)
+    configs = [json.loads(p.env["TF_CONFIG"]) for p in procs]
+    workers = configs[0]["cluster"]["worker"]
+    assert len(set(workers)) == 3 and all(w.startswith("localhost:") for w in workers)
+    assert all(c["cluster"] == configs[0]["cluster"] for c in configs)
+    assert [c["task"] for c in configs] == [{"type": "worker", "index": i} for i in range(3)]
+    assert [p.role for p in procs] == ["worker 0", "worker 1", "worker 2"]
+
+
+def test_horovod_is_one_horovodrun_with_gloo_on_loopback():
+    (p,) = training_processes(D.HorovodStrategy, 4, ARGS)
+    argv = " ".join(p.argv)
+    assert "horovod.runner.launch -np 4 -H localhost:4 --gloo --network-interfaces lo" in argv
+    assert argv.endswith(" -m " + " ".join(ARGS)) and p.env["RECPIPE_LOCAL_PROCESSES"] == "4"
+
+
+def test_free_ports_are_distinct():
+    ports = free_ports(5)
+    assert len(set(ports)) == 5 and all(1024 < p < 65536 for p in ports)

@@ -1,0 +1,159 @@
+"""Distributed training in real processes started by the local launcher, on MovieLens features:
+Mirrored replicas equal one process on the global batch; MultiWorkerMirrored and Horovod jobs
+train, checkpoint from the chief only, and resume."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from operators.base import last_json_line
+from operators.launchers import JobFailedError, JobSpec, LocalLauncher
+from operators.launchers.topology import training_processes
+from recpipe.config.train import TrainDistribute
+from tests.trainer.conftest import EARLY, ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def _train(config_path: Path, model_dir: Path, distribute: str, workers: int = 1, *extra, **edits):
+    """Run trainer.train_eval as a ``distribute`` job; return (chief's result, log files)."""
+    args = [
+        "trainer.train_eval",
+        "--pipeline_config_path",
+        str(config_path),
+        "--model_dir",
+        str(model_dir),
+        f"--train_ds={EARLY[0]}:{EARLY[1]}",
+        "--skip_eval",
+        "--edit_config_json",
+        json.dumps({"train_config.train_distribute": distribute, **edits}),
+        *extra,
+    ]
+    processes = training_processes(TrainDistribute(distribute), workers, args)
+    job = JobSpec(
+        name="train",
+        argv=[p.argv for p in processes],
+        cwd=ROOT,
+        env={"PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2"},
+        envs=[p.env for p in processes],
+        roles=[p.role for p in processes],
+    )
+    logs = LocalLauncher(model_dir / "logs", grace_s=3).run(job)
+    return last_json_line(logs[0]), logs
+
+
+@pytest.fixture(scope="module")
+def config_path(ml_early, tmp_path_factory) -> Path:
+    import yaml
+
+    path = tmp_path_factory.mktemp("dist") / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(ml_early.to_dict()))
+    return path
+
+
+def _weights(model_dir: Path) -> dict[str, np.ndarray]:
+    reader = tf.train.load_checkpoint(str(model_dir))
+    return {
+        name: reader.get_tensor(name)
+        for name, dtype in reader.get_variable_to_dtype_map().items()
+        if dtype.is_floating and name.startswith("variables/")
+    }
+
+
+def test_mirrored_replicas_match_one_process_on_the_global_batch(config_path, tmp_path):
+    # both start from one checkpoint (weights and Adam slots), read rows in file order
+    start, _ = _train(config_path, tmp_path / "start", "NoStrategy", **{"train_config.num_steps": 3})
+    common = {
+        "data_config.shuffle": False,
+        "train_config.num_steps": 6,
+        "train_config.fine_tune_checkpoint": start["checkpoint"],
+    }
+    one, _ = _train(config_path, tmp_path / "one", "NoStrategy", **common, **{"data_config.batch_size": 256})
+    two, _ = _train(
+        config_path,
+        tmp_path / "two",
+        "MirroredStrategy",
+        **common,
+        **{"data_config.batch_size": 128, "train_config.num_gpus_per_worker": 2},
+    )
+    assert one["global_step"] == two["global_step"] == 6
+    assert abs(one["loss"] - two["loss"]) < 1e-5
+    a, b = _weights(tmp_path / "one"), _weights(tmp_path / "two")
+    assert a.keys() == b.keys() and len(a) > 10
+    moved = max(float(np.abs(a[k] - _weights(tmp_path / "start")[k]).max()) for k in a)
+    assert moved > 1e-3  # training did change the weights
+    for name in a:
+        np.testing.assert_allclose(a[name], b[name], atol=2e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("distribute", ["MultiWorkerMirroredStrategy", "HorovodStrategy"])
+def test_two_worker_job_trains_checkpoints_from_the_chief_and_resumes(config_path, tmp_path, distribute):
+    model_dir = tmp_path / "model"
+    edits = {
+        "data_config.batch_size": 128,
+        "train_config.num_steps": 30,
+        "train_config.save_checkpoints_steps": 10,
+        "train_config.log_step_count_steps": 10,
+    }
+    result, logs = _train(config_path, model_dir, distribute, 2, **edits)
+    assert result["global_step"] == 30 and np.isfinite(result["loss"])
+    assert result["checkpoint"].endswith("model.ckpt-30")
+    assert sorted(p.name for p in model_dir.glob("model.ckpt-*.index")) == [
+        "model.ckpt-10.index",
+        "model.ckpt-20.index",
+        "model.ckpt-30.index",
+    ]
+    text = "\n".join(p.read_text() for p in logs)
+    assert "rank 1 of 2" in text and "rank 0 of 2" in text  # both ranks read their own shard
+    metrics = [json.loads(line) for line in (model_dir / "train_metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [10, 20, 30]  # the chief alone logs
+    # a retry resumes from the latest checkpoint and runs the remaining steps only
+    edits["train_config.num_steps"] = 40
+    again, _ = _train(config_path, model_dir, distribute, 2, "--continue_train", **edits)
+    assert again["global_step"] == 40 and again["checkpoint"].endswith("model.ckpt-40")
+
+
+def test_a_failing_worker_stops_the_job_and_is_named(config_path, tmp_path):
+    # rank 1 gets a model_dir it cannot create: the job must fail, naming that worker
+    processes = training_processes(
+        TrainDistribute.MultiWorkerMirroredStrategy,
+        2,
+        [
+            "trainer.train_eval",
+            "--pipeline_config_path",
+            str(config_path),
+            f"--train_ds={EARLY[0]}:{EARLY[1]}",
+            "--edit_config_json",
+            '{"train_config.train_distribute": "MultiWorkerMirroredStrategy"}',
+        ],
+    )
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    argv = [
+        p.argv + ["--model_dir", str(tmp_path / "m" if i == 0 else blocker / "m")]
+        for i, p in enumerate(processes)
+    ]
+    job = JobSpec(
+        name="train", argv=argv, cwd=ROOT, envs=[p.env for p in processes], roles=[p.role for p in processes]
+    )
+    with pytest.raises(JobFailedError, match=r"train worker 1 exited with code 1") as err:
+        LocalLauncher(tmp_path / "logs", grace_s=3).run(job)
+    assert "NotADirectoryError" in str(err.value)  # the log's tail
+    assert _processes_mentioning(str(tmp_path)) == []  # worker 0, waiting for its peer, was stopped
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and text in open(f"/proc/{entry}/cmdline").read():
+                found.append(int(entry))
+        except OSError:
+            continue
+    return found

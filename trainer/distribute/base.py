@@ -1,0 +1,83 @@
+"""The single-process distribution (``NoStrategy``) and the interface the others implement."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import tensorflow as tf
+
+LOCAL_PROCESSES = "RECPIPE_LOCAL_PROCESSES"
+
+
+class StrategyError(ValueError):
+    """The configured train_distribute cannot run here (the message says why)."""
+
+
+class Distribution:
+    """One process, one replica, TensorFlow's default strategy.
+
+    Attributes:
+        name: the ``train_distribute`` value.
+        strategy: the ``tf.distribute.Strategy`` variables are created under.
+        rank, world_size: this process's input shard and the number of shards (processes).
+        is_chief: writes checkpoints, summaries, metrics and the result.
+        synchronous: every process runs the same number of steps (all-reduce each step), so
+            shorter shards are padded with empty batches.
+        replicas_per_process: replicas fed by this process (consecutive batches go to
+            consecutive replicas).
+    """
+
+    name = "NoStrategy"
+    synchronous = False
+
+    def __init__(self, strategy: tf.distribute.Strategy | None = None):
+        self.strategy = strategy or tf.distribute.get_strategy()
+        self.rank, self.world_size, self.is_chief = 0, 1, True
+        self.replicas_per_process = 1
+
+    def local_examples(self, element) -> int:
+        """Examples this process feeds in one step (``element`` from ``distribute``)."""
+        labels = element[0]
+        return sum(int(t.shape[0]) for t in self.strategy.experimental_local_results(labels))
+
+    def distribute(self, make_dataset: Callable[[], tf.data.Dataset]) -> tf.data.Dataset:
+        """The dataset the train step iterates (one element a step)."""
+        return make_dataset()
+
+    def input_signature(self, dataset, flat_signature: tuple) -> tuple:
+        """The train step's input signature for elements of ``distribute(...)``."""
+        return flat_signature
+
+    def all_sum(self, value: tf.Tensor) -> tf.Tensor:
+        """Sum of ``value`` over every replica of the job (called in replica context)."""
+        return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, value)
+
+    def reduce_gradients(self, grads: list) -> list:
+        """Gradients summed over replicas before the update; tf.distribute optimizers sum them
+        themselves, so this is the identity except for Horovod."""
+        return grads
+
+    def job_loss(self, loss: tf.Tensor) -> tf.Tensor:
+        """This replica's share of the job's loss -> the job's loss (cross-replica context)."""
+        return self.strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None)
+
+    def broadcast(self, variables: list[tf.Variable]) -> None:
+        """Make every process start from the chief's values (after restore)."""
+
+    def checkpoint_dir(self, model_dir: Path) -> Path | None:
+        """Where this process writes checkpoints: ``model_dir`` for the chief, None for
+        processes that do not save."""
+        return model_dir if self.is_chief else None
+
+
+def share_cores() -> None:
+    """Split this machine's cores between the job's processes on it (``RECPIPE_LOCAL_PROCESSES``,
+    set by the local launcher): oversubscribed thread pools cost more than they give."""
+    import os
+
+    processes = int(os.environ.get(LOCAL_PROCESSES, "1"))
+    if processes > 1:
+        threads = max(1, (os.cpu_count() or 1) // processes)
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)

@@ -1,0 +1,52 @@
+"""``HorovodStrategy``: data parallel over ``horovodrun`` processes (Gloo, or MPI when built in).
+
+Sergeev and Del Balso, "Horovod: fast and easy distributed deep learning in TensorFlow" (2018).
+Every rank reads its own shard, computes gradients of its share of the global loss, and sums
+them with Horovod's all-reduce (dense gradients, grouped) or all-gather (embedding gradients,
+``tf.IndexedSlices``: only the rows a batch touched travel), as ``DistributedGradientTape``
+does. Variables are broadcast from rank 0 after restore; rank 0 is the chief.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from trainer.distribute.base import Distribution, share_cores
+
+
+class HorovodDistribution(Distribution):
+    """This process as one Horovod rank (``hvd.init()``; a single process is a world of 1)."""
+
+    name = "HorovodStrategy"
+    synchronous = True
+
+    def __init__(self):
+        import horovod.tensorflow as hvd
+
+        share_cores()
+        hvd.init()
+        super().__init__()
+        self.hvd = hvd
+        self.rank, self.world_size = hvd.rank(), hvd.size()
+        self.is_chief = self.rank == 0
+
+    def all_sum(self, value: tf.Tensor) -> tf.Tensor:
+        return self.hvd.allreduce(value, op=self.hvd.Sum, name="recpipe_all_sum")
+
+    def reduce_gradients(self, grads: list) -> list:
+        hvd = self.hvd
+        dense = [i for i, g in enumerate(grads) if g is not None and not isinstance(g, tf.IndexedSlices)]
+        out = list(grads)
+        if dense:
+            for i, g in zip(dense, hvd.grouped_allreduce([grads[i] for i in dense], op=hvd.Sum), strict=True):
+                out[i] = g
+        for i, g in enumerate(grads):
+            if isinstance(g, tf.IndexedSlices):
+                out[i] = hvd.allreduce(g, op=hvd.Sum, name=f"recpipe_sparse_grad_{i}")
+        return out
+
+    def job_loss(self, loss: tf.Tensor) -> tf.Tensor:
+        return self.hvd.allreduce(loss, op=self.hvd.Sum, name="recpipe_job_loss")
+
+    def broadcast(self, variables: list[tf.Variable]) -> None:
+        self.hvd.broadcast_variables(variables, root_rank=0)
