@@ -66,10 +66,21 @@ def _weights(model_dir: Path) -> dict[str, np.ndarray]:
     }
 
 
-def test_mirrored_replicas_match_one_process_on_the_global_batch(config_path, tmp_path):
-    # both start from one checkpoint (weights and Adam slots), read rows in file order
-    start, _ = _train(config_path, tmp_path / "start", "NoStrategy", **{"train_config.num_steps": 3})
+SPLITS = {
+    "adam": [{"adam_optimizer": {}}],
+    "lazy_adam+adam": [{"lazy_adam_optimizer": {}}, {"adam_optimizer": {}}],
+    "ftrl+adam": [{"ftrl_optimizer": {}}, {"adam_optimizer": {}}],
+}
+
+
+@pytest.mark.parametrize("optimizers", ["adam", "lazy_adam+adam", "ftrl+adam"])
+def test_mirrored_replicas_match_one_process_on_the_global_batch(config_path, tmp_path, optimizers):
+    # both start from one checkpoint (weights and optimizer slots), read rows in file order;
+    # the row-wise optimizers get the replicas' IndexedSlices concatenated, duplicates included
+    split = {"train_config.optimizer_config": SPLITS[optimizers]}
+    start, _ = _train(config_path, tmp_path / "start", "NoStrategy", **{"train_config.num_steps": 3, **split})
     common = {
+        **split,
         "data_config.shuffle": False,
         "train_config.num_steps": 6,
         "train_config.fine_tune_checkpoint": start["checkpoint"],
@@ -92,10 +103,16 @@ def test_mirrored_replicas_match_one_process_on_the_global_batch(config_path, tm
         np.testing.assert_allclose(a[name], b[name], atol=2e-5, err_msg=name)
 
 
-@pytest.mark.parametrize("distribute", ["MultiWorkerMirroredStrategy", "HorovodStrategy"])
-def test_two_worker_job_trains_checkpoints_from_the_chief_and_resumes(config_path, tmp_path, distribute):
+@pytest.mark.parametrize(
+    ("distribute", "optimizers"),
+    [("MultiWorkerMirroredStrategy", "adam"), ("HorovodStrategy", "lazy_adam+adam")],
+)
+def test_two_worker_job_trains_checkpoints_from_the_chief_and_resumes(
+    config_path, tmp_path, distribute, optimizers
+):
     model_dir = tmp_path / "model"
     edits = {
+        "train_config.optimizer_config": SPLITS[optimizers],
         "data_config.batch_size": 128,
         "train_config.num_steps": 30,
         "train_config.save_checkpoints_steps": 10,
@@ -157,3 +174,17 @@ def _processes_mentioning(text: str) -> list[int]:
         except OSError:
             continue
     return found
+
+
+def test_embedding_parallel_lookup_and_gradient_equal_one_unsharded_table(tmp_path):
+    (p,) = training_processes(
+        TrainDistribute.HorovodStrategy, 2, ["tests.trainer.ep_lookup_check", str(tmp_path)]
+    )
+    LocalLauncher(tmp_path / "logs", grace_s=3).run(JobSpec(name="ep", argv=[p.argv], cwd=ROOT, envs=[p.env]))
+    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for report in reports:
+        for case in ("batch", "empty_on_last_rank"):
+            r = report[case]
+            assert r["sparse_gradient"]  # the shard's gradient stays IndexedSlices
+            assert r["lookup_error"] < 1e-6 and r["gradient_error"] < 1e-5
+            assert r["gradient_norm"] > 1.0  # rows of this shard were looked up by the ranks
