@@ -34,7 +34,7 @@ def _trigger_and_wait(api, conf: dict) -> dict:
     return api.wait_for_run("recpipe_train", run["dag_run_id"])
 
 
-def _assert_trained(api, run: dict, var: Path) -> None:
+def _assert_trained(api, run: dict, var: Path) -> Path:
     tasks = api.get(f"/api/v2/dags/recpipe_train/dagRuns/{run['dag_run_id']}/taskInstances")["task_instances"]
     states = {t["task_id"]: t["state"] for t in tasks}
     assert run["state"] == "success", states
@@ -51,6 +51,7 @@ def _assert_trained(api, run: dict, var: Path) -> None:
         model_dir.is_relative_to(var / "runs")
         and json.loads((model_dir / "train_result.json").read_text())["global_step"] == 20
     )
+    return model_dir
 
 
 def test_trigger_through_rest_api_on_sqlite_and_screenshot_the_grid(daily_runs, tmp_path):
@@ -73,7 +74,13 @@ def postgres_db():
     subprocess.run([*psql, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"], capture_output=True)
 
 
-def test_trigger_through_rest_api_on_postgresql(daily_runs, tmp_path, postgres_db):
+def test_trigger_through_rest_api_on_postgresql_as_a_two_rank_horovod_job(daily_runs, tmp_path, postgres_db):
+    # a manual run's overrides pick the strategy and worker count: horovodrun -np 2 starts the ranks
+    conf = {**CONF, "train_distribute": "HorovodStrategy", "num_workers": 2}
     with deployment(daily_runs["env"], tmp_path / "airflow", database_url=postgres_db) as api:
-        run = _trigger_and_wait(api, {**CONF, "edit_config_json": {"train_config.num_steps": 20}})
-        _assert_trained(api, run, daily_runs["var"])
+        run = _trigger_and_wait(api, conf)
+        model_dir = _assert_trained(api, run, daily_runs["var"])
+    result = json.loads((model_dir / "train_result.json").read_text())
+    assert result["train_distribute"] == "HorovodStrategy"
+    log = (model_dir / "logs" / "train-0.log").read_text()
+    assert "rank 0 of 2" in log and "rank 1 of 2" in log
