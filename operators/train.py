@@ -10,8 +10,9 @@ from typing import Any
 
 from operators.base import JobOperator
 from operators.hooks.mlflow import flatten
-from operators.launchers.topology import training_processes
+from operators.launchers.topology import evaluator_process, training_processes
 from operators.paths import confine
+from recpipe.config.model import EvalMethod
 
 log = logging.getLogger(__name__)
 DONE = "_SUCCESS"
@@ -145,15 +146,15 @@ class DistributedTrainOperator(JobOperator):
                 if source is not None:
                     edits["train_config.fine_tune_checkpoint"] = str(source)
             config = self.load_config(edits)  # fails here, naming the field, before any job
-            args = [
+            common = [
                 "--pipeline_config_path",
                 str(self.config_path()),
                 "--model_dir",
                 str(model_dir),
                 "--edit_config_json",
                 json.dumps(self.edits(edits)),
-                "--skip_eval",  # the evaluation task scores the model
             ]
+            args = [*common, "--skip_eval"]  # the evaluation task scores the final model
             if resume:
                 log.info("resuming %s from its latest checkpoint", model_dir)
                 args.append("--continue_train")
@@ -163,6 +164,8 @@ class DistributedTrainOperator(JobOperator):
             processes = training_processes(
                 config.train_config.train_distribute, workers, ["trainer.train_eval", *args]
             )
+            if config.eval_config.eval_method == EvalMethod.separate:
+                processes.append(evaluator_process(["trainer.eval", *common]))
             log.info("%s with %d worker(s)", config.train_config.train_distribute.value, workers)
             summary = self.run_job("train", "trainer.train_eval", args, model_dir / "logs", processes)
             if not summary or "checkpoint" not in summary:
@@ -199,6 +202,11 @@ class DistributedTrainOperator(JobOperator):
                 for line in metrics_file.read_text().splitlines():
                     entry = json.loads(line)
                     rows += [(k, v, entry["step"]) for k, v in entry.items() if k != "step"]
+            history = model_dir / "eval_history.jsonl"  # eval_method separate / master
+            if history.exists():
+                for line in history.read_text().splitlines():
+                    entry = json.loads(line)
+                    rows += [(f"eval_{k}", v, entry["step"]) for k, v in entry.items() if k != "step"]
             rows.append(("final_loss", result["loss"], result["global_step"]))
             hook.log_metrics(run, rows)
             if (model_dir / "pipeline.yaml").exists():

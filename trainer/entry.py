@@ -114,6 +114,11 @@ def eval_main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--eval_result_path", default=None, help="result file (default: model_dir/eval_result.json)"
     )
+    parser.add_argument(
+        "--follow",
+        action="store_true",
+        help="the separate evaluator: evaluate each new checkpoint of model_dir until training ends",
+    )
     args, extra = parser.parse_known_args(argv)
 
     def run() -> int:
@@ -123,6 +128,11 @@ def eval_main(argv: list[str] | None = None) -> int:
 
         days = _days(config.eval_ds, "eval_ds")
         model_dir = args.model_dir or config.model_dir
+        if args.follow:
+            from trainer.evaluator import follow
+
+            print(json.dumps({"evaluated_steps": follow(config, model_dir, days)}))
+            return 0
         result = evaluate(config, model_dir, days, args.checkpoint_path, args.eval_result_path)
         print(json.dumps(result))
         return 0

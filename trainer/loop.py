@@ -20,11 +20,13 @@ from pathlib import Path
 import tensorflow as tf
 import tf_keras as keras
 
+from recpipe.config.model import EvalMethod
 from recpipe.config.pipeline import PipelineConfig
 from recpipe.errors import PipelineError
 from trainer.checkpoints import PREFIX, checkpoint_map, embedding_layout, fine_tune_restore, read_var_map
 from trainer.distribute import Distribution
-from trainer.input import FeatureReader, holdout_split, sample_inputs
+from trainer.evaluator import TRAIN_DONE, evaluate_and_record, mark_train_done
+from trainer.input import FeatureReader, holdout_split, parse_ds_range, sample_inputs
 from trainer.losses import build_loss
 from trainer.models.builders import build_model
 from trainer.optimizers import build_optimizer, split_variables
@@ -208,11 +210,14 @@ class Trainer:
         largest one's batch count.
         """
         job, tc, dc, dist = self.job, self.config.train_config, self.config.data_config, self.dist
+        if self.config.eval_config.eval_method == EvalMethod.master and job.is_chief:
+            self._eval_days()  # fail before training, not at the first checkpoint
         job.model_dir.mkdir(parents=True, exist_ok=True)
         fine_tune = self._restore()
         dist.broadcast(self._all_variables())
         if job.is_chief:
             self._save_normalization()
+            (job.model_dir / TRAIN_DONE).unlink(missing_ok=True)  # an earlier job's
         else:
             on_log = None
         per_step = dist.replicas_per_process
@@ -265,7 +270,7 @@ class Trainer:
                         tf.summary.scalar("loss", loss_t)
                         tf.summary.scalar("learning_rate", self._learning_rate())
                 if job.is_chief and self._due(step, last_save_step, last_save_time):
-                    self.manager.save(checkpoint_number=step)
+                    self._save(step)
                     last_save_step, last_save_time = step, time.time()
                 if tc.num_steps is not None and step >= tc.num_steps:
                     done = True
@@ -276,13 +281,26 @@ class Trainer:
         loss = float(loss_t) if total_examples else loss
         step = int(self.global_step.numpy())
         if job.is_chief and (step != last_save_step or self.manager.latest_checkpoint is None):
-            self.manager.save(checkpoint_number=step)
+            self._save(step)
         if writer is not None:
             writer.flush()
+        if job.is_chief:
+            mark_train_done(job.model_dir, step, self.manager.latest_checkpoint)
         elapsed = max(time.time() - total_start, 1e-9)
         return TrainResult(
             step, self.manager.latest_checkpoint or "", loss, total_examples / elapsed, fine_tune
         )
+
+    def _save(self, step: int) -> None:
+        """A checkpoint; with ``eval_method: master`` the chief evaluates it at once."""
+        path = self.manager.save(checkpoint_number=step)
+        if self.config.eval_config.eval_method == EvalMethod.master:
+            evaluate_and_record(self.config, self.job.model_dir, self._eval_days(), path)
+
+    def _eval_days(self) -> list[str]:
+        if not self.config.eval_ds:
+            raise TrainError("eval_config.eval_method: master evaluates eval_ds, which is not set")
+        return parse_ds_range(self.config.eval_ds)
 
     def _all_variables(self) -> list[tf.Variable]:
         """Model, optimizer and progress variables (what Horovod broadcasts from rank 0)."""

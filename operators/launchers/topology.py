@@ -94,3 +94,9 @@ def training_processes(distribute: TrainDistribute, workers: int, module_args: l
         ]
         return [Process("horovodrun", [*horovodrun, *python], {"RECPIPE_LOCAL_PROCESSES": str(workers)})]
     raise ValueError(f"train_distribute {distribute.value}: the local launcher cannot start it yet")
+
+
+def evaluator_process(module_args: list[str]) -> Process:
+    """The separate evaluator (``eval_method: separate``): ``python -m trainer.eval --follow``
+    beside the training processes, with no cluster of its own."""
+    return Process("evaluator", [sys.executable, "-m", *module_args, "--follow"], {})
