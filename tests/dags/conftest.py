@@ -41,7 +41,7 @@ def stack(movielens_raw, tmp_path_factory) -> dict:
             "data_config.batch_size": 64,
             "data_config.num_epochs": 2,
             "train_config.log_step_count_steps": 5,
-            "train_config.save_checkpoints_steps": 50,
+            "train_config.save_checkpoints_steps": 10,
             "eval_config.eval_method": "separate",
         },
         "sensor": {"mode": "reschedule", "poke_interval_s": 1, "timeout_s": 3},
