@@ -5,6 +5,7 @@ FROM python:3.11.7-slim-bookworm
 
 RUN apt-get update \
  && apt-get install -y --no-install-recommends openjdk-17-jre-headless build-essential cmake git curl \
+    openssh-server openssh-client \
  && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /opt/recpipe

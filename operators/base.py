@@ -13,7 +13,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from operators.hooks.mlflow import MLflowHook, git_commit
-from operators.launchers import JobSpec, launcher_for
+from operators.launchers import JobSpec, LocalLauncher, launcher_for
 from operators.paths import confine, project_home
 
 
@@ -125,17 +125,30 @@ class JobOperator(RecpipeOperator):
         return load_cluster_config(confine(self.cluster_config_path, "cluster_config_path"))
 
     def run_job(
-        self, name: str, module: str, args: list[str], log_dir: Path, processes: list | None = None
+        self,
+        name: str,
+        module: str,
+        args: list[str],
+        log_dir: Path,
+        processes: list | None = None,
+        manifests: list[dict] | None = None,
     ) -> dict | None:
         """Run ``python -m module args`` (or ``processes``, ``topology.Process`` items, the
-        first being the chief) through the cluster's launcher; return the chief's stdout's
-        last line that parses as JSON (the entry points print their result so).
+        first being the chief) on this machine, or submit ``manifests`` (Kubeflow jobs) through
+        the cluster's launcher; return the chief's stdout's last line that parses as JSON (the
+        entry points print their result so). Single-process jobs (evaluation, export) run on
+        the Airflow worker, which mounts the same storage as the cluster.
 
         Raises:
             JobFailedError: the job failed; the message names the role and has its log's tail.
         """
-        self._launcher = launcher_for(self.cluster().launcher, log_dir)
-        if processes is None:
+        if manifests is not None:
+            self._launcher = launcher_for(self.cluster(), log_dir)
+        else:
+            self._launcher = LocalLauncher(log_dir)
+        if manifests is not None:
+            job = JobSpec(name=name, argv=[], cwd=project_home(), manifests=manifests)
+        elif processes is None:
             job = JobSpec(name=name, argv=[[sys.executable, "-m", module, *args]], cwd=project_home())
         else:
             job = JobSpec(

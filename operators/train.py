@@ -10,6 +10,7 @@ from typing import Any
 
 from operators.base import JobOperator
 from operators.hooks.mlflow import flatten
+from operators.launchers.kubeflow import render
 from operators.launchers.topology import evaluator_process, training_processes
 from operators.paths import confine
 from recpipe.config.model import EvalMethod
@@ -161,13 +162,21 @@ class DistributedTrainOperator(JobOperator):
             else:
                 log.info("warm start from %s", source or "nothing (training from scratch)")
             workers = self.worker_count()
-            processes = training_processes(
-                config.train_config.train_distribute, workers, ["trainer.train_eval", *args]
-            )
-            if config.eval_config.eval_method == EvalMethod.separate:
-                processes.append(evaluator_process(["trainer.eval", *common]))
-            log.info("%s with %d worker(s)", config.train_config.train_distribute.value, workers)
-            summary = self.run_job("train", "trainer.train_eval", args, model_dir / "logs", processes)
+            distribute = config.train_config.train_distribute
+            separate = config.eval_config.eval_method == EvalMethod.separate
+            cluster = self.cluster()
+            log.info("%s with %d worker(s) on %s", distribute.value, workers, cluster.launcher)
+            if cluster.launcher == "kubernetes":
+                name = f"recpipe-{self.dag_id}-{self.ds}-{context['ti'].try_number}"
+                manifests = render(name, distribute, cluster, args, common if separate else None, workers)
+                summary = self.run_job(
+                    "train", "trainer.train_eval", args, model_dir / "logs", manifests=manifests
+                )
+            else:
+                processes = training_processes(distribute, workers, ["trainer.train_eval", *args])
+                if separate:
+                    processes.append(evaluator_process(["trainer.eval", *common]))
+                summary = self.run_job("train", "trainer.train_eval", args, model_dir / "logs", processes)
             if not summary or "checkpoint" not in summary:
                 raise RuntimeError(f"training in {model_dir} printed no result line")
             result = {

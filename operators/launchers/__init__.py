@@ -8,12 +8,16 @@ from operators.launchers.local import LocalLauncher
 __all__ = ["JobFailedError", "JobSpec", "Launcher", "LocalLauncher", "launcher_for"]
 
 
-def launcher_for(kind: str, log_dir) -> Launcher:
-    """The launcher named by a cluster config's ``launcher`` field.
+def launcher_for(cluster, log_dir) -> Launcher:
+    """The launcher named by the cluster config's ``launcher`` field.
 
     Raises:
-        ValueError: an unknown launcher, or one this build does not provide yet.
+        ValueError: an unknown launcher.
     """
-    if kind == "local":
+    if cluster.launcher == "local":
         return LocalLauncher(log_dir)
-    raise ValueError(f"cluster launcher {kind!r} is not available (known here: local)")
+    if cluster.launcher == "kubernetes":
+        from operators.launchers.kubernetes import KubernetesLauncher
+
+        return KubernetesLauncher(log_dir, cluster.kubernetes_conn_id, cluster.poll_interval_s)
+    raise ValueError(f"cluster launcher {cluster.launcher!r} is not available (local, kubernetes)")

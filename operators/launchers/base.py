@@ -18,6 +18,7 @@ class JobSpec:
         env: variables added to the inherited environment.
         envs: per process, variables added on top of ``env`` (TF_CONFIG differs by task).
         roles: per process, its name in logs and errors (default ``process <i>``).
+        manifests: for a cluster launcher, the rendered Kubernetes objects (``kubeflow.render``).
     """
 
     name: str
@@ -26,6 +27,7 @@ class JobSpec:
     env: dict[str, str] = field(default_factory=dict)
     envs: list[dict[str, str]] | None = None
     roles: list[str] | None = None
+    manifests: list[dict] | None = None
 
     def role(self, i: int) -> str:
         return self.roles[i] if self.roles else f"process {i}"

@@ -34,12 +34,26 @@ class RoleResources(Section):
         return value
 
 
+class SharedVolume(Section):
+    """A PersistentVolumeClaim every pod mounts: model_dir and the features must be on it."""
+
+    claim_name: str
+    mount_path: str = "/var/lib/recpipe"
+
+
 class ClusterConfig(Section):
-    """Launcher and per-role resources (ps, worker, evaluator)."""
+    """Launcher and per-role resources (ps, worker, evaluator).
+
+    For ``kubernetes``: ``namespace``, ``image`` (the recpipe image), ``shared_volume``,
+    ``kubernetes_conn_id`` (the Airflow connection of the cluster) and ``poll_interval_s``.
+    """
 
     launcher: str = Field("local", pattern="^(local|kubernetes)$")
     namespace: str = "default"
     image: str | None = None
+    shared_volume: SharedVolume | None = None
+    kubernetes_conn_id: str = "kubernetes_default"
+    poll_interval_s: float = Field(30.0, gt=0)
     ps: RoleResources = Field(default_factory=RoleResources)
     worker: RoleResources = Field(default_factory=lambda: RoleResources(count=1))
     evaluator: RoleResources = Field(default_factory=RoleResources)

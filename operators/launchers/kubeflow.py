@@ -1,0 +1,152 @@
+"""Kubeflow training-operator manifests for a training job on a Kubernetes cluster.
+
+- ``TFJob`` (``kubeflow.org/v1``) for ``NoStrategy``, ``MirroredStrategy``,
+  ``MultiWorkerMirroredStrategy`` and ``PSStrategy``: ``Worker`` (and ``PS``) replicas; the
+  operator writes each pod's TF_CONFIG. With ``eval_method: separate`` an ``Evaluator`` replica
+  runs ``trainer.eval --follow``.
+- ``MPIJob`` (``kubeflow.org/v2beta1``) for ``HorovodStrategy`` and
+  ``EmbeddingParallelStrategy``: a ``Launcher`` pod runs ``horovodrun --gloo`` over the
+  workers listed in ``/etc/mpi/hostfile`` (the MPI operator's SSH set-up); ``Worker`` pods run
+  ``sshd``. The separate evaluator is a ``batch/v1`` Job beside it.
+
+Sizes, image, namespace and the shared volume (model_dir and features) come from the cluster
+config (``conf/cluster/*.yaml``), never from the model config.
+"""
+
+from __future__ import annotations
+
+import re
+
+from recpipe.config.cluster import ClusterConfig, RoleResources
+from recpipe.config.train import TrainDistribute
+
+TFJOB = ("kubeflow.org", "v1", "tfjobs", "TFJob")
+MPIJOB = ("kubeflow.org", "v2beta1", "mpijobs", "MPIJob")
+HOROVOD = {TrainDistribute.HorovodStrategy, TrainDistribute.EmbeddingParallelStrategy}
+
+
+def job_name(text: str) -> str:
+    """A DNS-1123 name (lowercase alphanumerics and '-', at most 52 characters, leaving room for
+    the operator's pod suffixes)."""
+    name = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:52].strip("-")
+    return name or "recpipe"
+
+
+def _resources(role: RoleResources) -> dict:
+    requests = {"cpu": str(role.cpu), "memory": role.memory}
+    limits = dict(requests)
+    if role.gpu:
+        limits["nvidia.com/gpu"] = str(role.gpu)
+    return {"requests": requests, "limits": limits}
+
+
+def _pod(cluster: ClusterConfig, container: str, command: list[str], role: RoleResources) -> dict:
+    spec: dict = {
+        "containers": [
+            {
+                "name": container,
+                "image": cluster.image,
+                "command": command,
+                "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
+                "resources": _resources(role),
+            }
+        ]
+    }
+    if cluster.shared_volume is not None:
+        spec["volumes"] = [
+            {"name": "shared", "persistentVolumeClaim": {"claimName": cluster.shared_volume.claim_name}}
+        ]
+        spec["containers"][0]["volumeMounts"] = [
+            {"name": "shared", "mountPath": cluster.shared_volume.mount_path}
+        ]
+    return {"metadata": {"labels": {"app.kubernetes.io/part-of": "recpipe"}}, "spec": spec}
+
+
+def _replica(cluster, container, command, role: RoleResources, replicas: int, restart: str) -> dict:
+    return {
+        "replicas": replicas,
+        "restartPolicy": restart,
+        "template": _pod(cluster, container, command, role),
+    }
+
+
+def render(
+    name: str,
+    distribute: TrainDistribute,
+    cluster: ClusterConfig,
+    train_args: list[str],
+    eval_args: list[str] | None = None,
+    workers: int | None = None,
+) -> list[dict]:
+    """The manifests of one training job (the training job first).
+
+    Args:
+        name: the job's name (made DNS-1123).
+        distribute: the strategy.
+        cluster: resources, image, namespace, shared volume.
+        train_args: arguments of ``python -m trainer.train_eval``.
+        eval_args: arguments of ``python -m trainer.eval`` for a separate evaluator, or None.
+        workers: worker count (default ``cluster.worker.count``).
+
+    Raises:
+        ValueError: no ``image`` in the cluster config; ``SokStrategy``; several workers for a
+            single-process strategy; ``PSStrategy`` without ``ps``.
+    """
+    if not cluster.image:
+        raise ValueError("cluster config: kubernetes needs image (the recpipe image)")
+    workers = workers or cluster.worker.count
+    name = job_name(name)
+    meta = {"name": name, "namespace": cluster.namespace, "labels": {"app.kubernetes.io/part-of": "recpipe"}}
+    train = ["python", "-m", "trainer.train_eval", *train_args]
+    evaluate = ["python", "-m", "trainer.eval", *(eval_args or []), "--follow"]
+    if distribute == TrainDistribute.SokStrategy:
+        raise ValueError("SokStrategy needs GPUs with NVIDIA SOK; it is not rendered")
+    if distribute in HOROVOD:
+        slots = max(cluster.worker.gpu, 1)
+        launcher = ["horovodrun", "-np", str(workers * slots), "--hostfile", "/etc/mpi/hostfile", "--gloo"]
+        small = RoleResources(count=1, cpu=1, memory="2Gi")
+        job = {
+            "apiVersion": f"{MPIJOB[0]}/{MPIJOB[1]}",
+            "kind": MPIJOB[3],
+            "metadata": meta,
+            "spec": {
+                "slotsPerWorker": slots,
+                "runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": 0},
+                "mpiReplicaSpecs": {
+                    "Launcher": _replica(cluster, "launcher", [*launcher, *train], small, 1, "Never"),
+                    "Worker": _replica(
+                        cluster, "worker", ["/usr/sbin/sshd", "-De"], cluster.worker, workers, "Never"
+                    ),
+                },
+            },
+        }
+        manifests = [job]
+        if eval_args is not None:
+            pod = _pod(cluster, "evaluator", evaluate, cluster.evaluator)
+            pod["spec"]["restartPolicy"] = "Never"
+            manifests.append(
+                {
+                    "apiVersion": "batch/v1",
+                    "kind": "Job",
+                    "metadata": {**meta, "name": job_name(f"{name}-evaluator")},
+                    "spec": {"backoffLimit": 0, "template": pod},
+                }
+            )
+        return manifests
+    if distribute in (TrainDistribute.NoStrategy, TrainDistribute.MirroredStrategy) and workers != 1:
+        raise ValueError(f"num_workers={workers}: {distribute.value} runs in one process")
+    if distribute == TrainDistribute.PSStrategy and not cluster.ps.count:
+        raise ValueError("PSStrategy needs ps.count >= 1 in the cluster config")
+    specs = {"Worker": _replica(cluster, "tensorflow", train, cluster.worker, workers, "Never")}
+    if cluster.ps.count and distribute in (TrainDistribute.PSStrategy, TrainDistribute.NoStrategy):
+        specs["PS"] = _replica(cluster, "tensorflow", train, cluster.ps, cluster.ps.count, "Never")
+    if eval_args is not None:
+        specs["Evaluator"] = _replica(cluster, "tensorflow", evaluate, cluster.evaluator, 1, "Never")
+    return [
+        {
+            "apiVersion": f"{TFJOB[0]}/{TFJOB[1]}",
+            "kind": TFJOB[3],
+            "metadata": meta,
+            "spec": {"runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": 0}, "tfReplicaSpecs": specs},
+        }
+    ]

@@ -1,0 +1,133 @@
+"""Submit a job's Kubeflow manifests with the cncf.kubernetes provider and wait for it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+from operators.launchers.base import JobFailedError, JobSpec
+
+log = logging.getLogger(__name__)
+KINDS = {"TFJob": "tfjobs", "MPIJob": "mpijobs"}
+
+
+class KubernetesLauncher:
+    """Creates the job's manifests (``JobSpec.manifests``: a TFJob or MPIJob first, then an
+    optional evaluator ``batch/v1`` Job) through ``KubernetesHook``, polls the training job's
+    conditions until ``Succeeded`` or ``Failed``, saves the chief's pod log, and deletes
+    everything on failure or ``kill``.
+
+    Args:
+        log_dir: where ``<job>-0.log`` (the chief's or launcher's pod log) and
+            ``<job>-status.log`` (the job's status at each change) go.
+        conn_id: the Airflow connection of the cluster (``kubernetes_default``).
+        poll_s: seconds between status reads.
+    """
+
+    def __init__(self, log_dir: str | Path, conn_id: str = "kubernetes_default", poll_s: float = 30.0):
+        self.log_dir, self.conn_id, self.poll_s = Path(log_dir), conn_id, poll_s
+        self._created: list[dict] = []
+        self._hook = None
+
+    @property
+    def hook(self):
+        if self._hook is None:
+            from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+
+            self._hook = KubernetesHook(conn_id=self.conn_id)
+        return self._hook
+
+    def run(self, job: JobSpec) -> list[Path]:
+        """Submit and wait.
+
+        Raises:
+            ValueError: the JobSpec carries no manifests.
+            JobFailedError: the job's ``Failed`` condition, with its message and replica states.
+        """
+        if not job.manifests:
+            raise ValueError(f"job {job.name}: the kubernetes launcher needs rendered manifests")
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        status_log = self.log_dir / f"{job.name}-status.log"
+        for manifest in job.manifests:
+            self._create(manifest)
+            self._created.append(manifest)
+            log.info("created %s %s", manifest["kind"], manifest["metadata"]["name"])
+        main = job.manifests[0]
+        last = None
+        while True:
+            status = self._get(main).get("status", {})
+            if status != last:
+                with status_log.open("a") as out:
+                    out.write(json.dumps(status) + "\n")
+                last = status
+            conditions = {c["type"]: c for c in status.get("conditions", []) if c.get("status") == "True"}
+            if "Succeeded" in conditions:
+                self._created = []  # finished: the operator's runPolicy cleans the pods up
+                return [self._chief_log(job, main), status_log]
+            if "Failed" in conditions:
+                self.kill()
+                raise JobFailedError(
+                    f"{job.name}: {main['kind']} {main['metadata']['name']} failed: "
+                    f"{conditions['Failed'].get('message', '')}; replicas "
+                    f"{json.dumps(status.get('replicaStatuses', {}))} (status log {status_log})"
+                )
+            time.sleep(self.poll_s)
+
+    def _create(self, manifest: dict) -> None:
+        namespace = manifest["metadata"]["namespace"]
+        if manifest["kind"] == "Job":
+            self.hook.batch_v1_client.create_namespaced_job(namespace=namespace, body=manifest)
+            return
+        group, version = manifest["apiVersion"].split("/")
+        self.hook.create_custom_object(
+            group=group, version=version, plural=KINDS[manifest["kind"]], body=manifest, namespace=namespace
+        )
+
+    def _get(self, manifest: dict) -> dict:
+        group, version = manifest["apiVersion"].split("/")
+        meta = manifest["metadata"]
+        return self.hook.get_custom_object(
+            group=group,
+            version=version,
+            plural=KINDS[manifest["kind"]],
+            name=meta["name"],
+            namespace=meta["namespace"],
+        )
+
+    def _chief_log(self, job: JobSpec, main: dict) -> Path:
+        """The log of worker 0 (TFJob) or of the launcher (MPIJob): it holds the result line."""
+        meta = main["metadata"]
+        role = "launcher" if main["kind"] == "MPIJob" else "worker"
+        selector = f"training.kubeflow.org/job-name={meta['name']},training.kubeflow.org/replica-type={role}"
+        if role == "worker":
+            selector += ",training.kubeflow.org/replica-index=0"
+        core = self.hook.core_v1_client
+        pods = core.list_namespaced_pod(namespace=meta["namespace"], label_selector=selector).items
+        path = self.log_dir / f"{job.name}-0.log"
+        text = core.read_namespaced_pod_log(pods[0].metadata.name, meta["namespace"]) if pods else ""
+        path.write_text(text)
+        return path
+
+    def kill(self) -> None:
+        """Delete every manifest this launcher created; never raises."""
+        for manifest in reversed(self._created):
+            meta = manifest["metadata"]
+            try:
+                if manifest["kind"] == "Job":
+                    self.hook.batch_v1_client.delete_namespaced_job(
+                        meta["name"], meta["namespace"], propagation_policy="Background"
+                    )
+                else:
+                    group, version = manifest["apiVersion"].split("/")
+                    self.hook.delete_custom_object(
+                        group=group,
+                        version=version,
+                        plural=KINDS[manifest["kind"]],
+                        name=meta["name"],
+                        namespace=meta["namespace"],
+                    )
+            except Exception as err:  # noqa: BLE001 - best effort: the job may be gone already
+                log.warning("could not delete %s %s: %s", manifest["kind"], meta["name"], err)
+        self._created = []
