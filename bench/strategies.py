@@ -41,8 +41,8 @@ def run(work: Path, buckets: int, strategy: str, steps: int, batch: int) -> dict
 
     from bench.criteo_data import CONFIG, bench_edits, days
     from operators.base import last_json_line
-    from operators.launchers import JobSpec, LocalLauncher
-    from operators.launchers.topology import training_processes
+    from operators.launchers import LocalLauncher
+    from operators.launchers.topology import job_spec, training_processes
     from recpipe.config.train import TrainDistribute
 
     workers = STRATEGIES[strategy]
@@ -62,14 +62,7 @@ def run(work: Path, buckets: int, strategy: str, steps: int, batch: int) -> dict
     args = ["trainer.train_eval", "--pipeline_config_path", str(CONFIG), "--model_dir", str(model_dir)]
     args += ["--skip_eval", "--edit_config_json", json.dumps(edits)]
     processes = training_processes(TrainDistribute(strategy), workers, args)
-    job = JobSpec(
-        name="train",
-        argv=[p.argv for p in processes],
-        cwd=ROOT,
-        env={"TF_CPP_MIN_LOG_LEVEL": "2"},
-        envs=[p.env for p in processes],
-        roles=[p.role for p in processes],
-    )
+    job = job_spec("train", processes, ROOT, {"TF_CPP_MIN_LOG_LEVEL": "2"})
     start = time.perf_counter()
     logs = LocalLauncher(model_dir / "logs").run(job)
     wall = time.perf_counter() - start

@@ -14,6 +14,7 @@ from airflow.sdk import BaseOperator
 
 from operators.hooks.mlflow import MLflowHook, git_commit
 from operators.launchers import JobSpec, LocalLauncher, launcher_for
+from operators.launchers.topology import job_spec
 from operators.paths import confine, project_home
 
 
@@ -151,13 +152,7 @@ class JobOperator(RecpipeOperator):
         elif processes is None:
             job = JobSpec(name=name, argv=[[sys.executable, "-m", module, *args]], cwd=project_home())
         else:
-            job = JobSpec(
-                name=name,
-                argv=[p.argv for p in processes],
-                cwd=project_home(),
-                envs=[p.env for p in processes],
-                roles=[p.role for p in processes],
-            )
+            job = job_spec(name, processes, project_home())
         job = dataclasses.replace(job, env={"PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2"})
         try:
             logs = self._launcher.run(job)

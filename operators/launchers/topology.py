@@ -12,7 +12,9 @@ import json
 import socket
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
+from operators.launchers.base import JobSpec
 from recpipe.config.train import TrainDistribute
 
 SINGLE = {TrainDistribute.NoStrategy, TrainDistribute.MirroredStrategy}
@@ -90,7 +92,7 @@ def training_processes(distribute: TrainDistribute, workers: int, module_args: l
             "--network-interfaces",
             "lo",
             "--gloo-timeout-seconds",
-            "120",
+            "1800",  # a master evaluation holds the other ranks at their next collective
         ]
         return [Process("horovodrun", [*horovodrun, *python], {"RECPIPE_LOCAL_PROCESSES": str(workers)})]
     raise ValueError(f"train_distribute {distribute.value}: the local launcher cannot start it yet")
@@ -100,3 +102,17 @@ def evaluator_process(module_args: list[str]) -> Process:
     """The separate evaluator (``eval_method: separate``): ``python -m trainer.eval --follow``
     beside the training processes, with no cluster of its own."""
     return Process("evaluator", [sys.executable, "-m", *module_args, "--follow"], {})
+
+
+def job_spec(
+    name: str, processes: list[Process], cwd: str | Path, env: dict[str, str] | None = None
+) -> JobSpec:
+    """The ``JobSpec`` of ``processes`` (the chief first), ``env`` added to every one."""
+    return JobSpec(
+        name=name,
+        argv=[p.argv for p in processes],
+        cwd=Path(cwd),
+        env=env or {},
+        envs=[p.env for p in processes],
+        roles=[p.role for p in processes],
+    )

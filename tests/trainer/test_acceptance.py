@@ -143,3 +143,53 @@ def test_sparse_optimizers_match_dense_adam_out_of_time(ml_all, tmp_path):
     print("\n" + "\n".join(f"{n:16s} {r}" for n, r in results.items()))
     for name in ("lazy_adam+adam", "adagrad+adam", "ftrl+adam"):
         assert abs(results[name]["auc"] - results["adam"]["auc"]) < 0.005, (name, results)
+
+
+@pytest.mark.slow
+def test_strategies_match_no_strategy_out_of_time(ml_all, tmp_path):
+    """Mirrored (2 replicas), MultiWorkerMirrored and Horovod (2 workers each), started by the
+    local launcher as real processes, reach NoStrategy's AUC within 0.01 with the same global
+    batch (256) and the same number of steps."""
+    import yaml
+
+    from operators.base import last_json_line
+    from operators.launchers import LocalLauncher
+    from operators.launchers.topology import job_spec, training_processes
+    from recpipe.config.train import TrainDistribute
+
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(ml_all.to_dict()))
+    split = [
+        {"lazy_adam_optimizer": {"learning_rate": _lr(0.002, True)}},
+        {"adam_optimizer": {"learning_rate": _lr(0.002, True)}},
+    ]
+
+    def run(strategy: str, workers: int, **edits) -> dict:
+        model_dir = tmp_path / strategy
+        edits = {"train_config.train_distribute": strategy, "train_config.optimizer_config": split, **edits}
+        args = ["trainer.train_eval", "--pipeline_config_path", str(path), "--model_dir", str(model_dir)]
+        args += ["--skip_eval", "--edit_config_json", json.dumps(edits)]
+        processes = training_processes(TrainDistribute(strategy), workers, args)
+        job = job_spec("train", processes, ROOT)
+        result = last_json_line(LocalLauncher(model_dir / "logs", grace_s=3).run(job)[0])
+        config = with_edits(ml_all, {"train_config.optimizer_config": split})
+        return {
+            "steps": result["global_step"],
+            "auc": evaluate(config, model_dir, parse_ds_range(ml_all.eval_ds))["auc"],
+        }
+
+    results = {"NoStrategy": run("NoStrategy", 1)}
+    same = {"train_config.num_steps": results["NoStrategy"]["steps"], "data_config.num_epochs": 10}
+    half = {**same, "data_config.batch_size": ml_all.data_config.batch_size // 2}
+    results["MirroredStrategy"] = run(
+        "MirroredStrategy", 1, **half, **{"train_config.num_gpus_per_worker": 2}
+    )
+    results["MultiWorkerMirroredStrategy"] = run("MultiWorkerMirroredStrategy", 2, **half)
+    results["HorovodStrategy"] = run("HorovodStrategy", 2, **half)
+    out = ROOT / "var/acceptance/strategies.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    print("\n" + "\n".join(f"{n:28s} {r}" for n, r in results.items()))
+    for name, r in results.items():
+        assert r["steps"] == results["NoStrategy"]["steps"]
+        assert abs(r["auc"] - results["NoStrategy"]["auc"]) < 0.01, (name, results)

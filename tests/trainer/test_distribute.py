@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from operators.base import last_json_line
 from operators.launchers import JobFailedError, JobSpec, LocalLauncher
-from operators.launchers.topology import training_processes
+from operators.launchers.topology import job_spec, training_processes
 from recpipe.config.train import TrainDistribute
 from tests.trainer.conftest import EARLY, ROOT
 
@@ -36,14 +36,7 @@ def _train(config_path: Path, model_dir: Path, distribute: str, workers: int = 1
         *extra,
     ]
     processes = training_processes(TrainDistribute(distribute), workers, args)
-    job = JobSpec(
-        name="train",
-        argv=[p.argv for p in processes],
-        cwd=ROOT,
-        env={"PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2"},
-        envs=[p.env for p in processes],
-        roles=[p.role for p in processes],
-    )
+    job = job_spec("train", processes, ROOT, {"PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2"})
     logs = LocalLauncher(model_dir / "logs", grace_s=3).run(job)
     return last_json_line(logs[0]), logs
 
@@ -188,3 +181,56 @@ def test_embedding_parallel_lookup_and_gradient_equal_one_unsharded_table(tmp_pa
             assert r["sparse_gradient"]  # the shard's gradient stays IndexedSlices
             assert r["lookup_error"] < 1e-6 and r["gradient_error"] < 1e-5
             assert r["gradient_norm"] > 1.0  # rows of this shard were looked up by the ranks
+
+
+def test_a_worker_killed_mid_training_fails_the_job_and_a_retry_resumes(config_path, tmp_path):
+    import signal
+    import threading
+    import time
+
+    model_dir = tmp_path / "model"
+    edits = {
+        "data_config.batch_size": 128,
+        "data_config.num_epochs": 50,
+        "train_config.num_steps": 5000,
+        "train_config.save_checkpoints_steps": 10,
+    }
+    args = ["trainer.train_eval", "--pipeline_config_path", str(config_path), "--model_dir", str(model_dir)]
+    args += [f"--train_ds={EARLY[0]}:{EARLY[1]}", "--skip_eval"]
+    strategy = {"train_config.train_distribute": "MultiWorkerMirroredStrategy"}
+    processes = training_processes(
+        TrainDistribute.MultiWorkerMirroredStrategy,
+        2,
+        [*args, "--edit_config_json", json.dumps({**strategy, **edits})],
+    )
+    launcher = LocalLauncher(model_dir / "logs", grace_s=3)
+    job = job_spec("train", processes, ROOT)
+    errors: list[Exception] = []
+
+    def run():
+        try:
+            launcher.run(job)
+        except Exception as err:  # noqa: BLE001 - the assertion below checks what it was
+            errors.append(err)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 300
+    while not (model_dir / "model.ckpt-20.index").exists():
+        assert time.monotonic() < deadline and thread.is_alive(), errors
+        time.sleep(0.2)
+    os.kill(launcher._procs[1].pid, signal.SIGKILL)  # worker 1 dies mid-training
+    thread.join(60)
+    assert not thread.is_alive()
+    assert isinstance(errors[0], JobFailedError) and "train worker 1 exited with code -9" in str(errors[0])
+    assert _processes_mentioning(str(model_dir)) == []  # worker 0 was stopped, not left waiting
+    latest = tf.train.latest_checkpoint(str(model_dir))
+    saved = int(latest.rsplit("-", 1)[1])
+    assert saved >= 20
+    # the retry (Airflow's, via --continue_train) resumes from the latest checkpoint
+    edits["train_config.num_steps"] = saved + 10
+    again, logs = _train(
+        config_path, model_dir, "MultiWorkerMirroredStrategy", 2, "--continue_train", **edits
+    )
+    assert again["global_step"] == saved + 10
+    assert f"resumed from {latest} at step {saved}" in logs[0].read_text()

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from operators.base import last_json_line
-from operators.launchers import JobSpec, LocalLauncher
-from operators.launchers.topology import evaluator_process, training_processes
+from operators.launchers import LocalLauncher
+from operators.launchers.topology import evaluator_process, job_spec, training_processes
 from recpipe.config.train import TrainDistribute
 from tests.trainer.conftest import EARLY, ROOT, with_edits
 from trainer.evaluator import HISTORY, TRAIN_DONE, follow
@@ -48,14 +48,7 @@ def test_separate_evaluator_follows_a_horovod_job_and_stops_with_it(ml_early, tm
         TrainDistribute.HorovodStrategy, 2, ["trainer.train_eval", *common, "--skip_eval"]
     )
     processes.append(evaluator_process(["trainer.eval", *common]))
-    job = JobSpec(
-        name="train",
-        argv=[p.argv for p in processes],
-        cwd=ROOT,
-        env={"PYTHONUNBUFFERED": "1"},
-        envs=[p.env for p in processes],
-        roles=[p.role for p in processes],
-    )
+    job = job_spec("train", processes, ROOT, {"PYTHONUNBUFFERED": "1"})
     logs = LocalLauncher(tmp_path / "logs", grace_s=3).run(job)
     assert last_json_line(logs[0])["global_step"] == 40
     assert last_json_line(logs[1]) == {"evaluated_steps": [10, 20, 30, 40]}  # every checkpoint, in order
