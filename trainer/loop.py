@@ -142,8 +142,6 @@ class Trainer:
             self.checkpoint.restore(latest).assert_existing_objects_matched()
             log.info("resumed from %s at step %d", latest, int(self.global_step.numpy()))
             return {}
-        if self.job.continue_train and not self.job.is_chief:
-            return {}  # a retry before the chief's first save: nothing to resume, start fresh
         if tc.fine_tune_checkpoint:
             var_map = read_var_map(tc.fine_tune_ckpt_var_map) if tc.fine_tune_ckpt_var_map else None
             report = fine_tune_restore(self.variables, tc.fine_tune_checkpoint, var_map, self.optimizers)

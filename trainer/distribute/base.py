@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -74,8 +75,6 @@ class Distribution:
 def share_cores() -> None:
     """Split this machine's cores between the job's processes on it (``RECPIPE_LOCAL_PROCESSES``,
     set by the local launcher): oversubscribed thread pools cost more than they give."""
-    import os
-
     processes = int(os.environ.get(LOCAL_PROCESSES, "1"))
     if processes > 1:
         threads = max(1, (os.cpu_count() or 1) // processes)
