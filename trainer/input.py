@@ -173,8 +173,8 @@ class FeatureReader:
         keep = self.holdout.get(g.path.parent)
         if keep is None:
             return g.rows
-        column = pq.ParquetFile(g.path).read_row_group(g.index, columns=[HOLDOUT])[HOLDOUT]
-        return int(np.count_nonzero(column.to_numpy(zero_copy_only=False) == keep))
+        table = pq.ParquetFile(g.path).read_row_group(g.index, columns=[HOLDOUT])
+        return int(np.count_nonzero(_kept(table, keep)))
 
     def synchronized_batches(self, multiple: int = 1) -> int:
         """Batches per epoch every worker runs in a synchronous job: the largest shard's
@@ -211,8 +211,7 @@ class FeatureReader:
         if keep is None:
             return pq.ParquetFile(g.path).read_row_group(g.index, columns=self.columns)
         table = pq.ParquetFile(g.path).read_row_group(g.index, columns=[*self.columns, HOLDOUT])
-        mask = table[HOLDOUT].to_numpy(zero_copy_only=False) == keep
-        return table.filter(pa.array(mask)).select(self.columns)
+        return table.filter(pa.array(_kept(table, keep))).select(self.columns)
 
     def _permute(self, table: pa.Table, rng: np.random.Generator) -> pa.Table:
         return table.take(rng.permutation(table.num_rows)) if self.shuffle else table
@@ -225,7 +224,8 @@ class FeatureReader:
             n += 1
             yield batch
         if pad_to is not None and n < pad_to:
-            empty = self._to_numpy(self._read(self.all_groups[0]).slice(0, 0))
+            schema = pq.ParquetFile(self.all_groups[0].path).schema_arrow
+            empty = self._to_numpy(schema.empty_table().select(self.columns))
             for _ in range(pad_to - n):
                 yield empty
 
@@ -321,6 +321,11 @@ class FeatureReader:
             lambda *flat: self.structure(flat), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
         )
         return structure.prefetch(prefetch)
+
+
+def _kept(table: pa.Table, keep: bool) -> np.ndarray:
+    """Rows of ``table`` whose ``_holdout`` column equals ``keep``: bool ``[rows]``."""
+    return table[HOLDOUT].to_numpy(zero_copy_only=False) == keep
 
 
 def _string_buffers(column: pa.Array) -> tuple[bytes, np.ndarray]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from pathlib import Path
 
 import tensorflow as tf
 
@@ -19,7 +18,6 @@ class Distribution:
     """One process, one replica, TensorFlow's default strategy.
 
     Attributes:
-        name: the ``train_distribute`` value.
         strategy: the ``tf.distribute.Strategy`` variables are created under.
         rank, world_size: this process's input shard and the number of shards (processes).
         is_chief: writes checkpoints, summaries, metrics and the result.
@@ -29,7 +27,6 @@ class Distribution:
             consecutive replicas).
     """
 
-    name = "NoStrategy"
     synchronous = False
 
     def __init__(self, strategy: tf.distribute.Strategy | None = None):
@@ -65,11 +62,6 @@ class Distribution:
 
     def broadcast(self, variables: list[tf.Variable]) -> None:
         """Make every process start from the chief's values (after restore)."""
-
-    def checkpoint_dir(self, model_dir: Path) -> Path | None:
-        """Where this process writes checkpoints: ``model_dir`` for the chief, None for
-        processes that do not save."""
-        return model_dir if self.is_chief else None
 
 
 def share_cores() -> None:

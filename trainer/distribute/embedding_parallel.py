@@ -6,7 +6,7 @@ de-duplicates the batch's ids, sends each owner the ids it holds (``hvd.alltoall
 splits), gathers the rows there and sends them back (a second all-to-all). Autodiff runs the
 same path backwards: Horovod's all-to-all gradient is the reverse all-to-all, so each owner's
 shard receives, as ``tf.IndexedSlices``, the summed gradients of its rows from every rank;
-these gradients must not be all-reduced again (``EMBEDDING_SHARD`` marks such variables).
+these gradients must not be all-reduced again.
 
 Reference: Mudigere et al., "Software-Hardware Co-design for Fast and Scalable Training of
 Deep Learning Recommendation Models" (2021), model parallel embeddings with all-to-all.
@@ -17,8 +17,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import tensorflow as tf
-
-EMBEDDING_SHARD = "_recpipe_embedding_shard"
 
 AllToAll = Callable[[tf.Tensor, tf.Tensor], tuple[tf.Tensor, tf.Tensor]]
 

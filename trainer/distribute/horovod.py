@@ -17,7 +17,6 @@ from trainer.distribute.base import Distribution, share_cores
 class HorovodDistribution(Distribution):
     """This process as one Horovod rank (``hvd.init()``; a single process is a world of 1)."""
 
-    name = "HorovodStrategy"
     synchronous = True
 
     def __init__(self):

@@ -44,8 +44,6 @@ class MirroredDistribution(_Collective):
         StrategyError: fewer GPUs than ``num_gpus_per_worker``.
     """
 
-    name = "MirroredStrategy"
-
     def __init__(self, replicas: int):
         devices = _replica_devices(max(replicas, 1))
         cross = None if devices[0].startswith("/gpu") else tf.distribute.ReductionToOneDevice()
@@ -60,8 +58,6 @@ class MultiWorkerMirroredDistribution(_Collective):
     Raises:
         StrategyError: TF_CONFIG is missing or names no worker task for this process.
     """
-
-    name = "MultiWorkerMirroredStrategy"
 
     def __init__(self):
         try:
