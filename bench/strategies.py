@@ -32,6 +32,8 @@ STRATEGIES = {
     "MirroredStrategy": 1,
     "MultiWorkerMirroredStrategy": 2,
     "HorovodStrategy": 2,
+    "EmbeddingParallelStrategy": 2,
+    "PSStrategy": 2,  # 2 workers and 2 ps; the chief dispatches every step
 }
 
 
@@ -46,7 +48,8 @@ def run(work: Path, buckets: int, strategy: str, steps: int, batch: int) -> dict
     from recpipe.config.train import TrainDistribute
 
     workers = STRATEGIES[strategy]
-    replicas = 2 if strategy != "NoStrategy" else 1
+    # a parameter-server step is one batch on one worker, asynchronously
+    replicas = 1 if strategy in ("NoStrategy", "PSStrategy") else 2
     edits = {
         **bench_edits(work, buckets),
         "train_ds": days(1)[0],
@@ -61,7 +64,8 @@ def run(work: Path, buckets: int, strategy: str, steps: int, batch: int) -> dict
     shutil.rmtree(model_dir, ignore_errors=True)
     args = ["trainer.train_eval", "--pipeline_config_path", str(CONFIG), "--model_dir", str(model_dir)]
     args += ["--skip_eval", "--edit_config_json", json.dumps(edits)]
-    processes = training_processes(TrainDistribute(strategy), workers, args)
+    ps = 2 if strategy == "PSStrategy" else 0
+    processes = training_processes(TrainDistribute(strategy), workers, args, ps=ps)
     job = job_spec("train", processes, ROOT, {"TF_CPP_MIN_LOG_LEVEL": "2"})
     start = time.perf_counter()
     logs = LocalLauncher(model_dir / "logs").run(job)
@@ -70,7 +74,8 @@ def run(work: Path, buckets: int, strategy: str, steps: int, batch: int) -> dict
     # steady state: the chief's logged windows after the first (which holds tracing)
     lines = (model_dir / "train_metrics.jsonl").read_text().splitlines()[1:]
     rates = [json.loads(line)["examples_per_sec"] for line in lines]
-    rate = sum(rates) / len(rates) * workers
+    # the chief logs its own examples/s; a parameter-server chief feeds the whole job
+    rate = sum(rates) / len(rates) * (1 if ps else workers)
     return {"examples_per_sec": rate, "wall_s": wall, "loss": result["loss"]}
 
 

@@ -173,7 +173,9 @@ class DistributedTrainOperator(JobOperator):
                     "train", "trainer.train_eval", args, model_dir / "logs", manifests=manifests
                 )
             else:
-                processes = training_processes(distribute, workers, ["trainer.train_eval", *args])
+                processes = training_processes(
+                    distribute, workers, ["trainer.train_eval", *args], ps=cluster.ps.count
+                )
                 if separate:
                     processes.append(evaluator_process(["trainer.eval", *common]))
                 summary = self.run_job("train", "trainer.train_eval", args, model_dir / "logs", processes)

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
+from tensorflow.python.distribute.sharded_variable import ShardedVariable
 
 from recpipe.errors import PipelineError
-from trainer.layers.embedding import TableSlice, assign_rows
+from trainer.layers.embedding import TableSlice, assign_rows, base_name
 
 log = logging.getLogger(__name__)
 PREFIX = "model.ckpt"
@@ -194,6 +195,45 @@ def fine_tune_restore(
     return report
 
 
+def restore_by_name(state, checkpoint: str | Path) -> None:
+    """Resume a ``trainer.state.TrainState`` from a checkpoint by variable and slot name, as
+    ``tf.train.Checkpoint.restore`` would, but into sharded tables too: a ``TableSlice``
+    keeps this rank's rows of each saved table, and each slot of a sharded variable this
+    rank's rows of the saved slot, whatever world size wrote the checkpoint.
+
+    Raises:
+        CheckpointError: no checkpoint there, or it lacks a model variable, a slot or a counter.
+    """
+    path = resolve(checkpoint)
+    partial = tf.train.Checkpoint(
+        variables=state.variables,
+        global_step=state.global_step,
+        epoch=state.epoch,
+        batch_in_epoch=state.batch_in_epoch,
+    )
+    try:
+        partial.restore(path).expect_partial().assert_existing_objects_matched()
+    except AssertionError as err:
+        raise CheckpointError(f"checkpoint {path} does not fit this model: {err}") from None
+    reader = tf.train.load_checkpoint(path)
+    report = FineTuneReport(path, restored=list(state.variables))
+    _restore_slots(state.optimizers, path, reader, state.variables, {}, report)
+    holders: dict[str, list[str]] = {}
+    for name, var in state.variables.items():
+        holders.setdefault(_location(var)[0], []).append(name)
+    wanted = set()
+    for opt in state.optimizers:
+        for slot in opt.variables:
+            slot_name, _, var_name = variable_name(slot).partition("/")
+            wanted |= {f"{slot_name}/{name}" for name in holders.get(var_name, [])}
+    missing = sorted(wanted - set(report.slots_restored))
+    if missing:
+        raise CheckpointError(f"checkpoint {path} lacks optimizer slots {missing[:5]} ({len(missing)})")
+    saved = saved_names(path)
+    for i, opt in enumerate(state.optimizers):
+        opt.iterations.assign(reader.get_tensor(saved[f"optimizer_{i}/iteration"]))
+
+
 def _restore_slots(
     optimizers, path: str, reader, variables: dict, var_map: dict[str, str], report: FineTuneReport
 ) -> None:
@@ -227,6 +267,8 @@ def _restore_slots(
             slot_name, _, var_name = variable_name(slot).partition("/")
             for name, offset, rows in parts.get(var_name, []):
                 value, key = saved_rows(slot_name, var_map.get(name, name))
+                if value is not None and isinstance(variables[name], TableSlice):
+                    value = variables[name].local(value)  # this rank's rows of a sharded table
                 if value is None or [rows, *slot.shape.as_list()[1:]] != list(value.shape):
                     continue
                 assign_rows(slot, offset, value)
@@ -242,10 +284,13 @@ def _restore_slots(
 LAYOUT_KEY = "embedding_layout"
 
 
-def _location(var) -> tuple[str, int, int]:
-    """(variable holding it, first row, rows) of a model variable or a ``TableSlice``."""
+def _location(var, local: bool = True) -> tuple[str, int, int]:
+    """(variable holding it, first row, rows) of a model variable or a ``TableSlice``: in this
+    process's variable, or (``local=False``) in the unsharded layout checkpoints hold."""
     if isinstance(var, TableSlice):
-        return variable_name(var.fused), var.offset, var.rows
+        if local:
+            return base_name(var.fused), var.local_offset, var.local_rows
+        return base_name(var.fused), var.offset, var.rows
     return variable_name(var), 0, var.shape[0] if var.shape.rank else 1
 
 
@@ -256,7 +301,12 @@ def checkpoint_map(model) -> dict[str, tf.Variable | TableSlice]:
     for module in model.submodules:
         for table in getattr(module, "tables", {}).values():
             if isinstance(table, TableSlice):
-                tables.setdefault(table.fused.ref(), []).append(table)
+                # a fused variable partitioned across ps lists its parts as model variables
+                fused = table.fused
+                parts = list(fused.variables) if isinstance(fused, ShardedVariable) else [fused]
+                tables.setdefault(parts[0].ref(), []).append(table)
+                for part in parts[1:]:
+                    tables[part.ref()] = []
     out: list = []
     for var in model.variables:
         out.extend(tables.get(var.ref(), [var]))
@@ -267,7 +317,7 @@ def embedding_layout(variables: dict) -> tf.Variable:
     """Where each table sits in its fused variable, saved with the checkpoint
     (``embedding_layout``: JSON ``{table: [fused variable, first row, rows]}``) so that a
     fine-tune can take the optimizer slots of each table by name."""
-    layout = {n: list(_location(v)) for n, v in variables.items() if isinstance(v, TableSlice)}
+    layout = {n: list(_location(v, local=False)) for n, v in variables.items() if isinstance(v, TableSlice)}
     return tf.Variable(json.dumps(layout, sort_keys=True), dtype=tf.string, trainable=False)
 
 

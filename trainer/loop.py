@@ -23,13 +23,13 @@ import tf_keras as keras
 from recpipe.config.model import EvalMethod
 from recpipe.config.pipeline import PipelineConfig
 from recpipe.errors import PipelineError
-from trainer.checkpoints import PREFIX, checkpoint_map, embedding_layout, fine_tune_restore, read_var_map
+from trainer.checkpoints import PREFIX, fine_tune_restore, read_var_map, restore_by_name
 from trainer.distribute import Distribution
 from trainer.evaluator import TRAIN_DONE, evaluate_and_record, mark_train_done
-from trainer.input import FeatureReader, holdout_split, parse_ds_range, sample_inputs
+from trainer.input import FeatureReader, holdout_split, parse_ds_range
+from trainer.layers.embedding import placement
 from trainer.losses import build_loss
-from trainer.models.builders import build_model
-from trainer.optimizers import build_optimizer, split_variables
+from trainer.state import build_state
 
 log = logging.getLogger(__name__)
 
@@ -101,31 +101,22 @@ class Trainer:
             self.config, self.partitions, job.rank, job.world_size, seed=job.seed, holdout=holdout
         )
         keras.utils.set_random_seed(job.seed)
-        with self.strategy.scope():
-            self.model = build_model(self.config)
-            self.model(sample_inputs(self.config))
-            self.optimizers = [
-                build_optimizer(c, f"optimizer_{i}") for i, c in enumerate(tc.optimizer_config)
-            ]
-            self.var_split = split_variables(
-                self.model.variable_groups(), len(self.optimizers), self.config.model.model_class
-            )
-            for opt, variables in zip(self.optimizers, self.var_split, strict=True):
-                opt.build(variables)
-            self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-            self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
-            self.batch_in_epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="batch_in_epoch")
-        self.variables = checkpoint_map(self.model)
-        self.checkpoint = tf.train.Checkpoint(
-            variables=self.variables,
-            embedding_layout=embedding_layout(self.variables),
-            global_step=self.global_step,
-            epoch=self.epoch,
-            batch_in_epoch=self.batch_in_epoch,
-            **{f"optimizer_{i}": opt for i, opt in enumerate(self.optimizers)},
+        self.state = build_state(self.config, self.dist.sharding, self.strategy)
+        st = self.state
+        for line in placement(st.model):
+            log.info("%s", line)
+        self.model, self.optimizers, self.var_split = st.model, st.optimizers, st.var_split
+        self.global_step, self.epoch, self.batch_in_epoch = st.global_step, st.epoch, st.batch_in_epoch
+        self.variables, self.checkpoint = st.variables, st.checkpoint
+        # sharded tables are saved through an unsharded copy on the chief, filled at each save
+        self.save_state = (
+            build_state(self.config)
+            if st.sharded_names and self.dist.world_size > 1 and job.is_chief
+            else None
         )
+        saved = self.save_state.checkpoint if self.save_state else self.checkpoint
         self.manager = tf.train.CheckpointManager(
-            self.checkpoint, str(job.model_dir), max_to_keep=tc.keep_checkpoint_max, checkpoint_name=PREFIX
+            saved, str(job.model_dir), max_to_keep=tc.keep_checkpoint_max, checkpoint_name=PREFIX
         )
         self.loss_fn = build_loss(self.config.model)
         self.train_step: Callable | None = None
@@ -138,6 +129,11 @@ class Trainer:
                 f"model_dir {self.job.model_dir} already holds checkpoints (latest {latest}); "
                 "pass --continue_train to resume, or choose another --model_dir"
             )
+        if latest and self.state.sharded_names:
+            # slots of sharded tables differ in shape from the checkpoint's: restored by name
+            restore_by_name(self.state, latest)
+            log.info("resumed from %s at step %d", latest, int(self.global_step.numpy()))
+            return {}
         if latest:
             self.checkpoint.restore(latest).assert_existing_objects_matched()
             log.info("resumed from %s at step %d", latest, int(self.global_step.numpy()))
@@ -161,6 +157,8 @@ class Trainer:
         reg = self.config.model.embedding_regularization
         tables = {t.ref() for t in self.model.variable_groups()["embedding"]}
         variables = [v for part in split for v in part]
+        # a sharded table's gradient is already the job's sum (the lookup's reverse all-to-all)
+        exchanged = [i for i, v in enumerate(variables) if not self.state.is_sharded(v)]
         several = dist.world_size * dist.replicas_per_process > 1
 
         def step(*flat):
@@ -174,7 +172,9 @@ class Trainer:
             if reg:
                 grads, reg_loss = _l2_on_rows(grads, variables, tables, reg)
                 loss += reg_loss
-            grads = dist.reduce_gradients(grads)
+            reduced = dist.reduce_gradients([grads[i] for i in exchanged])
+            for i, g in zip(exchanged, reduced, strict=True):
+                grads[i] = g
             i = 0
             for opt, part in zip(optimizers, split, strict=True):
                 opt.apply_gradients(zip(grads[i : i + len(part)], part, strict=True))
@@ -212,7 +212,7 @@ class Trainer:
             self._eval_days()  # fail before training, not at the first checkpoint
         job.model_dir.mkdir(parents=True, exist_ok=True)
         fine_tune = self._restore()
-        dist.broadcast(self._all_variables())
+        dist.broadcast([v for v in self.state.all_variables() if not self.state.is_sharded(v)])
         if job.is_chief:
             self._save_normalization()
             (job.model_dir / TRAIN_DONE).unlink(missing_ok=True)  # an earlier job's
@@ -238,6 +238,9 @@ class Trainer:
         train_step = None
         writer = tf.summary.create_file_writer(str(job.model_dir / "train")) if job.is_chief else None
         last_save_step, last_save_time = int(self.global_step.numpy()), time.time()
+        # every rank of an embedding-parallel job takes part in a save (its rows are gathered)
+        saver = job.is_chief or self.collective_save
+        saved, start_latest = False, self.manager.latest_checkpoint
         window_start, window_examples = time.time(), 0
         total_start, total_examples = time.time(), 0
         loss = float("nan")
@@ -250,13 +253,13 @@ class Trainer:
                 signature = dist.input_signature(data, self.reader.signature())
                 self.train_step = train_step = self._train_step_fn(signature)
             for element in data:
-                loss_t = train_step(*element)
+                loss_t = dist.run_step(train_step, element)
                 step += 1
                 n = dist.local_examples(element)
                 window_examples += n
                 total_examples += n
                 if step % tc.log_step_count_steps == 0:
-                    loss = float(loss_t)
+                    loss = dist.fetch(loss_t)
                     rate = window_examples / max(time.time() - window_start, 1e-9)
                     lr = self._learning_rate()
                     log.info("step %d loss %.5f lr %.6g examples/s %.0f", step, loss, lr, rate)
@@ -265,20 +268,21 @@ class Trainer:
                     window_start, window_examples = time.time(), 0
                 if writer is not None and step % tc.save_summary_steps == 0:
                     with writer.as_default(step=step):
-                        tf.summary.scalar("loss", loss_t)
+                        tf.summary.scalar("loss", dist.fetch(loss_t))
                         tf.summary.scalar("learning_rate", self._learning_rate())
-                if job.is_chief and self._due(step, last_save_step, last_save_time):
+                if saver and self._due(step, last_save_step, last_save_time):
                     self._save(step)
-                    last_save_step, last_save_time = step, time.time()
+                    last_save_step, last_save_time, saved = step, time.time(), True
                 if tc.num_steps is not None and step >= tc.num_steps:
                     done = True
                     break
             else:
                 self.epoch.assign_add(1)
                 self.batch_in_epoch.assign(0)
-        loss = float(loss_t) if total_examples else loss
+        dist.sync()
+        loss = dist.fetch(loss_t) if total_examples else loss
         step = int(self.global_step.numpy())
-        if job.is_chief and (step != last_save_step or self.manager.latest_checkpoint is None):
+        if saver and (step != last_save_step or (start_latest is None and not saved)):
             self._save(step)
         if writer is not None:
             writer.flush()
@@ -289,8 +293,27 @@ class Trainer:
             step, self.manager.latest_checkpoint or "", loss, total_examples / elapsed, fine_tune
         )
 
+    @property
+    def collective_save(self) -> bool:
+        """Saving gathers every rank's embedding rows (embedding-parallel, several ranks)."""
+        return bool(self.state.sharded_names) and self.dist.world_size > 1
+
+    def _gather_for_save(self) -> None:
+        """Fill the chief's unsharded copy: sharded variables and their slots gathered from
+        every rank, the rest copied (every rank calls it, in the same order)."""
+        targets = self.save_state.all_variables() if self.save_state else None
+        for i, var in enumerate(self.state.all_variables()):
+            value = self.dist.gather_rows(var, f"recpipe_save_{i}") if self.state.is_sharded(var) else var
+            if targets is not None:
+                targets[i].assign(value)
+
     def _save(self, step: int) -> None:
         """A checkpoint; with ``eval_method: master`` the chief evaluates it at once."""
+        self.dist.sync()  # scheduled parameter-server steps land before the save
+        if self.collective_save:
+            self._gather_for_save()
+            if not self.job.is_chief:
+                return
         path = self.manager.save(checkpoint_number=step)
         if self.config.eval_config.eval_method == EvalMethod.master:
             evaluate_and_record(self.config, self.job.model_dir, self._eval_days(), path)
@@ -300,17 +323,11 @@ class Trainer:
             raise TrainError("eval_config.eval_method: master evaluates eval_ds, which is not set")
         return parse_ds_range(self.config.eval_ds)
 
-    def _all_variables(self) -> list[tf.Variable]:
-        """Model, optimizer and progress variables (what Horovod broadcasts from rank 0)."""
-        out = list(self.model.variables)
-        for opt in self.optimizers:
-            out += list(opt.variables)
-        return out + [self.global_step, self.epoch, self.batch_in_epoch]
-
     def _due(self, step: int, last_step: int, last_time: float) -> bool:
         tc = self.config.train_config
         if tc.save_checkpoints_secs is not None:
-            return time.time() - last_time >= tc.save_checkpoints_secs
+            due = time.time() - last_time >= tc.save_checkpoints_secs
+            return self.dist.agree(due) if self.collective_save else due
         return step - last_step >= tc.save_checkpoints_steps
 
     def _save_normalization(self) -> None:

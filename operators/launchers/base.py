@@ -19,6 +19,11 @@ class JobSpec:
         envs: per process, variables added on top of ``env`` (TF_CONFIG differs by task).
         roles: per process, its name in logs and errors (default ``process <i>``).
         manifests: for a cluster launcher, the rendered Kubernetes objects (``kubeflow.render``).
+        servers: indices of processes that serve until the others are done (parameter-server
+            workers and ps); they are stopped then.
+        restart: indices of processes started again when they die, as Kubernetes restarts a
+            pod (parameter-server workers: TensorFlow's coordinator runs their steps on the
+            others meanwhile and takes them back when they return).
     """
 
     name: str
@@ -28,6 +33,8 @@ class JobSpec:
     envs: list[dict[str, str]] | None = None
     roles: list[str] | None = None
     manifests: list[dict] | None = None
+    servers: set[int] = field(default_factory=set)
+    restart: set[int] = field(default_factory=set)
 
     def role(self, i: int) -> str:
         return self.roles[i] if self.roles else f"process {i}"

@@ -26,6 +26,10 @@ def tail(path: Path, lines: int = TAIL_LINES) -> str:
         return ""
 
 
+# restarts of a restartable process (a parameter-server worker) before the job fails
+MAX_RESTARTS = 3
+
+
 class LocalLauncher:
     """Runs a job's processes on 127.0.0.1 and forwards their output to the task log.
 
@@ -51,26 +55,29 @@ class LocalLauncher:
         """
         self.log_dir.mkdir(parents=True, exist_ok=True)
         logs = [self.log_dir / f"{job.name}-{i}.log" for i in range(len(job.argv))]
-        for i, (argv, path) in enumerate(zip(job.argv, logs, strict=True)):
-            with path.open("wb") as out:
-                self._procs.append(
-                    subprocess.Popen(
-                        argv,
-                        cwd=job.cwd,
-                        env={**os.environ, **job.process_env(i)},
-                        stdout=out,
-                        stderr=subprocess.STDOUT,
-                        stdin=subprocess.DEVNULL,
-                        start_new_session=True,
-                    )
-                )
+        for i, path in enumerate(logs):
+            self._procs.append(self._start(job, i, path, "wb"))
         log.info("started %s: %s", job.name, "; ".join(" ".join(a) for a in job.argv))
         offsets = [0] * len(logs)
+        restarts = dict.fromkeys(job.restart, 0)
         try:
             while True:
                 pairs = enumerate(zip(logs, offsets, strict=True))
                 offsets = [self._forward(p, o, job.name, job.role(i)) for i, (p, o) in pairs]
                 codes = [p.poll() for p in self._procs]
+                for i in job.restart:
+                    if codes[i] not in (None, 0) and restarts[i] < MAX_RESTARTS:
+                        restarts[i] += 1
+                        log.warning(
+                            "%s %s exited with code %s; restarting it (%d of %d)",
+                            job.name,
+                            job.role(i),
+                            codes[i],
+                            restarts[i],
+                            MAX_RESTARTS,
+                        )
+                        self._procs[i] = self._start(job, i, logs[i], "ab")
+                        codes[i] = None
                 failed = [i for i, c in enumerate(codes) if c not in (None, 0)]
                 if failed:
                     i = failed[0]
@@ -79,13 +86,27 @@ class LocalLauncher:
                         f"{job.name} {job.role(i)} exited with code {codes[i]} (log {logs[i]}); "
                         f"last lines:\n{tail(logs[i])}"
                     )
-                if all(c == 0 for c in codes):
+                tasks = [c for i, c in enumerate(codes) if i not in job.servers]
+                if all(c == 0 for c in tasks):
+                    self.kill()  # servers serve until the tasks are done
                     for i, (p, o) in enumerate(zip(logs, offsets, strict=True)):
                         self._forward(p, o, job.name, job.role(i))
                     return logs
                 time.sleep(0.5)
         finally:
             self._procs = []
+
+    def _start(self, job: JobSpec, i: int, path: Path, mode: str) -> subprocess.Popen:
+        with path.open(mode) as out:
+            return subprocess.Popen(
+                job.argv[i],
+                cwd=job.cwd,
+                env={**os.environ, **job.process_env(i)},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
 
     @staticmethod
     def _forward(path: Path, offset: int, name: str, role: str) -> int:

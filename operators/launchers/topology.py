@@ -3,7 +3,12 @@
 - ``NoStrategy`` and ``MirroredStrategy``: one process (Mirrored's replicas live inside it).
 - ``MultiWorkerMirroredStrategy``: ``workers`` processes, each with its TF_CONFIG (cluster of
   ``localhost`` ports, its own task index), as TensorFlow's multi-worker guide describes.
-- ``HorovodStrategy``: one ``horovodrun -np N --gloo`` process that starts the N ranks.
+- ``HorovodStrategy``, ``EmbeddingParallelStrategy``: one ``horovodrun -np N --gloo`` process
+  that starts the N ranks.
+- ``PSStrategy``, and ``NoStrategy`` with ps: the chief (the trainer, coordinating) and
+  ``workers`` + ``ps`` servers (``trainer.distribute.server``), each with its TF_CONFIG; the
+  servers are stopped when the chief is done; a worker that dies is started again (training
+  goes on with the others meanwhile, TensorFlow's fault tolerance).
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ class Process:
     role: str
     argv: list[str]
     env: dict[str, str]
+    server: bool = False  # serves until the other processes are done, then is stopped
+    restart: bool = False  # started again when it dies
 
 
 def free_ports(count: int) -> list[int]:
@@ -43,13 +50,18 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
-def training_processes(distribute: TrainDistribute, workers: int, module_args: list[str]) -> list[Process]:
+def training_processes(
+    distribute: TrainDistribute, workers: int, module_args: list[str], ps: int = 0
+) -> list[Process]:
     """The processes that run ``python -m <module_args>`` as a ``distribute`` job.
 
     Args:
         distribute: the strategy.
-        workers: worker processes (Horovod ranks); must be 1 for single-process strategies.
+        workers: worker processes (Horovod ranks); must be 1 for single-process strategies
+            other than ``NoStrategy`` with ps.
         module_args: ``[module, arg, ...]`` after ``python -m``.
+        ps: parameter servers (the cluster config's ``ps.count``): ``PSStrategy`` takes at
+            least 1; with ``NoStrategy``, more than 0 makes it a parameter-server job.
 
     Raises:
         ValueError: ``workers`` < 1, or > 1 for a single-process strategy, or a strategy the
@@ -58,12 +70,14 @@ def training_processes(distribute: TrainDistribute, workers: int, module_args: l
     python = [sys.executable, "-m", *module_args]
     if workers < 1:
         raise ValueError(f"num_workers={workers}: at least one worker is needed")
+    if distribute == TrainDistribute.PSStrategy or (distribute == TrainDistribute.NoStrategy and ps > 0):
+        return _parameter_server(workers, max(ps, 1), python)
     if distribute in SINGLE:
         if workers != 1:
             raise ValueError(
                 f"num_workers={workers}: {distribute.value} runs in one process (MirroredStrategy "
                 "takes train_config.num_gpus_per_worker replicas); use MultiWorkerMirroredStrategy "
-                "or HorovodStrategy for several workers"
+                "HorovodStrategy or EmbeddingParallelStrategy for several workers"
             )
         return [Process("worker 0", python, {})]
     if distribute == TrainDistribute.MultiWorkerMirroredStrategy:
@@ -79,7 +93,7 @@ def training_processes(distribute: TrainDistribute, workers: int, module_args: l
             )
             for i in range(workers)
         ]
-    if distribute == TrainDistribute.HorovodStrategy:
+    if distribute in (TrainDistribute.HorovodStrategy, TrainDistribute.EmbeddingParallelStrategy):
         horovodrun = [
             sys.executable,
             "-m",
@@ -96,6 +110,29 @@ def training_processes(distribute: TrainDistribute, workers: int, module_args: l
         ]
         return [Process("horovodrun", [*horovodrun, *python], {"RECPIPE_LOCAL_PROCESSES": str(workers)})]
     raise ValueError(f"train_distribute {distribute.value}: the local launcher cannot start it yet")
+
+
+def _parameter_server(workers: int, ps: int, python: list[str]) -> list[Process]:
+    ports = free_ports(1 + workers + ps)
+    cluster = {
+        "chief": [f"localhost:{ports[0]}"],
+        "worker": [f"localhost:{p}" for p in ports[1 : 1 + workers]],
+        "ps": [f"localhost:{p}" for p in ports[1 + workers :]],
+    }
+
+    def env(kind: str, i: int) -> dict[str, str]:
+        tf_config = {"cluster": cluster, "task": {"type": kind, "index": i}}
+        return {"TF_CONFIG": json.dumps(tf_config), "RECPIPE_LOCAL_PROCESSES": str(workers + 1)}
+
+    server = [sys.executable, "-m", "trainer.distribute.server"]
+    return [
+        Process("chief", python, env("chief", 0)),
+        *(
+            Process(f"worker {i}", server, env("worker", i), server=True, restart=True)
+            for i in range(workers)
+        ),
+        *(Process(f"ps {i}", server, env("ps", i), server=True) for i in range(ps)),
+    ]
 
 
 def evaluator_process(module_args: list[str]) -> Process:
@@ -115,4 +152,6 @@ def job_spec(
         env=env or {},
         envs=[p.env for p in processes],
         roles=[p.role for p in processes],
+        servers={i for i, p in enumerate(processes) if p.server},
+        restart={i for i, p in enumerate(processes) if p.restart},
     )

@@ -6,6 +6,7 @@ import os
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -75,3 +76,23 @@ def _alive(pid: int) -> bool:
         return False
     status = Path(f"/proc/{pid}/status")
     return status.exists() and "zombie" not in status.read_text()
+
+
+def test_servers_are_stopped_when_the_tasks_are_done_and_a_worker_is_restarted(tmp_path):
+    serve = "import time; print('serving', flush=True); time.sleep(120)"
+    task = "import time; time.sleep(4); print('done')"
+    # the restartable server dies on its first start only (a marker file tells it apart)
+    flaky = (
+        f"import pathlib, sys, time; m = pathlib.Path({str(tmp_path / 'ran')!r}); first = not m.exists(); "
+        "m.touch(); print('start', flush=True); sys.exit(9) if first else time.sleep(120)"
+    )
+    job = replace(_job(tmp_path, task, flaky, serve), servers={1, 2}, restart={1})
+    start = time.monotonic()
+    logs = LocalLauncher(tmp_path / "logs", grace_s=2).run(job)
+    assert time.monotonic() - start < 30  # the servers did not hold the job for 120 s
+    assert logs[0].read_text().strip() == "done" and logs[2].read_text().startswith("serving")
+    assert logs[1].read_text().split() == ["start", "start"]  # started again, one log
+    # a server that is not restartable fails the job
+    job = replace(_job(tmp_path, "import time; time.sleep(30)", "import sys; sys.exit(4)"), servers={1})
+    with pytest.raises(JobFailedError, match="job process 1 exited with code 4"):
+        LocalLauncher(tmp_path / "logs2", grace_s=2).run(job)

@@ -43,3 +43,17 @@ def test_horovod_is_one_horovodrun_with_gloo_on_loopback():
 def test_free_ports_are_distinct():
     ports = free_ports(5)
     assert len(set(ports)) == 5 and all(1024 < p < 65536 for p in ports)
+
+
+def test_parameter_server_jobs_are_a_chief_and_servers_with_their_tf_config():
+    for kind, ps in ((D.PSStrategy, 2), (D.NoStrategy, 1)):
+        procs = training_processes(kind, 2, ARGS, ps=ps)
+        assert [p.role for p in procs] == ["chief", "worker 0", "worker 1", *[f"ps {i}" for i in range(ps)]]
+        assert procs[0].argv == [sys.executable, "-m", *ARGS] and not procs[0].server
+        assert all(p.argv[-1] == "trainer.distribute.server" and p.server for p in procs[1:])
+        assert [p.restart for p in procs] == [False, True, True, *[False] * ps]
+        tasks = [json.loads(p.env["TF_CONFIG"])["task"] for p in procs]
+        assert tasks[0] == {"type": "chief", "index": 0} and tasks[-1] == {"type": "ps", "index": ps - 1}
+        cluster = json.loads(procs[0].env["TF_CONFIG"])["cluster"]
+        assert (len(cluster["chief"]), len(cluster["worker"]), len(cluster["ps"])) == (1, 2, ps)
+    assert len(training_processes(D.PSStrategy, 1, ARGS)) == 3  # PSStrategy takes at least one ps

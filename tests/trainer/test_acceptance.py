@@ -147,9 +147,10 @@ def test_sparse_optimizers_match_dense_adam_out_of_time(ml_all, tmp_path):
 
 @pytest.mark.slow
 def test_strategies_match_no_strategy_out_of_time(ml_all, tmp_path):
-    """Mirrored (2 replicas), MultiWorkerMirrored and Horovod (2 workers each), started by the
-    local launcher as real processes, reach NoStrategy's AUC within 0.01 with the same global
-    batch (256) and the same number of steps."""
+    """Mirrored (2 replicas), MultiWorkerMirrored, Horovod and EmbeddingParallel (2 workers
+    each), and asynchronous PS (2 workers, 2 ps), started by the local launcher as real
+    processes, reach NoStrategy's AUC within 0.01 with the same global batch (256) and the same
+    number of steps."""
     import yaml
 
     from operators.base import last_json_line
@@ -164,12 +165,12 @@ def test_strategies_match_no_strategy_out_of_time(ml_all, tmp_path):
         {"adam_optimizer": {"learning_rate": _lr(0.002, True)}},
     ]
 
-    def run(strategy: str, workers: int, **edits) -> dict:
+    def run(strategy: str, workers: int, ps: int = 0, **edits) -> dict:
         model_dir = tmp_path / strategy
         edits = {"train_config.train_distribute": strategy, "train_config.optimizer_config": split, **edits}
         args = ["trainer.train_eval", "--pipeline_config_path", str(path), "--model_dir", str(model_dir)]
         args += ["--skip_eval", "--edit_config_json", json.dumps(edits)]
-        processes = training_processes(TrainDistribute(strategy), workers, args)
+        processes = training_processes(TrainDistribute(strategy), workers, args, ps=ps)
         job = job_spec("train", processes, ROOT)
         result = last_json_line(LocalLauncher(model_dir / "logs", grace_s=3).run(job)[0])
         config = with_edits(ml_all, {"train_config.optimizer_config": split})
@@ -186,6 +187,9 @@ def test_strategies_match_no_strategy_out_of_time(ml_all, tmp_path):
     )
     results["MultiWorkerMirroredStrategy"] = run("MultiWorkerMirroredStrategy", 2, **half)
     results["HorovodStrategy"] = run("HorovodStrategy", 2, **half)
+    results["EmbeddingParallelStrategy"] = run("EmbeddingParallelStrategy", 2, **half)
+    # asynchronous: each step is one whole batch on one worker
+    results["PSStrategy"] = run("PSStrategy", 2, ps=2, **same)
     out = ROOT / "var/acceptance/strategies.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))

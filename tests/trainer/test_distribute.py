@@ -21,7 +21,9 @@ from tests.trainer.conftest import EARLY, ROOT
 pytestmark = pytest.mark.slow
 
 
-def _train(config_path: Path, model_dir: Path, distribute: str, workers: int = 1, *extra, **edits):
+def _train(
+    config_path: Path, model_dir: Path, distribute: str, workers: int = 1, *extra, ps: int = 0, **edits
+):
     """Run trainer.train_eval as a ``distribute`` job; return (chief's result, log files)."""
     args = [
         "trainer.train_eval",
@@ -35,7 +37,7 @@ def _train(config_path: Path, model_dir: Path, distribute: str, workers: int = 1
         json.dumps({"train_config.train_distribute": distribute, **edits}),
         *extra,
     ]
-    processes = training_processes(TrainDistribute(distribute), workers, args)
+    processes = training_processes(TrainDistribute(distribute), workers, args, ps=ps)
     job = job_spec("train", processes, ROOT, {"PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2"})
     logs = LocalLauncher(model_dir / "logs", grace_s=3).run(job)
     return last_json_line(logs[0]), logs
@@ -234,3 +236,141 @@ def test_a_worker_killed_mid_training_fails_the_job_and_a_retry_resumes(config_p
     )
     assert again["global_step"] == saved + 10
     assert f"resumed from {latest} at step {saved}" in logs[0].read_text()
+
+
+def _state(model_dir: Path) -> dict[str, np.ndarray]:
+    """Every float tensor of the latest checkpoint: weights, optimizer slots."""
+    reader = tf.train.load_checkpoint(str(model_dir))
+    return {
+        name: reader.get_tensor(name)
+        for name, dtype in reader.get_variable_to_dtype_map().items()
+        if dtype.is_floating
+    }
+
+
+def _assert_same_state(a_dir: Path, b_dir: Path) -> None:
+    a, b = _state(a_dir), _state(b_dir)
+    assert a.keys() == b.keys() and sum("OPTIMIZER_SLOT" in k or "_variables" in k for k in a) > 5
+    for name in a:
+        np.testing.assert_allclose(a[name], b[name], atol=3e-5, err_msg=name)
+
+
+def test_embedding_parallel_equals_horovod_and_checkpoints_restore_to_another_world_size(
+    config_path, tmp_path
+):
+    import shutil
+
+    # lazy Adam on the tables (their slots must follow each rank's rows), Adam on the rest
+    edits = {
+        "train_config.optimizer_config": SPLITS["lazy_adam+adam"],
+        "data_config.batch_size": 128,
+        "data_config.shuffle": False,
+        "train_config.save_checkpoints_steps": 1000,
+    }
+    ep = "EmbeddingParallelStrategy"
+    one, _ = _train(config_path, tmp_path / "ep1", ep, 1, **edits, **{"train_config.num_steps": 4})
+    assert one["global_step"] == 4
+
+    # 1 -> 2 ranks: the sharded job resumes the 1-rank checkpoint and trains as Horovod does
+    for name in ("ep2", "hvd2"):
+        shutil.copytree(tmp_path / "ep1", tmp_path / name, ignore=shutil.ignore_patterns("logs"))
+    steps = {"train_config.num_steps": 10}
+    two, logs = _train(config_path, tmp_path / "ep2", ep, 2, "--continue_train", **edits, **steps)
+    ref, _ = _train(
+        config_path, tmp_path / "hvd2", "HorovodStrategy", 2, "--continue_train", **edits, **steps
+    )
+    assert two["global_step"] == ref["global_step"] == 10
+    assert "resumed from" in logs[0].read_text()
+    assert abs(two["loss"] - ref["loss"]) < 1e-4
+    moved = _state(tmp_path / "ep2")
+    start = _state(tmp_path / "ep1")
+    assert max(float(np.abs(moved[k] - start[k]).max()) for k in start) > 1e-3
+    _assert_same_state(tmp_path / "ep2", tmp_path / "hvd2")
+
+    # 2 -> 1 rank: the 2-rank checkpoint (gathered on the chief) resumes in one rank
+    for name in ("ep2to1", "single"):
+        shutil.copytree(tmp_path / "ep2", tmp_path / name, ignore=shutil.ignore_patterns("logs"))
+    steps = {"train_config.num_steps": 14}
+    back, _ = _train(config_path, tmp_path / "ep2to1", ep, 1, "--continue_train", **edits, **steps)
+    plain, _ = _train(config_path, tmp_path / "single", "NoStrategy", 1, "--continue_train", **edits, **steps)
+    assert back["global_step"] == plain["global_step"] == 14
+    _assert_same_state(tmp_path / "ep2to1", tmp_path / "single")
+
+
+PS_EDITS = {
+    "train_config.optimizer_config": SPLITS["lazy_adam+adam"],
+    "data_config.batch_size": 128,
+    "train_config.num_steps": 30,
+    "train_config.save_checkpoints_steps": 10,
+    "train_config.log_step_count_steps": 10,
+}
+
+
+def test_parameter_server_job_partitions_tables_trains_and_resumes(config_path, tmp_path):
+    model_dir = tmp_path / "model"
+    result, logs = _train(config_path, model_dir, "PSStrategy", 2, ps=2, **PS_EDITS)
+    assert result["global_step"] == 30 and np.isfinite(result["loss"])
+    chief = logs[0].read_text()
+    # the item table (100,000 x 16 floats) is split over both ps; the checkpoint keeps one
+    # entry per table, as every other strategy writes it
+    assert "rows in 2 parts" in chief and "/job:ps/replica:0/task:1" in chief
+    names = {k: v.shape for k, v in _state(model_dir).items()}
+    assert names["variables/deepfm.Sinput_layer.Sitem_id.Sembedding_weights/.ATTRIBUTES/VARIABLE_VALUE"] == (
+        100000,
+        16,
+    )
+    assert sorted(p.name for p in model_dir.glob("model.ckpt-*.index"))[-1] == "model.ckpt-30.index"
+    assert _processes_mentioning("trainer.distribute.server") == []  # servers stopped with the job
+    again, logs = _train(
+        config_path,
+        model_dir,
+        "PSStrategy",
+        2,
+        "--continue_train",
+        ps=2,
+        **{**PS_EDITS, "train_config.num_steps": 40},
+    )
+    assert again["global_step"] == 40
+    assert "resumed from" in logs[0].read_text()
+
+
+def test_asynchronous_parameter_server_training_goes_on_when_a_worker_dies(config_path, tmp_path):
+    # the launcher restarts the worker, as Kubernetes would; TensorFlow's coordinator runs
+    # its steps on the other worker meanwhile and takes it back
+    import signal
+    import threading
+    import time
+
+    model_dir = tmp_path / "model"
+    edits = {**PS_EDITS, "train_config.num_steps": 400, "data_config.num_epochs": 20}
+    args = ["trainer.train_eval", "--pipeline_config_path", str(config_path), "--model_dir", str(model_dir)]
+    args += [f"--train_ds={EARLY[0]}:{EARLY[1]}", "--skip_eval"]
+    args += ["--edit_config_json", json.dumps({"train_config.train_distribute": "NoStrategy", **edits})]
+    # NoStrategy with ps in the cluster: parameter-server training, as in EasyRec
+    processes = training_processes(TrainDistribute.NoStrategy, 2, args, ps=1)
+    assert [p.role for p in processes] == ["chief", "worker 0", "worker 1", "ps 0"]
+    launcher = LocalLauncher(model_dir / "logs", grace_s=3)
+    logs: list = []
+    errors: list[Exception] = []
+
+    def run():
+        try:
+            logs.extend(launcher.run(job_spec("train", processes, ROOT)))
+        except Exception as err:  # noqa: BLE001 - asserted below
+            errors.append(err)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 300
+    while not (model_dir / "model.ckpt-20.index").exists():
+        assert time.monotonic() < deadline and thread.is_alive(), errors
+        time.sleep(0.2)
+    os.kill(launcher._procs[2].pid, signal.SIGKILL)  # worker 1 dies mid-training
+    thread.join(400)
+    assert not thread.is_alive() and not errors, errors
+    result = last_json_line(logs[0])
+    # no step lost; the step running on the killed worker may have updated the ps before it
+    # died and is run again (TensorFlow's coordinator runs a step at least once)
+    assert 400 <= result["global_step"] <= 402
+    assert logs[2].read_text().count("serving worker 1") == 2  # started again, one log
+    assert tf.train.latest_checkpoint(str(model_dir)).endswith(f"model.ckpt-{result['global_step']}")

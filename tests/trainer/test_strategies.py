@@ -20,10 +20,25 @@ def test_no_strategy_is_one_chief_process_on_the_default_strategy():
 def test_strategies_that_cannot_run_fail_clearly(monkeypatch):
     with pytest.raises(StrategyError, match="SokStrategy needs a GPU and NVIDIA SOK"):
         distribution_for(TrainConfig(train_distribute="SokStrategy"))
-    with pytest.raises(StrategyError, match="NoStrategy with sync_replicas is not available"):
+    with pytest.raises(StrategyError, match="NoStrategy with sync_replicas needs ps in the cluster"):
         distribution_for(TrainConfig(sync_replicas=True))
-    with pytest.raises(StrategyError, match="PSStrategy is not available"):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    with pytest.raises(StrategyError, match="parameter-server training needs TF_CONFIG"):
         distribution_for(TrainConfig(train_distribute="PSStrategy"))
+    ps_cluster = {"chief": ["localhost:1"], "worker": ["localhost:2"], "ps": ["localhost:3"]}
+    monkeypatch.setenv(
+        "TF_CONFIG", json.dumps({"cluster": ps_cluster, "task": {"type": "chief", "index": 0}})
+    )
+    with pytest.raises(
+        StrategyError, match="synchronous parameter-server training .NoStrategy. is not available"
+    ):
+        distribution_for(TrainConfig(sync_replicas=True))
+    monkeypatch.setenv(
+        "TF_CONFIG", json.dumps({"cluster": ps_cluster, "task": {"type": "worker", "index": 0}})
+    )
+    with pytest.raises(StrategyError, match="workers and ps run python -m trainer.distribute.server"):
+        distribution_for(TrainConfig(train_distribute="PSStrategy"))
+    monkeypatch.delenv("TF_CONFIG")
     monkeypatch.delenv("TF_CONFIG", raising=False)
     with pytest.raises(StrategyError, match="MultiWorkerMirroredStrategy needs TF_CONFIG"):
         distribution_for(TrainConfig(train_distribute="MultiWorkerMirroredStrategy"))

@@ -25,9 +25,13 @@ class Distribution:
             shorter shards are padded with empty batches.
         replicas_per_process: replicas fed by this process (consecutive batches go to
             consecutive replicas).
+        sharding: how embedding rows are split across ranks
+            (``trainer.distribute.embedding_parallel.Sharding``), or None (every process
+            holds whole tables).
     """
 
     synchronous = False
+    sharding = None
 
     def __init__(self, strategy: tf.distribute.Strategy | None = None):
         self.strategy = strategy or tf.distribute.get_strategy()
@@ -47,6 +51,17 @@ class Distribution:
         """The train step's input signature for elements of ``distribute(...)``."""
         return flat_signature
 
+    def run_step(self, train_step: Callable, element) -> object:
+        """Run (or, on a parameter-server chief, schedule) one step on ``element``."""
+        return train_step(*element)
+
+    def fetch(self, value) -> float:
+        """A step's result as a float (waits for a scheduled step)."""
+        return float(value)
+
+    def sync(self) -> None:
+        """Wait until every scheduled step has updated the variables."""
+
     def all_sum(self, value: tf.Tensor) -> tf.Tensor:
         """Sum of ``value`` over every replica of the job (called in replica context)."""
         return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, value)
@@ -55,6 +70,15 @@ class Distribution:
         """Gradients summed over replicas before the update; tf.distribute optimizers sum them
         themselves, so this is the identity except for Horovod."""
         return grads
+
+    def agree(self, flag: bool) -> bool:
+        """The chief's ``flag`` on every process (one process: ``flag``)."""
+        return flag
+
+    def gather_rows(self, variable: tf.Variable, name: str):
+        """A sharded variable's rows from every rank, merged in global order: numpy on the
+        chief, None elsewhere (collective). Unsharded: its value."""
+        return variable.numpy()
 
     def job_loss(self, loss: tf.Tensor) -> tf.Tensor:
         """This replica's share of the job's loss -> the job's loss (cross-replica context)."""

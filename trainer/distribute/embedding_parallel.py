@@ -15,8 +15,12 @@ Deep Learning Recommendation Models" (2021), model parallel embeddings with all-
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
+import numpy as np
 import tensorflow as tf
+
+from trainer.distribute.horovod import HorovodDistribution
 
 AllToAll = Callable[[tf.Tensor, tf.Tensor], tuple[tf.Tensor, tf.Tensor]]
 
@@ -63,3 +67,63 @@ def sharded_lookup(shard: tf.Variable, ids: tf.Tensor, world_size: int, alltoall
     by_unique = tf.gather(received, tf.argsort(order))
     out = tf.gather(by_unique, index)
     return tf.reshape(out, tf.concat([tf.shape(ids), tf.shape(shard)[1:]], axis=0))
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """How this rank holds embedding tables: ``rank`` of ``world_size``, rows by id modulo.
+
+    Injected into ``FeatureEmbedding`` (via ``build_model``); the layer then holds
+    ``rows(total)`` rows of each fused variable and looks ids up with ``lookup``.
+    """
+
+    rank: int
+    world_size: int
+    alltoall: AllToAll
+
+    def rows(self, total: int) -> int:
+        """Local rows of a ``total``-row variable."""
+        return shard_rows(total, self.rank, self.world_size)
+
+    def lookup(self, shard: tf.Variable, ids: tf.Tensor) -> tf.Tensor:
+        """``sharded_lookup`` over this job's ranks (collective: every rank calls it)."""
+        return sharded_lookup(shard, ids, self.world_size, self.alltoall)
+
+    def local(self, rows, first_global_row: int = 0):
+        """The rows of ``rows`` (global rows from ``first_global_row`` on, a numpy array or
+        tensor ``[n, ...]``) that this rank holds, in local order."""
+        return rows[(self.rank - first_global_row) % self.world_size :: self.world_size]
+
+    def merge(self, shards: list[np.ndarray]) -> np.ndarray:
+        """Global rows from each rank's local rows (``shards[r]``, numpy ``[rows_r, ...]``)."""
+        total = sum(len(s) for s in shards)
+        out = np.empty((total, *shards[0].shape[1:]), shards[0].dtype)
+        for r, part in enumerate(shards):
+            out[r :: self.world_size] = part
+        return out
+
+
+class EmbeddingParallelDistribution(HorovodDistribution):
+    """``EmbeddingParallelStrategy``: Horovod data parallel for dense weights, embedding rows
+    sharded across ranks by id (``Sharding``; the model's tables are built with it).
+
+    Dense gradients are all-reduced as under ``HorovodStrategy``. A sharded table's gradient
+    already sums every rank's contributions (the reverse all-to-all of the lookup), so the
+    loop applies it as it is. A save gathers each sharded variable and its optimizer slots on the
+    chief, which writes the unsharded checkpoint every reader knows (evaluator, export,
+    fine-tune); a restore keeps each rank's rows of it, so any world size resumes any other.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.sharding = Sharding(self.rank, self.world_size, horovod_alltoall())
+
+    def agree(self, flag: bool) -> bool:
+        return bool(self.hvd.broadcast_object(flag, root_rank=0, name="recpipe_agree"))
+
+    def gather_rows(self, variable: tf.Variable, name: str):
+        full = self.hvd.allgather(tf.convert_to_tensor(variable), name=name).numpy()
+        if not self.is_chief:
+            return None
+        sizes = [shard_rows(len(full), r, self.world_size) for r in range(self.world_size)]
+        return self.sharding.merge(np.split(full, np.cumsum(sizes)[:-1]))

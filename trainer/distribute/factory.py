@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+
 from recpipe.config.train import TrainConfig, TrainDistribute
 from trainer.distribute.base import Distribution, StrategyError
 
@@ -15,6 +18,17 @@ def distribution_for(train_config: TrainConfig) -> Distribution:
             available in this version; a multi-worker strategy without its environment.
     """
     kind = train_config.train_distribute
+    with_ps = "ps" in json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
+    if kind == TrainDistribute.PSStrategy or (kind == TrainDistribute.NoStrategy and with_ps):
+        if train_config.sync_replicas:
+            raise StrategyError(
+                f"train_config.sync_replicas: synchronous parameter-server training ({kind.value}) is "
+                "not available in this version; use sync_replicas: false (asynchronous), or "
+                "MultiWorkerMirroredStrategy / HorovodStrategy for synchronous data parallelism"
+            )
+        from trainer.distribute.parameter_server import ParameterServerDistribution
+
+        return ParameterServerDistribution()
     if kind == TrainDistribute.NoStrategy and not train_config.sync_replicas:
         return Distribution()
     if kind == TrainDistribute.MirroredStrategy:
@@ -29,11 +43,14 @@ def distribution_for(train_config: TrainConfig) -> Distribution:
         from trainer.distribute.horovod import HorovodDistribution
 
         return HorovodDistribution()
+    if kind == TrainDistribute.EmbeddingParallelStrategy:
+        from trainer.distribute.embedding_parallel import EmbeddingParallelDistribution
+
+        return EmbeddingParallelDistribution()
     if kind == TrainDistribute.SokStrategy:
         raise StrategyError("train_config.train_distribute: SokStrategy needs a GPU and NVIDIA SOK")
     raise StrategyError(
-        f"train_config.train_distribute: {kind.value}"
-        f"{' with sync_replicas' if train_config.sync_replicas else ''} is not available in this "
-        "version (parameter-server and embedding-parallel training are being built); use "
-        "NoStrategy, MirroredStrategy, MultiWorkerMirroredStrategy or HorovodStrategy"
+        f"train_config.sync_replicas: {kind.value} with sync_replicas needs ps in the cluster "
+        "(and synchronous parameter-server training is not available in this version); use "
+        "MultiWorkerMirroredStrategy or HorovodStrategy for synchronous data parallelism"
     )

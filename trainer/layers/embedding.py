@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 import tf_keras as keras
+from tensorflow.python.distribute.sharded_variable import ShardedVariable
 from tensorflow.python.trackable.base import Trackable
 
 from recpipe.config.data import FeatureSpec, FeatureType
@@ -57,27 +58,51 @@ def assign_rows(variable: tf.Variable, offset: int, value) -> tf.Operation:
     return variable.scatter_update(tf.IndexedSlices(value, rows))
 
 
+def base_name(variable) -> str:
+    """A variable's name without ``:0``; a ``ShardedVariable``'s (partitioned across ps) is its
+    first part's without ``/part_0``."""
+    if isinstance(variable, ShardedVariable):
+        return variable.variables[0].name.split(":")[0].rsplit("/part_", 1)[0]
+    return variable.name.split(":")[0]
+
+
 class TableSlice(Trackable):
-    """One table inside a fused variable: rows ``[offset, offset + rows)`` of ``fused``.
+    """One table inside a fused variable: global rows ``[offset, offset + rows)`` of ``fused``.
 
     Saved to and restored from checkpoints as a variable of its own (key
     ``.../<table>/embedding_weights/.ATTRIBUTES/VARIABLE_VALUE``, float32 ``[rows, dim]``).
+    With a ``sharding`` (``EmbeddingParallelStrategy``), ``fused`` holds only this rank's rows;
+    the table's rows there are the contiguous local range ``[local_offset, local_offset +
+    local_rows)``, ``value()`` returns them, and ``assign`` takes the whole table and keeps
+    this rank's rows (so a checkpoint restores to any world size).
+
+    Attributes:
+        shape: the whole table's shape ``[rows, dim]``.
     """
 
-    def __init__(self, fused: tf.Variable, offset: int, rows: int, table: str):
-        self.fused, self.offset, self.rows = fused, offset, rows
-        self.name = f"{fused.name.rsplit('/', 1)[0]}/{table}/embedding_weights:0"
+    def __init__(self, fused: tf.Variable, offset: int, rows: int, table: str, sharding=None):
+        self.fused, self.offset, self.rows, self.sharding = fused, offset, rows, sharding
+        if sharding is None:
+            self.local_offset, self.local_rows = offset, rows
+        else:
+            self.local_offset = sharding.rows(offset)
+            self.local_rows = sharding.rows(offset + rows) - self.local_offset
+        self.name = f"{base_name(fused).rsplit('/', 1)[0]}/{table}/embedding_weights:0"
         self.shape = tf.TensorShape([rows, fused.shape[1]])
         self.dtype = fused.dtype
 
     def value(self) -> tf.Tensor:
-        return self.fused[self.offset : self.offset + self.rows]
+        return self.fused[self.local_offset : self.local_offset + self.local_rows]
 
     def numpy(self):
         return self.value().numpy()
 
+    def local(self, table_rows):
+        """This rank's rows of a whole-table array ``[rows, ...]`` (all of it unsharded)."""
+        return table_rows if self.sharding is None else self.sharding.local(table_rows, self.offset)
+
     def assign(self, value):
-        return assign_rows(self.fused, self.offset, value)
+        return assign_rows(self.fused, self.local_offset, self.local(value))
 
     def _serialize_to_tensors(self):
         return {"VARIABLE_VALUE": self.value()}
@@ -99,6 +124,9 @@ class FeatureEmbedding(keras.layers.Layer):
         features: the id and tag features to embed.
         dim: table width for every feature (the wide part uses 1); default each
             feature's ``embedding_dim``.
+        sharding: a ``trainer.distribute.embedding_parallel.Sharding``: hold this rank's
+            rows only (global row ``g`` at local row ``g div W``) and look ids up across
+            ranks (every rank must call the layer at the same point of its step).
 
     Call:
         inputs: dict with ``string [B]`` per id feature, ``RaggedTensor string [B, (n)]``
@@ -114,8 +142,9 @@ class FeatureEmbedding(keras.layers.Layer):
         fused: width -> the fused ``tf.Variable`` ``[sum of the tables' rows, width]``.
     """
 
-    def __init__(self, features: list[FeatureSpec], dim: int | None = None, **kwargs):
+    def __init__(self, features: list[FeatureSpec], dim: int | None = None, sharding=None, **kwargs):
         super().__init__(**kwargs)
+        self.sharding = sharding
         self.features = [f for f in features if f.feature_type != FeatureType.RawFeature]
         self.shapes = table_shapes(self.features, dim)
         # a plain holder: Keras would track dicts of variables / slices as SavedModel children
@@ -134,15 +163,19 @@ class FeatureEmbedding(keras.layers.Layer):
         for width in widths:
             names = [t for t, (_, w) in self.shapes.items() if w == width]
             total = sum(self.shapes[t][0] for t in names)
+            shard = self.sharding
             self.fused[width] = fused = self.add_weight(
                 name=f"embedding_weights_dim{width}",
-                shape=(total, width),
-                initializer=keras.initializers.TruncatedNormal(stddev=0.01),
+                shape=(shard.rows(total) if shard else total, width),
+                # ranks draw different rows: the global seed is the same on every rank
+                initializer=keras.initializers.TruncatedNormal(
+                    stddev=0.01, seed=None if shard is None else 7919 * (shard.rank + 1) + width
+                ),
             )
             offset = 0
             for table in names:
                 rows = self.shapes[table][0]
-                self.tables[table] = TableSlice(fused, offset, rows, table)
+                self.tables[table] = TableSlice(fused, offset, rows, table, shard)
                 offset += rows
         super().build(input_shape)
 
@@ -152,6 +185,13 @@ class FeatureEmbedding(keras.layers.Layer):
         ids = values if values.dtype == tf.int64 else hash_ids(values, f.hash_bucket_size)
         return ids + table.offset, table.fused
 
+    def _gather(self, fused: tf.Variable, ids: tf.Tensor) -> tf.Tensor:
+        if self.sharding:
+            return self.sharding.lookup(fused, ids)
+        if isinstance(fused, ShardedVariable):  # partitioned across ps: one gather per part
+            return tf.nn.embedding_lookup(fused, ids)
+        return tf.gather(fused, ids)
+
     def call(self, inputs: dict) -> dict[str, tf.Tensor]:
         out = {}
         by_width: dict[int, list[tuple[str, tf.Tensor]]] = {}
@@ -160,7 +200,7 @@ class FeatureEmbedding(keras.layers.Layer):
             if f.feature_type == FeatureType.IdFeature:
                 by_width.setdefault(fused.shape[1], []).append((f.name, ids))
                 continue
-            rows = tf.gather(fused, ids.flat_values)
+            rows = self._gather(fused, ids.flat_values)
             summed = tf.math.unsorted_segment_sum(rows, ids.value_rowids(), num_segments=ids.nrows())
             if f.combiner == "mean":
                 counts = tf.cast(tf.maximum(ids.row_lengths(), 1), summed.dtype)
@@ -168,6 +208,19 @@ class FeatureEmbedding(keras.layers.Layer):
             out[f.name] = summed
         for width, named in by_width.items():
             # one gather for every id feature of this width: [F, B] ids -> [F, B, width]
-            rows = tf.gather(self.fused[width], tf.stack([ids for _, ids in named]))
+            rows = self._gather(self.fused[width], tf.stack([ids for _, ids in named]))
             out.update(zip([n for n, _ in named], tf.unstack(rows), strict=True))
         return {f.name: out[f.name] for f in self.features}
+
+
+def placement(model) -> list[str]:
+    """One line per fused table variable partitioned across ps: its rows, parts and devices."""
+    out = []
+    for layer in model.submodules:
+        for fused in getattr(layer, "fused", {}).values() if isinstance(layer, FeatureEmbedding) else []:
+            if isinstance(fused, ShardedVariable):
+                devices = ", ".join(f"{v.shape[0]} on {v.device}" for v in fused.variables)
+                out.append(
+                    f"{base_name(fused)}: {fused.shape[0]} rows in {len(fused.variables)} parts ({devices})"
+                )
+    return out

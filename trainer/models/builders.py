@@ -29,8 +29,10 @@ def _group_features(config: PipelineConfig, kind: WideDeep):
     return [config.feature_config.feature(n) for n in names]
 
 
-def build_model(config: PipelineConfig) -> RankingModel:
-    """Build the model named by ``model_config.model_class``.
+def build_model(config: PipelineConfig, sharding=None) -> RankingModel:
+    """Build the model named by ``model_config.model_class``; with a ``sharding``
+    (``trainer.distribute.embedding_parallel.Sharding``) its embedding tables hold this
+    rank's rows only.
 
     Raises:
         ModelConfigError: no model_config, no DEEP group, or parts that do not fit
@@ -72,5 +74,5 @@ def build_model(config: PipelineConfig) -> RankingModel:
         sub = mc.dcn or DCNModel()
         tower = DCNTower(sub.cross_num, sub.deep_tower, sub.final_dnn, name="tower")
         wide = []
-    wide_part = WideLogit(wide, wide_dim, name="wide") if wide else None
-    return RankingModel(deep, tower, wide_part, name=cls.value.lower())
+    wide_part = WideLogit(wide, wide_dim, sharding=sharding, name="wide") if wide else None
+    return RankingModel(deep, tower, wide_part, sharding=sharding, name=cls.value.lower())

@@ -20,10 +20,12 @@ class WideLogit(keras.layers.Layer):
     """First-order part: a width-``wide_output_dim`` embedding per wide id / tag feature and a
     linear term per wide raw feature, summed to ``float32 [B, 1]``."""
 
-    def __init__(self, features: list[FeatureSpec], wide_output_dim: int = 1, **kwargs):
+    def __init__(self, features: list[FeatureSpec], wide_output_dim: int = 1, sharding=None, **kwargs):
         super().__init__(**kwargs)
         self.raw = [f.name for f in features if f.feature_type == FeatureType.RawFeature]
-        self.embedding = FeatureEmbedding(features, dim=wide_output_dim, name="wide_embedding")
+        self.embedding = FeatureEmbedding(
+            features, dim=wide_output_dim, sharding=sharding, name="wide_embedding"
+        )
         self.linear = keras.layers.Dense(1, use_bias=False, name="linear") if self.raw else None
 
     def call(self, inputs):
@@ -41,14 +43,20 @@ class RankingModel(keras.Model):
         deep_features: features of the DEEP groups (id / tag embedded, raw as dense inputs).
         tower: a ``trainer.models.towers`` layer.
         wide: a ``WideLogit`` or None.
+        sharding: embedding rows sharded across ranks (``EmbeddingParallelStrategy``), or None.
     """
 
     def __init__(
-        self, deep_features: list[FeatureSpec], tower: keras.layers.Layer, wide: WideLogit | None, **kw
+        self,
+        deep_features: list[FeatureSpec],
+        tower: keras.layers.Layer,
+        wide: WideLogit | None,
+        sharding=None,
+        **kw,
     ):
         super().__init__(**kw)
         self.dense_names = [f.name for f in deep_features if f.feature_type == FeatureType.RawFeature]
-        self.embedding = FeatureEmbedding(deep_features, name="input_layer")
+        self.embedding = FeatureEmbedding(deep_features, sharding=sharding, name="input_layer")
         self.tower = tower
         self.wide = wide
         self.head = keras.layers.Dense(1, name="logit")

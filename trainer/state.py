@@ -1,0 +1,88 @@
+"""What a training job checkpoints: model, optimizers, progress, and the checkpoint over them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tensorflow as tf
+
+from recpipe.config.pipeline import PipelineConfig
+from trainer.checkpoints import checkpoint_map, embedding_layout, variable_name
+from trainer.input import sample_inputs
+from trainer.layers.embedding import FeatureEmbedding
+from trainer.models.builders import build_model
+from trainer.models.ranking import RankingModel
+from trainer.optimizers import build_optimizer, split_variables
+
+
+@dataclass
+class TrainState:
+    """Model, optimizers (built over ``var_split``), progress counters and their checkpoint.
+
+    Attributes:
+        variables: checkpoint name -> variable or ``TableSlice`` (``checkpoint_map``).
+        checkpoint: ``tf.train.Checkpoint`` with ``variables``, ``embedding_layout``,
+            ``global_step``, ``epoch``, ``batch_in_epoch`` and ``optimizer_<i>``.
+        sharded_names: names of the variables that hold only this rank's embedding rows.
+    """
+
+    model: RankingModel
+    optimizers: list
+    var_split: list[list[tf.Variable]]
+    global_step: tf.Variable
+    epoch: tf.Variable
+    batch_in_epoch: tf.Variable
+    variables: dict
+    checkpoint: tf.train.Checkpoint
+    sharded_names: frozenset[str]
+
+    def all_variables(self) -> list[tf.Variable]:
+        """Model, optimizer and progress variables, in an order equal in every build."""
+        out = list(self.model.variables)
+        for opt in self.optimizers:
+            out += list(opt.variables)
+        return out + [self.global_step, self.epoch, self.batch_in_epoch]
+
+    def is_sharded(self, var: tf.Variable) -> bool:
+        """A sharded embedding variable, or an optimizer slot of one (``<slot>/<variable>``)."""
+        name = variable_name(var)
+        return name in self.sharded_names or name.partition("/")[2] in self.sharded_names
+
+
+def build_state(
+    config: PipelineConfig, sharding=None, strategy: tf.distribute.Strategy | None = None
+) -> TrainState:
+    """Build the model (its tables sharded with ``sharding``), the optimizers of
+    ``train_config.optimizer_config`` and the progress counters under ``strategy``'s scope
+    (default: the current strategy), and the checkpoint over them."""
+    with (strategy or tf.distribute.get_strategy()).scope():
+        model = build_model(config, sharding)
+        model(sample_inputs(config))
+        optimizers = [
+            build_optimizer(c, f"optimizer_{i}") for i, c in enumerate(config.train_config.optimizer_config)
+        ]
+        var_split = split_variables(model.variable_groups(), len(optimizers), config.model.model_class)
+        for opt, variables in zip(optimizers, var_split, strict=True):
+            opt.build(variables)
+        global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
+        batch_in_epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="batch_in_epoch")
+    # the layout (a string) stays outside the strategy: collectives cannot broadcast strings
+    variables = checkpoint_map(model)
+    checkpoint = tf.train.Checkpoint(
+        variables=variables,
+        embedding_layout=embedding_layout(variables),
+        global_step=global_step,
+        epoch=epoch,
+        batch_in_epoch=batch_in_epoch,
+        **{f"optimizer_{i}": opt for i, opt in enumerate(optimizers)},
+    )
+    sharded = frozenset(
+        variable_name(v)
+        for layer in model.submodules
+        if isinstance(layer, FeatureEmbedding) and layer.sharding is not None
+        for v in layer.fused.values()
+    )
+    return TrainState(
+        model, optimizers, var_split, global_step, epoch, batch_in_epoch, variables, checkpoint, sharded
+    )
