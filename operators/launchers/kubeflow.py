@@ -1,9 +1,10 @@
 """Kubeflow training-operator manifests for a training job on a Kubernetes cluster.
 
 - ``TFJob`` (``kubeflow.org/v1``) for ``NoStrategy``, ``MirroredStrategy``,
-  ``MultiWorkerMirroredStrategy`` and ``PSStrategy``: ``Worker`` (and ``PS``) replicas; the
-  operator writes each pod's TF_CONFIG. With ``eval_method: separate`` an ``Evaluator`` replica
-  runs ``trainer.eval --follow``.
+  ``MultiWorkerMirroredStrategy`` and ``PSStrategy``: ``Worker`` replicas, or for
+  parameter-server jobs a ``Chief`` (the trainer), ``Worker`` and ``PS`` replicas running
+  ``trainer.distribute.server``; the operator writes each pod's TF_CONFIG. With
+  ``eval_method: separate`` an ``Evaluator`` replica runs ``trainer.eval --follow``.
 - ``MPIJob`` (``kubeflow.org/v2beta1``) for ``HorovodStrategy`` and
   ``EmbeddingParallelStrategy``: a ``Launcher`` pod runs ``horovodrun --gloo`` over the
   workers listed in ``/etc/mpi/hostfile`` (the MPI operator's SSH set-up); ``Worker`` pods run
@@ -133,13 +134,28 @@ def render(
                 }
             )
         return manifests
-    if distribute in (TrainDistribute.NoStrategy, TrainDistribute.MirroredStrategy) and workers != 1:
+    with_ps = distribute == TrainDistribute.PSStrategy or (
+        distribute == TrainDistribute.NoStrategy and cluster.ps.count > 0
+    )
+    if (
+        not with_ps
+        and distribute in (TrainDistribute.NoStrategy, TrainDistribute.MirroredStrategy)
+        and workers != 1
+    ):
         raise ValueError(f"num_workers={workers}: {distribute.value} runs in one process")
     if distribute == TrainDistribute.PSStrategy and not cluster.ps.count:
         raise ValueError("PSStrategy needs ps.count >= 1 in the cluster config")
-    specs = {"Worker": _replica(cluster, "tensorflow", train, cluster.worker, workers, "Never")}
-    if cluster.ps.count and distribute in (TrainDistribute.PSStrategy, TrainDistribute.NoStrategy):
-        specs["PS"] = _replica(cluster, "tensorflow", train, cluster.ps, cluster.ps.count, "Never")
+    if with_ps:
+        # the chief runs the trainer (TF's coordinator); workers and ps serve it. Workers are
+        # restarted on failure: the coordinator runs their steps elsewhere and takes them back
+        server = ["python", "-m", "trainer.distribute.server"]
+        specs = {
+            "Chief": _replica(cluster, "tensorflow", train, cluster.worker, 1, "Never"),
+            "Worker": _replica(cluster, "tensorflow", server, cluster.worker, workers, "OnFailure"),
+            "PS": _replica(cluster, "tensorflow", server, cluster.ps, cluster.ps.count, "Never"),
+        }
+    else:
+        specs = {"Worker": _replica(cluster, "tensorflow", train, cluster.worker, workers, "Never")}
     if eval_args is not None:
         specs["Evaluator"] = _replica(cluster, "tensorflow", evaluate, cluster.evaluator, 1, "Never")
     return [

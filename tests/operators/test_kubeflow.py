@@ -86,7 +86,11 @@ def test_multi_worker_and_ps_render_tfjobs(k8s):
     )  # the operator's default
     (ps,) = render("train", D.PSStrategy, k8s, ARGS)
     specs = _check_crd(ps, k8s)
-    assert set(specs) == {"Worker", "PS"} and specs["PS"]["replicas"] == 2
+    assert set(specs) == {"Chief", "Worker", "PS"} and specs["PS"]["replicas"] == 2
+    command = {role: spec["template"]["spec"]["containers"][0]["command"] for role, spec in specs.items()}
+    assert command["Chief"][:3] == ["python", "-m", "trainer.train_eval"]
+    assert command["Worker"] == command["PS"] == ["python", "-m", "trainer.distribute.server"]
+    assert specs["Worker"]["restartPolicy"] == "OnFailure" and specs["Chief"]["replicas"] == 1
     assert specs["PS"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "4.0"
 
 
