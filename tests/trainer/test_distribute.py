@@ -160,6 +160,35 @@ def test_a_failing_worker_stops_the_job_and_is_named(config_path, tmp_path):
     assert _processes_mentioning(str(tmp_path)) == []  # worker 0, waiting for its peer, was stopped
 
 
+def _kill_after_checkpoint_20(job, model_dir: Path, index: int, join_s: float) -> tuple[list, list]:
+    """Run ``job`` in a thread, SIGKILL its process ``index`` once ``model.ckpt-20`` exists,
+    wait for the job to end; return (its logs, the errors it raised)."""
+    import signal
+    import threading
+    import time
+
+    launcher = LocalLauncher(model_dir / "logs", grace_s=3)
+    logs: list = []
+    errors: list[Exception] = []
+
+    def run():
+        try:
+            logs.extend(launcher.run(job))
+        except Exception as err:  # noqa: BLE001 - the callers assert what it was
+            errors.append(err)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 300
+    while not (model_dir / "model.ckpt-20.index").exists():
+        assert time.monotonic() < deadline and thread.is_alive(), errors
+        time.sleep(0.2)
+    os.kill(launcher._procs[index].pid, signal.SIGKILL)  # dies mid-training
+    thread.join(join_s)
+    assert not thread.is_alive()
+    return logs, errors
+
+
 def _processes_mentioning(text: str) -> list[int]:
     found = []
     for entry in os.listdir("/proc"):
@@ -186,9 +215,6 @@ def test_embedding_parallel_lookup_and_gradient_equal_one_unsharded_table(tmp_pa
 
 
 def test_a_worker_killed_mid_training_fails_the_job_and_a_retry_resumes(config_path, tmp_path):
-    import signal
-    import threading
-    import time
 
     model_dir = tmp_path / "model"
     edits = {
@@ -205,25 +231,7 @@ def test_a_worker_killed_mid_training_fails_the_job_and_a_retry_resumes(config_p
         2,
         [*args, "--edit_config_json", json.dumps({**strategy, **edits})],
     )
-    launcher = LocalLauncher(model_dir / "logs", grace_s=3)
-    job = job_spec("train", processes, ROOT)
-    errors: list[Exception] = []
-
-    def run():
-        try:
-            launcher.run(job)
-        except Exception as err:  # noqa: BLE001 - the assertion below checks what it was
-            errors.append(err)
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    deadline = time.monotonic() + 300
-    while not (model_dir / "model.ckpt-20.index").exists():
-        assert time.monotonic() < deadline and thread.is_alive(), errors
-        time.sleep(0.2)
-    os.kill(launcher._procs[1].pid, signal.SIGKILL)  # worker 1 dies mid-training
-    thread.join(60)
-    assert not thread.is_alive()
+    _, errors = _kill_after_checkpoint_20(job_spec("train", processes, ROOT), model_dir, 1, 60)
     assert isinstance(errors[0], JobFailedError) and "train worker 1 exited with code -9" in str(errors[0])
     assert _processes_mentioning(str(model_dir)) == []  # worker 0 was stopped, not left waiting
     latest = tf.train.latest_checkpoint(str(model_dir))
@@ -337,9 +345,6 @@ def test_parameter_server_job_partitions_tables_trains_and_resumes(config_path, 
 def test_asynchronous_parameter_server_training_goes_on_when_a_worker_dies(config_path, tmp_path):
     # the launcher restarts the worker, as Kubernetes would; TensorFlow's coordinator runs
     # its steps on the other worker meanwhile and takes it back
-    import signal
-    import threading
-    import time
 
     model_dir = tmp_path / "model"
     edits = {**PS_EDITS, "train_config.num_steps": 400, "data_config.num_epochs": 20}
@@ -349,25 +354,8 @@ def test_asynchronous_parameter_server_training_goes_on_when_a_worker_dies(confi
     # NoStrategy with ps in the cluster: parameter-server training, as in EasyRec
     processes = training_processes(TrainDistribute.NoStrategy, 2, args, ps=1)
     assert [p.role for p in processes] == ["chief", "worker 0", "worker 1", "ps 0"]
-    launcher = LocalLauncher(model_dir / "logs", grace_s=3)
-    logs: list = []
-    errors: list[Exception] = []
-
-    def run():
-        try:
-            logs.extend(launcher.run(job_spec("train", processes, ROOT)))
-        except Exception as err:  # noqa: BLE001 - asserted below
-            errors.append(err)
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    deadline = time.monotonic() + 300
-    while not (model_dir / "model.ckpt-20.index").exists():
-        assert time.monotonic() < deadline and thread.is_alive(), errors
-        time.sleep(0.2)
-    os.kill(launcher._procs[2].pid, signal.SIGKILL)  # worker 1 dies mid-training
-    thread.join(400)
-    assert not thread.is_alive() and not errors, errors
+    logs, errors = _kill_after_checkpoint_20(job_spec("train", processes, ROOT), model_dir, 2, 400)
+    assert not errors, errors
     result = last_json_line(logs[0])
     # no step lost; the step running on the killed worker may have updated the ps before it
     # died and is run again (TensorFlow's coordinator runs a step at least once)
