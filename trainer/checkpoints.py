@@ -110,6 +110,7 @@ class FineTuneReport:
     missing: list[str] = field(default_factory=list)
     shape_mismatch: list[str] = field(default_factory=list)
     slots_restored: list[str] = field(default_factory=list)
+    slots_missing: list[str] = field(default_factory=list)  # no slot of that shape saved
     optimizer_iterations: dict[str, int] = field(default_factory=dict)
 
 
@@ -218,16 +219,8 @@ def restore_by_name(state, checkpoint: str | Path) -> None:
     reader = tf.train.load_checkpoint(path)
     report = FineTuneReport(path, restored=list(state.variables))
     _restore_slots(state.optimizers, path, reader, state.variables, {}, report)
-    holders: dict[str, list[str]] = {}
-    for name, var in state.variables.items():
-        holders.setdefault(_location(var)[0], []).append(name)
-    wanted = set()
-    for opt in state.optimizers:
-        for slot in opt.variables:
-            slot_name, _, var_name = variable_name(slot).partition("/")
-            wanted |= {f"{slot_name}/{name}" for name in holders.get(var_name, [])}
-    missing = sorted(wanted - set(report.slots_restored))
-    if missing:
+    if report.slots_missing:
+        missing = report.slots_missing
         raise CheckpointError(f"checkpoint {path} lacks optimizer slots {missing[:5]} ({len(missing)})")
     saved = saved_names(path)
     for i, opt in enumerate(state.optimizers):
@@ -270,6 +263,7 @@ def _restore_slots(
                 if value is not None and isinstance(variables[name], TableSlice):
                     value = variables[name].local(value)  # this rank's rows of a sharded table
                 if value is None or [rows, *slot.shape.as_list()[1:]] != list(value.shape):
+                    report.slots_missing.append(f"{slot_name}/{name}")
                     continue
                 assign_rows(slot, offset, value)
                 report.slots_restored.append(f"{slot_name}/{name}")

@@ -18,14 +18,12 @@ is TF1's ``SyncReplicasOptimizer``; it is not available in this version.
 from __future__ import annotations
 
 import json
-import logging
 import os
 
 import tensorflow as tf
 
 from trainer.distribute.base import Distribution, StrategyError
 
-log = logging.getLogger(__name__)
 # tables under this size stay whole on one ps: splitting them only adds requests
 MIN_SHARD_BYTES = 256 << 10
 
@@ -79,7 +77,6 @@ class ParameterServerDistribution(Distribution):
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
         super().__init__(tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner))
         self.coordinator = tf.distribute.coordinator.ClusterCoordinator(self.strategy)
-        self.workers, self.ps = len(cluster["worker"]), ps
 
     def run_step(self, train_step, element):
         return self.coordinator.schedule(train_step, args=tuple(element))
