@@ -11,7 +11,7 @@ including start-up.
 All processes share this machine's cores, so the ratios here measure the strategies' overhead
 (collectives, padding, start-up), not the speed-up that more machines would give.
 
-Usage: ``python bench/strategies.py [--rows 400000] [--steps 300] [--batch 2048]``
+Usage: ``python bench/strategies.py [--rows 400000] [--steps 300] [--batch 2048] [--only NAME ...]``
 """
 
 from __future__ import annotations
@@ -27,17 +27,21 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+# name: (train_distribute, worker processes, ps, batches per step, sync_replicas)
 STRATEGIES = {
-    "NoStrategy": 1,
-    "MirroredStrategy": 1,
-    "MultiWorkerMirroredStrategy": 2,
-    "HorovodStrategy": 2,
-    "EmbeddingParallelStrategy": 2,
-    "PSStrategy": 2,  # 2 workers and 2 ps; the chief dispatches every step
+    "NoStrategy": ("NoStrategy", 1, 0, 1, False),
+    "MirroredStrategy": ("MirroredStrategy", 1, 0, 2, False),
+    "MultiWorkerMirroredStrategy": ("MultiWorkerMirroredStrategy", 2, 0, 2, False),
+    "HorovodStrategy": ("HorovodStrategy", 2, 0, 2, False),
+    "EmbeddingParallelStrategy": ("EmbeddingParallelStrategy", 2, 0, 2, False),
+    # the chief dispatches every step: asynchronous, one batch on one worker
+    "PSStrategy": ("PSStrategy", 2, 2, 1, False),
+    # one batch per worker, summed on the chief, then one update
+    "NoStrategy+sync_replicas": ("NoStrategy", 2, 1, 2, True),
 }
 
 
-def run(work: Path, buckets: int, strategy: str, steps: int, batch: int) -> dict:
+def run(work: Path, buckets: int, name: str, steps: int, batch: int) -> dict:
     """One job; its chief's result line, the job's examples/s and its wall time."""
     import shutil
 
@@ -47,24 +51,22 @@ def run(work: Path, buckets: int, strategy: str, steps: int, batch: int) -> dict
     from operators.launchers.topology import job_spec, training_processes
     from recpipe.config.train import TrainDistribute
 
-    workers = STRATEGIES[strategy]
-    # a parameter-server step is one batch on one worker, asynchronously
-    replicas = 1 if strategy in ("NoStrategy", "PSStrategy") else 2
+    strategy, workers, ps, replicas, sync = STRATEGIES[name]
     edits = {
         **bench_edits(work, buckets),
         "train_ds": days(1)[0],
         "data_config.batch_size": batch // replicas,
         "train_config.num_steps": steps,
         "train_config.train_distribute": strategy,
+        "train_config.sync_replicas": sync,
         "train_config.num_gpus_per_worker": replicas if strategy == "MirroredStrategy" else 1,
         "train_config.log_step_count_steps": 50,
         "train_config.optimizer_config": [{"lazy_adam_optimizer": {}}, {"adam_optimizer": {}}],
     }
-    model_dir = work / "models" / strategy
+    model_dir = work / "models" / name
     shutil.rmtree(model_dir, ignore_errors=True)
     args = ["trainer.train_eval", "--pipeline_config_path", str(CONFIG), "--model_dir", str(model_dir)]
     args += ["--skip_eval", "--edit_config_json", json.dumps(edits)]
-    ps = 2 if strategy == "PSStrategy" else 0
     processes = training_processes(TrainDistribute(strategy), workers, args, ps=ps)
     job = job_spec("train", processes, ROOT, {"TF_CPP_MIN_LOG_LEVEL": "2"})
     start = time.perf_counter()
@@ -86,6 +88,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--batch", type=int, default=2048, help="global batch")
     parser.add_argument("--workdir", default=str(ROOT / "var/bench/strategies"))
+    parser.add_argument(
+        "--only", nargs="+", choices=list(STRATEGIES), default=list(STRATEGIES), help="NoStrategy always runs"
+    )
     args = parser.parse_args()
     from bench.criteo_data import prepare
 
@@ -96,11 +101,14 @@ def main() -> None:
         f"global batch {args.batch}, {args.steps} steps; {os.cpu_count()} cores shared by all processes"
     )
     base = None
-    for strategy in STRATEGIES:
-        r = run(work, args.buckets, strategy, args.steps, args.batch)
+    for name, (_, workers, ps, _, _) in STRATEGIES.items():
+        if name != "NoStrategy" and name not in args.only:
+            continue
+        r = run(work, args.buckets, name, args.steps, args.batch)
         base = base or r["examples_per_sec"]
+        processes = f"x{workers}{f'+{ps}ps' if ps else ''}"
         print(
-            f"{strategy:28s} x{STRATEGIES[strategy]} process(es) {r['examples_per_sec']:9,.0f} examples/s "
+            f"{name:26s} {processes:6s} {r['examples_per_sec']:9,.0f} examples/s "
             f"(ratio {r['examples_per_sec'] / base:4.2f})  wall {r['wall_s']:5.1f} s  "
             f"final loss {r['loss']:.4f}",
             flush=True,

@@ -161,10 +161,9 @@ class Trainer:
         exchanged = [i for i, v in enumerate(variables) if not self.state.is_sharded(v)]
         several = dist.world_size * dist.replicas_per_process > 1
 
-        def step(*flat):
+        def gradients(flat: tuple, share) -> tuple[tf.Tensor, list]:
+            # this replica's loss (its share of the global mean) and its gradients, unreduced
             features, labels = reader.structure(flat)
-            n = tf.cast(tf.shape(labels)[0], tf.float32)
-            share = tf.math.divide_no_nan(n, dist.all_sum(n)) if several else 1.0
             with tf.GradientTape() as tape:
                 logits = model(features, training=True)
                 loss = loss_fn(labels, logits) * share
@@ -172,13 +171,26 @@ class Trainer:
             if reg:
                 grads, reg_loss = _l2_on_rows(grads, variables, tables, reg)
                 loss += reg_loss
-            reduced = dist.reduce_gradients([grads[i] for i in exchanged])
-            for i, g in zip(exchanged, reduced, strict=True):
-                grads[i] = g
+            return loss, grads
+
+        def apply(grads: list) -> None:
             i = 0
             for opt, part in zip(optimizers, split, strict=True):
                 opt.apply_gradients(zip(grads[i : i + len(part)], part, strict=True))
                 i += len(part)
+
+        if dist.aggregates_on_chief:  # synchronous parameter-server training
+            counters = (self.global_step, self.batch_in_epoch)
+            return dist.build_update(signature, gradients, apply, variables, counters)
+
+        def step(*flat):
+            n = tf.cast(tf.shape(flat[0])[0], tf.float32)  # labels come first
+            share = tf.math.divide_no_nan(n, dist.all_sum(n)) if several else 1.0
+            loss, grads = gradients(flat, share)
+            reduced = dist.reduce_gradients([grads[i] for i in exchanged])
+            for i, g in zip(exchanged, reduced, strict=True):
+                grads[i] = g
+            apply(grads)
             return loss
 
         @tf.function(input_signature=signature, reduce_retracing=True)

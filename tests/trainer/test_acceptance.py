@@ -148,9 +148,9 @@ def test_sparse_optimizers_match_dense_adam_out_of_time(ml_all, tmp_path):
 @pytest.mark.slow
 def test_strategies_match_no_strategy_out_of_time(ml_all, tmp_path):
     """Mirrored (2 replicas), MultiWorkerMirrored, Horovod and EmbeddingParallel (2 workers
-    each), and asynchronous PS (2 workers, 2 ps), started by the local launcher as real
-    processes, reach NoStrategy's AUC within 0.01 with the same global batch (256) and the same
-    number of steps."""
+    each), asynchronous PS (2 workers, 2 ps) and synchronous PS (2 workers, 1 ps), started by
+    the local launcher as real processes, reach NoStrategy's AUC within 0.01 with the same
+    global batch (256) and the same number of steps."""
     import yaml
 
     from operators.base import last_json_line
@@ -165,8 +165,8 @@ def test_strategies_match_no_strategy_out_of_time(ml_all, tmp_path):
         {"adam_optimizer": {"learning_rate": _lr(0.002, True)}},
     ]
 
-    def run(strategy: str, workers: int, ps: int = 0, **edits) -> dict:
-        model_dir = tmp_path / strategy
+    def run(strategy: str, workers: int, ps: int = 0, name: str | None = None, **edits) -> dict:
+        model_dir = tmp_path / (name or strategy)
         edits = {"train_config.train_distribute": strategy, "train_config.optimizer_config": split, **edits}
         args = ["trainer.train_eval", "--pipeline_config_path", str(path), "--model_dir", str(model_dir)]
         args += ["--skip_eval", "--edit_config_json", json.dumps(edits)]
@@ -190,6 +190,8 @@ def test_strategies_match_no_strategy_out_of_time(ml_all, tmp_path):
     results["EmbeddingParallelStrategy"] = run("EmbeddingParallelStrategy", 2, **half)
     # asynchronous: each step is one whole batch on one worker
     results["PSStrategy"] = run("PSStrategy", 2, ps=2, **same)
+    sync = {**half, "train_config.sync_replicas": True}
+    results["NoStrategy+sync_replicas"] = run("NoStrategy", 2, ps=1, name="sync_ps", **sync)
     out = ROOT / "var/acceptance/strategies.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))

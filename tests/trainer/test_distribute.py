@@ -362,3 +362,49 @@ def test_asynchronous_parameter_server_training_goes_on_when_a_worker_dies(confi
     assert 400 <= result["global_step"] <= 402
     assert logs[2].read_text().count("serving worker 1") == 2  # started again, one log
     assert tf.train.latest_checkpoint(str(model_dir)).endswith(f"model.ckpt-{result['global_step']}")
+
+
+def test_synchronous_parameter_server_equals_one_process_on_the_global_batch(config_path, tmp_path):
+    import shutil
+
+    # NoStrategy + sync_replicas with 2 workers and 2 ps (the item table partitioned): each
+    # update sums one 128-row batch per worker, so it equals one process on 256 rows
+    edits = {
+        "train_config.optimizer_config": SPLITS["lazy_adam+adam"],
+        "data_config.shuffle": False,
+        "data_config.batch_size": 256,
+        "train_config.save_checkpoints_steps": 1000,
+    }
+    _train(config_path, tmp_path / "start", "NoStrategy", **edits, **{"train_config.num_steps": 3})
+    for name in ("one", "sync"):
+        shutil.copytree(tmp_path / "start", tmp_path / name, ignore=shutil.ignore_patterns("logs"))
+    edits["train_config.num_steps"] = 8
+    resume = "--continue_train"
+    one, _ = _train(config_path, tmp_path / "one", "NoStrategy", 1, resume, **edits)
+    edits |= {"data_config.batch_size": 128, "train_config.sync_replicas": True}
+    sync, logs = _train(config_path, tmp_path / "sync", "NoStrategy", 2, resume, ps=2, **edits)
+    assert one["global_step"] == sync["global_step"] == 8
+    assert "rows in 2 parts" in logs[0].read_text()
+    assert abs(one["loss"] - sync["loss"]) < 1e-5
+    start_state, moved = _state(tmp_path / "start"), _state(tmp_path / "sync")
+    assert max(float(np.abs(moved[k] - start_state[k]).max()) for k in start_state) > 1e-3
+    _assert_same_state(tmp_path / "one", tmp_path / "sync")
+
+
+def test_synchronous_parameter_server_applies_each_update_once_when_a_worker_dies(config_path, tmp_path):
+    # a gradient step lost with its worker is run again on the other one; the update waits
+    # for it, so no update is lost or applied twice
+    model_dir = tmp_path / "model"
+    edits = {**PS_EDITS, "train_config.num_steps": 200, "data_config.num_epochs": 20}
+    edits |= {"train_config.sync_replicas": True, "data_config.batch_size": 64}
+    args = ["trainer.train_eval", "--pipeline_config_path", str(config_path), "--model_dir", str(model_dir)]
+    args += [f"--train_ds={EARLY[0]}:{EARLY[1]}", "--skip_eval"]
+    args += ["--edit_config_json", json.dumps({"train_config.train_distribute": "NoStrategy", **edits})]
+    processes = training_processes(TrainDistribute.NoStrategy, 2, args, ps=1)
+    logs, errors = _kill_after_checkpoint_20(job_spec("train", processes, ROOT), model_dir, 1, 400)
+    assert not errors, errors
+    result = last_json_line(logs[0])
+    assert result["global_step"] == 200 and np.isfinite(result["loss"])
+    assert logs[1].read_text().count("serving worker 0") == 2  # started again, one log
+    metrics = [json.loads(line) for line in (model_dir / "train_metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == list(range(10, 201, 10))

@@ -20,7 +20,7 @@ def test_no_strategy_is_one_chief_process_on_the_default_strategy():
 def test_strategies_that_cannot_run_fail_clearly(monkeypatch):
     with pytest.raises(StrategyError, match="SokStrategy needs a GPU and NVIDIA SOK"):
         distribution_for(TrainConfig(train_distribute="SokStrategy"))
-    with pytest.raises(StrategyError, match="NoStrategy with sync_replicas needs ps in the cluster"):
+    with pytest.raises(StrategyError, match="NoStrategy with sync_replicas is synchronous .* needs ps"):
         distribution_for(TrainConfig(sync_replicas=True))
     monkeypatch.delenv("TF_CONFIG", raising=False)
     with pytest.raises(StrategyError, match="parameter-server training needs TF_CONFIG"):
@@ -29,10 +29,6 @@ def test_strategies_that_cannot_run_fail_clearly(monkeypatch):
     monkeypatch.setenv(
         "TF_CONFIG", json.dumps({"cluster": ps_cluster, "task": {"type": "chief", "index": 0}})
     )
-    with pytest.raises(
-        StrategyError, match="synchronous parameter-server training .NoStrategy. is not available"
-    ):
-        distribution_for(TrainConfig(sync_replicas=True))
     monkeypatch.setenv(
         "TF_CONFIG", json.dumps({"cluster": ps_cluster, "task": {"type": "worker", "index": 0}})
     )

@@ -28,10 +28,14 @@ class Distribution:
         sharding: how embedding rows are split across ranks
             (``trainer.distribute.embedding_parallel.Sharding``), or None (every process
             holds whole tables).
+        aggregates_on_chief: the chief sums the workers' gradients and applies them itself
+            (synchronous parameter-server training): the trainer hands ``build_update`` its
+            gradient and apply functions instead of running one fused step.
     """
 
     synchronous = False
     sharding = None
+    aggregates_on_chief = False
 
     def __init__(self, strategy: tf.distribute.Strategy | None = None):
         self.strategy = strategy or tf.distribute.get_strategy()

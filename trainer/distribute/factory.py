@@ -14,21 +14,17 @@ def distribution_for(train_config: TrainConfig) -> Distribution:
     (TF_CONFIG, horovodrun's environment).
 
     Raises:
-        StrategyError: ``SokStrategy`` (needs a GPU and NVIDIA SOK); a strategy that is not
-            available in this version; a multi-worker strategy without its environment.
+        StrategyError: ``SokStrategy`` (needs a GPU and NVIDIA SOK); ``sync_replicas``
+            without ps; a multi-worker strategy without its environment.
     """
     kind = train_config.train_distribute
     with_ps = "ps" in json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
     if kind == TrainDistribute.PSStrategy or (kind == TrainDistribute.NoStrategy and with_ps):
-        if train_config.sync_replicas:
-            raise StrategyError(
-                f"train_config.sync_replicas: synchronous parameter-server training ({kind.value}) is "
-                "not available in this version; use sync_replicas: false (asynchronous), or "
-                "MultiWorkerMirroredStrategy / HorovodStrategy for synchronous data parallelism"
-            )
-        from trainer.distribute.parameter_server import ParameterServerDistribution
+        from trainer.distribute import parameter_server
 
-        return ParameterServerDistribution()
+        if train_config.sync_replicas:
+            return parameter_server.SynchronousParameterServerDistribution()
+        return parameter_server.ParameterServerDistribution()
     if kind == TrainDistribute.NoStrategy and not train_config.sync_replicas:
         return Distribution()
     if kind == TrainDistribute.MirroredStrategy:
@@ -50,7 +46,7 @@ def distribution_for(train_config: TrainConfig) -> Distribution:
     if kind == TrainDistribute.SokStrategy:
         raise StrategyError("train_config.train_distribute: SokStrategy needs a GPU and NVIDIA SOK")
     raise StrategyError(
-        f"train_config.sync_replicas: {kind.value} with sync_replicas needs ps in the cluster "
-        "(and synchronous parameter-server training is not available in this version); use "
+        f"train_config.sync_replicas: {kind.value} with sync_replicas is synchronous parameter-server "
+        "training and needs ps in the cluster (cluster.ps.count > 0); without ps, use "
         "MultiWorkerMirroredStrategy or HorovodStrategy for synchronous data parallelism"
     )

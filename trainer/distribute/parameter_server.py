@@ -11,21 +11,34 @@ EasyRec's ``sync_replicas: false``. When a worker dies, the coordinator runs its
 others and takes the worker back when it returns (TensorFlow's fault tolerance); a ps or chief
 failure ends the job, and a retry resumes from the latest checkpoint.
 
-Synchronous PS (``sync_replicas: true``: every worker's gradients aggregated before one update)
-is TF1's ``SyncReplicasOptimizer``; it is not available in this version.
+With ``sync_replicas: true`` (``SynchronousParameterServerDistribution``) every update
+aggregates one batch per worker first, as TF1's ``SyncReplicasOptimizer`` did with its
+accumulators on the ps. TF2 has no such optimizer, so: the chief schedules one gradient step per
+worker (each on its own batch, its loss scaled by its share of the examples), fetches their
+gradients, sums the dense ones and concatenates the tables' (ids, rows), and applies the sum
+itself, once, to the variables on the ps; then the next update starts. Gradient steps change
+nothing, so one that is lost with its worker is simply run again on another: each update is
+applied exactly once.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+from collections.abc import Callable, Iterator
 
+import numpy as np
 import tensorflow as tf
 
 from trainer.distribute.base import Distribution, StrategyError
 
+log = logging.getLogger(__name__)
+
 # tables under this size stay whole on one ps: splitting them only adds requests
 MIN_SHARD_BYTES = 256 << 10
+# a gradient step whose result is lost with its worker is run again, at most this often
+FETCH_ATTEMPTS = 5
 
 
 def cluster_from_tf_config() -> dict:
@@ -65,7 +78,7 @@ class ParameterServerDistribution(Distribution):
     """
 
     def __init__(self):
-        cluster = cluster_from_tf_config()
+        self.cluster = cluster = cluster_from_tf_config()
         ps = len(cluster["ps"])
         partitioner = (
             tf.distribute.experimental.partitioners.MinSizePartitioner(
@@ -92,3 +105,154 @@ class ParameterServerDistribution(Distribution):
 
     def local_examples(self, element) -> int:
         return int(element[0].shape[0])
+
+
+def _fetch(coordinator, fn, args: tuple, value, attempts: int = FETCH_ATTEMPTS):
+    """``value.fetch()``; when the worker holding a finished step's result dies before the
+    chief copied it, the step (free of side effects) is scheduled again.
+
+    Raises:
+        tf.errors.UnavailableError: still lost after ``attempts`` tries.
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            return value.fetch()
+        except (tf.errors.UnavailableError, tf.errors.CancelledError):
+            if attempt == attempts:
+                raise
+            log.warning("a gradient step's worker went away before its result was fetched; rescheduling")
+            value = coordinator.schedule(fn, args=args)
+    raise AssertionError("unreachable")
+
+
+def _groups(dataset, size: int) -> Iterator[list[tuple]]:
+    """Consecutive elements of ``dataset`` in lists of ``size`` (the last one may be shorter)."""
+    group: list[tuple] = []
+    for element in dataset:
+        group.append(tuple(element))
+        if len(group) == size:
+            yield group
+            group = []
+    if group:
+        yield group
+
+
+class SynchronousParameterServerDistribution(ParameterServerDistribution):
+    """The chief of a synchronous parameter-server job (``sync_replicas: true``).
+
+    One update takes one batch per worker (``replicas_per_process`` = workers; the last update
+    of an epoch may take fewer): the global batch is ``workers * batch_size``, as under
+    MultiWorkerMirrored. ``build_update`` returns the Python function that runs one update.
+
+    Raises:
+        StrategyError: see ``cluster_from_tf_config``.
+    """
+
+    aggregates_on_chief = True
+
+    def __init__(self):
+        super().__init__()
+        self.replicas_per_process = len(self.cluster["worker"])
+
+    def distribute(self, make_dataset: Callable[[], tf.data.Dataset]):
+        return _groups(make_dataset(), self.replicas_per_process)
+
+    def local_examples(self, element) -> int:
+        return sum(int(batch[0].shape[0]) for batch in element)
+
+    def run_step(self, train_step, element):
+        return train_step(element)
+
+    def fetch(self, value) -> float:
+        return float(value)
+
+    def build_update(
+        self,
+        signature: tuple,
+        gradients: Callable,
+        apply: Callable,
+        variables: list[tf.Variable],
+        counters: tuple[tf.Variable, ...],
+    ) -> Callable[[list[tuple]], float]:
+        """The function running one synchronous update on a group of batches.
+
+        Args:
+            signature: one batch's flat input signature.
+            gradients: ``(flat, share) -> (loss, grads)`` of one batch, aligned with
+                ``variables`` (``tf.IndexedSlices`` for tables, None where a variable has none).
+            apply: ``grads -> None``, the optimizers' update.
+            variables: the trainable variables, in ``gradients``' order.
+            counters: incremented once per update (global_step, batch_in_epoch).
+
+        Returns:
+            ``update(group) -> loss``: the group's mean loss (float) once the update is applied.
+        """
+        strategy, coordinator = self.strategy, self.coordinator
+        kinds: list = []  # per variable: "dense", (indices dtype) or None; set when traced
+
+        @tf.function(input_signature=(tf.TensorSpec([], tf.float32), *signature))
+        def compute(share, *flat):
+            def replica(share, *flat):
+                loss, grads = gradients(flat, share)
+                kinds[:], out = [], []
+                for grad in grads:
+                    if isinstance(grad, tf.IndexedSlices):
+                        kinds.append(grad.indices.dtype)
+                        out += [grad.values, grad.indices]
+                    else:
+                        kinds.append(None if grad is None else "dense")
+                        out += [] if grad is None else [grad]
+                return loss, out
+
+            return strategy.run(replica, args=(share, *flat))
+
+        built: dict = {}
+
+        def build_apply() -> tuple[Callable, list[bool]]:
+            # once ``compute`` is traced: the flat gradients' specs, and which are a table's
+            # (rows, ids), summed by concatenation as IndexedSlices are
+            specs, concat = [], []
+            for var, kind in zip(variables, kinds, strict=True):
+                if kind == "dense":
+                    specs.append(tf.TensorSpec(var.shape, var.dtype))
+                    concat.append(False)
+                elif kind is not None:
+                    specs += [tf.TensorSpec([None, *var.shape[1:]], var.dtype), tf.TensorSpec([None], kind)]
+                    concat += [True, True]
+
+            @tf.function(input_signature=specs)
+            def apply_sum(*flat):
+                grads, parts = [], iter(flat)
+                for var, kind in zip(variables, kinds, strict=True):
+                    if kind == "dense":
+                        grads.append(next(parts))
+                    elif kind is not None:
+                        values, indices = next(parts), next(parts)
+                        shape = tf.constant(var.shape.as_list(), kind)
+                        grads.append(tf.IndexedSlices(values, indices, shape))
+                    else:
+                        grads.append(None)
+                strategy.run(apply, args=(grads,))  # the optimizers need a replica context
+                for counter in counters:
+                    counter.assign_add(1)
+
+            return apply_sum, concat
+
+        def update(group: list[tuple]) -> float:
+            sizes = [int(batch[0].shape[0]) for batch in group]
+            total = sum(sizes)
+            args = [(np.float32(n / total), *batch) for n, batch in zip(sizes, group, strict=True)]
+            scheduled = [coordinator.schedule(compute, args=a) for a in args]
+            results = [_fetch(coordinator, compute, a, v) for a, v in zip(args, scheduled, strict=True)]
+            if not built:
+                built["apply"], built["concat"] = build_apply()
+            per_entry = zip(*(r[1] for r in results), strict=True)  # every worker's grads of one entry
+            summed = [
+                np.concatenate(parts) if concat else sum(parts)
+                for concat, parts in zip(built["concat"], per_entry, strict=True)
+            ]
+            built["apply"](*summed)
+            return float(sum(r[0] for r in results))
+
+        return update
+
