@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -177,23 +178,29 @@ def _kill_after_checkpoint_20(job, model_dir: Path, index: int, join_s: float) -
         except Exception as err:  # noqa: BLE001 - the callers assert what it was
             errors.append(err)
 
-    thread = threading.Thread(target=run)
+    thread = threading.Thread(target=run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 300
-    while not (model_dir / "model.ckpt-20.index").exists():
-        assert time.monotonic() < deadline and thread.is_alive(), errors
-        time.sleep(0.2)
-    os.kill(launcher._procs[index].pid, signal.SIGKILL)  # dies mid-training
-    thread.join(join_s)
-    assert not thread.is_alive()
+    try:
+        deadline = time.monotonic() + 300
+        while not (model_dir / "model.ckpt-20.index").exists():
+            assert time.monotonic() < deadline and thread.is_alive(), errors
+            time.sleep(0.2)
+        os.kill(launcher._procs[index].pid, signal.SIGKILL)  # dies mid-training
+        thread.join(join_s)
+        assert not thread.is_alive(), f"the job did not end within {join_s} s"
+    finally:
+        if thread.is_alive():
+            launcher.kill()  # leave no process behind for the tests that follow
     return logs, errors
 
 
 def _processes_mentioning(text: str) -> list[int]:
+    """Processes of this checkout (run by this interpreter) whose command line holds ``text``."""
     found = []
     for entry in os.listdir("/proc"):
         try:
-            if entry.isdigit() and text in open(f"/proc/{entry}/cmdline").read():
+            argv = open(f"/proc/{entry}/cmdline").read() if entry.isdigit() else ""
+            if text in argv and argv.startswith(sys.executable + "\0"):
                 found.append(int(entry))
         except OSError:
             continue
