@@ -22,10 +22,8 @@ from tests.trainer.conftest import EARLY, ROOT
 pytestmark = pytest.mark.slow
 
 
-def _train(
-    config_path: Path, model_dir: Path, distribute: str, workers: int = 1, *extra, ps: int = 0, **edits
-):
-    """Run trainer.train_eval as a ``distribute`` job; return (chief's result, log files)."""
+def _job(config_path: Path, model_dir: Path, distribute: str, workers: int = 1, *extra, ps: int = 0, **edits):
+    """The ``JobSpec`` of trainer.train_eval as a ``distribute`` job on the early days."""
     args = [
         "trainer.train_eval",
         "--pipeline_config_path",
@@ -39,7 +37,14 @@ def _train(
         *extra,
     ]
     processes = training_processes(TrainDistribute(distribute), workers, args, ps=ps)
-    job = job_spec("train", processes, ROOT, {"PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2"})
+    return job_spec("train", processes, ROOT, {"PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2"})
+
+
+def _train(
+    config_path: Path, model_dir: Path, distribute: str, workers: int = 1, *extra, ps: int = 0, **edits
+):
+    """Run trainer.train_eval as a ``distribute`` job; return (chief's result, log files)."""
+    job = _job(config_path, model_dir, distribute, workers, *extra, ps=ps, **edits)
     logs = LocalLauncher(model_dir / "logs", grace_s=3).run(job)
     return last_json_line(logs[0]), logs
 
@@ -230,15 +235,8 @@ def test_a_worker_killed_mid_training_fails_the_job_and_a_retry_resumes(config_p
         "train_config.num_steps": 5000,
         "train_config.save_checkpoints_steps": 10,
     }
-    args = ["trainer.train_eval", "--pipeline_config_path", str(config_path), "--model_dir", str(model_dir)]
-    args += [f"--train_ds={EARLY[0]}:{EARLY[1]}", "--skip_eval"]
-    strategy = {"train_config.train_distribute": "MultiWorkerMirroredStrategy"}
-    processes = training_processes(
-        TrainDistribute.MultiWorkerMirroredStrategy,
-        2,
-        [*args, "--edit_config_json", json.dumps({**strategy, **edits})],
-    )
-    _, errors = _kill_after_checkpoint_20(job_spec("train", processes, ROOT), model_dir, 1, 60)
+    job = _job(config_path, model_dir, "MultiWorkerMirroredStrategy", 2, **edits)
+    _, errors = _kill_after_checkpoint_20(job, model_dir, 1, 60)
     assert isinstance(errors[0], JobFailedError) and "train worker 1 exited with code -9" in str(errors[0])
     assert _processes_mentioning(str(model_dir)) == []  # worker 0 was stopped, not left waiting
     latest = tf.train.latest_checkpoint(str(model_dir))
@@ -355,13 +353,10 @@ def test_asynchronous_parameter_server_training_goes_on_when_a_worker_dies(confi
 
     model_dir = tmp_path / "model"
     edits = {**PS_EDITS, "train_config.num_steps": 400, "data_config.num_epochs": 20}
-    args = ["trainer.train_eval", "--pipeline_config_path", str(config_path), "--model_dir", str(model_dir)]
-    args += [f"--train_ds={EARLY[0]}:{EARLY[1]}", "--skip_eval"]
-    args += ["--edit_config_json", json.dumps({"train_config.train_distribute": "NoStrategy", **edits})]
     # NoStrategy with ps in the cluster: parameter-server training, as in EasyRec
-    processes = training_processes(TrainDistribute.NoStrategy, 2, args, ps=1)
-    assert [p.role for p in processes] == ["chief", "worker 0", "worker 1", "ps 0"]
-    logs, errors = _kill_after_checkpoint_20(job_spec("train", processes, ROOT), model_dir, 2, 400)
+    job = _job(config_path, model_dir, "NoStrategy", 2, ps=1, **edits)
+    assert job.roles == ["chief", "worker 0", "worker 1", "ps 0"]
+    logs, errors = _kill_after_checkpoint_20(job, model_dir, 2, 400)
     assert not errors, errors
     result = last_json_line(logs[0])
     # no step lost; the step running on the killed worker may have updated the ps before it
@@ -404,11 +399,8 @@ def test_synchronous_parameter_server_applies_each_update_once_when_a_worker_die
     model_dir = tmp_path / "model"
     edits = {**PS_EDITS, "train_config.num_steps": 200, "data_config.num_epochs": 20}
     edits |= {"train_config.sync_replicas": True, "data_config.batch_size": 64}
-    args = ["trainer.train_eval", "--pipeline_config_path", str(config_path), "--model_dir", str(model_dir)]
-    args += [f"--train_ds={EARLY[0]}:{EARLY[1]}", "--skip_eval"]
-    args += ["--edit_config_json", json.dumps({"train_config.train_distribute": "NoStrategy", **edits})]
-    processes = training_processes(TrainDistribute.NoStrategy, 2, args, ps=1)
-    logs, errors = _kill_after_checkpoint_20(job_spec("train", processes, ROOT), model_dir, 1, 400)
+    job = _job(config_path, model_dir, "NoStrategy", 2, ps=1, **edits)
+    logs, errors = _kill_after_checkpoint_20(job, model_dir, 1, 400)
     assert not errors, errors
     result = last_json_line(logs[0])
     assert result["global_step"] == 200 and np.isfinite(result["loss"])

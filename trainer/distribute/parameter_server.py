@@ -114,15 +114,13 @@ def _fetch(coordinator, fn, args: tuple, value, attempts: int = FETCH_ATTEMPTS):
     Raises:
         tf.errors.UnavailableError: still lost after ``attempts`` tries.
     """
-    for attempt in range(1, attempts + 1):
+    for _ in range(attempts - 1):
         try:
             return value.fetch()
         except (tf.errors.UnavailableError, tf.errors.CancelledError):
-            if attempt == attempts:
-                raise
             log.warning("a gradient step's worker went away before its result was fetched; rescheduling")
             value = coordinator.schedule(fn, args=args)
-    raise AssertionError("unreachable")
+    return value.fetch()
 
 
 def _groups(dataset, size: int) -> Iterator[list[tuple]]:
