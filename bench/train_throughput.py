@@ -100,7 +100,10 @@ def minimal_loop(config, stream: bool = False) -> float:
     from trainer.losses import build_loss
     from trainer.models.builders import build_model
 
-    reader = FeatureReader(config, finished_partitions(config.train_input_path, [DS]), shuffle=False)
+    # raw string ids, as the streaming variant reads them: the model hashes them in its step
+    reader = FeatureReader(
+        config, finished_partitions(config.train_input_path, [DS]), shuffle=False, raw_ids=True
+    )
     if stream:
         batches = _parquet_batches(config)
     else:

@@ -85,7 +85,6 @@ def _arrays(config, day_list: list[str]):
     """Every row of ``day_list`` as DeepCTR's input: name -> numpy array, and labels."""
     import numpy as np
 
-    from trainer.features.ids import hash_ids
     from trainer.input import FeatureReader, finished_partitions
 
     reader = FeatureReader(config, finished_partitions(config.train_input_path, day_list), shuffle=False)
@@ -95,10 +94,8 @@ def _arrays(config, day_list: list[str]):
         features, y = reader.structure(flat)
         labels.append(np.asarray(y))
         for f in config.feature_config.features:
-            value = features[f.name]
-            if f.hash_bucket_size:
-                value = hash_ids(value, f.hash_bucket_size)
-            columns.setdefault(f.name, []).append(np.asarray(value))
+            # ids arrive hashed as the trainer hashes them
+            columns.setdefault(f.name, []).append(np.asarray(features[f.name]))
     return {k: np.concatenate(v) for k, v in columns.items()}, np.concatenate(labels)
 
 

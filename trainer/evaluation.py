@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from recpipe.config.pipeline import PipelineConfig
 from trainer.checkpoints import checkpoint_map, resolve
-from trainer.input import FeatureReader, feature_spec, holdout_split, sample_inputs
+from trainer.input import FeatureReader, holdout_split, sample_inputs
 from trainer.metrics import compute_metrics
 from trainer.models.builders import build_model
 from trainer.models.ranking import RankingModel
@@ -40,7 +40,7 @@ def predict(
     model: RankingModel, reader: FeatureReader, keep: list[str]
 ) -> tuple[np.ndarray, np.ndarray, dict]:
     """Labels ``[N]``, probabilities ``[N]`` and the ``keep`` feature columns over the reader."""
-    spec = [feature_spec(reader.config)]
+    spec = [reader.feature_spec()]
     call = tf.function(lambda f: tf.sigmoid(model(f, training=False)), input_signature=spec)
     labels, probs, kept = [], [], {k: [] for k in keep}
     for features, y in reader.dataset():
@@ -67,10 +67,11 @@ def evaluate(
     step and checkpoint. Days also in ``train_ds`` contribute only their held-out rows."""
     model_dir = Path(model_dir)
     partitions, holdout = holdout_split(config, eval_days, "eval")
-    reader = FeatureReader(config, partitions, shuffle=False, holdout=holdout)
+    groups = [m.value().uid_field for m in config.eval_config.metrics_set if m.which() == "gauc"]
+    # GAUC groups by the real ids: hashed ones could merge users that share a bucket
+    reader = FeatureReader(config, partitions, shuffle=False, holdout=holdout, raw_ids=bool(groups))
     path = resolve(checkpoint or model_dir)
     model, step = load_model(config, path)
-    groups = [m.value().uid_field for m in config.eval_config.metrics_set if m.which() == "gauc"]
     labels, probs, kept = predict(model, reader, groups)
     result = {
         "global_step": step,

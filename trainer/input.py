@@ -9,10 +9,12 @@ row groups are visited in a seeded random order and rows are permuted within eac
 ``shuffle_buffer_size`` batches, so an epoch is a deterministic function of (seed, epoch):
 training resumes exactly by skipping the batches it already consumed.
 
-Batches are dicts of feature name -> tensor: id features ``string [B]``, tag features
-``RaggedTensor string [B, (n)]``, raw features ``float32 [B]``; labels ``float32 [B]``.
-String columns travel from pyarrow to TensorFlow as raw buffers (bytes + offsets), never as
-one Python object per value.
+Batches are dicts of feature name -> tensor: id features ``int64 [B]``, tag features
+``RaggedTensor int64 [B, (n)]``, raw features ``float32 [B]``; labels ``float32 [B]``. Ids are
+hashed (``trainer.features.ids.hash_ids``) as each shuffle chunk is read, once per value, so
+batches carry numbers only and the training step hashes nothing; a reader with
+``raw_ids=True`` keeps the strings instead (``string [B]``; the model hashes them, as the
+serving graph does), for metrics grouped by the real ids.
 """
 
 from __future__ import annotations
@@ -31,6 +33,12 @@ from recpipe.config.data import FeatureType
 from recpipe.config.pipeline import PipelineConfig
 from recpipe.errors import PipelineError
 from recpipe.ids import HOLDOUT
+from trainer.features.ids import hash_ids
+
+# tf.data's autotuner held the end of an epoch for ~7 s in 3 runs of 4 (bench/vs_deepctr.py);
+# the pipeline has nothing to tune beyond its fixed prefetch
+_OPTIONS = tf.data.Options()
+_OPTIONS.autotune.enabled = False
 
 
 class InputError(PipelineError):
@@ -134,6 +142,7 @@ class FeatureReader:
         shuffle: permute row groups and rows (seeded by ``seed`` and the epoch).
         holdout: ``{partition: is_holdout}`` keeps only the rows of those partitions whose
             ``_holdout`` column equals the value (see ``holdout_split``).
+        raw_ids: id and tag values as their strings instead of hashed ``int64`` ids.
     """
 
     def __init__(
@@ -146,8 +155,10 @@ class FeatureReader:
         shuffle: bool | None = None,
         seed: int = 0,
         holdout: dict[Path, bool] | None = None,
+        raw_ids: bool = False,
     ):
         dc = config.data_config
+        self.raw_ids = raw_ids
         self.config = config
         self.features = list(config.feature_config.features)
         self.labels = list(dc.label_fields)
@@ -163,6 +174,7 @@ class FeatureReader:
         self._ids = [f.name for f in self.features if f.feature_type == FeatureType.IdFeature]
         self._dense = [f.name for f in self.features if f.feature_type == FeatureType.RawFeature]
         self._tags = [f.name for f in self.features if f.feature_type == FeatureType.TagFeature]
+        self._buckets = {f.name: f.hash_bucket_size for f in self.features}
 
     @property
     def num_rows(self) -> int:
@@ -188,7 +200,7 @@ class FeatureReader:
         )
         return -(-largest // multiple) * multiple
 
-    def _tables(self, epoch: int) -> Iterator[pa.Table]:
+    def _blocks(self, epoch: int) -> Iterator[Columns]:
         order = np.arange(len(self.groups))
         rng = np.random.default_rng((self.seed, epoch))
         if self.shuffle:
@@ -201,10 +213,10 @@ class FeatureReader:
             pending.append(table)
             pending_rows += table.num_rows
             if pending_rows >= self.buffer_rows:
-                yield self._permute(pa.concat_tables(pending), rng)
+                yield self._permute(self._columns(pa.concat_tables(pending)), rng)
                 pending, pending_rows = [], 0
         if pending:
-            yield self._permute(pa.concat_tables(pending), rng)
+            yield self._permute(self._columns(pa.concat_tables(pending)), rng)
 
     def _read(self, g: RowGroup) -> pa.Table:
         keep = self.holdout.get(g.path.parent)
@@ -213,8 +225,37 @@ class FeatureReader:
         table = pq.ParquetFile(g.path).read_row_group(g.index, columns=[*self.columns, HOLDOUT])
         return table.filter(pa.array(_kept(table, keep))).select(self.columns)
 
-    def _permute(self, table: pa.Table, rng: np.random.Generator) -> pa.Table:
-        return table.take(rng.permutation(table.num_rows)) if self.shuffle else table
+    def _permute(self, block: Columns, rng: np.random.Generator) -> Columns:
+        return block.take(rng.permutation(block.rows)) if self.shuffle else block
+
+    def _ids_of(self, name: str, column: pa.Array) -> np.ndarray:
+        """One id column (nulls as ""): hashed ``int64 [n]``, or ``object [n]`` of bytes."""
+        if column.null_count:
+            column = column.fill_null("")
+        if self.raw_ids:
+            return np.asarray(column.cast(pa.binary()).to_numpy(zero_copy_only=False), dtype=object)
+        blob, offsets = _string_buffers(column)
+        strings = tf.strings.substr(blob, offsets[:-1], offsets[1:] - offsets[:-1])
+        return hash_ids(strings, self._buckets[name]).numpy()
+
+    def _columns(self, table: pa.Table) -> Columns:
+        """A table's rows as a ``Columns`` block, each id hashed here: one vectorised op per
+        column and chunk, instead of one per feature and step."""
+        rows = table.num_rows
+        labels = [np.asarray(table[name].to_numpy(), dtype=np.float32) for name in self.labels]
+        ids = [self._ids_of(name, table[name].combine_chunks()) for name in self._ids]
+        dense = [table[n].combine_chunks().fill_null(0.0).to_numpy().astype(np.float32) for n in self._dense]
+        tags = []
+        for name in self._tags:
+            column = table[name].combine_chunks()
+            splits = column.offsets.to_numpy().astype(np.int64)
+            tags.append((self._ids_of(name, column.flatten()), splits - splits[0]))
+        return Columns(
+            np.stack(labels) if labels else np.zeros((0, rows), np.float32),
+            np.stack(ids) if ids else np.zeros((0, rows), object if self.raw_ids else np.int64),
+            np.stack(dense) if dense else np.zeros((0, rows), np.float32),
+            tags,
+        )
 
     def batches(self, epoch: int = 0, skip: int = 0, pad_to: int | None = None) -> Iterator[tuple]:
         """Yield the epoch's batches as flat tuples of numpy arrays (see ``signature``), then
@@ -225,63 +266,43 @@ class FeatureReader:
             yield batch
         if pad_to is not None and n < pad_to:
             schema = pq.ParquetFile(self.all_groups[0].path).schema_arrow
-            empty = self._to_numpy(schema.empty_table().select(self.columns))
+            empty = self._columns(schema.empty_table().select(self.columns)).flat()
             for _ in range(pad_to - n):
                 yield empty
 
     def _data_batches(self, epoch: int, skip: int) -> Iterator[tuple]:
-        carry: pa.Table | None = None
+        carry: Columns | None = None
         n = 0
-        for table in self._tables(epoch):
+        for block in self._blocks(epoch):
             if carry is not None:
-                table = pa.concat_tables([carry, table])
-            full = table.num_rows - table.num_rows % self.batch_size
+                block = carry.concat(block)
+            full = block.rows - block.rows % self.batch_size
             for start in range(0, full, self.batch_size):
                 if n >= skip:
-                    yield self._to_numpy(table.slice(start, self.batch_size))
+                    yield block.slice(start, start + self.batch_size).flat()
                 n += 1
-            carry = table.slice(full) if full < table.num_rows else None
-        if carry is not None and carry.num_rows and n >= skip:
-            yield self._to_numpy(carry)
-
-    def _to_numpy(self, table: pa.Table) -> tuple:
-        """(labels..., id blob, id offsets [F_id, B+1], dense [F_dense, B], per tag: blob,
-        offsets, row splits). Few, large arrays: tf.data pays per array, not per byte."""
-        out = [np.asarray(table[name].to_numpy(), dtype=np.float32) for name in self.labels]
-        blobs, offsets, base = [], [], 0
-        for name in self._ids:
-            blob, off = _string_buffers(table[name].combine_chunks())
-            blobs.append(blob)
-            offsets.append(off + base)
-            base += len(blob)
-        out += [
-            np.array(b"".join(blobs), dtype=object),
-            np.stack(offsets) if offsets else np.zeros((0, 1), np.int64),
-        ]
-        dense = [table[n].combine_chunks().fill_null(0.0).to_numpy().astype(np.float32) for n in self._dense]
-        out.append(np.stack(dense) if dense else np.zeros((0, table.num_rows), np.float32))
-        for name in self._tags:
-            column = table[name].combine_chunks()
-            splits = column.offsets.to_numpy().astype(np.int64)
-            blob, off = _string_buffers(column.flatten())
-            out += [np.array(blob, dtype=object), off, splits - splits[0]]
-        return tuple(out)
+            carry = block.slice(full, block.rows) if full < block.rows else None
+        if carry is not None and carry.rows and n >= skip:
+            yield carry.flat()
 
     def signature(self) -> tuple:
-        """``tf.TensorSpec`` of each element of a ``batches()`` tuple."""
+        """``tf.TensorSpec`` of each element of a ``batches()`` tuple: labels ``float32 [B]``
+        each, ids ``[F_id, B]``, dense ``float32 [F_dense, B]``, per tag feature its values
+        ``[n]`` and row splits ``int64 [B + 1]``; ids and tag values ``int64`` (``string`` with
+        ``raw_ids``). Few, large arrays: tf.data pays per array, not per byte."""
+        ids = tf.string if self.raw_ids else tf.int64
         specs = [tf.TensorSpec([None], tf.float32) for _ in self.labels]
         specs += [
-            tf.TensorSpec([], tf.string),
-            tf.TensorSpec([len(self._ids), None], tf.int64),
+            tf.TensorSpec([len(self._ids), None], ids),
             tf.TensorSpec([len(self._dense), None], tf.float32),
         ]
         for _ in self._tags:
-            specs += [
-                tf.TensorSpec([], tf.string),
-                tf.TensorSpec([None], tf.int64),
-                tf.TensorSpec([None], tf.int64),
-            ]
+            specs += [tf.TensorSpec([None], ids), tf.TensorSpec([None], tf.int64)]
         return tuple(specs)
+
+    def feature_spec(self) -> dict[str, tf.TypeSpec]:
+        """The type spec of ``structure``'s features dict (pins a step's input signature)."""
+        return feature_spec(self.config, hashed=not self.raw_ids)
 
     def structure(self, flat: tuple) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
         """Flat tuple -> (features dict, labels [B] of the first label field)."""
@@ -289,17 +310,14 @@ class FeatureReader:
         i = len(self.labels)
         features: dict[str, tf.Tensor] = {}
         if self._ids:
-            offsets = tf.convert_to_tensor(flat[i + 1])
-            ids = tf.strings.substr(flat[i], offsets[:, :-1], offsets[:, 1:] - offsets[:, :-1])
-            features.update(zip(self._ids, tf.unstack(ids, num=len(self._ids)), strict=True))
+            features.update(zip(self._ids, tf.unstack(flat[i], num=len(self._ids)), strict=True))
         if self._dense:
-            dense = tf.unstack(tf.convert_to_tensor(flat[i + 2]), num=len(self._dense))
+            dense = tf.unstack(tf.convert_to_tensor(flat[i + 1]), num=len(self._dense))
             features.update(zip(self._dense, dense, strict=True))
-        i += 3
+        i += 2
         for name in self._tags:
-            values = _strings(flat[i], flat[i + 1])
-            features[name] = tf.RaggedTensor.from_row_splits(values, flat[i + 2], validate=False)
-            i += 3
+            features[name] = tf.RaggedTensor.from_row_splits(flat[i], flat[i + 1], validate=False)
+            i += 2
         return {f.name: features[f.name] for f in self.features}, labels
 
     def _generated(self, epoch: int, skip: int, pad_to: int | None = None) -> tf.data.Dataset:
@@ -313,14 +331,14 @@ class FeatureReader:
         """The epoch as a ``tf.data.Dataset`` of ``batches()`` tuples, prefetched; the
         training step applies ``structure`` in its own graph (a few tensors a call instead of
         one per feature: calling a ``tf.function`` with 40 tensors cost ~1.5 ms a step)."""
-        return self._generated(epoch, skip, pad_to).prefetch(prefetch)
+        return self._generated(epoch, skip, pad_to).prefetch(prefetch).with_options(_OPTIONS)
 
     def dataset(self, epoch: int = 0, skip: int = 0, prefetch: int = 32) -> tf.data.Dataset:
         """The epoch as a ``tf.data.Dataset`` of (features, labels), prefetched."""
         structure = self._generated(epoch, skip).map(
             lambda *flat: self.structure(flat), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
         )
-        return structure.prefetch(prefetch)
+        return structure.prefetch(prefetch).with_options(_OPTIONS)
 
 
 def _kept(table: pa.Table, keep: bool) -> np.ndarray:
@@ -329,14 +347,11 @@ def _kept(table: pa.Table, keep: bool) -> np.ndarray:
 
 
 def _string_buffers(column: pa.Array) -> tuple[bytes, np.ndarray]:
-    """A string column as (its bytes, int64 offsets [n + 1] from 0).
+    """A string column without nulls as (its bytes, int64 offsets [n + 1] from 0).
 
-    Passing Arrow's buffers instead of one Python object per value made the input pipeline
-    1.6x faster (227k -> 363k examples/s in bench/train_throughput.py); ``_strings`` cuts the
-    values apart again inside TensorFlow.
+    TensorFlow cuts the values apart again with one ``substr`` (``FeatureReader._ids_of``):
+    no Python object per value.
     """
-    if column.null_count:
-        column = column.fill_null("")
     width = np.int64 if pa.types.is_large_string(column.type) else np.int32
     _, offsets_buf, data_buf = column.buffers()
     offsets = np.frombuffer(offsets_buf, dtype=width)[column.offset : column.offset + len(column) + 1]
@@ -345,21 +360,70 @@ def _string_buffers(column: pa.Array) -> tuple[bytes, np.ndarray]:
     return data, offsets - offsets[0]
 
 
-def _strings(data: tf.Tensor, offsets: tf.Tensor) -> tf.Tensor:
-    """The strings of ``_string_buffers``: string [n]."""
-    return tf.strings.substr(data, offsets[:-1], offsets[1:] - offsets[:-1])
+class Columns:
+    """A block of rows as numpy arrays, from which batches are cut.
+
+    Attributes:
+        labels: ``float32 [L, N]``.
+        ids: ``int64 [F_id, N]`` hashed ids, or ``object [F_id, N]`` of bytes (raw ids).
+        dense: ``float32 [F_dense, N]``.
+        tags: per tag feature, (values ``[M]`` as ``ids``, row splits ``int64 [N + 1]``).
+    """
+
+    def __init__(self, labels: np.ndarray, ids: np.ndarray, dense: np.ndarray, tags: list[tuple]):
+        self.labels, self.ids, self.dense, self.tags = labels, ids, dense, tags
+
+    @property
+    def rows(self) -> int:
+        return self.labels.shape[1]
+
+    def take(self, index: np.ndarray) -> Columns:
+        """Rows ``index`` (int ``[K]``), in that order."""
+        tags = []
+        for values, splits in self.tags:
+            lengths = np.diff(splits)[index]
+            out_splits = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+            shift = np.repeat(splits[:-1][index] - out_splits[:-1], lengths)
+            tags.append((values[np.arange(out_splits[-1]) + shift], out_splits))
+        return Columns(self.labels[:, index], self.ids[:, index], self.dense[:, index], tags)
+
+    def slice(self, start: int, stop: int) -> Columns:
+        """Rows ``[start, stop)``."""
+        tags = [(v[s[start] : s[stop]], s[start : stop + 1] - s[start]) for v, s in self.tags]
+        return Columns(self.labels[:, start:stop], self.ids[:, start:stop], self.dense[:, start:stop], tags)
+
+    def concat(self, other: Columns) -> Columns:
+        """These rows, then ``other``'s."""
+        tags = [
+            (np.concatenate([v, ov]), np.concatenate([s, os_[1:] + s[-1]]))
+            for (v, s), (ov, os_) in zip(self.tags, other.tags, strict=True)
+        ]
+        return Columns(
+            np.concatenate([self.labels, other.labels], axis=1),
+            np.concatenate([self.ids, other.ids], axis=1),
+            np.concatenate([self.dense, other.dense], axis=1),
+            tags,
+        )
+
+    def flat(self) -> tuple:
+        """The ``FeatureReader.signature`` tuple, as contiguous arrays."""
+        out = [np.ascontiguousarray(x) for x in self.labels]
+        out += [np.ascontiguousarray(self.ids), np.ascontiguousarray(self.dense)]
+        for values, splits in self.tags:
+            out += [np.ascontiguousarray(values), np.ascontiguousarray(splits)]
+        return tuple(out)
 
 
-def feature_spec(config: PipelineConfig) -> dict[str, tf.TypeSpec]:
-    """The type spec of a features dict (pins the train step's input signature)."""
+def feature_spec(config: PipelineConfig, hashed: bool = False) -> dict[str, tf.TypeSpec]:
+    """The type spec of a features dict (pins a step's input signature): ids and tags as
+    strings, or as ``int64`` ids already hashed (``FeatureReader`` without ``raw_ids``)."""
+    ids = tf.int64 if hashed else tf.string
     spec: dict[str, tf.TypeSpec] = {}
     for f in config.feature_config.features:
         if f.feature_type == FeatureType.IdFeature:
-            spec[f.name] = tf.TensorSpec([None], tf.string)
+            spec[f.name] = tf.TensorSpec([None], ids)
         elif f.feature_type == FeatureType.TagFeature:
-            spec[f.name] = tf.RaggedTensorSpec(
-                [None, None], tf.string, ragged_rank=1, row_splits_dtype=tf.int64
-            )
+            spec[f.name] = tf.RaggedTensorSpec([None, None], ids, ragged_rank=1, row_splits_dtype=tf.int64)
         else:
             spec[f.name] = tf.TensorSpec([None], tf.float32)
     return spec

@@ -25,14 +25,16 @@ def test_workers_read_disjoint_shards_covering_every_example(ml_early):
     expected = sum(pq.ParquetFile(f).metadata.num_rows for p in parts for f in p.glob("*.parquet"))
     seen = Counter()
     for rank in range(3):
-        seen.update(_keys(FeatureReader(ml_early, parts, rank=rank, world_size=3, batch_size=100)))
+        seen.update(
+            _keys(FeatureReader(ml_early, parts, rank=rank, world_size=3, batch_size=100, raw_ids=True))
+        )
     assert sum(seen.values()) == expected  # none missed
     assert max(seen.values()) == 1  # none seen twice ((user, item) is unique in MovieLens)
 
 
 def test_epoch_order_is_seeded_and_resume_skips_consumed_batches(ml_early):
     parts = finished_partitions(ml_early.train_input_path, parse_ds_range(":".join(EARLY)))
-    reader = FeatureReader(ml_early, parts, batch_size=64)
+    reader = FeatureReader(ml_early, parts, batch_size=64, raw_ids=True)
     full = _keys(reader, epoch=1)
     assert full == _keys(reader, epoch=1) and full != _keys(reader, epoch=2)
     assert _keys(reader, epoch=1, skip=5) == full[5 * 64 :]
@@ -46,6 +48,38 @@ def test_tags_arrive_as_ragged_rows(ml_early):
     features, labels = reader.structure(next(reader.batches()))
     assert features["genres"].shape[0] == 8 and labels.dtype == np.float32
     assert all(len(row) >= 1 for row in features["genres"].to_list())
+
+
+def test_ids_are_hashed_as_read_and_equal_the_models_hash_of_the_raw_values(ml_early):
+    import tensorflow as tf
+
+    from tests.trainer.conftest import with_edits
+    from trainer.features.ids import hash_ids
+
+    parts = finished_partitions(ml_early.train_input_path, parse_ds_range(":".join(EARLY)))
+    # chunks of 3 x 97 rows, and days that are no multiple of them: batches take carried rows
+    config = with_edits(ml_early, {"data_config.shuffle_buffer_size": 3})
+    hashed = FeatureReader(config, parts, batch_size=97)
+    raw = FeatureReader(config, parts, batch_size=97, raw_ids=True)
+    assert hashed.signature()[1].dtype == tf.int64 and raw.signature()[1].dtype == tf.string
+    buckets = {f.name: f.hash_bucket_size for f in config.feature_config.features}
+    n = 0
+    for got, want in zip(hashed.batches(epoch=3), raw.batches(epoch=3), strict=True):
+        got_features, got_labels = hashed.structure(got)
+        want_features, want_labels = raw.structure(want)
+        np.testing.assert_array_equal(got_labels, want_labels)
+        for name, value in want_features.items():
+            if value.dtype == tf.string:
+                value = hash_ids(value, buckets[name])
+                assert got_features[name].dtype == tf.int64
+            if isinstance(value, tf.RaggedTensor):
+                np.testing.assert_array_equal(got_features[name].row_splits, value.row_splits)
+                value, got_value = value.flat_values, got_features[name].flat_values
+            else:
+                got_value = got_features[name]
+            np.testing.assert_array_equal(got_value, value)
+        n += int(got_labels.shape[0])
+    assert n == hashed.num_rows and "genres" in got_features  # a tag feature was compared
 
 
 def test_input_errors():
@@ -65,8 +99,12 @@ def test_a_day_in_both_ranges_is_split_by_its_holdout_rows(ml_early):
     eval_parts, eval_keep = holdout_split(config, parse_ds_range(config.eval_ds), "eval")
     day = train_parts[-1]
     assert train_keep == {day: False} and eval_keep == {day: True} and eval_parts == [day]
-    held_out = Counter(_keys(FeatureReader(config, eval_parts, batch_size=50, holdout=eval_keep)))
-    trained = Counter(_keys(FeatureReader(config, train_parts, batch_size=50, holdout=train_keep)))
+    held_out = Counter(
+        _keys(FeatureReader(config, eval_parts, batch_size=50, holdout=eval_keep, raw_ids=True))
+    )
+    trained = Counter(
+        _keys(FeatureReader(config, train_parts, batch_size=50, holdout=train_keep, raw_ids=True))
+    )
     day_rows = pq.read_table(day).num_rows
     assert 0.1 < sum(held_out.values()) / day_rows < 0.3  # holdout_percent: 20
     assert not set(held_out) & set(trained)  # no evaluated row was trained on
@@ -88,7 +126,9 @@ def test_synchronous_shards_are_padded_to_the_largest_with_empty_batches(ml_earl
     from trainer.input import holdout_split
 
     parts, holdout = holdout_split(config, parse_ds_range(":".join(EARLY)), "train")
-    readers = [FeatureReader(config, parts, r, 3, batch_size=100, holdout=holdout) for r in range(3)]
+    readers = [
+        FeatureReader(config, parts, r, 3, batch_size=100, holdout=holdout, raw_ids=True) for r in range(3)
+    ]
     steps = readers[0].synchronized_batches()
     seen = Counter()
     for reader in readers:
