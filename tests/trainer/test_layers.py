@@ -65,6 +65,44 @@ def test_embedding_lookup_combiners_and_shared_tables():
     np.testing.assert_allclose(out["t"].numpy()[2], tag_table[a], rtol=1e-6)
 
 
+def test_stacked_embeddings_are_the_features_rows_in_order_and_train_the_same():
+    features = [
+        FeatureSpec(input_names=["u"], hash_bucket_size=50, embedding_dim=4),
+        FeatureSpec(input_names=["t"], feature_type="TagFeature", hash_bucket_size=30, embedding_dim=4),
+        FeatureSpec(input_names=["v"], hash_bucket_size=40, embedding_dim=4),
+        FeatureSpec(input_names=["w"], hash_bucket_size=20, embedding_dim=4),
+    ]
+    layer = FeatureEmbedding(features)
+    tags = tf.ragged.constant([["a", "b"], [], ["a"]], dtype=tf.string, row_splits_dtype=tf.int64)
+    inputs = {"u": tf.constant(["x", "y", "x"]), "t": tags, "v": tf.constant(["p", "q", "r"])}
+    inputs["w"] = hash_ids(tf.constant(["k", "l", "m"]), 20)  # ids hashed by the reader
+    weights = tf.random.stateless_normal([3, 4, 4], seed=[1, 2])
+    outs, grads = [], []
+    for stacked in (False, True):
+        with tf.GradientTape() as tape:
+            out = layer(inputs, stacked=stacked)
+            if not stacked:
+                out = tf.stack([out[n] for n in "utvw"], axis=1)
+            loss = tf.reduce_sum(out * weights)
+        outs.append(out.numpy())
+        grads.append(tf.convert_to_tensor(tape.gradient(loss, layer.fused[4])).numpy())
+    assert outs[1].shape == (3, 4, 4)
+    np.testing.assert_array_equal(outs[1], outs[0])
+    np.testing.assert_allclose(grads[1], grads[0], rtol=1e-6)
+    looked_up = {
+        layer.tables[n].offset + int(i)
+        for n, values in [("u", inputs["u"]), ("t", tags.flat_values), ("v", inputs["v"])]
+        for i in hash_ids(values, layer.shapes[n][0]).numpy()
+    } | {layer.tables["w"].offset + int(i) for i in inputs["w"].numpy()}
+    assert set(np.flatnonzero(grads[1].any(axis=1))) == looked_up  # only the batch's rows
+    mixed = FeatureEmbedding(
+        features[:1] + [FeatureSpec(input_names=["z"], hash_bucket_size=9, embedding_dim=2)]
+    )
+    assert layer.width == 4 and mixed.width is None
+    with pytest.raises(EmbeddingConfigError, match="stacked embeddings need one embedding_dim"):
+        mixed({"u": tf.constant(["x"]), "z": tf.constant(["y"])}, stacked=True)
+
+
 def test_embedding_config_errors():
     with pytest.raises(EmbeddingConfigError, match="'u' needs hash_bucket_size"):
         FeatureEmbedding([FeatureSpec(input_names=["u"])])

@@ -131,15 +131,23 @@ class FeatureEmbedding(keras.layers.Layer):
     Call:
         inputs: dict with ``string [B]`` per id feature, ``RaggedTensor string [B, (n)]``
             per tag feature; int64 values instead are taken as ids already hashed into
-            ``[0, hash_bucket_size)`` (``RankingModel`` hashes once for wide and deep).
+            ``[0, hash_bucket_size)`` (``FeatureReader`` hashes them as it reads).
+        stacked: return one ``float32 [B, F, width]`` tensor, the features in order,
+            instead of the dict (needs one ``width``). The id features' rows are then the
+            fused lookup's output as it is: no per-feature tensors to split and stack again,
+            forward or backward.
 
     Returns:
         dict feature name -> ``float32 [B, dim]``; tags combined by ``combiner``
-        (sum or mean; an empty tag list gives zeros).
+        (sum or mean; an empty tag list gives zeros). Or the stacked tensor.
+
+    Raises:
+        EmbeddingConfigError: ``stacked`` with features of different widths.
 
     Attributes:
         tables: table name -> ``TableSlice`` (after build).
         fused: width -> the fused ``tf.Variable`` ``[sum of the tables' rows, width]``.
+        width: the one width of every feature's table, or None when they differ.
     """
 
     def __init__(self, features: list[FeatureSpec], dim: int | None = None, sharding=None, **kwargs):
@@ -147,6 +155,8 @@ class FeatureEmbedding(keras.layers.Layer):
         self.sharding = sharding
         self.features = [f for f in features if f.feature_type != FeatureType.RawFeature]
         self.shapes = table_shapes(self.features, dim)
+        widths = {width for _, width in self.shapes.values()}
+        self.width = widths.pop() if len(widths) == 1 else None
         # a plain holder: Keras would track dicts of variables / slices as SavedModel children
         self._index = _Index()
 
@@ -192,25 +202,59 @@ class FeatureEmbedding(keras.layers.Layer):
             return tf.nn.embedding_lookup(fused, ids)
         return tf.gather(fused, ids)
 
-    def call(self, inputs: dict) -> dict[str, tf.Tensor]:
-        out = {}
+    def _pooled(self, f: FeatureSpec, fused: tf.Variable, ids: tf.RaggedTensor) -> tf.Tensor:
+        """A tag feature's rows combined per example: ``float32 [B, width]``."""
+        rows = self._gather(fused, ids.flat_values)
+        summed = tf.math.unsorted_segment_sum(rows, ids.value_rowids(), num_segments=ids.nrows())
+        if f.combiner == "mean":
+            counts = tf.cast(tf.maximum(ids.row_lengths(), 1), summed.dtype)
+            summed = summed / counts[:, None]
+        return summed
+
+    def call(self, inputs: dict, stacked: bool = False):
+        if stacked and self.width is None:
+            raise EmbeddingConfigError(
+                f"{self.name}: stacked embeddings need one embedding_dim, got {sorted(self.fused)}"
+            )
+        pooled: dict[str, tf.Tensor] = {}
         by_width: dict[int, list[tuple[str, tf.Tensor]]] = {}
         for f in self.features:
             ids, fused = self._ids(f, inputs[f.name])
             if f.feature_type == FeatureType.IdFeature:
                 by_width.setdefault(fused.shape[1], []).append((f.name, ids))
-                continue
-            rows = self._gather(fused, ids.flat_values)
-            summed = tf.math.unsorted_segment_sum(rows, ids.value_rowids(), num_segments=ids.nrows())
-            if f.combiner == "mean":
-                counts = tf.cast(tf.maximum(ids.row_lengths(), 1), summed.dtype)
-                summed = summed / counts[:, None]
-            out[f.name] = summed
+            else:
+                pooled[f.name] = self._pooled(f, fused, ids)
+        if stacked:
+            return self._stacked(by_width.get(self.width, []), pooled)
+        out = dict(pooled)
         for width, named in by_width.items():
             # one gather for every id feature of this width: [F, B] ids -> [F, B, width]
             rows = self._gather(self.fused[width], tf.stack([ids for _, ids in named]))
             out.update(zip([n for n, _ in named], tf.unstack(rows), strict=True))
         return {f.name: out[f.name] for f in self.features}
+
+    def _stacked(self, named: list[tuple[str, tf.Tensor]], pooled: dict[str, tf.Tensor]) -> tf.Tensor:
+        """``float32 [B, F, width]`` in feature order: one gather of ``[B, F_id]`` ids, the
+        pooled tags put in their places."""
+        rows = (
+            self._gather(self.fused[self.width], tf.stack([ids for _, ids in named], axis=1))
+            if named
+            else None
+        )
+        if not pooled:
+            return rows
+        pieces, start, k = [], 0, 0  # rows[:, start:k]: id features not placed yet
+        for f in self.features:
+            if f.name not in pooled:
+                k += 1
+                continue
+            if k > start:
+                pieces.append(rows[:, start:k])
+            pieces.append(pooled[f.name][:, None, :])
+            start = k
+        if k > start:
+            pieces.append(rows[:, start:k])
+        return tf.concat(pieces, axis=1)
 
 
 def placement(model) -> list[str]:

@@ -29,7 +29,9 @@ class WideLogit(keras.layers.Layer):
         self.linear = keras.layers.Dense(1, use_bias=False, name="linear") if self.raw else None
 
     def call(self, inputs):
-        parts = [tf.reduce_sum(e, axis=1, keepdims=True) for e in self.embedding(inputs).values()]
+        parts = []
+        if self.embedding.features:  # every wide table has one width: one [B, F, dim] lookup
+            parts.append(tf.reduce_sum(self.embedding(inputs, stacked=True), axis=[1, 2])[:, None])
         if self.linear is not None:
             parts.append(self.linear(tf.stack([inputs[n] for n in self.raw], axis=1)))
         return tf.add_n(parts)
@@ -37,7 +39,8 @@ class WideLogit(keras.layers.Layer):
 
 class RankingModel(keras.Model):
     """Inputs: the features dict of ``trainer.input`` (or of the serving graph after
-    cleaning). Output: logits ``float32 [B]``.
+    cleaning). Output: logits ``float32 [B]``. The tower gets the deep embeddings as one
+    ``float32 [B, F, D]`` tensor when every deep table has width ``D``, else as a dict.
 
     Args:
         deep_features: features of the DEEP groups (id / tag embedded, raw as dense inputs).
@@ -63,7 +66,8 @@ class RankingModel(keras.Model):
 
     def call(self, inputs, training=False):
         inputs = self._hash_once(inputs)
-        embeddings = self.embedding(inputs)
+        # tables of one width: the tower takes the fused lookup's [B, F, D] as it is
+        embeddings = self.embedding(inputs, stacked=self.embedding.width is not None)
         dense = tf.stack([inputs[n] for n in self.dense_names], axis=1) if self.dense_names else None
         hidden, extra = self.tower(embeddings, dense, training=training)
         logit = self.head(hidden)

@@ -1,7 +1,9 @@
 """The interaction towers that tell the EasyRec model classes apart.
 
-A tower maps (embeddings: dict name -> ``float32 [B, D_i]``, dense: ``float32 [B, n]``) to
-(hidden ``float32 [B, H]``, extra logit ``float32 [B, 1]`` or None).
+A tower maps (embeddings, dense: ``float32 [B, n]`` or None) to (hidden ``float32 [B, H]``,
+extra logit ``float32 [B, 1]`` or None). ``embeddings`` is ``float32 [B, F, D]`` (the
+features in order, when their tables share a width) or a dict name -> ``float32 [B, D_i]``;
+either way the concatenated input is the features' rows in feature order, then ``dense``.
 """
 
 from __future__ import annotations
@@ -16,9 +18,19 @@ from trainer.layers.fm import FM
 from trainer.layers.mlp import MLP
 
 
-def _concat(embeddings: dict, dense) -> tf.Tensor:
-    parts = list(embeddings.values()) + ([dense] if dense is not None else [])
-    return tf.concat(parts, axis=1)
+def _fields(embeddings) -> tf.Tensor:
+    """``float32 [B, F, D]`` (tables of one width)."""
+    return tf.stack(list(embeddings.values()), axis=1) if isinstance(embeddings, dict) else embeddings
+
+
+def _concat(embeddings, dense) -> tf.Tensor:
+    """``float32 [B, sum of D_i + n]``: the features' rows, then ``dense``."""
+    if isinstance(embeddings, dict):
+        parts = list(embeddings.values())
+    else:  # [B, F, D] -> [B, F * D], a reshape: no copy
+        parts = [tf.reshape(embeddings, [-1, embeddings.shape[1] * embeddings.shape[2]])]
+    parts += [dense] if dense is not None else []
+    return tf.concat(parts, axis=1) if len(parts) > 1 else parts[0]
 
 
 class ConcatMLPTower(keras.layers.Layer):
@@ -42,7 +54,7 @@ class DeepFMTower(keras.layers.Layer):
         self.fm = FM(name="fm")
 
     def call(self, embeddings, dense, training=False):
-        fm = self.fm(tf.stack(list(embeddings.values()), axis=1))
+        fm = self.fm(_fields(embeddings))
         return self.mlp(_concat(embeddings, dense), training=training), fm
 
 
@@ -57,12 +69,13 @@ class DLRMTower(keras.layers.Layer):
         self.top = MLP(top_dnn, name="top_dnn")
 
     def call(self, embeddings, dense, training=False):
-        fields = list(embeddings.values())
+        fields = _fields(embeddings)
+        first = fields[:, 0]
         if dense is not None:
-            bottom = self.bottom(dense, training=training)
-            fields = [bottom] + fields
-        z = self.interaction(tf.stack(fields, axis=1))
-        top_in = tf.concat([fields[0], z], axis=1)
+            first = self.bottom(dense, training=training)
+            fields = tf.concat([first[:, None, :], fields], axis=1)
+        z = self.interaction(fields)
+        top_in = tf.concat([first, z], axis=1)
         return self.top(top_in, training=training), None
 
 
