@@ -41,7 +41,7 @@ def predict(
 ) -> tuple[np.ndarray, np.ndarray, dict]:
     """Labels ``[N]``, probabilities ``[N]`` and the ``keep`` feature columns over the reader."""
     spec = [reader.feature_spec()]
-    call = tf.function(lambda f: tf.sigmoid(model(f, training=False)), input_signature=spec)
+    call = tf.function(lambda f: tf.sigmoid(model(f, training=False)), input_signature=spec, autograph=False)
     labels, probs, kept = [], [], {k: [] for k in keep}
     for features, y in reader.dataset():
         labels.append(np.asarray(y))

@@ -188,7 +188,7 @@ class SynchronousParameterServerDistribution(ParameterServerDistribution):
         strategy, coordinator = self.strategy, self.coordinator
         kinds: list = []  # per variable: "dense", (indices dtype) or None; set when traced
 
-        @tf.function(input_signature=(tf.TensorSpec([], tf.float32), *signature))
+        @tf.function(input_signature=(tf.TensorSpec([], tf.float32), *signature), autograph=False)
         def compute(share, *flat):
             def replica(share, *flat):
                 loss, grads = gradients(flat, share)
@@ -218,7 +218,7 @@ class SynchronousParameterServerDistribution(ParameterServerDistribution):
                     specs += [tf.TensorSpec([None, *var.shape[1:]], var.dtype), tf.TensorSpec([None], kind)]
                     concat += [True, True]
 
-            @tf.function(input_signature=specs)
+            @tf.function(input_signature=specs, autograph=False)
             def apply_sum(*flat):
                 grads, parts = [], iter(flat)
                 for var, kind in zip(variables, kinds, strict=True):
@@ -253,4 +253,3 @@ class SynchronousParameterServerDistribution(ParameterServerDistribution):
             return float(sum(r[0] for r in results))
 
         return update
-
