@@ -46,10 +46,9 @@ def run(work: Path, buckets: int, name: str, steps: int, batch: int) -> dict:
     import shutil
 
     from bench.criteo_data import CONFIG, bench_edits, days
-    from operators.base import last_json_line
-    from operators.launchers import LocalLauncher
-    from operators.launchers.topology import job_spec, training_processes
+    from recpipe.config import ClusterConfig
     from recpipe.config.train import TrainDistribute
+    from recpipe.launch import LocalLauncher, job_result, training_job
 
     strategy, workers, ps, replicas, sync = STRATEGIES[name]
     edits = {
@@ -65,14 +64,15 @@ def run(work: Path, buckets: int, name: str, steps: int, batch: int) -> dict:
     }
     model_dir = work / "models" / name
     shutil.rmtree(model_dir, ignore_errors=True)
-    args = ["trainer.train_eval", "--pipeline_config_path", str(CONFIG), "--model_dir", str(model_dir)]
+    args = ["--pipeline_config_path", str(CONFIG), "--model_dir", str(model_dir)]
     args += ["--skip_eval", "--edit_config_json", json.dumps(edits)]
-    processes = training_processes(TrainDistribute(strategy), workers, args, ps=ps)
-    job = job_spec("train", processes, ROOT, {"TF_CPP_MIN_LOG_LEVEL": "2"})
+    job = training_job(
+        "train", TrainDistribute(strategy), ClusterConfig(), args, cwd=ROOT, workers=workers, ps=ps
+    )
     start = time.perf_counter()
     logs = LocalLauncher(model_dir / "logs").run(job)
     wall = time.perf_counter() - start
-    result = last_json_line(logs[0])
+    result = job_result(logs[0])
     # steady state: the chief's logged windows after the first (which holds tracing)
     lines = (model_dir / "train_metrics.jsonl").read_text().splitlines()[1:]
     rates = [json.loads(line)["examples_per_sec"] for line in lines]

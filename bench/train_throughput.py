@@ -38,7 +38,8 @@ def prepare(rows: int, work: Path, buckets: int):
 
 
 def input_only(config) -> float:
-    from trainer.input import FeatureReader, finished_partitions
+    from recpipe.layout import finished_partitions
+    from trainer.input import FeatureReader
 
     reader = FeatureReader(config, finished_partitions(config.train_input_path, [DS]))
     start, n = time.perf_counter(), 0
@@ -73,7 +74,7 @@ def _parquet_batches(config):
     import tensorflow as tf
 
     from recpipe.config.data import FeatureType
-    from trainer.input import finished_partitions
+    from recpipe.layout import finished_partitions
 
     names = [f.name for f in config.feature_config.features]
     dense = {f.name for f in config.feature_config.features if f.feature_type == FeatureType.RawFeature}
@@ -96,7 +97,8 @@ def minimal_loop(config, stream: bool = False) -> float:
     import tensorflow as tf
     import tf_keras as keras
 
-    from trainer.input import FeatureReader, feature_spec, finished_partitions
+    from recpipe.layout import finished_partitions
+    from trainer.input import FeatureReader, feature_spec
     from trainer.losses import build_loss
     from trainer.models.builders import build_model
 

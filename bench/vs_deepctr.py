@@ -85,7 +85,8 @@ def _arrays(config, day_list: list[str]):
     """Every row of ``day_list`` as DeepCTR's input: name -> numpy array, and labels."""
     import numpy as np
 
-    from trainer.input import FeatureReader, finished_partitions
+    from recpipe.layout import finished_partitions
+    from trainer.input import FeatureReader
 
     reader = FeatureReader(config, finished_partitions(config.train_input_path, day_list), shuffle=False)
     columns: dict[str, list] = {}

@@ -35,8 +35,11 @@ MODEL_DIR = RUNS + "/ds={{ ds }}"
 EXPORTS = f"{RETRAIN.export_dir}/{RETRAIN.model_name}"
 # the training window ending on ds (the evaluation tasks need it to pick the held-out rows)
 WINDOW = f"{{{{ macros.ds_add(ds, -{RETRAIN.training_window_days - 1}) }}}}:{{{{ ds }}}}"
-# the retrain config's overrides, then the run's (Params / trigger conf)
+# the retrain config's overrides, then the run's (Params / trigger conf); a dict, rendered
+# natively. spark-submit takes it as one argument of JSON text (the "=" form keeps the native
+# renderer from turning the text back into a dict)
 EDITS = "{{ retrain.with_run_edits(params.edit_config_json) }}"
+EDITS_ARG = "--edit_config_json={{ retrain.with_run_edits(params.edit_config_json) | tojson }}"
 
 
 def _utc(d) -> datetime:
@@ -59,6 +62,7 @@ with DAG(
     end_date=_utc(RETRAIN.end_date) if RETRAIN.end_date else None,
     catchup=RETRAIN.catchup,
     max_active_runs=1,
+    render_template_as_native_obj=True,  # Params arrive typed (bool, int, dict)
     default_args={
         "retries": RETRAIN.tracking.retries,
         "retry_delay": timedelta(seconds=RETRAIN.tracking.retry_delay_s),
@@ -94,8 +98,7 @@ with DAG(
             str(HOME / RETRAIN.pipeline_config_path),
             "--ds",
             "{{ ds }}",
-            "--edit_config_json",
-            EDITS,
+            EDITS_ARG,
         ],
         name="recpipe-prepare-{{ ds }}",
         env_vars={

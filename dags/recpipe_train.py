@@ -44,6 +44,7 @@ with DAG(
     schedule=None,
     catchup=False,
     max_active_runs=2,
+    render_template_as_native_obj=True,  # Params arrive typed (bool, int, dict)
     default_args={
         "on_failure_callback": fail_parent_run(RETRAIN.experiment, RETRAIN.tracking.mlflow_conn_id)
     },

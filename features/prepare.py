@@ -14,8 +14,10 @@ Output, replaced whole on a re-run (temporary directory, then rename)::
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
+import os
 import shutil
 from datetime import date, timedelta
 from pathlib import Path
@@ -41,11 +43,13 @@ from features.transform import (
     moments_from_row,
     normalization_params,
 )
+from recpipe import atomic
+from recpipe.config.args import add_config_args, config_from_args
 from recpipe.config.data import FeatureType
 from recpipe.config.pipeline import PipelineConfig
-from recpipe.data.atomic import replace_dir, temp_dir_beside
-from recpipe.errors import PipelineError
+from recpipe.errors import PipelineError, run_command
 from recpipe.ids import HOLDOUT
+from recpipe.layout import FeaturePartition, ds_partition, is_finished
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +61,7 @@ class BadRowsError(PipelineError):
 def _read_day(spark: SparkSession, config: PipelineConfig, ds: str) -> tuple[DataFrame, list[Path]]:
     """Parsed rows of day ``ds`` (see ``features.schema.parse``) with the dimension columns joined."""
     dc = config.data_config
-    files = data_files(Path(config.raw_input_path) / f"ds={ds}")
+    files = data_files(ds_partition(config.raw_input_path, ds))
     for path in files:
         check_header(path, dc.input_fields, dc.separator)
     rows = parse(read_strings(spark, files, dc.input_fields, dc.separator), dc.input_fields, dc.label_fields)
@@ -83,14 +87,14 @@ def _window_moments(spark: SparkSession, config: PipelineConfig, ds: str) -> tup
         return [], []
     for k in range(window - 1, 0, -1):
         d = (day - timedelta(days=k)).isoformat()
-        stats_file = Path(config.train_input_path) / f"ds={d}" / "_stats.json"
+        stats_file = FeaturePartition.of(config.train_input_path, d).stats
         if stats_file.exists():
             stored = json.loads(stats_file.read_text()).get("dense_moments", {})
             if set(stored) >= needed:
                 days.append(d)
                 moments.append(stored)
                 continue
-        if not (Path(config.raw_input_path) / f"ds={d}" / "_SUCCESS").exists():
+        if not is_finished(ds_partition(config.raw_input_path, d)):
             continue
         rows, _ = _read_day(spark, config, d)
         row = rows.agg(*moment_aggs(features, F.col(REASON) == "")).collect()[0]
@@ -100,19 +104,15 @@ def _window_moments(spark: SparkSession, config: PipelineConfig, ds: str) -> tup
 
 
 def _quarantine(bad: DataFrame, bad_count: int, root: Path, ds: str) -> None:
-    final = root / f"ds={ds}"
+    final = ds_partition(root, ds)
     if bad_count == 0:
         shutil.rmtree(final, ignore_errors=True)
         return
-    tmp = temp_dir_beside(final)
-    try:
+    with atomic.directory(final) as tmp:
         bad.write.mode("overwrite").json(str(tmp / "rows"))
         for part in (tmp / "rows").iterdir():
             part.rename(tmp / part.name)
         (tmp / "rows").rmdir()
-        replace_dir(tmp, final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _bad_row_message(bad: DataFrame, bad_count: int, total: int, ds: str, limit: float, where: Path) -> str:
@@ -179,7 +179,7 @@ def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
     if total == 0:
         raise RawInputError(f"raw partition {files[0].parent} holds no rows")
     if bad_count / total > dc.max_bad_row_fraction:
-        where = quarantine_root / f"ds={ds}"
+        where = ds_partition(quarantine_root, ds)
         raise BadRowsError(_bad_row_message(bad, bad_count, total, ds, dc.max_bad_row_fraction, where))
 
     window, earlier = _window_moments(spark, config, ds)
@@ -208,26 +208,44 @@ def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
         raw = F.xxhash64(*[F.col(f.input_name) for f in dc.input_fields])
         columns.append((F.pmod(raw, F.lit(100)) < dc.holdout_percent).alias(HOLDOUT))
     out = rows.filter(F.col(REASON) == "").select(*columns)
-    final = Path(config.train_input_path) / f"ds={ds}"
-    tmp = temp_dir_beside(final)
-    try:
+    final = ds_partition(config.train_input_path, ds)
+    with atomic.directory(final) as tmp:
         out.write.mode("overwrite").parquet(str(tmp))
-        (tmp / "_stats.json").write_text(json.dumps(stats, indent=2, sort_keys=True))
+        written = FeaturePartition(tmp)
+        written.stats.write_text(json.dumps(stats, indent=2, sort_keys=True))
         norm_doc = {"window": window, "statistics": dense_stats, "features": normalization}
-        (tmp / "_normalization.json").write_text(json.dumps(norm_doc, indent=2, sort_keys=True))
-        (tmp / "_SUCCESS").touch()
-        replace_dir(tmp, final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        written.normalization.write_text(json.dumps(norm_doc, indent=2, sort_keys=True))
+        written.success.touch()  # last: the partition is complete
     log.info("ds=%s: %d rows -> %s (%d quarantined)", ds, stats["rows"], final, bad_count)
     return stats
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point for spark-submit and ``recpipe features``."""
-    from recpipe.cli import features_main
+    """``spark-submit features/prepare.py`` / ``recpipe features``: prepare one or more days.
 
-    return features_main(argv)
+    Relative paths of the config resolve against ``$RECPIPE_HOME`` (the DAG's spark-submit
+    runs elsewhere). Exit codes: ``recpipe.errors``.
+    """
+    parser = argparse.ArgumentParser(prog="recpipe features", description="Spark feature preparation")
+    add_config_args(parser)
+    parser.add_argument("--ds", action="append", required=True, help="YYYY-MM-DD (repeatable)")
+    parser.add_argument("--master", default=None, help="Spark master (default local[*])")
+    args, extra = parser.parse_known_args(argv)
+
+    def run() -> int:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logging.getLogger("py4j").setLevel(logging.WARNING)
+        home = Path(os.environ.get("RECPIPE_HOME") or Path.cwd())
+        config = config_from_args(args, extra).resolved(home)
+        from features.session import get_spark
+
+        spark = get_spark(master=args.master)
+        for ds in args.ds:
+            stats = prepare_day(spark, config, ds)
+            print(json.dumps({k: stats[k] for k in ("ds", "rows", "rows_quarantined", "positive_rate")}))
+        return 0
+
+    return run_command(run, "recpipe features")
 
 
 if __name__ == "__main__":

@@ -1,34 +1,35 @@
 """What every recpipe operator shares: the pipeline config with a run's overrides, the MLflow
-parent run of the DAG run, and (for jobs) the launcher that ``on_kill`` stops."""
+parent run of the DAG run, and (for jobs) the launcher that ``on_kill`` stops.
+
+The DAGs render templates as native objects (``render_template_as_native_obj``), so Params
+arrive typed: ``edit_config_json`` a dict, ``num_workers`` an int, ``full_retrain`` a bool.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import re
-import sys
 from pathlib import Path
 from typing import Any
 
 from airflow.sdk import BaseOperator
 
 from operators.hooks.mlflow import MLflowHook, git_commit
-from operators.launchers import JobSpec, LocalLauncher, launcher_for
-from operators.launchers.topology import job_spec
 from operators.paths import confine, project_home
+from recpipe.launch import JobSpec, LocalLauncher, command_job, launcher_for, run_job
 
 
 def parse_edits(value: Any, field: str = "edit_config_json") -> dict[str, Any]:
-    """A dict, or its JSON text (as a templated field renders it), -> dotted path -> value.
+    """Overrides as a dict of dotted path -> value; JSON text is accepted (a DAG written
+    without native rendering, or a trigger conf that holds a string).
 
     Raises:
-        ValueError: not a JSON object (the message names ``field``).
+        ValueError: neither a dict nor the JSON text of one (the message names ``field``).
     """
-    if value in (None, "", "None"):
+    if value is None:
         return {}
     if isinstance(value, str):
         try:
-            value = json.loads(value)
+            value = json.loads(value) if value.strip() else {}
         except json.JSONDecodeError as err:
             raise ValueError(f"{field}: not valid JSON ({err})") from err
     if not isinstance(value, dict):
@@ -55,7 +56,7 @@ class RecpipeOperator(BaseOperator):
         pipeline_config_path: str,
         edit_config_json: Any = None,
         experiment: str | None = None,
-        mlflow_conn_id: str = "mlflow_default",
+        mlflow_conn_id: str = MLflowHook.default_conn_name,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -77,6 +78,15 @@ class RecpipeOperator(BaseOperator):
 
     def config_path(self) -> Path:
         return confine(self.pipeline_config_path, "pipeline_config_path")
+
+    def config_args(self, extra: dict[str, Any] | None = None) -> list[str]:
+        """``--pipeline_config_path P --edit_config_json J`` for a trainer entry point."""
+        return [
+            "--pipeline_config_path",
+            str(self.config_path()),
+            "--edit_config_json",
+            json.dumps(self.edits(extra)),
+        ]
 
     def load_config(self, extra: dict[str, Any] | None = None):
         """The effective ``PipelineConfig`` (file + overrides), paths resolved from the home.
@@ -106,7 +116,8 @@ class RecpipeOperator(BaseOperator):
 
 
 class JobOperator(RecpipeOperator):
-    """A recpipe operator that runs a trainer entry point as a job through a launcher.
+    """A recpipe operator that runs a trainer entry point as a job through a launcher
+    (``recpipe.launch``): thin over it, as ``SparkSubmitOperator`` is over its hook.
 
     Args:
         cluster_config_path: ``conf/cluster/*.yaml``: the launcher and its resources (templated).
@@ -125,57 +136,25 @@ class JobOperator(RecpipeOperator):
 
         return load_cluster_config(confine(self.cluster_config_path, "cluster_config_path"))
 
-    def run_job(
-        self,
-        name: str,
-        module: str,
-        args: list[str],
-        log_dir: Path,
-        processes: list | None = None,
-        manifests: list[dict] | None = None,
-    ) -> dict | None:
-        """Run ``python -m module args`` (or ``processes``, ``topology.Process`` items, the
-        first being the chief) on this machine, or submit ``manifests`` (Kubeflow jobs) through
-        the cluster's launcher; return the chief's stdout's last line that parses as JSON (the
-        entry points print their result so). Single-process jobs (evaluation, export) run on
-        the Airflow worker, which mounts the same storage as the cluster.
+    def run_command(self, name: str, module: str, args: list[str], log_dir: Path) -> Any:
+        """Run ``python -m module args`` as one process on this Airflow worker (evaluation and
+        export: the worker mounts the same storage as the cluster); return its result line."""
+        return self.run(command_job(name, module, args, project_home()), log_dir)
+
+    def run(self, job: JobSpec, log_dir: Path) -> Any:
+        """Run ``job`` with the launcher its kind needs (manifests: the cluster config's;
+        processes: this machine's) and return the chief's result line (``recpipe.launch.
+        job_result``).
 
         Raises:
             JobFailedError: the job failed; the message names the role and has its log's tail.
         """
-        if manifests is not None:
-            self._launcher = launcher_for(self.cluster(), log_dir)
-        else:
-            self._launcher = LocalLauncher(log_dir)
-        if manifests is not None:
-            job = JobSpec(name=name, argv=[], cwd=project_home(), manifests=manifests)
-        elif processes is None:
-            job = JobSpec(name=name, argv=[[sys.executable, "-m", module, *args]], cwd=project_home())
-        else:
-            job = job_spec(name, processes, project_home())
-        job = dataclasses.replace(job, env={"PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2"})
+        self._launcher = launcher_for(self.cluster(), log_dir) if job.manifests else LocalLauncher(log_dir)
         try:
-            logs = self._launcher.run(job)
+            return run_job(self._launcher, job)
         finally:
             self._launcher = None
-        return last_json_line(logs[0])
 
     def on_kill(self) -> None:
         if self._launcher is not None:
             self._launcher.kill()
-
-
-# horovodrun prefixes each rank's lines: "[0]<stdout>:" (rank 0 prints the result)
-_RANK_PREFIX = re.compile(r"^\[\d+(,\d+)?\]<std(out|err)>:")
-
-
-def last_json_line(path: Path) -> Any:
-    """The last line of a log that is a JSON object (the entry points' result), or None."""
-    for line in reversed(path.read_text(errors="replace").splitlines()):
-        line = _RANK_PREFIX.sub("", line.strip())
-        if line.startswith("{"):
-            try:
-                return json.loads(line)
-            except json.JSONDecodeError:
-                continue
-    return None

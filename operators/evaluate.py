@@ -9,6 +9,7 @@ from typing import Any
 
 from operators.base import JobOperator
 from operators.paths import confine
+from recpipe.layout import ModelDir
 
 log = logging.getLogger(__name__)
 METRIC_KEYS = ("auc", "gauc", "logloss", "accuracy", "precision", "recall")
@@ -76,21 +77,19 @@ class EvalOperator(JobOperator):
             return {"metrics": None, "reason": what}
         edits = {"eval_ds": self.eval_ds, **({"train_ds": self.train_ds} if self.train_ds else {})}
         self.load_config(edits)
-        result_path = model_dir / self.result_name
+        out = ModelDir(model_dir)
+        result_path = out.result(self.result_name)
         args = [
-            "--pipeline_config_path",
-            str(self.config_path()),
+            *self.config_args(edits),
             "--model_dir",
             str(model_dir),
             "--checkpoint_path",
             checkpoint,
             "--eval_result_path",
             str(result_path),
-            "--edit_config_json",
-            json.dumps(self.edits(edits)),
         ]
         log.info("evaluating %s (%s) on eval_ds=%s", checkpoint, what, self.eval_ds)
-        self.run_job(self.step, "trainer.eval", args, model_dir / "logs")
+        self.run_command(self.step, "trainer.eval", args, out.logs)
         result = json.loads(result_path.read_text())
         metrics = {k: result[k] for k in METRIC_KEYS if isinstance(result.get(k), (int, float))}
         out = {
@@ -104,13 +103,15 @@ class EvalOperator(JobOperator):
         return out
 
     def _track(self, context, result_path: Path, out: dict) -> str:
-        hook = self.hook
-        parent = self.parent_run_id(context)
-        tags = {"checkpoint": out["checkpoint"], "evaluated": out["reason"]}
-        with hook.nested_run(parent, self.step, tags) as run:
-            step = out["global_step"]
-            rows = [(k, v, step) for k, v in out["metrics"].items()]
-            hook.log_metrics(run, [*rows, ("num_examples", out["num_examples"], step)])
-            hook.log_metrics(parent, [(f"{self.step}.{k}", v, 0) for k, v in out["metrics"].items()])
-            hook.log_artifact(run, result_path)
-        return run
+        step = out["global_step"]
+        return self.hook.log_task_run(
+            self.parent_run_id(context),
+            self.step,
+            tags={"checkpoint": out["checkpoint"], "evaluated": out["reason"]},
+            metrics=[
+                *((k, v, step) for k, v in out["metrics"].items()),
+                ("num_examples", out["num_examples"], step),
+            ],
+            parent_metrics=[(f"{self.step}.{k}", v, 0) for k, v in out["metrics"].items()],
+            artifacts=[(result_path, None)],
+        )

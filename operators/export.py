@@ -10,9 +10,10 @@ from airflow.sdk import Asset
 
 from operators.base import JobOperator
 from operators.paths import confine
+from recpipe import atomic
+from recpipe.layout import ModelDir
 
 log = logging.getLogger(__name__)
-RECORD = "export.json"
 
 
 def export_asset(model_name: str) -> Asset:
@@ -41,31 +42,21 @@ class ExportOperator(JobOperator):
         self.export_dir = export_dir
 
     def execute(self, context) -> dict:
-        model_dir = confine(self.model_dir, "model_dir")
+        out = ModelDir(confine(self.model_dir, "model_dir"))
         export_dir = confine(self.export_dir, "export_dir")
-        record = model_dir / RECORD
-        done = json.loads(record.read_text()) if record.exists() else None
+        done = json.loads(out.export_record.read_text()) if out.export_record.exists() else None
         if done and Path(done["export_path"]).is_dir():
             log.info("reusing the export %s of an earlier attempt", done["export_path"])
         else:
             self.load_config()
-            args = [
-                "--pipeline_config_path",
-                str(self.config_path()),
-                "--model_dir",
-                str(model_dir),
-                "--export_dir",
-                str(export_dir),
-                "--edit_config_json",
-                json.dumps(self.edits()),
-            ]
-            summary = self.run_job("export", "trainer.export", args, model_dir / "logs")
+            args = [*self.config_args(), "--model_dir", str(out.path), "--export_dir", str(export_dir)]
+            summary = self.run_command("export", "trainer.export", args, out.logs)
             done = {"export_path": summary["export"], "global_step": summary["global_step"]}
-            tmp = model_dir / f".{RECORD}.tmp"
-            tmp.write_text(json.dumps(done))
-            tmp.replace(record)
-        hook = self.hook
-        parent = self.parent_run_id(context)
-        with hook.nested_run(parent, "export", {"export_path": done["export_path"]}) as run:
-            hook.log_artifact(run, done["export_path"], "model")
-        return {**done, "artifact_uri": hook.artifact_uri(run, "model"), "mlflow_run_id": run}
+            atomic.write_text(out.export_record, json.dumps(done))
+        run = self.hook.log_task_run(
+            self.parent_run_id(context),
+            "export",
+            tags={"export_path": done["export_path"]},
+            artifacts=[(done["export_path"], "model")],
+        )
+        return {**done, "artifact_uri": self.hook.artifact_uri(run, "model"), "mlflow_run_id": run}

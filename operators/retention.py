@@ -8,6 +8,7 @@ from pathlib import Path
 
 from operators.base import RecpipeOperator
 from operators.paths import confine
+from recpipe.layout import ModelDir
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ class RetentionOperator(RecpipeOperator):
             protected.add(Path(champion.tags["model_dir"]).resolve())
         deleted = []
         for path in expired(root, self.keep_days, protected):
-            (path / "_SUCCESS").unlink(missing_ok=True)
+            ModelDir(path).success.unlink(missing_ok=True)
             aside = path.with_name(f".deleting-{path.name}")
             path.rename(aside)
             shutil.rmtree(aside)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from operators.base import RecpipeOperator
 from operators.paths import project_home
+from recpipe.layout import FeaturePartition, partition_ds
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +94,9 @@ class ValidateFeaturesOperator(RecpipeOperator):
     def execute(self, context) -> dict:
         config = self.load_config()
         root = project_home() / config.train_input_path
-        path = root / f"ds={self.ds}" / "_stats.json"
-        if not (path.parent / "_SUCCESS").exists() or not path.exists():
+        day = FeaturePartition.of(root, self.ds)
+        path = day.stats
+        if not day.success.exists() or not path.exists():
             raise FeatureValidationError(f"{path}: missing (the feature job did not finish ds={self.ds})")
         stats = json.loads(path.read_text())
         if stats["rows"] < self.min_rows:
@@ -114,7 +116,7 @@ class ValidateFeaturesOperator(RecpipeOperator):
         return {
             "rows": stats["rows"],
             "positive_rate": rate,
-            "previous_ds": previous.parent.name.removeprefix("ds=") if previous else None,
+            "previous_ds": partition_ds(previous.parent) if previous else None,
             "drift_warnings": warnings,
             "mlflow_run_id": run,
         }
@@ -122,28 +124,24 @@ class ValidateFeaturesOperator(RecpipeOperator):
     def _previous(self, root: Path) -> Path | None:
         day = date.fromisoformat(self.ds)
         for k in range(1, self.drift_lookback_days + 1):
-            candidate = root / f"ds={(day - timedelta(days=k)).isoformat()}" / "_stats.json"
+            candidate = FeaturePartition.of(root, (day - timedelta(days=k)).isoformat()).stats
             if candidate.exists():
                 return candidate
         return None
 
     def _track(self, context, path: Path, stats: dict, changes: dict, warnings: list[str]) -> str:
-        hook = self.hook
-        parent = self.parent_run_id(context)
-        with hook.nested_run(parent, "prepare", {"ds": self.ds}) as run:
-            values = {
-                "rows": stats["rows"],
-                "rows_quarantined": stats.get("rows_quarantined", 0),
-                "positive_rate": stats["positive_rate"],
-                **{f"nulls.{c}": n for c, n in stats.get("nulls", {}).items()},
-                **changes,
-            }
-            hook.log_metrics(run, [(k, v, 0) for k, v in values.items()])
-            hook.set_tags(run, {"drift_warnings": "; ".join(warnings) or "none"})
-            if warnings:
-                hook.set_tags(parent, {"drift_warnings": "; ".join(warnings)})
-            hook.log_artifact(run, path, "features")
-            norm = path.parent / "_normalization.json"
-            if norm.exists():
-                hook.log_artifact(run, norm, "features")
-        return run
+        values = {
+            "rows": stats["rows"],
+            "rows_quarantined": stats.get("rows_quarantined", 0),
+            "positive_rate": stats["positive_rate"],
+            **{f"nulls.{c}": n for c, n in stats.get("nulls", {}).items()},
+            **changes,
+        }
+        return self.hook.log_task_run(
+            self.parent_run_id(context),
+            "prepare",
+            tags={"ds": self.ds, "drift_warnings": "; ".join(warnings) or "none"},
+            metrics=[(k, v, 0) for k, v in values.items()],
+            parent_tags={"drift_warnings": "; ".join(warnings)} if warnings else None,
+            artifacts=[(path, "features"), (FeaturePartition(path.parent).normalization, "features")],
+        )

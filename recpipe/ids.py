@@ -1,6 +1,6 @@
 """The id contract shared by the Spark job and the TensorFlow graphs (training and serving).
 
-1. Clean (Spark, in ``features/transform.py``; TensorFlow, in ``trainer/features/ids.py``):
+1. Clean (Spark, in ``features/transform.py``; TensorFlow, in ``trainer/hashing.py``):
    integer columns are written in decimal; strings lose leading and trailing
    ``WHITESPACE_CHARS``; a missing value becomes ``""``. Tag values are split on the feature's
    ``separator`` first, each token cleaned, empty tokens dropped.

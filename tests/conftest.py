@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared"
+from tests.support import ROOT
+
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # in-process Airflow imports (operators, config checks) keep their state in var/, not ~/airflow

@@ -5,12 +5,12 @@ or the service's image reads."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support import ROOT
+
 REFERENCE = re.compile(r"\$\{(\w+)(?::?[-?][^}]*)?\}")
 # variables the official images document (postgres) or MLflow's server reads
 IMAGE_SETTINGS = {"POSTGRES_USER", "POSTGRES_PASSWORD", "POSTGRES_DB", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"}

@@ -1,5 +1,12 @@
 """Shared command-line handling of ``trainer.train_eval``, ``trainer.eval``, ``trainer.export``
-and their ``recpipe train / eval / export / ckpt`` twins (EasyRec's flags)."""
+and their ``recpipe train / eval / export / ckpt`` twins (EasyRec's flags).
+
+``recpipe train --num_workers N [--num_ps M] [--cluster_config_path conf/cluster/X.yaml]``
+starts the whole job (every worker, ps and the separate evaluator) through the launcher the
+DAG uses (``recpipe.launch``), as EasyRec's users run ``horovodrun ... train_eval`` and
+PaddleRec's ``local_cluster_train``. Without those flags the command is one process of a job.
+Exit codes: ``recpipe.errors`` (2 usage / config, 1 pipeline).
+"""
 
 from __future__ import annotations
 
@@ -10,12 +17,14 @@ import os
 import sys
 from pathlib import Path
 
-from recpipe.cli import add_config_args, config_from_args
-from recpipe.config import ConfigError
-from recpipe.errors import PipelineError
+from recpipe import atomic
+from recpipe.config.args import add_config_args, config_from_args
+from recpipe.errors import run_command
+from recpipe.layout import ModelDir, parse_ds_range
 
 # TensorFlow's C++ start-up chatter hides the log lines users need.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+LAUNCH_FLAGS = ("--num_workers", "--num_ps", "--cluster_config_path")
 
 
 def _setup_logging() -> None:
@@ -23,17 +32,18 @@ def _setup_logging() -> None:
 
 
 def _days(value: str | None, field: str) -> list[str]:
-    from trainer.input import parse_ds_range
+    from recpipe.config import ConfigError
 
     if not value:
         raise ConfigError(
             f"{field} is not set: pass --{field}=YYYY-MM-DD[:YYYY-MM-DD] or set it in the config"
         )
-    return parse_ds_range(value)
+    return parse_ds_range(value, field)
 
 
 def train_eval_main(argv: list[str] | None = None) -> int:
     """``python -m trainer.train_eval`` / ``recpipe train``: train, then evaluate on ``eval_ds``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="trainer.train_eval", description="train, then evaluate on eval_ds")
     add_config_args(parser)
     parser.add_argument("--model_dir", default=None, help="overrides the config's model_dir")
@@ -43,8 +53,16 @@ def train_eval_main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--skip_eval", action="store_true", help="train only; the caller evaluates eval_ds (the DAGs do)"
     )
+    launch = parser.add_argument_group("multi-process jobs (started here through recpipe.launch)")
+    launch.add_argument("--num_workers", type=int, default=None, help="worker processes / Horovod ranks")
+    launch.add_argument("--num_ps", type=int, default=None, help="parameter servers (PSStrategy, NoStrategy)")
+    launch.add_argument(
+        "--cluster_config_path", default=None, help="conf/cluster/*.yaml (default: one local worker)"
+    )
     args, extra = parser.parse_known_args(argv)
-    return _guard(lambda: _train_eval(args, extra))
+    if any(getattr(args, flag[2:]) is not None for flag in LAUNCH_FLAGS):
+        return run_command(lambda: _launch(args, extra, _without_launch_flags(argv)), "recpipe train")
+    return run_command(lambda: _train_eval(args, extra), "recpipe train")
 
 
 def _train_eval(args, extra) -> int:
@@ -53,24 +71,17 @@ def _train_eval(args, extra) -> int:
     model_dir = Path(args.model_dir or config.model_dir)
     train_days = _days(config.train_ds, "train_ds")
     from trainer.distribute import distribution_for
-    from trainer.evaluation import evaluate
     from trainer.loop import Trainer, TrainJob
+    from trainer.scoring import evaluate
 
     dist = distribution_for(config.train_config)
     job = TrainJob(
-        config=config,
-        model_dir=model_dir,
-        train_days=train_days,
-        continue_train=args.continue_train,
-        rank=dist.rank,
-        world_size=dist.world_size,
-        is_chief=dist.is_chief,
+        config=config, model_dir=model_dir, train_days=train_days, continue_train=args.continue_train
     )
-    trainer = Trainer(job, dist)
-    result = trainer.train(on_log=_metrics_log(model_dir))
+    result = Trainer(job, dist).train(on_log=_metrics_log(model_dir))
     if not dist.is_chief:
         return 0  # the chief writes the config, evaluates and prints the result
-    _write_config(config, model_dir)
+    atomic.write_text(ModelDir(model_dir).pipeline_config, _yaml(config))
     summary = {
         "global_step": result.global_step,
         "checkpoint": result.checkpoint,
@@ -84,10 +95,55 @@ def _train_eval(args, extra) -> int:
     return 0
 
 
+def _without_launch_flags(argv: list[str]) -> list[str]:
+    """``argv`` less the launch flags and their values (``--flag V`` or ``--flag=V``)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in LAUNCH_FLAGS:
+            skip = True
+        elif not arg.startswith(tuple(f"{flag}=" for flag in LAUNCH_FLAGS)):
+            out.append(arg)
+    return out
+
+
+def _launch(args, extra, train_args: list[str]) -> int:
+    """Start every process of the job with the cluster config's launcher, wait, and print the
+    chief's result line."""
+    from recpipe.config import ClusterConfig, load_cluster_config
+    from recpipe.config.model import EvalMethod
+    from recpipe.launch import launcher_for, run_job, training_job
+
+    _setup_logging()
+    config = config_from_args(args, extra)  # a bad config fails here, before any process
+    cluster = load_cluster_config(args.cluster_config_path) if args.cluster_config_path else ClusterConfig()
+    model_dir = Path(args.model_dir or config.model_dir).resolve()
+    train_args = [*train_args, "--model_dir", str(model_dir)]
+    eval_args = None
+    if config.eval_config.eval_method == EvalMethod.separate:
+        eval_args = [a for a in train_args if a not in ("--continue_train", "--skip_eval")]
+    job = training_job(
+        "train",
+        config.train_config.train_distribute,
+        cluster,
+        train_args,
+        cwd=Path.cwd(),
+        workers=args.num_workers,
+        ps=args.num_ps,
+        eval_args=eval_args,
+    )
+    logs = ModelDir(model_dir).logs
+    logging.getLogger(__name__).info("%s: %s, logs in %s", job.name, job.roles or "manifests", logs)
+    result = run_job(launcher_for(cluster, logs), job)
+    print(json.dumps(result))
+    return 0
+
+
 def _metrics_log(model_dir: Path):
     """An ``on_log`` callback appending one JSON line per logged step to
     ``<model_dir>/train_metrics.jsonl``, which the Airflow operator forwards to MLflow."""
-    path = model_dir / "train_metrics.jsonl"
+    path = ModelDir(model_dir).train_metrics
 
     def on_log(step: int, values: dict) -> None:
         model_dir.mkdir(parents=True, exist_ok=True)
@@ -97,12 +153,10 @@ def _metrics_log(model_dir: Path):
     return on_log
 
 
-def _write_config(config, model_dir: Path) -> None:
+def _yaml(config) -> str:
     import yaml
 
-    tmp = model_dir / ".pipeline.yaml.tmp"
-    tmp.write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
-    tmp.replace(model_dir / "pipeline.yaml")
+    return yaml.safe_dump(config.to_dict(), sort_keys=False)
 
 
 def eval_main(argv: list[str] | None = None) -> int:
@@ -124,12 +178,12 @@ def eval_main(argv: list[str] | None = None) -> int:
     def run() -> int:
         _setup_logging()
         config = config_from_args(args, extra)
-        from trainer.evaluation import evaluate
+        from trainer.scoring import evaluate
 
         days = _days(config.eval_ds, "eval_ds")
         model_dir = args.model_dir or config.model_dir
         if args.follow:
-            from trainer.evaluator import follow
+            from trainer.sidecar_evaluator import follow
 
             print(json.dumps({"evaluated_steps": follow(config, model_dir, days)}))
             return 0
@@ -137,7 +191,7 @@ def eval_main(argv: list[str] | None = None) -> int:
         print(json.dumps(result))
         return 0
 
-    return _guard(run)
+    return run_command(run, "recpipe eval")
 
 
 def export_main(argv: list[str] | None = None) -> int:
@@ -152,22 +206,16 @@ def export_main(argv: list[str] | None = None) -> int:
     def run() -> int:
         _setup_logging()
         config = config_from_args(args, extra)
-        from trainer.evaluation import load_model
-        from trainer.exporter import export_saved_model
+        from trainer.scoring import load_model
+        from trainer.serving import export_saved_model
 
         model_dir = args.model_dir or config.model_dir
         model, step = load_model(config, args.checkpoint_path or model_dir)
-        print(
-            json.dumps(
-                {
-                    "export": str(export_saved_model(config, model, model_dir, args.export_dir)),
-                    "global_step": step,
-                }
-            )
-        )
+        export = export_saved_model(config, model, model_dir, args.export_dir)
+        print(json.dumps({"export": str(export), "global_step": step}))
         return 0
 
-    return _guard(run)
+    return run_command(run, "recpipe export")
 
 
 def ckpt_main(argv: list[str] | None = None) -> int:
@@ -185,13 +233,4 @@ def ckpt_main(argv: list[str] | None = None) -> int:
             print(f"{name}\t{shape}")
         return 0
 
-    return _guard(run)
-
-
-def _guard(fn) -> int:
-    # ConfigError, StrategyError and model / embedding config errors are ValueErrors
-    try:
-        return fn()
-    except (PipelineError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    return run_command(run, "recpipe ckpt")

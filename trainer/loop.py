@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,22 +19,28 @@ from pathlib import Path
 import tensorflow as tf
 import tf_keras as keras
 
+from recpipe import atomic
 from recpipe.config.model import EvalMethod
 from recpipe.config.pipeline import PipelineConfig
-from recpipe.errors import PipelineError
+from recpipe.errors import PipelineError, UsageError
+from recpipe.layout import FeaturePartition, ModelDir, parse_ds_range
 from trainer.checkpoints import PREFIX, fine_tune_restore, read_var_map, restore_by_name
 from trainer.distribute import Distribution
-from trainer.evaluator import TRAIN_DONE, evaluate_and_record, mark_train_done
-from trainer.input import FeatureReader, holdout_split, parse_ds_range
+from trainer.input import FeatureReader, holdout_split
 from trainer.layers.embedding import placement
 from trainer.losses import build_loss
+from trainer.sidecar_evaluator import evaluate_and_record, mark_train_done
 from trainer.state import build_state
 
 log = logging.getLogger(__name__)
 
 
 class TrainError(PipelineError):
-    """The job cannot start (e.g. model_dir holds checkpoints and --continue_train is unset)."""
+    """The job cannot start with the data or dirs it was given."""
+
+
+class ModelDirInUseError(TrainError, UsageError):
+    """``model_dir`` holds checkpoints and ``--continue_train`` is unset (exit code 2)."""
 
 
 @dataclass(frozen=True)
@@ -47,18 +52,15 @@ class TrainJob:
         model_dir: where checkpoints, summaries and results go.
         train_days: the ``ds`` partitions to train on.
         continue_train: resume from ``model_dir``'s latest checkpoint.
-        rank, world_size: this worker's input shard.
-        is_chief: writes checkpoints and summaries.
         seed: shuffling and initialisation seed.
+
+    This process's shard and role (rank, world size, chief) are the ``Distribution``'s.
     """
 
     config: PipelineConfig
     model_dir: Path
     train_days: list[str]
     continue_train: bool = False
-    rank: int = 0
-    world_size: int = 1
-    is_chief: bool = True
     seed: int = 0
 
 
@@ -98,7 +100,12 @@ class Trainer:
         tc = self.config.train_config
         self.partitions, holdout = holdout_split(self.config, job.train_days, "train")
         self.reader = FeatureReader(
-            self.config, self.partitions, job.rank, job.world_size, seed=job.seed, holdout=holdout
+            self.config,
+            self.partitions,
+            self.dist.rank,
+            self.dist.world_size,
+            seed=job.seed,
+            holdout=holdout,
         )
         keras.utils.set_random_seed(job.seed)
         self.state = build_state(self.config, self.dist.sharding, self.strategy)
@@ -111,7 +118,7 @@ class Trainer:
         # sharded tables are saved through an unsharded copy on the chief, filled at each save
         self.save_state = (
             build_state(self.config)
-            if st.sharded_names and self.dist.world_size > 1 and job.is_chief
+            if st.sharded_names and self.dist.world_size > 1 and self.dist.is_chief
             else None
         )
         saved = self.save_state.checkpoint if self.save_state else self.checkpoint
@@ -125,7 +132,7 @@ class Trainer:
         tc = self.config.train_config
         latest = self.manager.latest_checkpoint
         if latest and not self.job.continue_train:
-            raise TrainError(
+            raise ModelDirInUseError(
                 f"model_dir {self.job.model_dir} already holds checkpoints (latest {latest}); "
                 "pass --continue_train to resume, or choose another --model_dir"
             )
@@ -222,14 +229,14 @@ class Trainer:
         largest one's batch count.
         """
         job, tc, dc, dist = self.job, self.config.train_config, self.config.data_config, self.dist
-        if self.config.eval_config.eval_method == EvalMethod.master and job.is_chief:
+        if self.config.eval_config.eval_method == EvalMethod.master and dist.is_chief:
             self._eval_days()  # fail before training, not at the first checkpoint
         job.model_dir.mkdir(parents=True, exist_ok=True)
         fine_tune = self._restore()
         dist.broadcast([v for v in self.state.all_variables() if not self.state.is_sharded(v)])
-        if job.is_chief:
+        if dist.is_chief:
             self._save_normalization()
-            (job.model_dir / TRAIN_DONE).unlink(missing_ok=True)  # an earlier job's
+            ModelDir(job.model_dir).train_done.unlink(missing_ok=True)  # an earlier job's
         else:
             on_log = None
         per_step = dist.replicas_per_process
@@ -237,8 +244,8 @@ class Trainer:
         if pad_to is not None:
             log.info(
                 "rank %d of %d: %d rows, %d batches an epoch (padded to the largest shard)",
-                job.rank,
-                job.world_size,
+                dist.rank,
+                dist.world_size,
                 self.reader.num_rows,
                 pad_to,
             )
@@ -250,10 +257,11 @@ class Trainer:
 
         # kept for inspection: one trace per job (pinned signature, short last batch included)
         train_step = None
-        writer = tf.summary.create_file_writer(str(job.model_dir / "train")) if job.is_chief else None
+        summaries = str(ModelDir(job.model_dir).summaries)
+        writer = tf.summary.create_file_writer(summaries) if dist.is_chief else None
         last_save_step, last_save_time = int(self.global_step.numpy()), time.time()
         # every rank of an embedding-parallel job takes part in a save (its rows are gathered)
-        saver = job.is_chief or self.collective_save
+        saver = dist.is_chief or self.collective_save
         saved, start_latest = False, self.manager.latest_checkpoint
         window_start, window_examples = time.time(), 0
         total_start, total_examples = time.time(), 0
@@ -300,7 +308,7 @@ class Trainer:
             self._save(step)
         if writer is not None:
             writer.flush()
-        if job.is_chief:
+        if dist.is_chief:
             mark_train_done(job.model_dir, step, self.manager.latest_checkpoint)
         elapsed = max(time.time() - total_start, 1e-9)
         return TrainResult(
@@ -326,7 +334,7 @@ class Trainer:
         self.dist.sync()  # scheduled parameter-server steps land before the save
         if self.collective_save:
             self._gather_for_save()
-            if not self.job.is_chief:
+            if not self.dist.is_chief:
                 return
         path = self.manager.save(checkpoint_number=step)
         if self.config.eval_config.eval_method == EvalMethod.master:
@@ -346,11 +354,9 @@ class Trainer:
 
     def _save_normalization(self) -> None:
         # serving must apply the normalisation of the newest training day
-        source = self.partitions[-1] / "_normalization.json"
-        target = self.job.model_dir / "normalization.json"
+        source = FeaturePartition(self.partitions[-1]).normalization
+        target = ModelDir(self.job.model_dir).normalization
         if source.exists():
-            tmp = target.with_suffix(".json.tmp")
-            shutil.copyfile(source, tmp)
-            tmp.replace(target)
+            atomic.copy_file(source, target)
         else:
-            target.write_text(json.dumps({"features": {}}))
+            atomic.write_text(target, json.dumps({"features": {}}))

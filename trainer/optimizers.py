@@ -12,12 +12,13 @@ from __future__ import annotations
 import tensorflow as tf
 import tf_keras as keras
 
+from recpipe.config.errors import ConfigError
 from recpipe.config.model import ModelClass
 from recpipe.config.train import LearningRate, OptimizerConfig
 from trainer.sparse_optimizers import LazyAdam, SparseFtrl
 
 
-class OptimizerConfigError(ValueError):
+class OptimizerConfigError(ConfigError):
     """The optimizer_config does not fit the model (names the field)."""
 
 

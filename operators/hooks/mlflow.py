@@ -1,9 +1,12 @@
-"""MLflow tracking and registry for the operators (the project's own hook: the only
-Airflow-MLflow provider on the index is unmaintained).
+"""MLflow tracking and registry for the operators, as an Airflow hook (the project's own: the
+only Airflow-MLflow provider on the index is unmaintained).
 
 Where the tracking server is, in order: the Airflow connection ``mlflow_default`` (its
 ``extra.tracking_uri``, or ``http://host:port``), ``$MLFLOW_TRACKING_URI``, else a SQLite
 database ``<var>/mlflow/mlflow.db`` with artifacts in ``<var>/mlflow/artifacts``.
+
+One nested run per task attempt under the DAG run's parent run: ``log_task_run`` is what every
+operator's tracking goes through.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from airflow.sdk import BaseHook
 
 from operators.paths import project_home, var_dir
 
@@ -54,17 +59,39 @@ def git_commit() -> str:
         return "unknown"
 
 
-class MLflowHook:
+def jsonl_metrics(path: Path, prefix: str = "") -> list[tuple[str, float, int]]:
+    """``(prefix + key, value, step)`` rows of a ``{"step": s, key: value, ...}`` JSON-lines file
+    (``train_metrics.jsonl``, ``eval_history.jsonl``); none if the file does not exist."""
+    import json
+
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            entry = json.loads(line)
+            rows += [(prefix + k, v, entry["step"]) for k, v in entry.items() if k != "step"]
+    return rows
+
+
+class MLflowHook(BaseHook):
     """Experiments, parent / nested runs, metrics and the model registry.
 
     Args:
-        mlflow_conn_id: Airflow connection naming the tracking server (optional).
+        mlflow_conn_id: Airflow connection naming the tracking server (optional: without it,
+            ``$MLFLOW_TRACKING_URI`` or the local SQLite store).
         check_reachable: probe an HTTP server's ``/health`` first, so an outage fails the task
             at once with a clear message (the task's ``retries`` decide what happens next)
             instead of MLflow's own retry loop.
     """
 
-    def __init__(self, mlflow_conn_id: str = "mlflow_default", check_reachable: bool = True):
+    conn_name_attr = "mlflow_conn_id"
+    default_conn_name = "mlflow_default"
+    conn_type = "http"
+    hook_name = "MLflow"
+
+    def __init__(self, mlflow_conn_id: str = default_conn_name, check_reachable: bool = True):
+        super().__init__()
         self.mlflow_conn_id = mlflow_conn_id
         self.check_reachable = check_reachable
         self._client = None
@@ -94,9 +121,7 @@ class MLflowHook:
         if not self.mlflow_conn_id:
             return None
         try:
-            from airflow.sdk import BaseHook
-
-            return BaseHook.get_connection(self.mlflow_conn_id)
+            return self.get_connection(self.mlflow_conn_id)
         except Exception:  # not defined (AirflowNotFoundException) or no Airflow context
             return None
 
@@ -183,6 +208,34 @@ class MLflowHook:
             self.end_run(run, failed=True)
             raise
         self.end_run(run)
+
+    def log_task_run(
+        self,
+        parent_run_id: str,
+        step: str,
+        *,
+        tags: dict[str, Any] | None = None,
+        params: dict[str, Any] | None = None,
+        metrics: Iterable[tuple[str, float, int]] = (),
+        parent_metrics: Iterable[tuple[str, float, int]] = (),
+        parent_tags: dict[str, Any] | None = None,
+        artifacts: Iterable[tuple[str | os.PathLike, str | None]] = (),
+    ) -> str:
+        """One task attempt's nested run under ``parent_run_id``, ended FINISHED (FAILED if
+        logging raises): its tags, params, ``(key, value, step)`` metrics and artifacts
+        (``(path, artifact_path)``; paths that do not exist are skipped), and what the task
+        adds to the parent run. Returns the nested run's id."""
+        with self.nested_run(parent_run_id, step, {k: str(v) for k, v in (tags or {}).items()}) as run:
+            if params:
+                self.log_params(run, params)
+            self.log_metrics(run, metrics)
+            self.log_metrics(parent_run_id, parent_metrics)
+            if parent_tags:
+                self.set_tags(parent_run_id, parent_tags)
+            for path, artifact_path in artifacts:
+                if Path(path).exists():
+                    self.log_artifact(run, path, artifact_path)
+        return run
 
     def end_run(self, run_id: str, failed: bool = False) -> None:
         """Mark a run FINISHED (or FAILED)."""

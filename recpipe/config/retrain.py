@@ -89,12 +89,10 @@ class RetrainConfig(Section):
     gate: GateConfig = Field(default_factory=GateConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 
-    def with_run_edits(self, run_edits: dict | None) -> str:
-        """``edit_config_json`` text for a run: this config's overrides (where data live, the
-        daily schedule's epochs), then the run's own (Params or trigger conf), which win."""
-        import json
-
-        return json.dumps({**self.edit_config_json, **(run_edits or {})})
+    def with_run_edits(self, run_edits: dict | None) -> dict:
+        """``edit_config_json`` of a run: this config's overrides (where data live, the daily
+        schedule's epochs), then the run's own (Params or trigger conf), which win."""
+        return {**self.edit_config_json, **(run_edits or {})}
 
     @property
     def experiment(self) -> str:

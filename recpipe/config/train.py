@@ -116,6 +116,18 @@ class TrainDistribute(StrEnum):
     EmbeddingParallelStrategy = "EmbeddingParallelStrategy"
     SokStrategy = "SokStrategy"
 
+    def with_parameter_servers(self, ps: int) -> bool:
+        """Whether this strategy with ``ps`` parameter servers is parameter-server training:
+        ``PSStrategy`` always, and ``NoStrategy`` once the cluster has ps (EasyRec's rule: the
+        ps/worker estimator; with ``sync_replicas`` its synchronous mode). The launchers and the
+        trainer's strategy factory both ask this."""
+        return self == TrainDistribute.PSStrategy or (self == TrainDistribute.NoStrategy and ps > 0)
+
+    @property
+    def uses_horovod(self) -> bool:
+        """Started by ``horovodrun`` (data parallel, or with embedding rows sharded)."""
+        return self in (TrainDistribute.HorovodStrategy, TrainDistribute.EmbeddingParallelStrategy)
+
 
 class TrainConfig(Section):
     """EasyRec ``train_config``."""

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from recpipe.data.atomic import write_csv_file, write_csv_partition
+from recpipe.data.csv_files import write_csv_file, write_csv_partition
 
 EVENT_COLUMNS = ("user_id", "item_id", "rating", "timestamp", "label")
 

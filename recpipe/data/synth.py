@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from recpipe.data.atomic import write_csv_partition
+from recpipe.data.csv_files import write_csv_partition
 
 NUM_DENSE, NUM_SPARSE = 13, 26
 VOCAB_SIZES = [int(v) for v in np.geomspace(10, 200_000, NUM_SPARSE).round()]

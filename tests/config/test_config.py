@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
@@ -18,8 +17,8 @@ from recpipe.config import (
     parse_extend_args,
 )
 from recpipe.config.train import TrainDistribute
+from tests.support import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 ML = ROOT / "conf/movielens_deepfm.yaml"
 
 

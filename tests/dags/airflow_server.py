@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,13 +14,9 @@ import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
+from tests.support import free_port
+
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Api:

@@ -8,12 +8,12 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support import ROOT
+
 DAYS = ["1997-09-22", "1997-09-23", "1997-09-24"]
 MODEL = "movielens_test"
 

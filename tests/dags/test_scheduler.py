@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from tests.dags.airflow_server import deployment, screenshot
+from tests.support import ROOT
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "var" / "test-artifacts"
 CONF = {
     "train_ds": "1997-09-22:1997-09-23",

@@ -18,8 +18,8 @@ import pytest
 
 from features.prepare import BadRowsError, prepare_day
 from features.schema import RawInputError
+from tests.support import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 DAYS = ["1997-09-22", "1997-09-23", "1997-09-24"]
 
 
@@ -108,7 +108,7 @@ def test_rerun_is_idempotent_and_ids_are_stable(spark, movielens_config):
 def test_spark_ids_equal_tensorflow_ids_on_raw_values(spark, movielens_config):
     import tensorflow as tf
 
-    from trainer.features.ids import clean_ids, hash_ids, split_tags
+    from trainer.hashing import clean_ids, hash_ids, split_tags
 
     prepare_day(spark, movielens_config, DAYS[0])
     out = _output(movielens_config, DAYS[0])
@@ -135,7 +135,7 @@ def test_spark_ids_equal_tensorflow_ids_on_raw_values(spark, movielens_config):
 def test_ids_are_farmhash_fingerprint64_modulo_the_bucket_count():
     import tensorflow as tf
 
-    from trainer.features.ids import FULL_ID_SPACE, hash_ids
+    from trainer.hashing import FULL_ID_SPACE, hash_ids
 
     values = tf.constant(["a", "196", "", "05db9164"])
     fingerprints = [int(v) for v in tf.bitcast(tf.fingerprint(values), tf.uint64).numpy()]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from operators.hooks.mlflow import MLflowHook, TrackingUnavailableError, flatten
-from tests.dags.airflow_server import free_port
+from tests.support import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,7 @@ import pytest
 from operators.paths import PathNotAllowedError, confine, project_home
 from operators.register import gate
 from operators.retention import expired
-from operators.train import last_successful_model_dir, window
+from operators.train import DistributedTrainOperator
 from operators.validate import drift
 
 
@@ -47,16 +47,30 @@ def test_drift_reports_relative_changes_above_tolerance():
     assert sorted(w.split(":")[0] for w in warnings) == ["null_share.age", "rows"]
 
 
-def test_window_and_warm_start_source(tmp_path):
-    assert window("1997-09-23", 7) == "1997-09-17:1997-09-23"
+def test_warm_start_source_is_the_newest_finished_day_before_ds(tmp_path, monkeypatch):
+    monkeypatch.setenv("RECPIPE_VAR_DIR", str(tmp_path))  # a data root operators may name
     for d in ("1997-09-20", "1997-09-21", "1997-09-22"):
         (tmp_path / f"ds={d}").mkdir()
     (tmp_path / "ds=1997-09-20" / "_SUCCESS").touch()
     (tmp_path / "ds=1997-09-21" / "_SUCCESS").touch()
-    # 09-22 did not finish; 09-23 itself is never its own source
-    assert last_successful_model_dir(tmp_path, "1997-09-23").name == "ds=1997-09-21"
-    assert last_successful_model_dir(tmp_path, "1997-09-21").name == "ds=1997-09-20"
-    assert last_successful_model_dir(tmp_path, "1997-09-20") is None
+
+    def source(ds: str, full_retrain: bool = False) -> str | None:
+        op = DistributedTrainOperator(
+            task_id="train",
+            pipeline_config_path="conf/movielens_deepfm.yaml",
+            model_dir=str(tmp_path / f"ds={ds}"),
+            ds=ds,
+            warm_start_root=str(tmp_path),
+            full_retrain=full_retrain,
+        )
+        found = op.warm_start((tmp_path / f"ds={ds}").resolve())
+        return found.name if found else None
+
+    # 09-22 did not finish; a day is never its own source
+    assert source("1997-09-23") == "ds=1997-09-21"
+    assert source("1997-09-21") == "ds=1997-09-20"
+    assert source("1997-09-20") is None
+    assert source("1997-09-23", full_retrain=True) is None
 
 
 def test_retention_keeps_newest_days_and_protected(tmp_path):

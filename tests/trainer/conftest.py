@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-EARLY = ("1997-09-20", "1997-10-20")
+from tests.support import EARLY, ROOT
 
 
 def _days(raw_events: Path, first: str, last: str) -> list[str]:
@@ -54,12 +53,3 @@ def ml_all(spark, ml_early, movielens_raw):
     """The same, with every one of the 213 days prepared."""
     _prepare(spark, ml_early, _days(movielens_raw / "events", "1997-01-01", "1999-01-01"))
     return ml_early
-
-
-def with_edits(config, edits: dict):
-    """A copy of ``config`` with EasyRec-style edits applied and validated."""
-    from recpipe.config import apply_edits
-    from recpipe.config.loader import validate
-    from recpipe.config.pipeline import PipelineConfig
-
-    return validate(PipelineConfig, apply_edits(config.to_dict(), edits), "test config")

@@ -21,11 +21,11 @@ from scipy import sparse
 from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import MultiLabelBinarizer, OneHotEncoder
 
-from tests.trainer.conftest import ROOT, with_edits
-from trainer.evaluation import evaluate
-from trainer.input import parse_ds_range
+from recpipe.layout import parse_ds_range
+from tests.support import ROOT, with_edits
 from trainer.loop import Trainer, TrainJob
 from trainer.metrics import auc, logloss
+from trainer.scoring import evaluate
 
 IDS = ["user_id", "item_id", "gender", "occupation", "zip_code"]
 
@@ -153,10 +153,9 @@ def test_strategies_match_no_strategy_out_of_time(ml_all, tmp_path):
     global batch (256) and the same number of steps."""
     import yaml
 
-    from operators.base import last_json_line
-    from operators.launchers import LocalLauncher
-    from operators.launchers.topology import job_spec, training_processes
+    from recpipe.config import ClusterConfig
     from recpipe.config.train import TrainDistribute
+    from recpipe.launch import LocalLauncher, job_result, training_job
 
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(ml_all.to_dict()))
@@ -168,11 +167,13 @@ def test_strategies_match_no_strategy_out_of_time(ml_all, tmp_path):
     def run(strategy: str, workers: int, ps: int = 0, name: str | None = None, **edits) -> dict:
         model_dir = tmp_path / (name or strategy)
         edits = {"train_config.train_distribute": strategy, "train_config.optimizer_config": split, **edits}
-        args = ["trainer.train_eval", "--pipeline_config_path", str(path), "--model_dir", str(model_dir)]
+        args = ["--pipeline_config_path", str(path), "--model_dir", str(model_dir)]
         args += ["--skip_eval", "--edit_config_json", json.dumps(edits)]
-        processes = training_processes(TrainDistribute(strategy), workers, args, ps=ps)
-        job = job_spec("train", processes, ROOT)
-        result = last_json_line(LocalLauncher(model_dir / "logs", grace_s=3).run(job)[0])
+        cluster = ClusterConfig()
+        job = training_job(
+            "train", TrainDistribute(strategy), cluster, args, cwd=ROOT, workers=workers, ps=ps
+        )
+        result = job_result(LocalLauncher(model_dir / "logs", grace_s=3).run(job)[0])
         config = with_edits(ml_all, {"train_config.optimizer_config": split})
         return {
             "steps": result["global_step"],

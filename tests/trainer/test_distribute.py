@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from operators.base import last_json_line
-from operators.launchers import JobFailedError, JobSpec, LocalLauncher
-from operators.launchers.topology import job_spec, training_processes
+from recpipe.config import ClusterConfig
 from recpipe.config.train import TrainDistribute
-from tests.trainer.conftest import EARLY, ROOT
+from recpipe.launch import JobFailedError, JobSpec, LocalLauncher, job_result, training_job
+from recpipe.launch.topology import training_processes
+from tests.support import EARLY, ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +25,6 @@ pytestmark = pytest.mark.slow
 def _job(config_path: Path, model_dir: Path, distribute: str, workers: int = 1, *extra, ps: int = 0, **edits):
     """The ``JobSpec`` of trainer.train_eval as a ``distribute`` job on the early days."""
     args = [
-        "trainer.train_eval",
         "--pipeline_config_path",
         str(config_path),
         "--model_dir",
@@ -36,8 +35,9 @@ def _job(config_path: Path, model_dir: Path, distribute: str, workers: int = 1, 
         json.dumps({"train_config.train_distribute": distribute, **edits}),
         *extra,
     ]
-    processes = training_processes(TrainDistribute(distribute), workers, args, ps=ps)
-    return job_spec("train", processes, ROOT, {"PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2"})
+    return training_job(
+        "train", TrainDistribute(distribute), ClusterConfig(), args, cwd=ROOT, workers=workers, ps=ps
+    )
 
 
 def _train(
@@ -46,7 +46,7 @@ def _train(
     """Run trainer.train_eval as a ``distribute`` job; return (chief's result, log files)."""
     job = _job(config_path, model_dir, distribute, workers, *extra, ps=ps, **edits)
     logs = LocalLauncher(model_dir / "logs", grace_s=3).run(job)
-    return last_json_line(logs[0]), logs
+    return job_result(logs[0]), logs
 
 
 @pytest.fixture(scope="module")
@@ -358,7 +358,7 @@ def test_asynchronous_parameter_server_training_goes_on_when_a_worker_dies(confi
     assert job.roles == ["chief", "worker 0", "worker 1", "ps 0"]
     logs, errors = _kill_after_checkpoint_20(job, model_dir, 2, 400)
     assert not errors, errors
-    result = last_json_line(logs[0])
+    result = job_result(logs[0])
     # no step lost; the step running on the killed worker may have updated the ps before it
     # died and is run again (TensorFlow's coordinator runs a step at least once)
     assert 400 <= result["global_step"] <= 402
@@ -402,7 +402,7 @@ def test_synchronous_parameter_server_applies_each_update_once_when_a_worker_die
     job = _job(config_path, model_dir, "NoStrategy", 2, ps=1, **edits)
     logs, errors = _kill_after_checkpoint_20(job, model_dir, 1, 400)
     assert not errors, errors
-    result = last_json_line(logs[0])
+    result = job_result(logs[0])
     assert result["global_step"] == 200 and np.isfinite(result["loss"])
     assert logs[1].read_text().count("serving worker 0") == 2  # started again, one log
     metrics = [json.loads(line) for line in (model_dir / "train_metrics.jsonl").read_text().splitlines()]

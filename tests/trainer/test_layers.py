@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from recpipe.config.data import FeatureSpec
-from trainer.features.ids import hash_ids
+from trainer.hashing import hash_ids
 from trainer.layers.cross import Cross
 from trainer.layers.dot_interaction import DotInteraction
 from trainer.layers.embedding import EmbeddingConfigError, FeatureEmbedding

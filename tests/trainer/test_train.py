@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.trainer.conftest import EARLY, ROOT, with_edits
+from recpipe.layout import parse_ds_range
+from tests.support import EARLY, ROOT, with_edits
 from trainer.checkpoints import CheckpointError, list_variables, read_var_map
-from trainer.evaluation import evaluate
-from trainer.input import parse_ds_range
 from trainer.loop import Trainer, TrainError, TrainJob
+from trainer.scoring import evaluate
 
 DAYS = parse_ds_range(":".join(EARLY))
 EVAL = parse_ds_range("1997-10-10:1997-10-20")

@@ -7,10 +7,12 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
+from recpipe.config.errors import ConfigError
+
 LOCAL_PROCESSES = "RECPIPE_LOCAL_PROCESSES"
 
 
-class StrategyError(ValueError):
+class StrategyError(ConfigError):
     """The configured train_distribute cannot run here (the message says why)."""
 
 

@@ -18,8 +18,8 @@ def distribution_for(train_config: TrainConfig) -> Distribution:
             without ps; a multi-worker strategy without its environment.
     """
     kind = train_config.train_distribute
-    with_ps = "ps" in json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
-    if kind == TrainDistribute.PSStrategy or (kind == TrainDistribute.NoStrategy and with_ps):
+    ps = len(json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {}).get("ps", []))
+    if kind.with_parameter_servers(ps):
         from trainer.distribute import parameter_server
 
         if train_config.sync_replicas:

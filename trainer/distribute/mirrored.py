@@ -67,8 +67,8 @@ class MultiWorkerMirroredDistribution(_Collective):
         except (KeyError, json.JSONDecodeError) as err:
             raise StrategyError(
                 "MultiWorkerMirroredStrategy needs TF_CONFIG with cluster.worker and task "
-                f"({err!r}); run it through a launcher (DistributedTrainOperator, "
-                "recpipe launch) rather than by hand"
+                f"({err!r}); start its workers with recpipe train --num_workers N (or the "
+                "DistributedTrainOperator) rather than by hand"
             ) from None
         if task.get("type") != "worker":
             raise StrategyError(f"TF_CONFIG task {task}: MultiWorkerMirroredStrategy runs workers only")

@@ -53,8 +53,9 @@ def cluster_from_tf_config() -> dict:
         cluster, task = tf_config["cluster"], tf_config["task"]
     except (KeyError, json.JSONDecodeError) as err:
         raise StrategyError(
-            f"parameter-server training needs TF_CONFIG with cluster and task ({err!r}); run it "
-            "through a launcher (DistributedTrainOperator) rather than by hand"
+            f"parameter-server training needs TF_CONFIG with cluster and task ({err!r}); start it "
+            "with recpipe train --num_workers N --num_ps M (or the DistributedTrainOperator) "
+            "rather than by hand"
         ) from None
     missing = [role for role in ("chief", "worker", "ps") if not cluster.get(role)]
     if missing:

@@ -20,10 +20,11 @@ from tensorflow.python.distribute.sharded_variable import ShardedVariable
 from tensorflow.python.trackable.base import Trackable
 
 from recpipe.config.data import FeatureSpec, FeatureType
-from trainer.features.ids import hash_ids
+from recpipe.config.errors import ConfigError
+from trainer.hashing import hash_ids
 
 
-class EmbeddingConfigError(ValueError):
+class EmbeddingConfigError(ConfigError):
     """Features sharing a table disagree on its shape, or a table has no size."""
 
 

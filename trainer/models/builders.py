@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from recpipe.config.data import FeatureType
+from recpipe.config.errors import ConfigError
 from recpipe.config.model import (
     DCNModel,
     DeepFMModel,
@@ -17,7 +18,7 @@ from trainer.models.ranking import RankingModel, WideLogit
 from trainer.models.towers import ConcatMLPTower, DCNTower, DeepFMTower, DLRMTower
 
 
-class ModelConfigError(ValueError):
+class ModelConfigError(ConfigError):
     """The model_config cannot be built (names the field)."""
 
 

@@ -12,7 +12,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from recpipe.config.data import FeatureSpec, FeatureType
-from trainer.features.ids import hash_ids
+from trainer.hashing import hash_ids
 from trainer.layers.embedding import FeatureEmbedding
 
 

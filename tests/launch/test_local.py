@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from operators.launchers import JobFailedError, JobSpec, LocalLauncher
+from recpipe.launch import JobFailedError, JobSpec, LocalLauncher
 
 
 def _job(tmp_path, *scripts: str) -> JobSpec:

@@ -11,7 +11,7 @@ training resumes exactly by skipping the batches it already consumed.
 
 Batches are dicts of feature name -> tensor: id features ``int64 [B]``, tag features
 ``RaggedTensor int64 [B, (n)]``, raw features ``float32 [B]``; labels ``float32 [B]``. Ids are
-hashed (``trainer.features.ids.hash_ids``) as each shuffle chunk is read, once per value, so
+hashed (``trainer.hashing.hash_ids``) as each shuffle chunk is read, once per value, so
 batches carry numbers only and the training step hashes nothing; a reader with
 ``raw_ids=True`` keeps the strings instead (``string [B]``; the model hashes them, as the
 serving graph does), for metrics grouped by the real ids.
@@ -20,8 +20,6 @@ serving graph does), for metrics grouped by the real ids.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
-from datetime import date, timedelta
 from pathlib import Path
 
 import numpy as np
@@ -31,104 +29,16 @@ import tensorflow as tf
 
 from recpipe.config.data import FeatureType
 from recpipe.config.pipeline import PipelineConfig
-from recpipe.errors import PipelineError
 from recpipe.ids import HOLDOUT
-from trainer.features.ids import hash_ids
+from trainer.hashing import hash_ids
+from trainer.input.columns import Columns, _kept, _string_buffers
+from trainer.input.sharding import RowGroup, row_groups, shard
+from trainer.input.specs import feature_spec
 
 # tf.data's autotuner held the end of an epoch for ~7 s in 3 runs of 4 (bench/vs_deepctr.py);
 # the pipeline has nothing to tune beyond its fixed prefetch
 _OPTIONS = tf.data.Options()
 _OPTIONS.autotune.enabled = False
-
-
-class InputError(PipelineError):
-    """No finished feature partition matches the requested days."""
-
-
-def parse_ds_range(text: str) -> list[str]:
-    """``YYYY-MM-DD`` or ``START:END`` (inclusive) -> the days in it.
-
-    Raises:
-        ValueError: malformed dates, or END before START.
-    """
-    start, _, end = text.partition(":")
-    first, last = date.fromisoformat(start), date.fromisoformat(end or start)
-    if last < first:
-        raise ValueError(f"ds range {text!r}: end before start")
-    return [(first + timedelta(days=k)).isoformat() for k in range((last - first).days + 1)]
-
-
-def holdout_split(config: PipelineConfig, days: list[str], role: str) -> tuple[list[Path], dict[Path, bool]]:
-    """The finished partitions of ``days`` for ``role`` ("train" or "eval") and, for the days in
-    both ``train_ds`` and ``eval_ds``, which rows to keep: ``{partition: is_holdout}``.
-
-    A day in both ranges is split by the Spark job's ``_holdout`` column (``data_config.
-    holdout_percent``): training reads its other rows, evaluation only the held-out ones, so no
-    evaluated row was trained on. Days in one range only are read whole.
-
-    Raises:
-        InputError: no finished partition; or a shared day without holdout (the config has
-            ``holdout_percent: 0``, so training would see the evaluation rows).
-    """
-    root = config.train_input_path if role == "train" else config.eval_input_path or config.train_input_path
-    partitions = finished_partitions(root, days)
-    if not (config.train_ds and config.eval_ds):
-        return partitions, {}
-    shared = set(parse_ds_range(config.train_ds)) & set(parse_ds_range(config.eval_ds))
-    if shared and config.eval_input_path not in (None, config.train_input_path):
-        shared = set()  # separate eval data: nothing to split
-    keep = {}
-    for part in partitions:
-        if part.name.removeprefix("ds=") in shared:
-            if not config.data_config.holdout_percent:
-                raise InputError(
-                    f"{part.name} is in both train_ds and eval_ds but data_config.holdout_percent "
-                    "is 0: set it (and re-run the feature job) or make the ranges disjoint"
-                )
-            keep[part] = role == "eval"
-    return partitions, keep
-
-
-def finished_partitions(root: str | Path, days: list[str]) -> list[Path]:
-    """The ``ds=`` partitions of ``days`` under ``root`` that carry ``_SUCCESS``.
-
-    Raises:
-        InputError: none of them exists.
-    """
-    found = [Path(root) / f"ds={d}" for d in days if (Path(root) / f"ds={d}" / "_SUCCESS").exists()]
-    if not found:
-        raise InputError(f"no finished feature partition under {root} for ds {days[0]}..{days[-1]}")
-    return found
-
-
-@dataclass(frozen=True)
-class RowGroup:
-    """One Parquet row group: the unit of sharding."""
-
-    path: Path
-    index: int
-    rows: int
-
-
-def row_groups(partitions: list[Path]) -> list[RowGroup]:
-    """Every row group of every data file, in a stable order."""
-    out = []
-    for part in partitions:
-        for path in sorted(part.glob("*.parquet")):
-            meta = pq.ParquetFile(path).metadata
-            out += [RowGroup(path, i, meta.row_group(i).num_rows) for i in range(meta.num_row_groups)]
-    return out
-
-
-def shard(groups: list[RowGroup], rank: int, world_size: int) -> list[RowGroup]:
-    """Row groups of worker ``rank``: disjoint across ranks, together all of them.
-
-    Raises:
-        ValueError: rank outside [0, world_size).
-    """
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} outside world of size {world_size}")
-    return groups[rank::world_size]
 
 
 class FeatureReader:
@@ -339,106 +249,3 @@ class FeatureReader:
             lambda *flat: self.structure(flat), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
         )
         return structure.prefetch(prefetch).with_options(_OPTIONS)
-
-
-def _kept(table: pa.Table, keep: bool) -> np.ndarray:
-    """Rows of ``table`` whose ``_holdout`` column equals ``keep``: bool ``[rows]``."""
-    return table[HOLDOUT].to_numpy(zero_copy_only=False) == keep
-
-
-def _string_buffers(column: pa.Array) -> tuple[bytes, np.ndarray]:
-    """A string column without nulls as (its bytes, int64 offsets [n + 1] from 0).
-
-    TensorFlow cuts the values apart again with one ``substr`` (``FeatureReader._ids_of``):
-    no Python object per value.
-    """
-    width = np.int64 if pa.types.is_large_string(column.type) else np.int32
-    _, offsets_buf, data_buf = column.buffers()
-    offsets = np.frombuffer(offsets_buf, dtype=width)[column.offset : column.offset + len(column) + 1]
-    offsets = offsets.astype(np.int64)
-    data = b"" if data_buf is None else data_buf[offsets[0] : offsets[-1]].to_pybytes()
-    return data, offsets - offsets[0]
-
-
-class Columns:
-    """A block of rows as numpy arrays, from which batches are cut.
-
-    Attributes:
-        labels: ``float32 [L, N]``.
-        ids: ``int64 [F_id, N]`` hashed ids, or ``object [F_id, N]`` of bytes (raw ids).
-        dense: ``float32 [F_dense, N]``.
-        tags: per tag feature, (values ``[M]`` as ``ids``, row splits ``int64 [N + 1]``).
-    """
-
-    def __init__(self, labels: np.ndarray, ids: np.ndarray, dense: np.ndarray, tags: list[tuple]):
-        self.labels, self.ids, self.dense, self.tags = labels, ids, dense, tags
-
-    @property
-    def rows(self) -> int:
-        return self.labels.shape[1]
-
-    def take(self, index: np.ndarray) -> Columns:
-        """Rows ``index`` (int ``[K]``), in that order."""
-        tags = []
-        for values, splits in self.tags:
-            lengths = np.diff(splits)[index]
-            out_splits = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-            shift = np.repeat(splits[:-1][index] - out_splits[:-1], lengths)
-            tags.append((values[np.arange(out_splits[-1]) + shift], out_splits))
-        return Columns(self.labels[:, index], self.ids[:, index], self.dense[:, index], tags)
-
-    def slice(self, start: int, stop: int) -> Columns:
-        """Rows ``[start, stop)``."""
-        tags = [(v[s[start] : s[stop]], s[start : stop + 1] - s[start]) for v, s in self.tags]
-        return Columns(self.labels[:, start:stop], self.ids[:, start:stop], self.dense[:, start:stop], tags)
-
-    def concat(self, other: Columns) -> Columns:
-        """These rows, then ``other``'s."""
-        tags = [
-            (np.concatenate([v, ov]), np.concatenate([s, os_[1:] + s[-1]]))
-            for (v, s), (ov, os_) in zip(self.tags, other.tags, strict=True)
-        ]
-        return Columns(
-            np.concatenate([self.labels, other.labels], axis=1),
-            np.concatenate([self.ids, other.ids], axis=1),
-            np.concatenate([self.dense, other.dense], axis=1),
-            tags,
-        )
-
-    def flat(self) -> tuple:
-        """The ``FeatureReader.signature`` tuple, as contiguous arrays."""
-        out = [np.ascontiguousarray(x) for x in self.labels]
-        out += [np.ascontiguousarray(self.ids), np.ascontiguousarray(self.dense)]
-        for values, splits in self.tags:
-            out += [np.ascontiguousarray(values), np.ascontiguousarray(splits)]
-        return tuple(out)
-
-
-def feature_spec(config: PipelineConfig, hashed: bool = False) -> dict[str, tf.TypeSpec]:
-    """The type spec of a features dict (pins a step's input signature): ids and tags as
-    strings, or as ``int64`` ids already hashed (``FeatureReader`` without ``raw_ids``)."""
-    ids = tf.int64 if hashed else tf.string
-    spec: dict[str, tf.TypeSpec] = {}
-    for f in config.feature_config.features:
-        if f.feature_type == FeatureType.IdFeature:
-            spec[f.name] = tf.TensorSpec([None], ids)
-        elif f.feature_type == FeatureType.TagFeature:
-            spec[f.name] = tf.RaggedTensorSpec([None, None], ids, ragged_rank=1, row_splits_dtype=tf.int64)
-        else:
-            spec[f.name] = tf.TensorSpec([None], tf.float32)
-    return spec
-
-
-def sample_inputs(config: PipelineConfig) -> dict[str, tf.Tensor]:
-    """A one-row features dict (empty ids and tags, zero dense values) to build a model."""
-    sample: dict[str, tf.Tensor] = {}
-    for f in config.feature_config.features:
-        if f.feature_type == FeatureType.IdFeature:
-            sample[f.name] = tf.constant([""])
-        elif f.feature_type == FeatureType.TagFeature:
-            sample[f.name] = tf.RaggedTensor.from_row_splits(
-                tf.constant([], tf.string), tf.constant([0, 0], tf.int64)
-            )
-        else:
-            sample[f.name] = tf.constant([0.0])
-    return sample

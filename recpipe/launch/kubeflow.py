@@ -19,11 +19,11 @@ from __future__ import annotations
 import re
 
 from recpipe.config.cluster import ClusterConfig, RoleResources
+from recpipe.config.errors import ConfigError
 from recpipe.config.train import TrainDistribute
 
 TFJOB = ("kubeflow.org", "v1", "tfjobs", "TFJob")
 MPIJOB = ("kubeflow.org", "v2beta1", "mpijobs", "MPIJob")
-HOROVOD = {TrainDistribute.HorovodStrategy, TrainDistribute.EmbeddingParallelStrategy}
 
 
 def job_name(text: str) -> str:
@@ -90,19 +90,19 @@ def render(
         workers: worker count (default ``cluster.worker.count``).
 
     Raises:
-        ValueError: no ``image`` in the cluster config; ``SokStrategy``; several workers for a
+        ConfigError: no ``image`` in the cluster config; ``SokStrategy``; several workers for a
             single-process strategy; ``PSStrategy`` without ``ps``.
     """
     if not cluster.image:
-        raise ValueError("cluster config: kubernetes needs image (the recpipe image)")
+        raise ConfigError("cluster config: kubernetes needs image (the recpipe image)")
     workers = workers or cluster.worker.count
     name = job_name(name)
     meta = {"name": name, "namespace": cluster.namespace, "labels": {"app.kubernetes.io/part-of": "recpipe"}}
     train = ["python", "-m", "trainer.train_eval", *train_args]
     evaluate = ["python", "-m", "trainer.eval", *(eval_args or []), "--follow"]
     if distribute == TrainDistribute.SokStrategy:
-        raise ValueError("SokStrategy needs GPUs with NVIDIA SOK; it is not rendered")
-    if distribute in HOROVOD:
+        raise ConfigError("SokStrategy needs GPUs with NVIDIA SOK; it is not rendered")
+    if distribute.uses_horovod:
         slots = max(cluster.worker.gpu, 1)
         launcher = ["horovodrun", "-np", str(workers * slots), "--hostfile", "/etc/mpi/hostfile", "--gloo"]
         small = RoleResources(count=1, cpu=1, memory="2Gi")
@@ -134,17 +134,15 @@ def render(
                 }
             )
         return manifests
-    with_ps = distribute == TrainDistribute.PSStrategy or (
-        distribute == TrainDistribute.NoStrategy and cluster.ps.count > 0
-    )
+    with_ps = distribute.with_parameter_servers(cluster.ps.count)
     if (
         not with_ps
         and distribute in (TrainDistribute.NoStrategy, TrainDistribute.MirroredStrategy)
         and workers != 1
     ):
-        raise ValueError(f"num_workers={workers}: {distribute.value} runs in one process")
+        raise ConfigError(f"num_workers={workers}: {distribute.value} runs in one process")
     if distribute == TrainDistribute.PSStrategy and not cluster.ps.count:
-        raise ValueError("PSStrategy needs ps.count >= 1 in the cluster config")
+        raise ConfigError("PSStrategy needs ps.count >= 1 in the cluster config")
     if with_ps:
         # the chief runs the trainer (TF's coordinator); workers and ps serve it. Workers are
         # restarted on failure: the coordinator runs their steps elsewhere and takes them back

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
 
+from recpipe import atomic
 from recpipe.config.pipeline import PipelineConfig
+from recpipe.layout import ModelDir, partition_ds
 from trainer.checkpoints import checkpoint_map, resolve
 from trainer.input import FeatureReader, holdout_split, sample_inputs
 from trainer.metrics import compute_metrics
@@ -76,15 +77,11 @@ def evaluate(
     result = {
         "global_step": step,
         "checkpoint": path,
-        "eval_days": [p.name.removeprefix("ds=") for p in partitions],
+        "eval_days": [partition_ds(p) for p in partitions],
         "num_examples": int(labels.size),
         **compute_metrics(config.eval_config.metrics_set, labels, probs, kept),
     }
-    target = Path(result_path) if result_path else model_dir / "eval_result.json"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(result, indent=2))
-    tmp.replace(target)
+    atomic.write_text(result_path or ModelDir(model_dir).eval_result, json.dumps(result, indent=2))
     log.info(
         "eval at step %d on %d examples: %s",
         step,

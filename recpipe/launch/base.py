@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from recpipe.errors import PipelineError
+
 
 @dataclass(frozen=True)
 class JobSpec:
@@ -43,7 +45,7 @@ class JobSpec:
         return {**self.env, **(self.envs[i] if self.envs else {})}
 
 
-class JobFailedError(RuntimeError):
+class JobFailedError(PipelineError):
     """A process of the job exited non-zero; the message names it and holds its log's tail."""
 
 

@@ -7,7 +7,7 @@ import logging
 import time
 from pathlib import Path
 
-from operators.launchers.base import JobFailedError, JobSpec
+from recpipe.launch.base import JobFailedError, JobSpec
 
 log = logging.getLogger(__name__)
 KINDS = {"TFJob": "tfjobs", "MPIJob": "mpijobs"}

@@ -19,8 +19,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from operators.launchers.base import JobSpec
+from recpipe.config.errors import ConfigError
 from recpipe.config.train import TrainDistribute
+from recpipe.launch.base import JobSpec
 
 SINGLE = {TrainDistribute.NoStrategy, TrainDistribute.MirroredStrategy}
 
@@ -64,17 +65,17 @@ def training_processes(
             least 1; with ``NoStrategy``, more than 0 makes it a parameter-server job.
 
     Raises:
-        ValueError: ``workers`` < 1, or > 1 for a single-process strategy, or a strategy the
+        ConfigError: ``workers`` < 1, or > 1 for a single-process strategy; a strategy the
             local launcher cannot start.
     """
     python = [sys.executable, "-m", *module_args]
     if workers < 1:
-        raise ValueError(f"num_workers={workers}: at least one worker is needed")
-    if distribute == TrainDistribute.PSStrategy or (distribute == TrainDistribute.NoStrategy and ps > 0):
+        raise ConfigError(f"num_workers={workers}: at least one worker is needed")
+    if distribute.with_parameter_servers(ps):
         return _parameter_server(workers, max(ps, 1), python)
     if distribute in SINGLE:
         if workers != 1:
-            raise ValueError(
+            raise ConfigError(
                 f"num_workers={workers}: {distribute.value} runs in one process (MirroredStrategy "
                 "takes train_config.num_gpus_per_worker replicas); use MultiWorkerMirroredStrategy "
                 "HorovodStrategy or EmbeddingParallelStrategy for several workers"
@@ -93,7 +94,7 @@ def training_processes(
             )
             for i in range(workers)
         ]
-    if distribute in (TrainDistribute.HorovodStrategy, TrainDistribute.EmbeddingParallelStrategy):
+    if distribute.uses_horovod:
         horovodrun = [
             sys.executable,
             "-m",
@@ -109,7 +110,7 @@ def training_processes(
             "1800",  # a master evaluation holds the other ranks at their next collective
         ]
         return [Process("horovodrun", [*horovodrun, *python], {"RECPIPE_LOCAL_PROCESSES": str(workers)})]
-    raise ValueError(f"train_distribute {distribute.value}: the local launcher cannot start it yet")
+    raise ConfigError(f"train_distribute {distribute.value}: the local launcher cannot start it")
 
 
 def _parameter_server(workers: int, ps: int, python: list[str]) -> list[Process]:

@@ -5,16 +5,15 @@ CRDs' required fields (TFJob kubeflow.org/v1, MPIJob kubeflow.org/v2beta1) and t
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
-from operators.launchers.kubeflow import render
 from recpipe.config import load_cluster_config
 from recpipe.config.cluster import ClusterConfig
 from recpipe.config.train import TrainDistribute as D
+from recpipe.launch.kubeflow import render
+from tests.support import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 ARGS = ["--pipeline_config_path", "conf/movielens_deepfm.yaml", "--model_dir", "/var/lib/recpipe/m"]
 DNS_1123 = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 # required fields of the CRDs' OpenAPI schemas, and the replica types each accepts
@@ -106,8 +105,8 @@ def test_what_cannot_be_rendered_is_refused(k8s):
 
 
 def test_the_kubernetes_launcher_is_picked_by_the_cluster_config_and_needs_manifests(k8s, tmp_path):
-    from operators.launchers import JobSpec, launcher_for
-    from operators.launchers.kubernetes import KubernetesLauncher
+    from recpipe.launch import JobSpec, launcher_for
+    from recpipe.launch.kubernetes import KubernetesLauncher
 
     launcher = launcher_for(k8s, tmp_path)
     assert isinstance(launcher, KubernetesLauncher) and launcher.conn_id == "kubernetes_default"

@@ -19,7 +19,8 @@ import tensorflow as tf
 
 from recpipe.config.data import FeatureSpec, FeatureType, InputType
 from recpipe.config.pipeline import PipelineConfig
-from trainer.features.ids import clean_ids, split_tags
+from recpipe.layout import ModelDir
+from trainer.hashing import clean_ids, split_tags
 from trainer.models.ranking import RankingModel
 
 TF_TYPES = {
@@ -85,7 +86,7 @@ def export_saved_model(
     Returns:
         The final version directory.
     """
-    norm_file = Path(model_dir) / "normalization.json"
+    norm_file = ModelDir(model_dir).normalization
     normalization = json.loads(norm_file.read_text()).get("features", {}) if norm_file.exists() else {}
     module = ServingModule(config, model, normalization)
     export_dir = Path(export_dir)

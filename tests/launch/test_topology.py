@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from operators.launchers.topology import free_ports, training_processes
 from recpipe.config.train import TrainDistribute as D
+from recpipe.launch.topology import free_ports, training_processes
 
 ARGS = ["trainer.train_eval", "--model_dir", "m"]
 

@@ -24,12 +24,12 @@ from pathlib import Path
 
 import tensorflow as tf
 
+from recpipe import atomic
 from recpipe.config.pipeline import PipelineConfig
+from recpipe.layout import ModelDir
 from trainer.checkpoints import CheckpointError
 
 log = logging.getLogger(__name__)
-TRAIN_DONE = "train_done.json"
-HISTORY = "eval_history.jsonl"
 _STEP = re.compile(r"-(\d+)$")
 
 
@@ -37,40 +37,38 @@ def checkpoint_step(path: str) -> int:
     """``.../model.ckpt-1200`` -> 1200.
 
     Raises:
-        ValueError: the path does not end in ``-<step>``.
+        CheckpointError: the path does not end in ``-<step>``.
     """
     match = _STEP.search(str(path))
     if not match:
-        raise ValueError(f"checkpoint path {path!r} does not end in -<step>")
+        raise CheckpointError(f"checkpoint path {path!r} does not end in -<step>")
     return int(match.group(1))
 
 
 def mark_train_done(model_dir: Path, step: int, checkpoint: str) -> None:
     """Written by the chief when training ends: the evaluator's signal to finish."""
-    tmp = model_dir / f".{TRAIN_DONE}.tmp"
-    tmp.write_text(json.dumps({"global_step": step, "checkpoint": checkpoint}))
-    tmp.replace(model_dir / TRAIN_DONE)
+    marker = {"global_step": step, "checkpoint": checkpoint}
+    atomic.write_text(ModelDir(model_dir).train_done, json.dumps(marker))
 
 
 def evaluate_and_record(
     config: PipelineConfig, model_dir: Path, eval_days: list[str], checkpoint: str
 ) -> dict:
     """Evaluate one checkpoint; write its result file and append it to the history."""
-    from trainer.evaluation import evaluate
+    from trainer.scoring import evaluate
 
-    step = checkpoint_step(checkpoint)
-    result = evaluate(
-        config, model_dir, eval_days, checkpoint, model_dir / "eval" / f"eval_result-{step}.json"
-    )
+    files = ModelDir(model_dir)
+    target = files.eval_result_at(checkpoint_step(checkpoint))
+    result = evaluate(config, model_dir, eval_days, checkpoint, target)
     metrics = {k: v for k, v in result.items() if isinstance(v, float)}
-    with (model_dir / HISTORY).open("a") as out:
+    with files.eval_history.open("a") as out:
         out.write(json.dumps({"step": result["global_step"], **metrics}) + "\n")
     return result
 
 
 def evaluated_steps(model_dir: Path) -> set[int]:
     """Steps already in ``eval_history.jsonl`` (a restarted evaluator does not redo them)."""
-    path = model_dir / HISTORY
+    path = ModelDir(model_dir).eval_history
     if not path.exists():
         return set()
     return {json.loads(line)["step"] for line in path.read_text().splitlines() if line.strip()}
@@ -117,7 +115,7 @@ def follow(
 
 
 def _train_done(model_dir: Path, started: float) -> dict | None:
-    path = model_dir / TRAIN_DONE
+    path = ModelDir(model_dir).train_done
     try:
         # a marker older than this evaluator belongs to an earlier job in the same model_dir
         if path.stat().st_mtime < started - 1:

@@ -9,7 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from operators.launchers.base import JobFailedError, JobSpec
+from recpipe.launch.base import JobFailedError, JobSpec
 
 log = logging.getLogger(__name__)
 TAIL_LINES = 40

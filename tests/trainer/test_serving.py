@@ -9,11 +9,12 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import tensorflow as tf
 
-from tests.trainer.conftest import EARLY, with_edits
-from trainer.evaluation import load_model
-from trainer.exporter import export_saved_model
-from trainer.input import FeatureReader, finished_partitions, parse_ds_range
+from recpipe.layout import finished_partitions, parse_ds_range
+from tests.support import EARLY, with_edits
+from trainer.input import FeatureReader
 from trainer.loop import Trainer, TrainJob
+from trainer.scoring import load_model
+from trainer.serving import export_saved_model
 
 LAST = EARLY[1]
 

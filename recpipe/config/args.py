@@ -1,0 +1,30 @@
+"""The pipeline-config flags every config-reading command shares (EasyRec's)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from recpipe.config.loader import load_pipeline_config
+from recpipe.config.overrides import parse_edit_config_json, parse_extend_args
+from recpipe.config.pipeline import PipelineConfig
+
+
+def add_config_args(parser: argparse.ArgumentParser) -> None:
+    """Add ``--pipeline_config_path`` and ``--edit_config_json`` to ``parser``."""
+    parser.add_argument("--pipeline_config_path", required=True, help="conf/*.yaml")
+    parser.add_argument("--edit_config_json", default=None, help="e.g. '{\"train_config.num_steps\": 500}'")
+
+
+def config_from_args(args: argparse.Namespace, extra: list[str]) -> PipelineConfig:
+    """Load the pipeline config with ``--edit_config_json`` and ``--section.field=value``
+    (``extra``, the flags argparse left) applied, in that order.
+
+    Raises:
+        ConfigError: bad file, override or value.
+    """
+    edits: dict[str, Any] = {}
+    if args.edit_config_json:
+        edits.update(parse_edit_config_json(args.edit_config_json))
+    edits.update(parse_extend_args(extra))
+    return load_pipeline_config(args.pipeline_config_path, edits)

@@ -1,0 +1,31 @@
+"""CSV partitions and files of raw logs, written atomically (``recpipe.atomic``)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+
+from recpipe import atomic
+from recpipe.layout import SUCCESS
+
+
+def write_csv_partition(table: pa.Table, final: Path, success_marker: bool = True) -> None:
+    """Write ``table`` as ``final/part-00000.csv`` (+ ``_SUCCESS``), atomically."""
+    with atomic.directory(final) as tmp:
+        pacsv.write_csv(table, tmp / "part-00000.csv")
+        if success_marker:
+            (tmp / SUCCESS).touch()
+
+
+def write_csv_file(table: pa.Table, final: Path) -> None:
+    """Write one CSV file atomically."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{final.name}.{os.getpid()}"
+    try:
+        pacsv.write_csv(table, tmp)
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -1,0 +1,54 @@
+"""The on-disk layout and the atomic writes every writer goes through."""
+
+from __future__ import annotations
+
+import pytest
+
+from recpipe import atomic
+from recpipe.config import ConfigError
+from recpipe.layout import (
+    ModelDir,
+    ds_partition,
+    ds_window,
+    finished_model_dirs,
+    finished_partitions,
+    parse_ds_range,
+)
+
+
+def test_ds_ranges_and_windows():
+    assert parse_ds_range("2020-02-28:2020-03-01") == ["2020-02-28", "2020-02-29", "2020-03-01"]
+    assert parse_ds_range("2020-02-28") == ["2020-02-28"]
+    with pytest.raises(ConfigError, match="eval_ds='2020-03-01:2020-02-01': end before start"):
+        parse_ds_range("2020-03-01:2020-02-01", "eval_ds")
+    with pytest.raises(ConfigError, match="expected YYYY-MM-DD"):
+        parse_ds_range("yesterday")
+    assert ds_window("1997-09-23", 7) == "1997-09-17:1997-09-23"
+
+
+def test_only_finished_partitions_and_model_dirs_are_taken(tmp_path):
+    for ds, done in (("1997-09-20", True), ("1997-09-21", False), ("1997-09-22", True)):
+        ds_partition(tmp_path, ds).mkdir()
+        if done:
+            ModelDir(ds_partition(tmp_path, ds)).success.touch()
+    days = parse_ds_range("1997-09-19:1997-09-22")
+    assert [p.name for p in finished_partitions(tmp_path, days)] == ["ds=1997-09-20", "ds=1997-09-22"]
+    assert finished_partitions(tmp_path / "nowhere", days) == []
+    assert [p.name for p in finished_model_dirs(tmp_path)] == ["ds=1997-09-20", "ds=1997-09-22"]
+    assert [p.name for p in finished_model_dirs(tmp_path, before="1997-09-22")] == ["ds=1997-09-20"]
+
+
+def test_atomic_writes_leave_the_old_file_or_directory_when_the_writer_fails(tmp_path):
+    target = atomic.write_text(tmp_path / "a" / "result.json", "old")
+    assert target.read_text() == "old"
+    atomic.write_text(target, "new")
+    assert target.read_text() == "new"
+    final = tmp_path / "ds=1997-09-22"
+    with atomic.directory(final) as tmp:
+        (tmp / "part-0").write_text("1")
+    with pytest.raises(RuntimeError), atomic.directory(final) as tmp:
+        (tmp / "part-0").write_text("2")
+        raise RuntimeError("the writer died")
+    assert (final / "part-0").read_text() == "1"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "ds=1997-09-22"]  # no temporary left
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["result.json"]

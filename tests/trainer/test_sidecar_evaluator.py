@@ -1,0 +1,95 @@
+"""Evaluation while training: a separate evaluator process beside a real 2-rank Horovod job
+started by ``recpipe train --num_workers 2``, and the chief evaluating its own checkpoints
+(``master``)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from recpipe.launch import job_result
+from recpipe.layout import ModelDir
+from tests.support import EARLY, ROOT, with_edits
+from trainer.loop import Trainer, TrainError, TrainJob
+from trainer.sidecar_evaluator import follow
+
+EVAL_DS = "1997-10-15"
+EDITS = {
+    "data_config.batch_size": 128,
+    "train_config.num_steps": 40,
+    "train_config.save_checkpoints_steps": 10,
+    "train_config.keep_checkpoint_max": 10,
+    "eval_ds": EVAL_DS,
+}
+
+
+def _history(model_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in ModelDir(model_dir).eval_history.read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_recpipe_train_starts_a_horovod_job_with_its_separate_evaluator(ml_early, tmp_path):
+    """``recpipe train --num_workers 2``: the 2 ranks and the evaluator that follows them, from
+    the command line, through the launcher the DAG uses."""
+    import yaml
+
+    config_path = tmp_path / "pipeline.yaml"
+    config_path.write_text(yaml.safe_dump(ml_early.to_dict()))
+    model_dir = tmp_path / "model"
+    edits = {**EDITS, "eval_config.eval_method": "separate"}
+    done = subprocess.run(
+        [
+            str(Path(sys.executable).with_name("recpipe")),
+            "train",
+            "--pipeline_config_path",
+            str(config_path),
+            "--model_dir",
+            str(model_dir),
+            f"--train_ds={EARLY[0]}:{EARLY[1]}",
+            "--skip_eval",
+            "--edit_config_json",
+            json.dumps(edits),
+            "--train_config.train_distribute=HorovodStrategy",
+            "--num_workers",
+            "2",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["global_step"] == 40  # the chief's result
+    logs = ModelDir(model_dir).logs
+    assert sorted(p.name for p in logs.iterdir()) == ["train-0.log", "train-1.log"]  # horovodrun, evaluator
+    assert "rank 1 of 2" in (logs / "train-0.log").read_text()
+    assert job_result(logs / "train-1.log") == {"evaluated_steps": [10, 20, 30, 40]}  # every one, in order
+    history = _history(model_dir)
+    assert [h["step"] for h in history] == [10, 20, 30, 40]
+    assert all(0.0 < h["auc"] < 1.0 and h["logloss"] > 0 for h in history)
+    result = json.loads(ModelDir(model_dir).eval_result_at(40).read_text())
+    assert result["eval_days"] == [EVAL_DS] and result["auc"] == history[-1]["auc"]
+    assert json.loads(ModelDir(model_dir).train_done.read_text())["global_step"] == 40
+
+
+def test_master_evaluates_each_checkpoint_on_the_chief(ml_early, tmp_path):
+    config = with_edits(ml_early, {**EDITS, "eval_config.eval_method": "master"})
+    days = [f"1997-09-{d}" for d in range(20, 31)]
+    Trainer(TrainJob(config=config, model_dir=tmp_path, train_days=days)).train()
+    assert [h["step"] for h in _history(tmp_path)] == [10, 20, 30, 40]
+    assert sorted(p.name for p in (tmp_path / "eval").iterdir())[:2] == [
+        "eval_result-10.json",
+        "eval_result-20.json",
+    ]
+    no_eval_ds = with_edits(ml_early, {**EDITS, "eval_config.eval_method": "master", "eval_ds": None})
+    with pytest.raises(TrainError, match="eval_method: master evaluates eval_ds, which is not set"):
+        Trainer(TrainJob(config=no_eval_ds, model_dir=tmp_path / "b", train_days=days)).train()
+
+
+def test_follow_gives_up_when_training_never_finishes(ml_early, tmp_path):
+    with pytest.raises(TimeoutError, match="training did not finish within 1 s"):
+        follow(ml_early, tmp_path, [EVAL_DS], poll_s=0.2, timeout_s=1)

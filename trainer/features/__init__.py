@@ -1,1 +1,0 @@
-"""Feature transforms inside the TensorFlow graph (training and serving)."""

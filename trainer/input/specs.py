@@ -1,0 +1,38 @@
+"""The type specs of a features dict, and a one-row sample to build a model with."""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from recpipe.config.data import FeatureType
+from recpipe.config.pipeline import PipelineConfig
+
+
+def feature_spec(config: PipelineConfig, hashed: bool = False) -> dict[str, tf.TypeSpec]:
+    """The type spec of a features dict (pins a step's input signature): ids and tags as
+    strings, or as ``int64`` ids already hashed (``FeatureReader`` without ``raw_ids``)."""
+    ids = tf.int64 if hashed else tf.string
+    spec: dict[str, tf.TypeSpec] = {}
+    for f in config.feature_config.features:
+        if f.feature_type == FeatureType.IdFeature:
+            spec[f.name] = tf.TensorSpec([None], ids)
+        elif f.feature_type == FeatureType.TagFeature:
+            spec[f.name] = tf.RaggedTensorSpec([None, None], ids, ragged_rank=1, row_splits_dtype=tf.int64)
+        else:
+            spec[f.name] = tf.TensorSpec([None], tf.float32)
+    return spec
+
+
+def sample_inputs(config: PipelineConfig) -> dict[str, tf.Tensor]:
+    """A one-row features dict (empty ids and tags, zero dense values) to build a model."""
+    sample: dict[str, tf.Tensor] = {}
+    for f in config.feature_config.features:
+        if f.feature_type == FeatureType.IdFeature:
+            sample[f.name] = tf.constant([""])
+        elif f.feature_type == FeatureType.TagFeature:
+            sample[f.name] = tf.RaggedTensor.from_row_splits(
+                tf.constant([], tf.string), tf.constant([0, 0], tf.int64)
+            )
+        else:
+            sample[f.name] = tf.constant([0.0])
+    return sample
