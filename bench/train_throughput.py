@@ -97,33 +97,32 @@ def minimal_loop(config, stream: bool = False) -> float:
     import tensorflow as tf
     import tf_keras as keras
 
-    from recpipe.layout import finished_partitions
-    from trainer.input import FeatureReader, feature_spec
+    from recpipe.config.data import FeatureType
+    from trainer.hashing import hash_ids
     from trainer.losses import build_loss
     from trainer.models.builders import build_model
 
-    # raw string ids, as the streaming variant reads them: the model hashes them in its step
-    reader = FeatureReader(
-        config, finished_partitions(config.train_input_path, [DS]), shuffle=False, raw_ids=True
-    )
-    if stream:
-        batches = _parquet_batches(config)
-    else:
-        batches = [reader.structure(flat) for flat in reader.batches()]
-        batches = iter(
-            [
-                ({k: tf.convert_to_tensor(v) for k, v in f.items()}, tf.convert_to_tensor(y))
-                for f, y in batches
-            ]
-        )
+    # raw string ids, as a hand-written loop reads them: its step hashes them
+    batches = _parquet_batches(config) if stream else iter(list(_parquet_batches(config)))
     first = next(batches)
+    buckets = {
+        f.name: f.hash_bucket_size
+        for f in config.feature_config.features
+        if f.feature_type == FeatureType.IdFeature
+    }
+
+    def hashed(features: dict) -> dict:
+        return {k: hash_ids(v, buckets[k]) if k in buckets else v for k, v in features.items()}
+
     model = build_model(config)
-    model(first[0])
+    model(hashed(first[0]))
     optimizer = keras.optimizers.Adam(0.001)
     loss_fn = build_loss(config.model)
+    spec = {k: tf.TensorSpec([None], v.dtype) for k, v in first[0].items()}
 
-    @tf.function(input_signature=(feature_spec(config), tf.TensorSpec([None], tf.float32)))
+    @tf.function(input_signature=(spec, tf.TensorSpec([None], tf.float32)))
     def step(features, labels):
+        features = hashed(features)
         with tf.GradientTape() as tape:
             loss = loss_fn(labels, model(features, training=True))
         optimizer.apply_gradients(

@@ -37,18 +37,17 @@ def load_model(config: PipelineConfig, checkpoint: str | Path) -> tuple[RankingM
     return model, int(step)
 
 
-def predict(
-    model: RankingModel, reader: FeatureReader, keep: list[str]
-) -> tuple[np.ndarray, np.ndarray, dict]:
-    """Labels ``[N]``, probabilities ``[N]`` and the ``keep`` feature columns over the reader."""
+def predict(model: RankingModel, reader: FeatureReader) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Labels ``float32 [N]``, probabilities ``float32 [N]`` and the raw values (``object [N]``
+    of bytes) of the reader's ``raw_columns`` over the reader."""
     spec = [reader.feature_spec()]
     call = tf.function(lambda f: tf.sigmoid(model(f, training=False)), input_signature=spec, autograph=False)
-    labels, probs, kept = [], [], {k: [] for k in keep}
-    for features, y in reader.dataset():
+    labels, probs, kept = [], [], {k: [] for k in reader.raw_columns}
+    for features, y, raw in reader.dataset():
         labels.append(np.asarray(y))
         probs.append(call(features).numpy())
-        for k in keep:
-            kept[k].append(np.asarray(features[k]))
+        for k, values in raw.items():
+            kept[k].append(values.numpy())
     return (
         np.concatenate(labels),
         np.concatenate(probs),
@@ -69,11 +68,11 @@ def evaluate(
     model_dir = Path(model_dir)
     partitions, holdout = holdout_split(config, eval_days, "eval")
     groups = [m.value().uid_field for m in config.eval_config.metrics_set if m.which() == "gauc"]
-    # GAUC groups by the real ids: hashed ones could merge users that share a bucket
-    reader = FeatureReader(config, partitions, shuffle=False, holdout=holdout, raw_ids=bool(groups))
+    # GAUC groups by the raw ids: hashed ones could merge users that share a bucket
+    reader = FeatureReader(config, partitions, shuffle=False, holdout=holdout, raw_columns=tuple(groups))
     path = resolve(checkpoint or model_dir)
     model, step = load_model(config, path)
-    labels, probs, kept = predict(model, reader, groups)
+    labels, probs, kept = predict(model, reader)
     result = {
         "global_step": step,
         "checkpoint": path,

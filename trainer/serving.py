@@ -3,7 +3,8 @@
 The ``serving_default`` signature takes the raw feature columns (named by their
 ``input_name``, typed by ``data_config``: STRING -> string, INT32/INT64 -> int, FLOAT/DOUBLE ->
 float) and returns ``probability`` and ``logit`` (``float32 [B]``). Inside it the same
-transforms as the Spark job: ids cleaned then hashed (``recpipe.ids``), tags split, dense
+transforms as the Spark job and the trainer's reader: ids cleaned then hashed
+(``recpipe.ids``: the one other place ids are hashed), tags split, dense
 values filled (NaN = missing) and normalised with the constants of the newest training day
 (``<model_dir>/normalization.json``). Written to a temporary directory, then renamed.
 """
@@ -20,7 +21,7 @@ import tensorflow as tf
 from recpipe.config.data import FeatureSpec, FeatureType, InputType
 from recpipe.config.pipeline import PipelineConfig
 from recpipe.layout import ModelDir
-from trainer.hashing import clean_ids, split_tags
+from trainer.hashing import clean_ids, hash_ids, split_tags
 from trainer.models.ranking import RankingModel
 
 TF_TYPES = {
@@ -61,14 +62,16 @@ class ServingModule(tf.Module):
         self.serve = tf.function(self._serve, input_signature=[spec])
 
     def transform(self, raw: dict) -> dict:
-        """Raw columns -> the model's features dict (as the Spark job would have written it)."""
+        """Raw columns -> the model's features dict: what the Spark job writes (clean ids,
+        split tags, filled and normalised dense values), then the ids hashed as the trainer's
+        reader hashes them."""
         out = {}
         for f in self.features:
             x = raw[f.input_names[0]]
             if f.feature_type == FeatureType.IdFeature:
-                out[f.name] = clean_ids(x)
+                out[f.name] = hash_ids(clean_ids(x), f.hash_bucket_size)
             elif f.feature_type == FeatureType.TagFeature:
-                out[f.name] = split_tags(x, f.separator)
+                out[f.name] = hash_ids(split_tags(x, f.separator), f.hash_bucket_size)
             else:
                 out[f.name] = normalize(x, self.normalization.get(f.name, {}))
         return out

@@ -1,11 +1,12 @@
-"""Distributed training in real processes started by the local launcher, on MovieLens features:
-Mirrored replicas equal one process on the global batch; MultiWorkerMirrored and Horovod jobs
-train, checkpoint from the chief only, and resume."""
+"""Distributed training in real processes, started as users start them: ``recpipe train
+--num_workers N [--num_ps M]`` through the local launcher the DAG uses. Mirrored replicas equal
+one process on the global batch; multi-worker jobs train, checkpoint from the chief only, resume."""
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -43,10 +44,29 @@ def _job(config_path: Path, model_dir: Path, distribute: str, workers: int = 1, 
 def _train(
     config_path: Path, model_dir: Path, distribute: str, workers: int = 1, *extra, ps: int = 0, **edits
 ):
-    """Run trainer.train_eval as a ``distribute`` job; return (chief's result, log files)."""
-    job = _job(config_path, model_dir, distribute, workers, *extra, ps=ps, **edits)
-    logs = LocalLauncher(model_dir / "logs", grace_s=3).run(job)
-    return job_result(logs[0]), logs
+    """``recpipe train ... --num_workers W [--num_ps P]``: the whole ``distribute`` job from the
+    command line, as a user starts it; return (the chief's result, the job's log files)."""
+    argv = [
+        str(Path(sys.executable).with_name("recpipe")),
+        "train",
+        "--pipeline_config_path",
+        str(config_path),
+        "--model_dir",
+        str(model_dir),
+        f"--train_ds={EARLY[0]}:{EARLY[1]}",
+        "--skip_eval",
+        "--edit_config_json",
+        json.dumps(edits),
+        f"--train_config.train_distribute={distribute}",
+        "--num_workers",
+        str(workers),
+        *(["--num_ps", str(ps)] if ps else []),
+        *extra,
+    ]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    logs = sorted((model_dir / "logs").glob("train-*.log"), key=lambda p: int(p.stem.split("-")[1]))
+    return json.loads(done.stdout.strip().splitlines()[-1]), logs
 
 
 @pytest.fixture(scope="module")

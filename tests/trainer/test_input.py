@@ -12,12 +12,15 @@ from recpipe.layout import finished_partitions, parse_ds_range
 from tests.support import EARLY
 from trainer.input import FeatureReader, InputError, holdout_split
 
+KEYS = ("user_id", "item_id")  # unique per example in MovieLens
+
 
 def _keys(reader, epoch=0, skip=0):
+    """The (user, item) raw ids of the reader's examples, in order (``raw_columns=KEYS``)."""
     keys = []
     for flat in reader.batches(epoch, skip):
-        features, _ = reader.structure(flat)
-        keys += list(zip(np.asarray(features["user_id"]), np.asarray(features["item_id"]), strict=True))
+        raw = reader.raw_values(flat)
+        keys += list(zip(raw["user_id"].numpy(), raw["item_id"].numpy(), strict=True))
     return keys
 
 
@@ -27,7 +30,7 @@ def test_workers_read_disjoint_shards_covering_every_example(ml_early):
     seen = Counter()
     for rank in range(3):
         seen.update(
-            _keys(FeatureReader(ml_early, parts, rank=rank, world_size=3, batch_size=100, raw_ids=True))
+            _keys(FeatureReader(ml_early, parts, rank=rank, world_size=3, batch_size=100, raw_columns=KEYS))
         )
     assert sum(seen.values()) == expected  # none missed
     assert max(seen.values()) == 1  # none seen twice ((user, item) is unique in MovieLens)
@@ -35,7 +38,7 @@ def test_workers_read_disjoint_shards_covering_every_example(ml_early):
 
 def test_epoch_order_is_seeded_and_resume_skips_consumed_batches(ml_early):
     parts = finished_partitions(ml_early.train_input_path, parse_ds_range(":".join(EARLY)))
-    reader = FeatureReader(ml_early, parts, batch_size=64, raw_ids=True)
+    reader = FeatureReader(ml_early, parts, batch_size=64, raw_columns=KEYS)
     full = _keys(reader, epoch=1)
     assert full == _keys(reader, epoch=1) and full != _keys(reader, epoch=2)
     assert _keys(reader, epoch=1, skip=5) == full[5 * 64 :]
@@ -51,7 +54,8 @@ def test_tags_arrive_as_ragged_rows(ml_early):
     assert all(len(row) >= 1 for row in features["genres"].to_list())
 
 
-def test_ids_are_hashed_as_read_and_equal_the_models_hash_of_the_raw_values(ml_early):
+def test_ids_are_hashed_as_read_and_equal_the_hash_of_the_raw_values(ml_early):
+    import pyarrow as pa
     import tensorflow as tf
 
     from tests.support import with_edits
@@ -60,27 +64,26 @@ def test_ids_are_hashed_as_read_and_equal_the_models_hash_of_the_raw_values(ml_e
     parts = finished_partitions(ml_early.train_input_path, parse_ds_range(":".join(EARLY)))
     # chunks of 3 x 97 rows, and days that are no multiple of them: batches take carried rows
     config = with_edits(ml_early, {"data_config.shuffle_buffer_size": 3})
-    hashed = FeatureReader(config, parts, batch_size=97)
-    raw = FeatureReader(config, parts, batch_size=97, raw_ids=True)
-    assert hashed.signature()[1].dtype == tf.int64 and raw.signature()[1].dtype == tf.string
-    buckets = {f.name: f.hash_bucket_size for f in config.feature_config.features}
+    ids = [f for f in config.feature_config.features if f.feature_type.value == "IdFeature"]
+    reader = FeatureReader(config, parts, batch_size=97, raw_columns=tuple(f.name for f in ids))
+    assert reader.signature()[1].dtype == tf.int64 and reader.signature()[-1].dtype == tf.string
     n = 0
-    for got, want in zip(hashed.batches(epoch=3), raw.batches(epoch=3), strict=True):
-        got_features, got_labels = hashed.structure(got)
-        want_features, want_labels = raw.structure(want)
-        np.testing.assert_array_equal(got_labels, want_labels)
-        for name, value in want_features.items():
-            if value.dtype == tf.string:
-                value = hash_ids(value, buckets[name])
-                assert got_features[name].dtype == tf.int64
-            if isinstance(value, tf.RaggedTensor):
-                np.testing.assert_array_equal(got_features[name].row_splits, value.row_splits)
-                value, got_value = value.flat_values, got_features[name].flat_values
-            else:
-                got_value = got_features[name]
-            np.testing.assert_array_equal(got_value, value)
-        n += int(got_labels.shape[0])
-    assert n == hashed.num_rows and "genres" in got_features  # a tag feature was compared
+    for flat in reader.batches(epoch=3):
+        features, labels = reader.structure(flat)
+        for f, (name, raw) in zip(ids, reader.raw_values(flat).items(), strict=True):
+            assert features[name].dtype == tf.int64
+            np.testing.assert_array_equal(features[name], hash_ids(raw, f.hash_bucket_size))
+        n += int(labels.shape[0])
+    assert n == reader.num_rows
+    # tags, unshuffled: each row's hashed tokens in the order the Spark job wrote them
+    plain = FeatureReader(config, parts[:2], batch_size=97, shuffle=False)
+    got = [row for flat in plain.batches() for row in plain.structure(flat)[0]["genres"].to_list()]
+    column = pa.concat_tables([pq.read_table(p, columns=["genres"]) for p in parts[:2]])["genres"]
+    bucket = config.feature_config.feature("genres").hash_bucket_size
+    want = [
+        hash_ids(tf.constant(row or [], tf.string), bucket).numpy().tolist() for row in column.to_pylist()
+    ]
+    assert got == want and any(len(row) > 1 for row in got)
 
 
 def test_input_errors(ml_early):
@@ -99,10 +102,10 @@ def test_a_day_in_both_ranges_is_split_by_its_holdout_rows(ml_early):
     day = train_parts[-1]
     assert train_keep == {day: False} and eval_keep == {day: True} and eval_parts == [day]
     held_out = Counter(
-        _keys(FeatureReader(config, eval_parts, batch_size=50, holdout=eval_keep, raw_ids=True))
+        _keys(FeatureReader(config, eval_parts, batch_size=50, holdout=eval_keep, raw_columns=KEYS))
     )
     trained = Counter(
-        _keys(FeatureReader(config, train_parts, batch_size=50, holdout=train_keep, raw_ids=True))
+        _keys(FeatureReader(config, train_parts, batch_size=50, holdout=train_keep, raw_columns=KEYS))
     )
     day_rows = pq.read_table(day).num_rows
     assert 0.1 < sum(held_out.values()) / day_rows < 0.3  # holdout_percent: 20
@@ -126,7 +129,8 @@ def test_synchronous_shards_are_padded_to_the_largest_with_empty_batches(ml_earl
 
     parts, holdout = holdout_split(config, parse_ds_range(":".join(EARLY)), "train")
     readers = [
-        FeatureReader(config, parts, r, 3, batch_size=100, holdout=holdout, raw_ids=True) for r in range(3)
+        FeatureReader(config, parts, r, 3, batch_size=100, holdout=holdout, raw_columns=KEYS)
+        for r in range(3)
     ]
     steps = readers[0].synchronized_batches()
     seen = Counter()
@@ -138,8 +142,8 @@ def test_synchronous_shards_are_padded_to_the_largest_with_empty_batches(ml_earl
         data = [s for s in sizes if s]
         assert sizes == data + [0] * (steps - len(data))  # empty batches only at the end
         for flat in batches:
-            features, _ = reader.structure(flat)
-            seen.update(zip(np.asarray(features["user_id"]), np.asarray(features["item_id"]), strict=True))
+            raw = reader.raw_values(flat)
+            seen.update(zip(raw["user_id"].numpy(), raw["item_id"].numpy(), strict=True))
     whole = FeatureReader(config, parts, batch_size=100, holdout=holdout)
     assert sum(seen.values()) == sum(b[0].shape[0] for b in whole.batches())  # none missed
     assert max(seen.values()) == 1  # none twice

@@ -53,7 +53,8 @@ def test_embedding_lookup_combiners_and_shared_tables():
     ]
     layer = FeatureEmbedding(features)
     tags = tf.ragged.constant([["a", "b"], [], ["a"]], dtype=tf.string, row_splits_dtype=tf.int64)
-    out = layer({"u": tf.constant(["x", "y", "x"]), "v": tf.constant(["x", "z", "q"]), "t": tags})
+    u, v = tf.constant(["x", "y", "x"]), tf.constant(["x", "z", "q"])
+    out = layer({"u": hash_ids(u, 50), "v": hash_ids(v, 50), "t": hash_ids(tags, 30)})
     assert set(layer.tables) == {"shared", "t"}
     shared, tag_table = layer.tables["shared"].numpy(), layer.tables["t"].numpy()
     ids = hash_ids(tf.constant(["x", "y"]), 50).numpy()
@@ -63,6 +64,8 @@ def test_embedding_lookup_combiners_and_shared_tables():
     np.testing.assert_allclose(out["t"].numpy()[0], (tag_table[a] + tag_table[b]) / 2, rtol=1e-6)
     np.testing.assert_allclose(out["t"].numpy()[1], 0.0)
     np.testing.assert_allclose(out["t"].numpy()[2], tag_table[a], rtol=1e-6)
+    with pytest.raises(TypeError, match="feature 'u' arrived as string; the model takes int64 ids"):
+        layer({"u": u, "v": hash_ids(v, 50), "t": hash_ids(tags, 30)})  # ids are hashed before the model
 
 
 def test_stacked_embeddings_are_the_features_rows_in_order_and_train_the_same():
@@ -74,8 +77,9 @@ def test_stacked_embeddings_are_the_features_rows_in_order_and_train_the_same():
     ]
     layer = FeatureEmbedding(features)
     tags = tf.ragged.constant([["a", "b"], [], ["a"]], dtype=tf.string, row_splits_dtype=tf.int64)
-    inputs = {"u": tf.constant(["x", "y", "x"]), "t": tags, "v": tf.constant(["p", "q", "r"])}
-    inputs["w"] = hash_ids(tf.constant(["k", "l", "m"]), 20)  # ids hashed by the reader
+    raw = {"u": tf.constant(["x", "y", "x"]), "t": tags, "v": tf.constant(["p", "q", "r"])}
+    raw["w"] = tf.constant(["k", "l", "m"])
+    inputs = {n: hash_ids(value, layer.shapes[n][0]) for n, value in raw.items()}
     weights = tf.random.stateless_normal([3, 4, 4], seed=[1, 2])
     outs, grads = [], []
     for stacked in (False, True):
@@ -91,16 +95,21 @@ def test_stacked_embeddings_are_the_features_rows_in_order_and_train_the_same():
     np.testing.assert_allclose(grads[1], grads[0], rtol=1e-6)
     looked_up = {
         layer.tables[n].offset + int(i)
-        for n, values in [("u", inputs["u"]), ("t", tags.flat_values), ("v", inputs["v"])]
-        for i in hash_ids(values, layer.shapes[n][0]).numpy()
-    } | {layer.tables["w"].offset + int(i) for i in inputs["w"].numpy()}
+        for n, values in [
+            ("u", inputs["u"]),
+            ("t", inputs["t"].flat_values),
+            ("v", inputs["v"]),
+            ("w", inputs["w"]),
+        ]
+        for i in values.numpy()
+    }
     assert set(np.flatnonzero(grads[1].any(axis=1))) == looked_up  # only the batch's rows
     mixed = FeatureEmbedding(
         features[:1] + [FeatureSpec(input_names=["z"], hash_bucket_size=9, embedding_dim=2)]
     )
     assert layer.width == 4 and mixed.width is None
     with pytest.raises(EmbeddingConfigError, match="stacked embeddings need one embedding_dim"):
-        mixed({"u": tf.constant(["x"]), "z": tf.constant(["y"])}, stacked=True)
+        mixed({"u": tf.constant([1], tf.int64), "z": tf.constant([2], tf.int64)}, stacked=True)
 
 
 def test_embedding_config_errors():

@@ -247,3 +247,30 @@ def test_train_eval_cli(ml_early, tmp_path):
     assert yaml.safe_load((tmp_path / "m/pipeline.yaml").read_text())["train_config"]["num_steps"] == 15
     again = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     assert again.returncode == 2 and "already holds checkpoints" in again.stderr
+
+
+def test_recpipe_train_exit_codes_and_messages_name_commands_that_exist(ml_early, tmp_path):
+    """2 for usage and config errors, 1 for pipeline errors; a multi-process strategy started
+    as one process points to ``recpipe train --num_workers N``, which then starts it."""
+    import yaml
+
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(ml_early.to_dict()))
+    base = [str(Path(sys.executable).with_name("recpipe")), "train", "--pipeline_config_path", str(path)]
+    base += ["--model_dir", str(tmp_path / "m"), f"--train_ds={EARLY[0]}:{EARLY[1]}"]
+
+    def run(*args):
+        return subprocess.run([*base, *args], capture_output=True, text=True, cwd=ROOT, timeout=600)
+
+    alone = run("--train_config.train_distribute=MultiWorkerMirroredStrategy")
+    assert alone.returncode == 2 and "recpipe train --num_workers N" in alone.stderr
+    too_many = run("--num_workers", "2")  # NoStrategy is one process
+    assert too_many.returncode == 2 and "NoStrategy runs in one process" in too_many.stderr
+    reversed_days = run("--train_ds=1997-10-20:1997-09-20")
+    assert reversed_days.returncode == 2 and "train_ds='1997-10-20:1997-09-20': end before start" in (
+        reversed_days.stderr
+    )
+    no_data = run("--train_ds=2001-01-01")  # a pipeline error: no finished partition
+    assert no_data.returncode == 1 and "no finished feature partition" in no_data.stderr
+    failed_job = run("--num_workers", "1", "--train_ds=2001-01-01")  # the job's process fails
+    assert failed_job.returncode == 1 and "train worker 0 exited with code 1" in failed_job.stderr

@@ -32,13 +32,17 @@ class Columns:
 
     Attributes:
         labels: ``float32 [L, N]``.
-        ids: ``int64 [F_id, N]`` hashed ids, or ``object [F_id, N]`` of bytes (raw ids).
+        ids: ``int64 [F_id, N]`` hashed ids.
         dense: ``float32 [F_dense, N]``.
-        tags: per tag feature, (values ``[M]`` as ``ids``, row splits ``int64 [N + 1]``).
+        tags: per tag feature, (hashed values ``int64 [M]``, row splits ``int64 [N + 1]``).
+        raw: ``object [R, N]`` of bytes: the raw values of the reader's ``raw_columns``, carried
+            beside the batch and never into the model (GAUC's ``uid_field``).
     """
 
-    def __init__(self, labels: np.ndarray, ids: np.ndarray, dense: np.ndarray, tags: list[tuple]):
-        self.labels, self.ids, self.dense, self.tags = labels, ids, dense, tags
+    def __init__(
+        self, labels: np.ndarray, ids: np.ndarray, dense: np.ndarray, tags: list[tuple], raw: np.ndarray
+    ):
+        self.labels, self.ids, self.dense, self.tags, self.raw = labels, ids, dense, tags, raw
 
     @property
     def rows(self) -> int:
@@ -52,12 +56,15 @@ class Columns:
             out_splits = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
             shift = np.repeat(splits[:-1][index] - out_splits[:-1], lengths)
             tags.append((values[np.arange(out_splits[-1]) + shift], out_splits))
-        return Columns(self.labels[:, index], self.ids[:, index], self.dense[:, index], tags)
+        return Columns(
+            self.labels[:, index], self.ids[:, index], self.dense[:, index], tags, self.raw[:, index]
+        )
 
     def slice(self, start: int, stop: int) -> Columns:
         """Rows ``[start, stop)``."""
         tags = [(v[s[start] : s[stop]], s[start : stop + 1] - s[start]) for v, s in self.tags]
-        return Columns(self.labels[:, start:stop], self.ids[:, start:stop], self.dense[:, start:stop], tags)
+        cut = slice(start, stop)
+        return Columns(self.labels[:, cut], self.ids[:, cut], self.dense[:, cut], tags, self.raw[:, cut])
 
     def concat(self, other: Columns) -> Columns:
         """These rows, then ``other``'s."""
@@ -70,12 +77,16 @@ class Columns:
             np.concatenate([self.ids, other.ids], axis=1),
             np.concatenate([self.dense, other.dense], axis=1),
             tags,
+            np.concatenate([self.raw, other.raw], axis=1),
         )
 
     def flat(self) -> tuple:
-        """The ``FeatureReader.signature`` tuple, as contiguous arrays."""
+        """The ``FeatureReader.signature`` tuple, as contiguous arrays (the raw values last, and
+        only when there are any)."""
         out = [np.ascontiguousarray(x) for x in self.labels]
         out += [np.ascontiguousarray(self.ids), np.ascontiguousarray(self.dense)]
         for values, splits in self.tags:
             out += [np.ascontiguousarray(values), np.ascontiguousarray(splits)]
+        if len(self.raw):
+            out.append(np.ascontiguousarray(self.raw))
         return tuple(out)

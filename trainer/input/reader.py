@@ -11,10 +11,11 @@ training resumes exactly by skipping the batches it already consumed.
 
 Batches are dicts of feature name -> tensor: id features ``int64 [B]``, tag features
 ``RaggedTensor int64 [B, (n)]``, raw features ``float32 [B]``; labels ``float32 [B]``. Ids are
-hashed (``trainer.hashing.hash_ids``) as each shuffle chunk is read, once per value, so
-batches carry numbers only and the training step hashes nothing; a reader with
-``raw_ids=True`` keeps the strings instead (``string [B]``; the model hashes them, as the
-serving graph does), for metrics grouped by the real ids.
+hashed (``trainer.hashing.hash_ids``) as each shuffle chunk is read, once per value: this is
+the trainer's one place that hashes (the serving module hashes raw request values the same
+way), and the model takes int64 ids only. ``raw_columns`` carries the raw strings of some id
+features beside the batch, for metrics grouped by the real ids (GAUC: users that share a hash
+bucket stay apart).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import pyarrow.parquet as pq
 import tensorflow as tf
 
 from recpipe.config.data import FeatureType
+from recpipe.config.errors import ConfigError
 from recpipe.config.pipeline import PipelineConfig
 from recpipe.ids import HOLDOUT
 from trainer.hashing import hash_ids
@@ -52,7 +54,8 @@ class FeatureReader:
         shuffle: permute row groups and rows (seeded by ``seed`` and the epoch).
         holdout: ``{partition: is_holdout}`` keeps only the rows of those partitions whose
             ``_holdout`` column equals the value (see ``holdout_split``).
-        raw_ids: id and tag values as their strings instead of hashed ``int64`` ids.
+        raw_columns: id features whose raw string values travel beside each batch
+            (``raw_values``), e.g. GAUC's ``uid_field``.
     """
 
     def __init__(
@@ -65,10 +68,10 @@ class FeatureReader:
         shuffle: bool | None = None,
         seed: int = 0,
         holdout: dict[Path, bool] | None = None,
-        raw_ids: bool = False,
+        raw_columns: tuple[str, ...] = (),
     ):
         dc = config.data_config
-        self.raw_ids = raw_ids
+        self.raw_columns = list(raw_columns)
         self.config = config
         self.features = list(config.feature_config.features)
         self.labels = list(dc.label_fields)
@@ -85,6 +88,12 @@ class FeatureReader:
         self._dense = [f.name for f in self.features if f.feature_type == FeatureType.RawFeature]
         self._tags = [f.name for f in self.features if f.feature_type == FeatureType.TagFeature]
         self._buckets = {f.name: f.hash_bucket_size for f in self.features}
+        unknown = [n for n in self.raw_columns if n not in self._ids]
+        if unknown:
+            raise ConfigError(
+                f"{unknown} are not IdFeatures of feature_config: only an id feature's raw values can "
+                "be kept beside the batch (eval_config.metrics_set gauc uid_field must name one)"
+            )
 
     @property
     def num_rows(self) -> int:
@@ -138,12 +147,16 @@ class FeatureReader:
     def _permute(self, block: Columns, rng: np.random.Generator) -> Columns:
         return block.take(rng.permutation(block.rows)) if self.shuffle else block
 
+    @staticmethod
+    def _raw_of(column: pa.Array) -> np.ndarray:
+        """One id column's values (nulls as ""): ``object [n]`` of bytes."""
+        column = column.fill_null("") if column.null_count else column
+        return np.asarray(column.cast(pa.binary()).to_numpy(zero_copy_only=False), dtype=object)
+
     def _ids_of(self, name: str, column: pa.Array) -> np.ndarray:
-        """One id column (nulls as ""): hashed ``int64 [n]``, or ``object [n]`` of bytes."""
+        """One id column (nulls as ""), hashed: ``int64 [n]``."""
         if column.null_count:
             column = column.fill_null("")
-        if self.raw_ids:
-            return np.asarray(column.cast(pa.binary()).to_numpy(zero_copy_only=False), dtype=object)
         blob, offsets = _string_buffers(column)
         strings = tf.strings.substr(blob, offsets[:-1], offsets[1:] - offsets[:-1])
         return hash_ids(strings, self._buckets[name]).numpy()
@@ -160,11 +173,13 @@ class FeatureReader:
             column = table[name].combine_chunks()
             splits = column.offsets.to_numpy().astype(np.int64)
             tags.append((self._ids_of(name, column.flatten()), splits - splits[0]))
+        raw = [self._raw_of(table[name].combine_chunks()) for name in self.raw_columns]
         return Columns(
             np.stack(labels) if labels else np.zeros((0, rows), np.float32),
-            np.stack(ids) if ids else np.zeros((0, rows), object if self.raw_ids else np.int64),
+            np.stack(ids) if ids else np.zeros((0, rows), np.int64),
             np.stack(dense) if dense else np.zeros((0, rows), np.float32),
             tags,
+            np.stack(raw) if raw else np.zeros((0, rows), object),
         )
 
     def batches(self, epoch: int = 0, skip: int = 0, pad_to: int | None = None) -> Iterator[tuple]:
@@ -198,21 +213,29 @@ class FeatureReader:
     def signature(self) -> tuple:
         """``tf.TensorSpec`` of each element of a ``batches()`` tuple: labels ``float32 [B]``
         each, ids ``[F_id, B]``, dense ``float32 [F_dense, B]``, per tag feature its values
-        ``[n]`` and row splits ``int64 [B + 1]``; ids and tag values ``int64`` (``string`` with
-        ``raw_ids``). Few, large arrays: tf.data pays per array, not per byte."""
-        ids = tf.string if self.raw_ids else tf.int64
+        ``[n]`` and row splits ``int64 [B + 1]``; ids and tag values ``int64``; last, with
+        ``raw_columns``, their raw values ``string [R, B]``. Few, large arrays: tf.data pays per
+        array, not per byte."""
         specs = [tf.TensorSpec([None], tf.float32) for _ in self.labels]
         specs += [
-            tf.TensorSpec([len(self._ids), None], ids),
+            tf.TensorSpec([len(self._ids), None], tf.int64),
             tf.TensorSpec([len(self._dense), None], tf.float32),
         ]
         for _ in self._tags:
-            specs += [tf.TensorSpec([None], ids), tf.TensorSpec([None], tf.int64)]
+            specs += [tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.int64)]
+        if self.raw_columns:
+            specs.append(tf.TensorSpec([len(self.raw_columns), None], tf.string))
         return tuple(specs)
 
     def feature_spec(self) -> dict[str, tf.TypeSpec]:
         """The type spec of ``structure``'s features dict (pins a step's input signature)."""
-        return feature_spec(self.config, hashed=not self.raw_ids)
+        return feature_spec(self.config)
+
+    def raw_values(self, flat: tuple) -> dict[str, tf.Tensor]:
+        """``raw_columns`` name -> its raw values ``string [B]`` in a flat tuple."""
+        if not self.raw_columns:
+            return {}
+        return dict(zip(self.raw_columns, tf.unstack(flat[-1], num=len(self.raw_columns)), strict=True))
 
     def structure(self, flat: tuple) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
         """Flat tuple -> (features dict, labels [B] of the first label field)."""
@@ -244,8 +267,10 @@ class FeatureReader:
         return self._generated(epoch, skip, pad_to).prefetch(prefetch).with_options(_OPTIONS)
 
     def dataset(self, epoch: int = 0, skip: int = 0, prefetch: int = 32) -> tf.data.Dataset:
-        """The epoch as a ``tf.data.Dataset`` of (features, labels), prefetched."""
+        """The epoch as a ``tf.data.Dataset`` of (features, labels, raw values), prefetched."""
         structure = self._generated(epoch, skip).map(
-            lambda *flat: self.structure(flat), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
+            lambda *flat: (*self.structure(flat), self.raw_values(flat)),
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=True,
         )
         return structure.prefetch(prefetch).with_options(_OPTIONS)

@@ -8,10 +8,11 @@ from recpipe.config.data import FeatureType
 from recpipe.config.pipeline import PipelineConfig
 
 
-def feature_spec(config: PipelineConfig, hashed: bool = False) -> dict[str, tf.TypeSpec]:
-    """The type spec of a features dict (pins a step's input signature): ids and tags as
-    strings, or as ``int64`` ids already hashed (``FeatureReader`` without ``raw_ids``)."""
-    ids = tf.int64 if hashed else tf.string
+def feature_spec(config: PipelineConfig) -> dict[str, tf.TypeSpec]:
+    """The type spec of the model's features dict (pins a step's input signature): id
+    features ``int64 [B]`` and tag features ``int64 [B, (n)]`` hashed ids, raw features
+    ``float32 [B]``."""
+    ids = tf.int64
     spec: dict[str, tf.TypeSpec] = {}
     for f in config.feature_config.features:
         if f.feature_type == FeatureType.IdFeature:
@@ -28,10 +29,10 @@ def sample_inputs(config: PipelineConfig) -> dict[str, tf.Tensor]:
     sample: dict[str, tf.Tensor] = {}
     for f in config.feature_config.features:
         if f.feature_type == FeatureType.IdFeature:
-            sample[f.name] = tf.constant([""])
+            sample[f.name] = tf.constant([0], tf.int64)
         elif f.feature_type == FeatureType.TagFeature:
             sample[f.name] = tf.RaggedTensor.from_row_splits(
-                tf.constant([], tf.string), tf.constant([0, 0], tf.int64)
+                tf.constant([], tf.int64), tf.constant([0, 0], tf.int64)
             )
         else:
             sample[f.name] = tf.constant([0.0])

@@ -21,7 +21,6 @@ from tensorflow.python.trackable.base import Trackable
 
 from recpipe.config.data import FeatureSpec, FeatureType
 from recpipe.config.errors import ConfigError
-from trainer.hashing import hash_ids
 
 
 class EmbeddingConfigError(ConfigError):
@@ -130,9 +129,8 @@ class FeatureEmbedding(keras.layers.Layer):
             ranks (every rank must call the layer at the same point of its step).
 
     Call:
-        inputs: dict with ``string [B]`` per id feature, ``RaggedTensor string [B, (n)]``
-            per tag feature; int64 values instead are taken as ids already hashed into
-            ``[0, hash_bucket_size)`` (``FeatureReader`` hashes them as it reads).
+        inputs: dict with ``int64 [B]`` per id feature and ``RaggedTensor int64 [B, (n)]``
+            per tag feature: ids hashed into ``[0, hash_bucket_size)`` (``trainer.hashing``).
         stacked: return one ``float32 [B, F, width]`` tensor, the features in order,
             instead of the dict (needs one ``width``). The id features' rows are then the
             fused lookup's output as it is: no per-feature tensors to split and stack again,
@@ -191,10 +189,18 @@ class FeatureEmbedding(keras.layers.Layer):
         super().build(input_shape)
 
     def _ids(self, f: FeatureSpec, values):
-        """Hashed ids of one feature as rows of its fused variable."""
+        """Hashed ids of one feature as rows of its fused variable.
+
+        Raises:
+            TypeError: the values are not ``int64`` ids.
+        """
+        if values.dtype != tf.int64:
+            raise TypeError(
+                f"{self.name}: feature {f.name!r} arrived as {values.dtype.name}; the model takes int64 ids "
+                "hashed by trainer.hashing.hash_ids (FeatureReader and the serving module hash them)"
+            )
         table = self.tables[f.embedding_name or f.name]
-        ids = values if values.dtype == tf.int64 else hash_ids(values, f.hash_bucket_size)
-        return ids + table.offset, table.fused
+        return values + table.offset, table.fused
 
     def _gather(self, fused: tf.Variable, ids: tf.Tensor) -> tf.Tensor:
         if self.sharding:

@@ -12,7 +12,6 @@ import tensorflow as tf
 import tf_keras as keras
 
 from recpipe.config.data import FeatureSpec, FeatureType
-from trainer.hashing import hash_ids
 from trainer.layers.embedding import FeatureEmbedding
 
 
@@ -38,9 +37,10 @@ class WideLogit(keras.layers.Layer):
 
 
 class RankingModel(keras.Model):
-    """Inputs: the features dict of ``trainer.input`` (or of the serving graph after
-    cleaning). Output: logits ``float32 [B]``. The tower gets the deep embeddings as one
-    ``float32 [B, F, D]`` tensor when every deep table has width ``D``, else as a dict.
+    """Inputs: the features dict of ``trainer.input.feature_spec``, ids hashed
+    (``FeatureReader`` hashes them as it reads, the serving module from raw values). Output:
+    logits ``float32 [B]``. The tower gets the deep embeddings as one ``float32 [B, F, D]``
+    tensor when every deep table has width ``D``, else as a dict.
 
     Args:
         deep_features: features of the DEEP groups (id / tag embedded, raw as dense inputs).
@@ -65,7 +65,6 @@ class RankingModel(keras.Model):
         self.head = keras.layers.Dense(1, name="logit")
 
     def call(self, inputs, training=False):
-        inputs = self._hash_once(inputs)
         # tables of one width: the tower takes the fused lookup's [B, F, D] as it is
         embeddings = self.embedding(inputs, stacked=self.embedding.width is not None)
         dense = tf.stack([inputs[n] for n in self.dense_names], axis=1) if self.dense_names else None
@@ -76,17 +75,6 @@ class RankingModel(keras.Model):
         if self.wide is not None:
             logit += self.wide(inputs)
         return tf.squeeze(logit, axis=1)
-
-    def _hash_once(self, inputs: dict) -> dict:
-        # a feature in both the wide and the deep part is hashed once, not by each layer
-        if self.wide is None:
-            return inputs
-        out = dict(inputs)
-        wide = {f.name for f in self.wide.embedding.features}
-        for f in self.embedding.features:
-            if f.name in wide and inputs[f.name].dtype == tf.string:
-                out[f.name] = hash_ids(inputs[f.name], f.hash_bucket_size)
-        return out
 
     def variable_groups(self) -> dict[str, list[tf.Variable]]:
         """Trainable variables split as EasyRec's multi-optimizer needs: ``wide`` (wide
