@@ -47,7 +47,9 @@ def _train(
     """``recpipe train ... --num_workers W [--num_ps P]``: the whole ``distribute`` job from the
     command line, as a user starts it; return (the chief's result, the job's log files)."""
     argv = [
-        str(Path(sys.executable).with_name("recpipe")),
+        sys.executable,
+        "-m",
+        "recpipe.cli",
         "train",
         "--pipeline_config_path",
         str(config_path),

@@ -43,7 +43,9 @@ def test_recpipe_train_starts_a_horovod_job_with_its_separate_evaluator(ml_early
     edits = {**EDITS, "eval_config.eval_method": "separate"}
     done = subprocess.run(
         [
-            str(Path(sys.executable).with_name("recpipe")),
+            sys.executable,
+            "-m",
+            "recpipe.cli",
             "train",
             "--pipeline_config_path",
             str(config_path),

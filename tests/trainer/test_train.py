@@ -256,7 +256,7 @@ def test_recpipe_train_exit_codes_and_messages_name_commands_that_exist(ml_early
 
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(ml_early.to_dict()))
-    base = [str(Path(sys.executable).with_name("recpipe")), "train", "--pipeline_config_path", str(path)]
+    base = [sys.executable, "-m", "recpipe.cli", "train", "--pipeline_config_path", str(path)]
     base += ["--model_dir", str(tmp_path / "m"), f"--train_ds={EARLY[0]}:{EARLY[1]}"]
 
     def run(*args):
