@@ -9,7 +9,6 @@ during a save never makes a partial checkpoint the latest.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from dataclasses import dataclass, field
@@ -17,34 +16,22 @@ from pathlib import Path
 
 import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
-from tensorflow.python.distribute.sharded_variable import ShardedVariable
 
 from recpipe.errors import PipelineError
-from trainer.layers.embedding import TableSlice, assign_rows, base_name
+from trainer.embedding_tables import (
+    VALUE_SUFFIX,
+    TableSlice,
+    assign_rows,
+    location,
+    saved_layout,
+    variable_name,
+)
 
 log = logging.getLogger(__name__)
-PREFIX = "model.ckpt"
-_VALUE = "/.ATTRIBUTES/VARIABLE_VALUE"
 
 
 class CheckpointError(PipelineError):
     """A checkpoint or var map cannot be used (names the path or line)."""
-
-
-def variable_name(var: tf.Variable) -> str:
-    """A variable's checkpoint name: its TensorFlow name without ``:0``."""
-    return var.name.split(":")[0]
-
-
-def name_map(variables: list[tf.Variable]) -> dict[str, tf.Variable]:
-    """Name -> variable; names must be unique (every layer is named explicitly)."""
-    out: dict[str, tf.Variable] = {}
-    for var in variables:
-        name = variable_name(var)
-        if name in out:
-            raise CheckpointError(f"two variables are named {name!r}")
-        out[name] = var
-    return out
 
 
 def _decode(key: str) -> str:
@@ -73,9 +60,9 @@ def list_variables(path: str | Path) -> list[tuple[str, list[int]]]:
     """(name, shape) of each model variable in a checkpoint (optimizer slots left out)."""
     out = []
     for key, shape in tf.train.list_variables(resolve(path)):
-        if key.startswith("variables/") and key.endswith(_VALUE) and ".OPTIMIZER_SLOT" not in key:
-            out.append((_decode(key[len("variables/") : -len(_VALUE)]), shape))
-        elif key in ("global_step" + _VALUE,):
+        if key.startswith("variables/") and key.endswith(VALUE_SUFFIX) and ".OPTIMIZER_SLOT" not in key:
+            out.append((_decode(key[len("variables/") : -len(VALUE_SUFFIX)]), shape))
+        elif key in ("global_step" + VALUE_SUFFIX,):
             out.append(("global_step", shape))
     return sorted(out)
 
@@ -162,9 +149,9 @@ def fine_tune_restore(
     path = resolve(checkpoint)
     reader = tf.train.load_checkpoint(path)
     shapes = {
-        _decode(k[len("variables/") : -len(_VALUE)]): s
+        _decode(k[len("variables/") : -len(VALUE_SUFFIX)]): s
         for k, s in tf.train.list_variables(path)
-        if k.startswith("variables/") and k.endswith(_VALUE) and ".OPTIMIZER_SLOT" not in k
+        if k.startswith("variables/") and k.endswith(VALUE_SUFFIX) and ".OPTIMIZER_SLOT" not in k
     }
     report = FineTuneReport(path)
     names = list(var_map) if var_map else list(variables)
@@ -178,7 +165,7 @@ def fine_tune_restore(
         elif list(shapes[old]) != var.shape.as_list():
             report.shape_mismatch.append(f"{name}: model {var.shape.as_list()} vs checkpoint {shapes[old]}")
         else:
-            key = "variables/" + old.replace(".", "..").replace("/", ".S") + _VALUE
+            key = "variables/" + old.replace(".", "..").replace("/", ".S") + VALUE_SUFFIX
             var.assign(reader.get_tensor(key))
             report.restored.append(name)
     if optimizers:
@@ -231,13 +218,13 @@ def _restore_slots(
     optimizers, path: str, reader, variables: dict, var_map: dict[str, str], report: FineTuneReport
 ) -> None:
     saved = saved_names(path)
-    layout = _saved_layout(reader)
+    layout = saved_layout(reader)
     restored = set(report.restored)
     # slot rows of each restored table: (name in the model, rows in the model's variable)
     parts: dict[str, list[tuple[str, int, int]]] = {}
     for name, var in variables.items():
         if name in restored:
-            fused, offset, rows = _location(var)
+            fused, offset, rows = location(var)
             parts.setdefault(fused, []).append((name, offset, rows))
     cache: dict[str, object] = {}
 
@@ -273,50 +260,3 @@ def _restore_slots(
             step = int(reader.get_tensor(saved[f"{source}/iteration"]))
             opt.iterations.assign(step)
             report.optimizer_iterations[opt.name] = step
-
-
-LAYOUT_KEY = "embedding_layout"
-
-
-def _location(var, local: bool = True) -> tuple[str, int, int]:
-    """(variable holding it, first row, rows) of a model variable or a ``TableSlice``: in this
-    process's variable, or (``local=False``) in the unsharded layout checkpoints hold."""
-    if isinstance(var, TableSlice):
-        if local:
-            return base_name(var.fused), var.local_offset, var.local_rows
-        return base_name(var.fused), var.offset, var.rows
-    return variable_name(var), 0, var.shape[0] if var.shape.rank else 1
-
-
-def checkpoint_map(model) -> dict[str, tf.Variable | TableSlice]:
-    """Name -> what a checkpoint saves for each model variable: fused embedding variables
-    are replaced by their tables (``TableSlice``), so checkpoints keep one entry per table."""
-    tables: dict = {}
-    for module in model.submodules:
-        for table in getattr(module, "tables", {}).values():
-            if isinstance(table, TableSlice):
-                # a fused variable partitioned across ps lists its parts as model variables
-                fused = table.fused
-                parts = list(fused.variables) if isinstance(fused, ShardedVariable) else [fused]
-                tables.setdefault(parts[0].ref(), []).append(table)
-                for part in parts[1:]:
-                    tables[part.ref()] = []
-    out: list = []
-    for var in model.variables:
-        out.extend(tables.get(var.ref(), [var]))
-    return name_map(out)
-
-
-def embedding_layout(variables: dict) -> tf.Variable:
-    """Where each table sits in its fused variable, saved with the checkpoint
-    (``embedding_layout``: JSON ``{table: [fused variable, first row, rows]}``) so that a
-    fine-tune can take the optimizer slots of each table by name."""
-    layout = {n: list(_location(v, local=False)) for n, v in variables.items() if isinstance(v, TableSlice)}
-    return tf.Variable(json.dumps(layout, sort_keys=True), dtype=tf.string, trainable=False)
-
-
-def _saved_layout(reader) -> dict[str, tuple[str, int, int]]:
-    key = LAYOUT_KEY + _VALUE
-    if not reader.has_tensor(key):
-        return {}
-    return {k: tuple(v) for k, v in json.loads(reader.get_tensor(key)).items()}

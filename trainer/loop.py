@@ -23,11 +23,11 @@ from recpipe import atomic
 from recpipe.config.model import EvalMethod
 from recpipe.config.pipeline import PipelineConfig
 from recpipe.errors import PipelineError, UsageError
-from recpipe.layout import FeaturePartition, ModelDir, parse_ds_range
-from trainer.checkpoints import PREFIX, fine_tune_restore, read_var_map, restore_by_name
+from recpipe.layout import CHECKPOINT_PREFIX, FeaturePartition, ModelDir, parse_ds_range
+from trainer.checkpoints import fine_tune_restore, read_var_map
 from trainer.distribute import Distribution
+from trainer.embedding_tables import placement
 from trainer.input import FeatureReader, holdout_split
-from trainer.layers.embedding import placement
 from trainer.losses import build_loss
 from trainer.sidecar_evaluator import evaluate_and_record, mark_train_done
 from trainer.state import build_state
@@ -115,15 +115,13 @@ class Trainer:
         self.model, self.optimizers, self.var_split = st.model, st.optimizers, st.var_split
         self.global_step, self.epoch, self.batch_in_epoch = st.global_step, st.epoch, st.batch_in_epoch
         self.variables, self.checkpoint = st.variables, st.checkpoint
-        # sharded tables are saved through an unsharded copy on the chief, filled at each save
-        self.save_state = (
-            build_state(self.config)
-            if st.sharded_names and self.dist.world_size > 1 and self.dist.is_chief
-            else None
-        )
-        saved = self.save_state.checkpoint if self.save_state else self.checkpoint
+        # what this process's checkpoint manager saves (an unsharded copy, for some)
+        self.saved = self.dist.saved_state(st, lambda: build_state(self.config))
         self.manager = tf.train.CheckpointManager(
-            saved, str(job.model_dir), max_to_keep=tc.keep_checkpoint_max, checkpoint_name=PREFIX
+            self.saved.checkpoint,
+            str(job.model_dir),
+            max_to_keep=tc.keep_checkpoint_max,
+            checkpoint_name=CHECKPOINT_PREFIX,
         )
         self.loss_fn = build_loss(self.config.model)
         self.train_step: Callable | None = None
@@ -136,13 +134,8 @@ class Trainer:
                 f"model_dir {self.job.model_dir} already holds checkpoints (latest {latest}); "
                 "pass --continue_train to resume, or choose another --model_dir"
             )
-        if latest and self.state.sharded_names:
-            # slots of sharded tables differ in shape from the checkpoint's: restored by name
-            restore_by_name(self.state, latest)
-            log.info("resumed from %s at step %d", latest, int(self.global_step.numpy()))
-            return {}
         if latest:
-            self.checkpoint.restore(latest).assert_existing_objects_matched()
+            self.dist.restore(self.state, latest)
             log.info("resumed from %s at step %d", latest, int(self.global_step.numpy()))
             return {}
         if tc.fine_tune_checkpoint:
@@ -166,7 +159,6 @@ class Trainer:
         variables = [v for part in split for v in part]
         # a sharded table's gradient is already the job's sum (the lookup's reverse all-to-all)
         exchanged = [i for i, v in enumerate(variables) if not self.state.is_sharded(v)]
-        several = dist.world_size * dist.replicas_per_process > 1
 
         def gradients(flat: tuple, share) -> tuple[tf.Tensor, list]:
             # this replica's loss (its share of the global mean) and its gradients, unreduced
@@ -186,30 +178,8 @@ class Trainer:
                 opt.apply_gradients(zip(grads[i : i + len(part)], part, strict=True))
                 i += len(part)
 
-        if dist.aggregates_on_chief:  # synchronous parameter-server training
-            counters = (self.global_step, self.batch_in_epoch)
-            return dist.build_update(signature, gradients, apply, variables, counters)
-
-        def step(*flat):
-            n = tf.cast(tf.shape(flat[0])[0], tf.float32)  # labels come first
-            share = tf.math.divide_no_nan(n, dist.all_sum(n)) if several else 1.0
-            loss, grads = gradients(flat, share)
-            reduced = dist.reduce_gradients([grads[i] for i in exchanged])
-            for i, g in zip(exchanged, reduced, strict=True):
-                grads[i] = g
-            apply(grads)
-            return loss
-
-        # autograph off: the step's Python control flow is all on Python values, and converting
-        # the model's and optimizers' code took 1.1 of the first step's 1.5 s of tracing
-        @tf.function(input_signature=signature, reduce_retracing=True, autograph=False)
-        def train_step(*inputs):
-            loss = self.strategy.run(step, args=inputs)
-            self.global_step.assign_add(1)
-            self.batch_in_epoch.assign_add(1)
-            return dist.job_loss(loss)
-
-        return train_step
+        counters = (self.global_step, self.batch_in_epoch)
+        return dist.build_train_step(signature, gradients, apply, variables, exchanged, counters)
 
     def _learning_rate(self) -> float:
         opt = self.optimizers[-1]
@@ -260,8 +230,8 @@ class Trainer:
         summaries = str(ModelDir(job.model_dir).summaries)
         writer = tf.summary.create_file_writer(summaries) if dist.is_chief else None
         last_save_step, last_save_time = int(self.global_step.numpy()), time.time()
-        # every rank of an embedding-parallel job takes part in a save (its rows are gathered)
-        saver = dist.is_chief or self.collective_save
+        # some distributions gather every process's rows at a save
+        saver = dist.takes_part_in_saves(self.state)
         saved, start_latest = False, self.manager.latest_checkpoint
         window_start, window_examples = time.time(), 0
         total_start, total_examples = time.time(), 0
@@ -315,27 +285,12 @@ class Trainer:
             step, self.manager.latest_checkpoint or "", loss, total_examples / elapsed, fine_tune
         )
 
-    @property
-    def collective_save(self) -> bool:
-        """Saving gathers every rank's embedding rows (embedding-parallel, several ranks)."""
-        return bool(self.state.sharded_names) and self.dist.world_size > 1
-
-    def _gather_for_save(self) -> None:
-        """Fill the chief's unsharded copy: sharded variables and their slots gathered from
-        every rank, the rest copied (every rank calls it, in the same order)."""
-        targets = self.save_state.all_variables() if self.save_state else None
-        for i, var in enumerate(self.state.all_variables()):
-            value = self.dist.gather_rows(var, f"recpipe_save_{i}") if self.state.is_sharded(var) else var
-            if targets is not None:
-                targets[i].assign(value)
-
     def _save(self, step: int) -> None:
         """A checkpoint; with ``eval_method: master`` the chief evaluates it at once."""
         self.dist.sync()  # scheduled parameter-server steps land before the save
-        if self.collective_save:
-            self._gather_for_save()
-            if not self.dist.is_chief:
-                return
+        self.dist.prepare_save(self.state, self.saved)
+        if not self.dist.is_chief:
+            return
         path = self.manager.save(checkpoint_number=step)
         if self.config.eval_config.eval_method == EvalMethod.master:
             evaluate_and_record(self.config, self.job.model_dir, self._eval_days(), path)
@@ -349,7 +304,7 @@ class Trainer:
         tc = self.config.train_config
         if tc.save_checkpoints_secs is not None:
             due = time.time() - last_time >= tc.save_checkpoints_secs
-            return self.dist.agree(due) if self.collective_save else due
+            return self.dist.save_due(due, self.state)
         return step - last_step >= tc.save_checkpoints_steps
 
     def _save_normalization(self) -> None:

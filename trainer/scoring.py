@@ -12,7 +12,8 @@ import tensorflow as tf
 from recpipe import atomic
 from recpipe.config.pipeline import PipelineConfig
 from recpipe.layout import ModelDir, partition_ds
-from trainer.checkpoints import checkpoint_map, resolve
+from trainer.checkpoints import resolve
+from trainer.embedding_tables import checkpoint_map
 from trainer.input import FeatureReader, holdout_split, sample_inputs
 from trainer.metrics import compute_metrics
 from trainer.models.builders import build_model

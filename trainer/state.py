@@ -7,9 +7,8 @@ from dataclasses import dataclass
 import tensorflow as tf
 
 from recpipe.config.pipeline import PipelineConfig
-from trainer.checkpoints import checkpoint_map, embedding_layout, variable_name
+from trainer.embedding_tables import checkpoint_map, embedding_layout, sharded_names, variable_name
 from trainer.input import sample_inputs
-from trainer.layers.embedding import FeatureEmbedding
 from trainer.models.builders import build_model
 from trainer.models.ranking import RankingModel
 from trainer.optimizers import build_optimizer, split_variables
@@ -77,12 +76,14 @@ def build_state(
         batch_in_epoch=batch_in_epoch,
         **{f"optimizer_{i}": opt for i, opt in enumerate(optimizers)},
     )
-    sharded = frozenset(
-        variable_name(v)
-        for layer in model.submodules
-        if isinstance(layer, FeatureEmbedding) and layer.sharding is not None
-        for v in layer.fused.values()
-    )
     return TrainState(
-        model, optimizers, var_split, global_step, epoch, batch_in_epoch, variables, checkpoint, sharded
+        model,
+        optimizers,
+        var_split,
+        global_step,
+        epoch,
+        batch_in_epoch,
+        variables,
+        checkpoint,
+        sharded_names(model),
     )

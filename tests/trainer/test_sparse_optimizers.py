@@ -8,7 +8,8 @@ import tensorflow as tf
 import tf_keras as keras
 
 from recpipe.config.train import OptimizerConfig
-from trainer.checkpoints import fine_tune_restore, name_map
+from trainer.checkpoints import fine_tune_restore
+from trainer.embedding_tables import name_map
 from trainer.optimizers import build_optimizer
 from trainer.sparse_optimizers import LazyAdam, SparseFtrl
 

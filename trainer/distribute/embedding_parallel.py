@@ -121,6 +121,40 @@ class EmbeddingParallelDistribution(HorovodDistribution):
     def agree(self, flag: bool) -> bool:
         return bool(self.hvd.broadcast_object(flag, root_rank=0, name="recpipe_agree"))
 
+    def _collective(self, state) -> bool:
+        # a save gathers every rank's rows when tables are sharded over several ranks
+        return bool(state.sharded_names) and self.world_size > 1
+
+    def saved_state(self, state, build_unsharded):
+        """On the chief of several ranks, an unsharded copy the gathered rows are copied into."""
+        return build_unsharded() if self._collective(state) and self.is_chief else state
+
+    def takes_part_in_saves(self, state) -> bool:
+        return self.is_chief or self._collective(state)
+
+    def prepare_save(self, state, saved) -> None:
+        """Gather every sharded variable and its slots on the chief into ``saved``, copy the
+        rest (every rank calls it, in the same order)."""
+        if not self._collective(state):
+            return
+        targets = saved.all_variables() if self.is_chief else None
+        for i, var in enumerate(state.all_variables()):
+            value = self.gather_rows(var, f"recpipe_save_{i}") if state.is_sharded(var) else var
+            if targets is not None:
+                targets[i].assign(value)
+
+    def save_due(self, due: bool, state) -> bool:
+        return self.agree(due) if self._collective(state) else due
+
+    def restore(self, state, checkpoint: str) -> None:
+        """By name: each rank keeps its rows of every table and slot, whatever world size wrote
+        the checkpoint (``trainer.checkpoints.restore_by_name``)."""
+        if not state.sharded_names:
+            return super().restore(state, checkpoint)
+        from trainer.checkpoints import restore_by_name
+
+        restore_by_name(state, checkpoint)
+
     def gather_rows(self, variable: tf.Variable, name: str):
         full = self.hvd.allgather(tf.convert_to_tensor(variable), name=name).numpy()
         if not self.is_chief:

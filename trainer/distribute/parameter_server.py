@@ -141,13 +141,11 @@ class SynchronousParameterServerDistribution(ParameterServerDistribution):
 
     One update takes one batch per worker (``replicas_per_process`` = workers; the last update
     of an epoch may take fewer): the global batch is ``workers * batch_size``, as under
-    MultiWorkerMirrored. ``build_update`` returns the Python function that runs one update.
+    MultiWorkerMirrored. ``build_train_step`` returns the Python function that runs one update.
 
     Raises:
         StrategyError: see ``cluster_from_tf_config``.
     """
-
-    aggregates_on_chief = True
 
     def __init__(self):
         super().__init__()
@@ -165,12 +163,13 @@ class SynchronousParameterServerDistribution(ParameterServerDistribution):
     def fetch(self, value) -> float:
         return float(value)
 
-    def build_update(
+    def build_train_step(
         self,
         signature: tuple,
         gradients: Callable,
         apply: Callable,
         variables: list[tf.Variable],
+        exchanged: list[int],
         counters: tuple[tf.Variable, ...],
     ) -> Callable[[list[tuple]], float]:
         """The function running one synchronous update on a group of batches.
@@ -180,7 +179,7 @@ class SynchronousParameterServerDistribution(ParameterServerDistribution):
             gradients: ``(flat, share) -> (loss, grads)`` of one batch, aligned with
                 ``variables`` (``tf.IndexedSlices`` for tables, None where a variable has none).
             apply: ``grads -> None``, the optimizers' update.
-            variables: the trainable variables, in ``gradients``' order.
+            exchanged: unused: every gradient is summed on the chief.
             counters: incremented once per update (global_step, batch_in_epoch).
 
         Returns:

@@ -17,98 +17,9 @@ from __future__ import annotations
 import tensorflow as tf
 import tf_keras as keras
 from tensorflow.python.distribute.sharded_variable import ShardedVariable
-from tensorflow.python.trackable.base import Trackable
 
 from recpipe.config.data import FeatureSpec, FeatureType
-from recpipe.config.errors import ConfigError
-
-
-class EmbeddingConfigError(ConfigError):
-    """Features sharing a table disagree on its shape, or a table has no size."""
-
-
-def table_shapes(features: list[FeatureSpec], dim: int | None = None) -> dict[str, tuple[int, int]]:
-    """Table name -> (rows, dim) for id / tag features; ``dim`` overrides embedding_dim.
-
-    Raises:
-        EmbeddingConfigError: a feature lacks ``hash_bucket_size``, or features sharing an
-            ``embedding_name`` differ in size or dimension.
-    """
-    shapes: dict[str, tuple[int, int]] = {}
-    for f in features:
-        if f.hash_bucket_size is None:
-            raise EmbeddingConfigError(
-                f"feature_config: {f.name!r} needs hash_bucket_size for an embedding table"
-            )
-        table = f.embedding_name or f.name
-        shape = (f.hash_bucket_size, dim or f.embedding_dim)
-        if shapes.setdefault(table, shape) != shape:
-            raise EmbeddingConfigError(
-                f"feature_config: features sharing embedding_name {table!r} need one hash_bucket_size and "
-                f"embedding_dim, got {shapes[table]} and {shape}"
-            )
-    return shapes
-
-
-def assign_rows(variable: tf.Variable, offset: int, value) -> tf.Operation:
-    """``variable[offset : offset + len(value)] = value``, on every replica of a mirrored
-    variable too (a sliced ``assign`` of a ``MirroredVariable`` writes only its primary copy)."""
-    value = tf.convert_to_tensor(value, variable.dtype)
-    rows = tf.range(offset, offset + tf.shape(value)[0])
-    return variable.scatter_update(tf.IndexedSlices(value, rows))
-
-
-def base_name(variable) -> str:
-    """A variable's name without ``:0``; a ``ShardedVariable``'s (partitioned across ps) is its
-    first part's without ``/part_0``."""
-    if isinstance(variable, ShardedVariable):
-        return variable.variables[0].name.split(":")[0].rsplit("/part_", 1)[0]
-    return variable.name.split(":")[0]
-
-
-class TableSlice(Trackable):
-    """One table inside a fused variable: global rows ``[offset, offset + rows)`` of ``fused``.
-
-    Saved to and restored from checkpoints as a variable of its own (key
-    ``.../<table>/embedding_weights/.ATTRIBUTES/VARIABLE_VALUE``, float32 ``[rows, dim]``).
-    With a ``sharding`` (``EmbeddingParallelStrategy``), ``fused`` holds only this rank's rows;
-    the table's rows there are the contiguous local range ``[local_offset, local_offset +
-    local_rows)``, ``value()`` returns them, and ``assign`` takes the whole table and keeps
-    this rank's rows (so a checkpoint restores to any world size).
-
-    Attributes:
-        shape: the whole table's shape ``[rows, dim]``.
-    """
-
-    def __init__(self, fused: tf.Variable, offset: int, rows: int, table: str, sharding=None):
-        self.fused, self.offset, self.rows, self.sharding = fused, offset, rows, sharding
-        if sharding is None:
-            self.local_offset, self.local_rows = offset, rows
-        else:
-            self.local_offset = sharding.rows(offset)
-            self.local_rows = sharding.rows(offset + rows) - self.local_offset
-        self.name = f"{base_name(fused).rsplit('/', 1)[0]}/{table}/embedding_weights:0"
-        self.shape = tf.TensorShape([rows, fused.shape[1]])
-        self.dtype = fused.dtype
-
-    def value(self) -> tf.Tensor:
-        return self.fused[self.local_offset : self.local_offset + self.local_rows]
-
-    def numpy(self):
-        return self.value().numpy()
-
-    def local(self, table_rows):
-        """This rank's rows of a whole-table array ``[rows, ...]`` (all of it unsharded)."""
-        return table_rows if self.sharding is None else self.sharding.local(table_rows, self.offset)
-
-    def assign(self, value):
-        return assign_rows(self.fused, self.local_offset, self.local(value))
-
-    def _serialize_to_tensors(self):
-        return {"VARIABLE_VALUE": self.value()}
-
-    def _restore_from_tensors(self, restored_tensors):
-        return self.assign(restored_tensors["VARIABLE_VALUE"])
+from trainer.embedding_tables import EmbeddingConfigError, TableSlice, table_shapes
 
 
 class _Index:
@@ -262,16 +173,3 @@ class FeatureEmbedding(keras.layers.Layer):
         if k > start:
             pieces.append(rows[:, start:k])
         return tf.concat(pieces, axis=1)
-
-
-def placement(model) -> list[str]:
-    """One line per fused table variable partitioned across ps: its rows, parts and devices."""
-    out = []
-    for layer in model.submodules:
-        for fused in getattr(layer, "fused", {}).values() if isinstance(layer, FeatureEmbedding) else []:
-            if isinstance(fused, ShardedVariable):
-                devices = ", ".join(f"{v.shape[0]} on {v.device}" for v in fused.variables)
-                out.append(
-                    f"{base_name(fused)}: {fused.shape[0]} rows in {len(fused.variables)} parts ({devices})"
-                )
-    return out

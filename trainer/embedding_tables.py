@@ -1,0 +1,202 @@
+"""Embedding tables: their shapes, the fused-variable layout, row slices and assignments,
+parameter-server placement, and the checkpoint names they are saved under. The embedding
+layer (``trainer.layers.embedding``) builds them; checkpoints, the train state and the
+distributions read them here.
+
+Tables of one width live in one fused variable (``embedding_weights_dim<dim>``), stacked at
+row offsets; a ``TableSlice`` is one table inside it, saved to checkpoints as
+``<scope>/<table>/embedding_weights`` so names stay as EasyRec users know them. With
+embedding-parallel sharding a fused variable holds only this rank's rows; with parameter
+servers it may be a ``ShardedVariable`` partitioned across them.
+"""
+
+from __future__ import annotations
+
+import json
+
+import tensorflow as tf
+from tensorflow.python.distribute.sharded_variable import ShardedVariable
+from tensorflow.python.trackable.base import Trackable
+
+from recpipe.config.data import FeatureSpec
+from recpipe.config.errors import ConfigError
+
+VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
+
+
+class EmbeddingConfigError(ConfigError):
+    """Features sharing a table disagree on its shape, or a table has no size."""
+
+
+def table_shapes(features: list[FeatureSpec], dim: int | None = None) -> dict[str, tuple[int, int]]:
+    """Table name -> (rows, dim) for id / tag features; ``dim`` overrides embedding_dim.
+
+    Raises:
+        EmbeddingConfigError: a feature lacks ``hash_bucket_size``, or features sharing an
+            ``embedding_name`` differ in size or dimension.
+    """
+    shapes: dict[str, tuple[int, int]] = {}
+    for f in features:
+        if f.hash_bucket_size is None:
+            raise EmbeddingConfigError(
+                f"feature_config: {f.name!r} needs hash_bucket_size for an embedding table"
+            )
+        table = f.embedding_name or f.name
+        shape = (f.hash_bucket_size, dim or f.embedding_dim)
+        if shapes.setdefault(table, shape) != shape:
+            raise EmbeddingConfigError(
+                f"feature_config: features sharing embedding_name {table!r} need one hash_bucket_size and "
+                f"embedding_dim, got {shapes[table]} and {shape}"
+            )
+    return shapes
+
+
+def assign_rows(variable: tf.Variable, offset: int, value) -> tf.Operation:
+    """``variable[offset : offset + len(value)] = value``, on every replica of a mirrored
+    variable too (a sliced ``assign`` of a ``MirroredVariable`` writes only its primary copy)."""
+    value = tf.convert_to_tensor(value, variable.dtype)
+    rows = tf.range(offset, offset + tf.shape(value)[0])
+    return variable.scatter_update(tf.IndexedSlices(value, rows))
+
+
+def base_name(variable) -> str:
+    """A variable's name without ``:0``; a ``ShardedVariable``'s (partitioned across ps) is its
+    first part's without ``/part_0``."""
+    if isinstance(variable, ShardedVariable):
+        return variable.variables[0].name.split(":")[0].rsplit("/part_", 1)[0]
+    return variable.name.split(":")[0]
+
+
+class TableSlice(Trackable):
+    """One table inside a fused variable: global rows ``[offset, offset + rows)`` of ``fused``.
+
+    Saved to and restored from checkpoints as a variable of its own (key
+    ``.../<table>/embedding_weights/.ATTRIBUTES/VARIABLE_VALUE``, float32 ``[rows, dim]``).
+    With a ``sharding`` (``EmbeddingParallelStrategy``), ``fused`` holds only this rank's rows;
+    the table's rows there are the contiguous local range ``[local_offset, local_offset +
+    local_rows)``, ``value()`` returns them, and ``assign`` takes the whole table and keeps
+    this rank's rows (so a checkpoint restores to any world size).
+
+    Attributes:
+        shape: the whole table's shape ``[rows, dim]``.
+    """
+
+    def __init__(self, fused: tf.Variable, offset: int, rows: int, table: str, sharding=None):
+        self.fused, self.offset, self.rows, self.sharding = fused, offset, rows, sharding
+        if sharding is None:
+            self.local_offset, self.local_rows = offset, rows
+        else:
+            self.local_offset = sharding.rows(offset)
+            self.local_rows = sharding.rows(offset + rows) - self.local_offset
+        self.name = f"{base_name(fused).rsplit('/', 1)[0]}/{table}/embedding_weights:0"
+        self.shape = tf.TensorShape([rows, fused.shape[1]])
+        self.dtype = fused.dtype
+
+    def value(self) -> tf.Tensor:
+        return self.fused[self.local_offset : self.local_offset + self.local_rows]
+
+    def numpy(self):
+        return self.value().numpy()
+
+    def local(self, table_rows):
+        """This rank's rows of a whole-table array ``[rows, ...]`` (all of it unsharded)."""
+        return table_rows if self.sharding is None else self.sharding.local(table_rows, self.offset)
+
+    def assign(self, value):
+        return assign_rows(self.fused, self.local_offset, self.local(value))
+
+    def _serialize_to_tensors(self):
+        return {"VARIABLE_VALUE": self.value()}
+
+    def _restore_from_tensors(self, restored_tensors):
+        return self.assign(restored_tensors["VARIABLE_VALUE"])
+
+
+def variable_name(var: tf.Variable) -> str:
+    """A variable's checkpoint name: its TensorFlow name without ``:0``."""
+    return var.name.split(":")[0]
+
+
+def name_map(variables: list[tf.Variable]) -> dict[str, tf.Variable]:
+    """Name -> variable; names must be unique (every layer is named explicitly).
+
+    Raises:
+        ValueError: two variables share a name (a model built without explicit names).
+    """
+    out: dict[str, tf.Variable] = {}
+    for var in variables:
+        name = variable_name(var)
+        if name in out:
+            raise ValueError(f"two variables are named {name!r}")
+        out[name] = var
+    return out
+
+
+LAYOUT_KEY = "embedding_layout"
+
+
+def location(var, local: bool = True) -> tuple[str, int, int]:
+    """(variable holding it, first row, rows) of a model variable or a ``TableSlice``: in this
+    process's variable, or (``local=False``) in the unsharded layout checkpoints hold."""
+    if isinstance(var, TableSlice):
+        if local:
+            return base_name(var.fused), var.local_offset, var.local_rows
+        return base_name(var.fused), var.offset, var.rows
+    return variable_name(var), 0, var.shape[0] if var.shape.rank else 1
+
+
+def checkpoint_map(model) -> dict[str, tf.Variable | TableSlice]:
+    """Name -> what a checkpoint saves for each model variable: fused embedding variables
+    are replaced by their tables (``TableSlice``), so checkpoints keep one entry per table."""
+    tables: dict = {}
+    for module in model.submodules:
+        for table in getattr(module, "tables", {}).values():
+            if isinstance(table, TableSlice):
+                # a fused variable partitioned across ps lists its parts as model variables
+                fused = table.fused
+                parts = list(fused.variables) if isinstance(fused, ShardedVariable) else [fused]
+                tables.setdefault(parts[0].ref(), []).append(table)
+                for part in parts[1:]:
+                    tables[part.ref()] = []
+    out: list = []
+    for var in model.variables:
+        out.extend(tables.get(var.ref(), [var]))
+    return name_map(out)
+
+
+def embedding_layout(variables: dict) -> tf.Variable:
+    """Where each table sits in its fused variable, saved with the checkpoint
+    (``embedding_layout``: JSON ``{table: [fused variable, first row, rows]}``) so that a
+    fine-tune can take the optimizer slots of each table by name."""
+    layout = {n: list(location(v, local=False)) for n, v in variables.items() if isinstance(v, TableSlice)}
+    return tf.Variable(json.dumps(layout, sort_keys=True), dtype=tf.string, trainable=False)
+
+
+def saved_layout(reader) -> dict[str, tuple[str, int, int]]:
+    key = LAYOUT_KEY + VALUE_SUFFIX
+    if not reader.has_tensor(key):
+        return {}
+    return {k: tuple(v) for k, v in json.loads(reader.get_tensor(key)).items()}
+
+
+def placement(model) -> list[str]:
+    """One line per fused table variable partitioned across ps: its rows, parts and devices."""
+    out = []
+    for layer in model.submodules:
+        for fused in getattr(layer, "fused", {}).values():
+            if isinstance(fused, ShardedVariable):
+                devices = ", ".join(f"{v.shape[0]} on {v.device}" for v in fused.variables)
+                out.append(
+                    f"{base_name(fused)}: {fused.shape[0]} rows in {len(fused.variables)} parts ({devices})"
+                )
+    return out
+
+
+def sharded_names(model) -> frozenset[str]:
+    """Names of the fused variables that hold only this rank's rows (embedding-parallel)."""
+    return frozenset(
+        variable_name(v)
+        for layer in model.submodules
+        if getattr(layer, "sharding", None) is not None and hasattr(layer, "fused")
+        for v in layer.fused.values()
+    )
