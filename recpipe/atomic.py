@@ -17,34 +17,32 @@ def _temp_name(final: Path) -> Path:
     return final.parent / f".tmp-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
-def write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to ``path`` (parents created), replacing it in one rename.
-
-    Returns:
-        ``path`` as a ``Path``.
-    """
+@contextmanager
+def file(path: str | os.PathLike) -> Iterator[Path]:
+    """Write the yielded temporary path; when the block ends without error it replaces
+    ``path`` (parents created) in one rename. On error nothing of it is left."""
     final = Path(path)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temp_name(final)
     try:
-        tmp.write_text(text)
+        yield tmp
         os.replace(tmp, final)
     finally:
         tmp.unlink(missing_ok=True)
-    return final
+
+
+def write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` atomically (``file``); returns ``path`` as a ``Path``."""
+    with file(path) as tmp:
+        tmp.write_text(text)
+    return Path(path)
 
 
 def copy_file(source: str | os.PathLike, path: str | os.PathLike) -> Path:
-    """Copy ``source`` to ``path``, replacing it in one rename."""
-    final = Path(path)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _temp_name(final)
-    try:
+    """Copy ``source`` to ``path`` atomically (``file``)."""
+    with file(path) as tmp:
         shutil.copyfile(source, tmp)
-        os.replace(tmp, final)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return final
+    return Path(path)
 
 
 def temp_dir_beside(final: Path) -> Path:

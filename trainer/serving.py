@@ -12,12 +12,12 @@ values filled (NaN = missing) and normalised with the constants of the newest tr
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from pathlib import Path
 
 import tensorflow as tf
 
+from recpipe import atomic
 from recpipe.config.data import FeatureSpec, FeatureType, InputType
 from recpipe.config.pipeline import PipelineConfig
 from recpipe.layout import ModelDir
@@ -96,15 +96,11 @@ def export_saved_model(
     export_dir.mkdir(parents=True, exist_ok=True)
     versions = [int(p.name) for p in export_dir.iterdir() if p.name.isdigit()]
     version = max([int(time.time()), *[v + 1 for v in versions]])
-    tmp = export_dir / f".tmp-{version}"
-    try:
+    final = export_dir / str(version)
+    with atomic.directory(final) as tmp:
         tf.saved_model.save(
             module, str(tmp), signatures={"serving_default": module.serve.get_concrete_function()}
         )
         (tmp / "assets.extra").mkdir(exist_ok=True)
         (tmp / "assets.extra" / "pipeline.json").write_text(json.dumps(config.to_dict(), indent=2))
-        final = export_dir / str(version)
-        tmp.replace(final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return final

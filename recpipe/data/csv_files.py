@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -22,10 +21,5 @@ def write_csv_partition(table: pa.Table, final: Path, success_marker: bool = Tru
 
 def write_csv_file(table: pa.Table, final: Path) -> None:
     """Write one CSV file atomically."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f".{final.name}.{os.getpid()}"
-    try:
+    with atomic.file(final) as tmp:
         pacsv.write_csv(table, tmp)
-        os.replace(tmp, final)
-    finally:
-        tmp.unlink(missing_ok=True)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
-import os
 import shutil
 import subprocess
 import sys
@@ -22,6 +21,7 @@ import zipfile
 from datetime import UTC, datetime
 from pathlib import Path
 
+from recpipe import atomic
 from recpipe.errors import PipelineError
 
 log = logging.getLogger(__name__)
@@ -174,9 +174,7 @@ def fetch_movielens(cache_dir: str | Path = "data", source: str = "auto", timeou
             raise FetchError("could not fetch MovieLens-100K: " + "; ".join(failures))
         stamp = datetime.now(UTC).isoformat(timespec="seconds")
         (tmp / "SOURCE").write_text(f"{origin}\nfetched {stamp}\n")
-        if dest.exists():
-            shutil.rmtree(dest)
-        os.replace(tmp, dest)
+        atomic.replace_dir(tmp, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return dest
