@@ -3,13 +3,17 @@ days the trainer tests use, config edits, and free ports. Fixtures live in the `
 
 from __future__ import annotations
 
+import json
 import socket
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 # the first month of MovieLens days, prepared once per session (tests/trainer/conftest.py)
 EARLY = ("1997-09-20", "1997-10-20")
+# the recpipe command of this checkout (its console script may point at another install)
+RECPIPE = [sys.executable, "-m", "recpipe.cli"]
 
 
 def with_edits(config, edits: dict):
@@ -26,3 +30,19 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def train_args(config_path: Path, model_dir: Path, edits: dict, *extra: str) -> list[str]:
+    """``trainer.train_eval`` / ``recpipe train`` arguments: train on the early days with
+    ``edits``, skip the final evaluation."""
+    return [
+        "--pipeline_config_path",
+        str(config_path),
+        "--model_dir",
+        str(model_dir),
+        f"--train_ds={EARLY[0]}:{EARLY[1]}",
+        "--skip_eval",
+        "--edit_config_json",
+        json.dumps(edits),
+        *extra,
+    ]

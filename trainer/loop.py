@@ -26,6 +26,7 @@ from recpipe.errors import PipelineError, UsageError
 from recpipe.layout import CHECKPOINT_PREFIX, FeaturePartition, ModelDir, parse_ds_range
 from trainer.checkpoints import fine_tune_restore, read_var_map
 from trainer.distribute import Distribution
+from trainer.distribute.base import StepParts
 from trainer.embedding_tables import placement
 from trainer.input import FeatureReader, holdout_split
 from trainer.losses import build_loss
@@ -179,7 +180,7 @@ class Trainer:
                 i += len(part)
 
         counters = (self.global_step, self.batch_in_epoch)
-        return dist.build_train_step(signature, gradients, apply, variables, exchanged, counters)
+        return dist.build_train_step(StepParts(signature, gradients, apply, variables, exchanged, counters))
 
     def _learning_rate(self) -> float:
         opt = self.optimizers[-1]

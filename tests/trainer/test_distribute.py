@@ -18,24 +18,15 @@ from recpipe.config import ClusterConfig
 from recpipe.config.train import TrainDistribute
 from recpipe.launch import JobFailedError, JobSpec, LocalLauncher, job_result, training_job
 from recpipe.launch.topology import training_processes
-from tests.support import EARLY, ROOT
+from tests.support import EARLY, RECPIPE, ROOT, train_args
 
 pytestmark = pytest.mark.slow
 
 
 def _job(config_path: Path, model_dir: Path, distribute: str, workers: int = 1, *extra, ps: int = 0, **edits):
     """The ``JobSpec`` of trainer.train_eval as a ``distribute`` job on the early days."""
-    args = [
-        "--pipeline_config_path",
-        str(config_path),
-        "--model_dir",
-        str(model_dir),
-        f"--train_ds={EARLY[0]}:{EARLY[1]}",
-        "--skip_eval",
-        "--edit_config_json",
-        json.dumps({"train_config.train_distribute": distribute, **edits}),
-        *extra,
-    ]
+    edits = {"train_config.train_distribute": distribute, **edits}
+    args = train_args(config_path, model_dir, edits, *extra)
     return training_job(
         "train", TrainDistribute(distribute), ClusterConfig(), args, cwd=ROOT, workers=workers, ps=ps
     )
@@ -46,25 +37,9 @@ def _train(
 ):
     """``recpipe train ... --num_workers W [--num_ps P]``: the whole ``distribute`` job from the
     command line, as a user starts it; return (the chief's result, the job's log files)."""
-    argv = [
-        sys.executable,
-        "-m",
-        "recpipe.cli",
-        "train",
-        "--pipeline_config_path",
-        str(config_path),
-        "--model_dir",
-        str(model_dir),
-        f"--train_ds={EARLY[0]}:{EARLY[1]}",
-        "--skip_eval",
-        "--edit_config_json",
-        json.dumps(edits),
-        f"--train_config.train_distribute={distribute}",
-        "--num_workers",
-        str(workers),
-        *(["--num_ps", str(ps)] if ps else []),
-        *extra,
-    ]
+    launch = ["--num_workers", str(workers), *(["--num_ps", str(ps)] if ps else [])]
+    strategy = f"--train_config.train_distribute={distribute}"
+    argv = [*RECPIPE, "train", *train_args(config_path, model_dir, edits, strategy, *launch, *extra)]
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stderr[-3000:]
     logs = sorted((model_dir / "logs").glob("train-*.log"), key=lambda p: int(p.stem.split("-")[1]))

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from recpipe.launch import job_result
 from recpipe.layout import ModelDir
-from tests.support import EARLY, ROOT, with_edits
+from tests.support import RECPIPE, ROOT, train_args, with_edits
 from trainer.loop import Trainer, TrainError, TrainJob
 from trainer.sidecar_evaluator import follow
 
@@ -41,24 +40,9 @@ def test_recpipe_train_starts_a_horovod_job_with_its_separate_evaluator(ml_early
     config_path.write_text(yaml.safe_dump(ml_early.to_dict()))
     model_dir = tmp_path / "model"
     edits = {**EDITS, "eval_config.eval_method": "separate"}
+    strategy = "--train_config.train_distribute=HorovodStrategy"
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "recpipe.cli",
-            "train",
-            "--pipeline_config_path",
-            str(config_path),
-            "--model_dir",
-            str(model_dir),
-            f"--train_ds={EARLY[0]}:{EARLY[1]}",
-            "--skip_eval",
-            "--edit_config_json",
-            json.dumps(edits),
-            "--train_config.train_distribute=HorovodStrategy",
-            "--num_workers",
-            "2",
-        ],
+        [*RECPIPE, "train", *train_args(config_path, model_dir, edits, strategy, "--num_workers", "2")],
         cwd=ROOT,
         capture_output=True,
         text=True,

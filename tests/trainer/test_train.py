@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 from recpipe.layout import parse_ds_range
-from tests.support import EARLY, ROOT, with_edits
+from tests.support import EARLY, RECPIPE, ROOT, with_edits
 from trainer.checkpoints import CheckpointError, list_variables, read_var_map
 from trainer.loop import Trainer, TrainError, TrainJob
 from trainer.scoring import evaluate
@@ -256,7 +256,7 @@ def test_recpipe_train_exit_codes_and_messages_name_commands_that_exist(ml_early
 
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(ml_early.to_dict()))
-    base = [sys.executable, "-m", "recpipe.cli", "train", "--pipeline_config_path", str(path)]
+    base = [*RECPIPE, "train", "--pipeline_config_path", str(path)]
     base += ["--model_dir", str(tmp_path / "m"), f"--train_ds={EARLY[0]}:{EARLY[1]}"]
 
     def run(*args):

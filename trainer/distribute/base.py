@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import tensorflow as tf
 
@@ -14,6 +15,30 @@ LOCAL_PROCESSES = "RECPIPE_LOCAL_PROCESSES"
 
 class StrategyError(ConfigError):
     """The configured train_distribute cannot run here (the message says why)."""
+
+
+@dataclass(frozen=True)
+class StepParts:
+    """What the loop hands a distribution to build its train step from.
+
+    Attributes:
+        signature: one batch's flat input signature (``Distribution.input_signature``).
+        gradients: ``(flat, share) -> (loss, grads)`` of one replica's batch, ``grads``
+            aligned with ``variables`` (``tf.IndexedSlices`` for tables, None where a
+            variable has none).
+        apply: ``grads -> None``, the optimizers' update.
+        variables: the trainable variables, in ``gradients``' order.
+        exchanged: indices of the gradients summed across processes (``reduce_gradients``);
+            the others are already the job's sum (embedding-parallel tables).
+        counters: variables incremented once per step (global_step, batch_in_epoch).
+    """
+
+    signature: tuple
+    gradients: Callable
+    apply: Callable
+    variables: list
+    exchanged: list[int]
+    counters: tuple
 
 
 class Distribution:
@@ -93,47 +118,28 @@ class Distribution:
     def broadcast(self, variables: list[tf.Variable]) -> None:
         """Make every process start from the chief's values (after restore)."""
 
-    def build_train_step(
-        self,
-        signature: tuple,
-        gradients: Callable,
-        apply: Callable,
-        variables: list[tf.Variable],
-        exchanged: list[int],
-        counters: tuple[tf.Variable, ...],
-    ) -> Callable:
+    def build_train_step(self, parts: StepParts) -> Callable:
         """The train step ``run_step`` runs: one fused ``tf.function`` (gradients of this
         replica's share of the global mean loss, summed over replicas, applied, counters
-        incremented) returning the job's loss.
-
-        Args:
-            signature: the step's input signature (``input_signature``).
-            gradients: ``(flat, share) -> (loss, grads)`` of one replica's batch, ``grads``
-                aligned with the trainable variables (``tf.IndexedSlices`` for tables).
-            apply: ``grads -> None``, the optimizers' update.
-            variables: the trainable variables, in ``gradients``' order.
-            exchanged: indices of the gradients summed across processes
-                (``reduce_gradients``); the others are already the job's sum.
-            counters: variables incremented once per step (global_step, batch_in_epoch).
-        """
+        incremented) returning the job's loss."""
         several = self.world_size * self.replicas_per_process > 1
 
         def step(*flat):
             n = tf.cast(tf.shape(flat[0])[0], tf.float32)  # labels come first
             share = tf.math.divide_no_nan(n, self.all_sum(n)) if several else 1.0
-            loss, grads = gradients(flat, share)
-            reduced = self.reduce_gradients([grads[i] for i in exchanged])
-            for i, g in zip(exchanged, reduced, strict=True):
+            loss, grads = parts.gradients(flat, share)
+            reduced = self.reduce_gradients([grads[i] for i in parts.exchanged])
+            for i, g in zip(parts.exchanged, reduced, strict=True):
                 grads[i] = g
-            apply(grads)
+            parts.apply(grads)
             return loss
 
         # autograph off: the step's Python control flow is all on Python values, and converting
         # the model's and optimizers' code took 1.1 of the first step's 1.5 s of tracing
-        @tf.function(input_signature=signature, reduce_retracing=True, autograph=False)
+        @tf.function(input_signature=parts.signature, reduce_retracing=True, autograph=False)
         def train_step(*inputs):
             loss = self.strategy.run(step, args=inputs)
-            for counter in counters:
+            for counter in parts.counters:
                 counter.assign_add(1)
             return self.job_loss(loss)
 

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import tensorflow as tf
 
-from trainer.distribute.base import Distribution, StrategyError
+from trainer.distribute.base import Distribution, StepParts, StrategyError
 
 log = logging.getLogger(__name__)
 
@@ -163,29 +163,16 @@ class SynchronousParameterServerDistribution(ParameterServerDistribution):
     def fetch(self, value) -> float:
         return float(value)
 
-    def build_train_step(
-        self,
-        signature: tuple,
-        gradients: Callable,
-        apply: Callable,
-        variables: list[tf.Variable],
-        exchanged: list[int],
-        counters: tuple[tf.Variable, ...],
-    ) -> Callable[[list[tuple]], float]:
-        """The function running one synchronous update on a group of batches.
-
-        Args:
-            signature: one batch's flat input signature.
-            gradients: ``(flat, share) -> (loss, grads)`` of one batch, aligned with
-                ``variables`` (``tf.IndexedSlices`` for tables, None where a variable has none).
-            apply: ``grads -> None``, the optimizers' update.
-            exchanged: unused: every gradient is summed on the chief.
-            counters: incremented once per update (global_step, batch_in_epoch).
+    def build_train_step(self, parts: StepParts) -> Callable[[list[tuple]], float]:
+        """The function running one synchronous update on a group of batches (``parts.
+        exchanged`` is not used: every gradient is summed on the chief).
 
         Returns:
             ``update(group) -> loss``: the group's mean loss (float) once the update is applied.
         """
         strategy, coordinator = self.strategy, self.coordinator
+        signature, gradients, apply = parts.signature, parts.gradients, parts.apply
+        variables, counters = parts.variables, parts.counters
         kinds: list = []  # per variable: "dense", (indices dtype) or None; set when traced
 
         @tf.function(input_signature=(tf.TensorSpec([], tf.float32), *signature), autograph=False)
