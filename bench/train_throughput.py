@@ -37,28 +37,53 @@ def prepare(rows: int, work: Path, buckets: int):
     return prepare_days(rows, 1, work, buckets)
 
 
-def input_only(config) -> float:
+class Rate:
+    """Examples per wall-clock second and per CPU-second of this process (every thread): on
+    a shared machine the second moves less when other work takes the cores."""
+
+    def __init__(self):
+        self.wall, self.cpu, self.examples = time.perf_counter(), time.process_time(), 0
+
+    def stop(self) -> tuple[float, float]:
+        wall = time.perf_counter() - self.wall
+        cpu = time.process_time() - self.cpu
+        return self.examples / wall, self.examples / cpu
+
+
+def _fmt(rates: tuple[float, float]) -> str:
+    return f"{rates[0]:,.0f} examples/s, {rates[1]:,.0f} examples per CPU-second"
+
+
+def input_only(config) -> tuple[float, float]:
     from recpipe.layout import finished_partitions
     from trainer.input import FeatureReader
 
     reader = FeatureReader(config, finished_partitions(config.train_input_path, [DS]))
-    start, n = time.perf_counter(), 0
+    rate = Rate()
     for flat in reader.flat_dataset():
-        n += int(flat[0].shape[0])
-    return n / (time.perf_counter() - start)
+        rate.examples += int(flat[0].shape[0])
+    return rate.stop()
 
 
-def trainer_loop(config, model_dir: Path, preloaded: bool = False) -> float:
+def trainer_loop(config, model_dir: Path, preloaded: bool = False) -> tuple[float, float]:
+    """Steady state: from the first logged step after 100 to the end of training."""
     from trainer.loop import Trainer, TrainJob
 
     shutil.rmtree(model_dir, ignore_errors=True)
-    rates = []
     trainer = Trainer(TrainJob(config=config, model_dir=model_dir, train_days=[DS]))
     if preloaded:
         batches = _preload(trainer.reader)
         trainer.reader.flat_dataset = lambda epoch, skip, prefetch, pad_to=None: batches[skip:]
-    trainer.train(on_log=lambda step, m: rates.append(m["examples_per_sec"]) if step > 100 else None)
-    return float(sum(rates) / len(rates))
+    marks: list = []
+
+    def on_log(step: int, _: dict) -> None:
+        if step > 100:
+            marks.append((step, Rate()))
+
+    result = trainer.train(on_log=on_log)
+    first_step, rate = marks[0]
+    rate.examples = (result.global_step - first_step) * config.data_config.batch_size
+    return rate.stop()
 
 
 def _preload(reader) -> list:
@@ -91,7 +116,7 @@ def _parquet_batches(config):
                 yield features, tf.constant(rb[label].to_numpy().astype("float32"))
 
 
-def minimal_loop(config, stream: bool = False) -> float:
+def minimal_loop(config, stream: bool = False) -> tuple[float, float]:
     """The same model and optimizer in a bare ``tf.function`` step: over batches pre-loaded in
     memory (``stream=False``: compute only), or reading the Parquet files as it goes."""
     import tensorflow as tf
@@ -133,12 +158,12 @@ def minimal_loop(config, stream: bool = False) -> float:
     step(*first)
     for _, (f, y) in zip(range(99), batches, strict=False):  # warm-up, as the loop's figure skips 100 steps
         step(f, y)
-    start, n = time.perf_counter(), 0
+    rate = Rate()
     for f, y in batches:
         loss = step(f, y)
-        n += int(y.shape[0])
+        rate.examples += int(y.shape[0])
     float(loss)
-    return n / (time.perf_counter() - start)
+    return rate.stop()
 
 
 def main() -> None:
@@ -150,19 +175,25 @@ def main() -> None:
     work = Path(args.workdir)
     config = prepare(args.rows, work, args.buckets)
     print(f"data: {args.rows} rows, {26 * args.buckets * 16 / 1e6:.1f}M embedding parameters, batch 1024")
-    print(f"input pipeline alone: {input_only(config):,.0f} examples/s")
+    print(f"input pipeline alone: {_fmt(input_only(config))}")
     loop = trainer_loop(config, work / "model")
-    print(f"trainer loop:         {loop:,.0f} examples/s")
+    print(f"trainer loop:         {_fmt(loop)}")
     streaming = minimal_loop(config, stream=True)
-    print(f"minimal loop reading the Parquet files: {streaming:,.0f} examples/s")
-    print(f"ratio loop / minimal (same Parquet files): {loop / streaming:.3f} (goal >= 0.95)")
+    print(f"minimal loop reading the Parquet files: {_fmt(streaming)}")
+    print(
+        f"ratio loop / minimal (same Parquet files): {loop[0] / streaming[0]:.3f} wall, "
+        f"{loop[1] / streaming[1]:.3f} CPU (goal >= 0.95)"
+    )
     ceiling = minimal_loop(config)
-    print(f"minimal loop on pre-loaded batches (compute only): {ceiling:,.0f} examples/s")
-    print(f"ratio loop / compute only: {loop / ceiling:.3f} (the input pipeline's share of the cores)")
+    print(f"minimal loop on pre-loaded batches (compute only): {_fmt(ceiling)}")
+    print(
+        f"ratio loop / compute only: {loop[0] / ceiling[0]:.3f} wall, {loop[1] / ceiling[1]:.3f} CPU "
+        "(the input pipeline's share of the cores)"
+    )
     own = trainer_loop(config, work / "model", preloaded=True)
     print(
-        f"trainer loop on pre-loaded batches: {own:,.0f} examples/s, "
-        f"ratio {own / ceiling:.3f} (the loop's own overhead)"
+        f"trainer loop on pre-loaded batches: {_fmt(own)}, ratio {own[0] / ceiling[0]:.3f} wall, "
+        f"{own[1] / ceiling[1]:.3f} CPU (the loop's own overhead)"
     )
 
 

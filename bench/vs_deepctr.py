@@ -161,6 +161,14 @@ def run_train_eval(work: Path, buckets: int, variant: str) -> dict:
     return {"examples_per_sec": summary["examples_per_sec"], "auc": summary["eval"]["auc"]}
 
 
+def _children_cpu() -> float:
+    """CPU-seconds (user + system) of every finished child process so far."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_200_000, help="over six days; five are trained on")
@@ -189,25 +197,37 @@ def main() -> None:
         for variant in VARIANTS:
             cmd = [sys.executable, __file__, "--variant", variant, "--workdir", str(work)]
             cmd += ["--buckets", str(args.buckets)]
+            before = _children_cpu()
             out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
             r = json.loads(out.stdout.strip().splitlines()[-1])
+            r["cpu_s"] = _children_cpu() - before
             results[variant].append(r)
             # the ratio to (a) of the same run: neighbours in time share the machine's mood
             paired = r["examples_per_sec"] / results["a_deepctr"][attempt]["examples_per_sec"]
             print(
                 f"run {attempt + 1} {VARIANTS[variant]:36s} {r['examples_per_sec']:9,.0f} examples/s "
-                f"({paired:.2f}x (a) of this run) AUC {r['auc']:.4f}",
+                f"({paired:.2f}x (a) of this run) AUC {r['auc']:.4f}; whole process "
+                f"{r['cpu_s']:.0f} CPU-s",
                 flush=True,
             )
     base = results["a_deepctr"]
     base_rate = sum(r["examples_per_sec"] for r in base) / len(base)
     base_auc = sum(r["auc"] for r in base) / len(base)
-    print(f"\n{'':40s} {'examples/s':>10s} {'x (a)':>6s} {'AUC':>7s} {'- (a)':>7s}")
+    base_cpu = sum(r["cpu_s"] for r in base) / len(base)
+    print(
+        f"\n{'':40s} {'examples/s':>10s} {'x (a)':>6s} {'AUC':>7s} {'- (a)':>7s} {'CPU-s':>6s} {'x (a)':>6s}"
+    )
     for variant, rs in results.items():
         rate = sum(r["examples_per_sec"] for r in rs) / len(rs)
         score = sum(r["auc"] for r in rs) / len(rs)
+        cpu = sum(r["cpu_s"] for r in rs) / len(rs)
         ratio, gap = rate / base_rate, score - base_auc
-        print(f"{VARIANTS[variant]:40s} {rate:10,.0f} {ratio:6.2f} {score:7.4f} {gap:+7.4f}")
+        print(
+            f"{VARIANTS[variant]:40s} {rate:10,.0f} {ratio:6.2f} {score:7.4f} {gap:+7.4f} "
+            f"{cpu:6.0f} {base_cpu / cpu:6.2f}"
+        )
+    print("CPU-s: the whole child process (start-up, reading, training, evaluation), every thread;")
+    print("its 'x (a)' is (a)'s CPU-seconds over the variant's: the same work on fewer CPU-seconds")
     print("goal: (c) >= 2.50x (a), AUC within 0.002 of (a)")
 
 
