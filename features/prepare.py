@@ -49,7 +49,7 @@ from recpipe.config.data import FeatureType
 from recpipe.config.pipeline import PipelineConfig
 from recpipe.errors import PipelineError, run_command
 from recpipe.ids import HOLDOUT
-from recpipe.layout import FeaturePartition, ds_partition, is_finished
+from recpipe.layout import FeaturePartition, ds_partition, is_finished, parse_ds_range
 
 log = logging.getLogger(__name__)
 
@@ -228,19 +228,22 @@ def main(argv: list[str] | None = None) -> int:
     """
     parser = argparse.ArgumentParser(prog="recpipe features", description="Spark feature preparation")
     add_config_args(parser)
-    parser.add_argument("--ds", action="append", required=True, help="YYYY-MM-DD (repeatable)")
+    parser.add_argument(
+        "--ds", action="append", required=True, help="YYYY-MM-DD or START:END (repeatable)"
+    )
     parser.add_argument("--master", default=None, help="Spark master (default local[*])")
     args, extra = parser.parse_known_args(argv)
 
     def run() -> int:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         logging.getLogger("py4j").setLevel(logging.WARNING)
+        days = [d for text in args.ds for d in parse_ds_range(text, "--ds")]  # bad dates fail first
         home = Path(os.environ.get("RECPIPE_HOME") or Path.cwd())
         config = config_from_args(args, extra).resolved(home)
         from features.session import get_spark
 
         spark = get_spark(master=args.master)
-        for ds in args.ds:
+        for ds in days:
             stats = prepare_day(spark, config, ds)
             print(json.dumps({k: stats[k] for k in ("ds", "rows", "rows_quarantined", "positive_rate")}))
         return 0

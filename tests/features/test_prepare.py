@@ -264,3 +264,27 @@ def test_spark_submit_runs_the_job(movielens_config, tmp_path):
     printed = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert printed[-1]["rows"] == _rows(movielens_config, DAYS[0])
     assert (Path(movielens_config.train_input_path) / f"ds={DAYS[0]}" / "_SUCCESS").exists()
+
+
+def test_recpipe_features_exit_codes():
+    """2 for a bad flag or day (before Spark starts), 1 for a pipeline error (no raw partition)."""
+    base = [
+        sys.executable,
+        "-m",
+        "recpipe.cli",
+        "features",
+        "--pipeline_config_path",
+        "conf/movielens_deepfm.yaml",
+    ]
+    bad_day = subprocess.run(
+        [*base, "--ds", "1997-13-01"], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert bad_day.returncode == 2 and "--ds='1997-13-01': expected YYYY-MM-DD" in bad_day.stderr
+    missing = subprocess.run(
+        [*base, "--ds", "1990-01-01", "--raw_input_path=/nowhere"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert missing.returncode == 1 and "RawInputError" in missing.stderr and "/nowhere" in missing.stderr
