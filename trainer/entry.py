@@ -118,7 +118,7 @@ def _launch(args, extra, train_args: list[str]) -> int:
     _setup_logging()
     config = config_from_args(args, extra)  # a bad config fails here, before any process
     cluster = load_cluster_config(args.cluster_config_path) if args.cluster_config_path else ClusterConfig()
-    model_dir = Path(args.model_dir or config.model_dir)  # every process runs in this directory
+    model_dir = Path(args.model_dir or config.model_dir)  # the job's logs go under it
     eval_args = None
     if config.eval_config.eval_method == EvalMethod.separate:
         eval_args = [a for a in train_args if a not in ("--continue_train", "--skip_eval")]

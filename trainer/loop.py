@@ -95,6 +95,7 @@ class Trainer:
 
     def __init__(self, job: TrainJob, distribution: Distribution | None = None):
         self.job = job
+        self.files = ModelDir(job.model_dir)
         self.config = job.config
         self.dist = distribution or Distribution()
         self.strategy = self.dist.strategy
@@ -207,7 +208,7 @@ class Trainer:
         dist.broadcast([v for v in self.state.all_variables() if not self.state.is_sharded(v)])
         if dist.is_chief:
             self._save_normalization()
-            ModelDir(job.model_dir).train_done.unlink(missing_ok=True)  # an earlier job's
+            self.files.train_done.unlink(missing_ok=True)  # an earlier job's
         else:
             on_log = None
         per_step = dist.replicas_per_process
@@ -228,7 +229,7 @@ class Trainer:
 
         # kept for inspection: one trace per job (pinned signature, short last batch included)
         train_step = None
-        summaries = str(ModelDir(job.model_dir).summaries)
+        summaries = str(self.files.summaries)
         writer = tf.summary.create_file_writer(summaries) if dist.is_chief else None
         last_save_step, last_save_time = int(self.global_step.numpy()), time.time()
         # some distributions gather every process's rows at a save
@@ -311,7 +312,7 @@ class Trainer:
     def _save_normalization(self) -> None:
         # serving must apply the normalisation of the newest training day
         source = FeaturePartition(self.partitions[-1]).normalization
-        target = ModelDir(self.job.model_dir).normalization
+        target = self.files.normalization
         if source.exists():
             atomic.copy_file(source, target)
         else:

@@ -15,7 +15,6 @@ import logging
 import shutil
 import subprocess
 import sys
-import tempfile
 import urllib.request
 import zipfile
 from datetime import UTC, datetime
@@ -153,10 +152,8 @@ def fetch_movielens(cache_dir: str | Path = "data", source: str = "auto", timeou
     dest = Path(cache_dir) / "movielens-100k"
     if _cached(dest):
         return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".movielens-", dir=dest.parent))
     failures = []
-    try:
+    with atomic.directory(dest) as tmp:
         origin = None
         for name, fn in (
             ("grouplens", lambda: _from_grouplens(tmp, timeout)),
@@ -174,7 +171,4 @@ def fetch_movielens(cache_dir: str | Path = "data", source: str = "auto", timeou
             raise FetchError("could not fetch MovieLens-100K: " + "; ".join(failures))
         stamp = datetime.now(UTC).isoformat(timespec="seconds")
         (tmp / "SOURCE").write_text(f"{origin}\nfetched {stamp}\n")
-        atomic.replace_dir(tmp, dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return dest

@@ -83,7 +83,7 @@ def training_job(
     )
     if eval_args is not None:
         processes.append(evaluator_process(["trainer.eval", *eval_args]))
-    return job_spec(name, processes, cwd, JOB_ENV)
+    return job_spec(name, processes, cwd, dict(JOB_ENV))
 
 
 def command_job(name: str, module: str, args: list[str], cwd: str | os.PathLike) -> JobSpec:
