@@ -228,9 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     """
     parser = argparse.ArgumentParser(prog="recpipe features", description="Spark feature preparation")
     add_config_args(parser)
-    parser.add_argument(
-        "--ds", action="append", required=True, help="YYYY-MM-DD or START:END (repeatable)"
-    )
+    parser.add_argument("--ds", action="append", required=True, help="YYYY-MM-DD or START:END (repeatable)")
     parser.add_argument("--master", default=None, help="Spark master (default local[*])")
     args, extra = parser.parse_known_args(argv)
 

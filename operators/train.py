@@ -161,6 +161,11 @@ class DistributedTrainOperator(JobOperator):
             *jsonl_metrics(out.train_metrics),
             *jsonl_metrics(out.eval_history, "eval_"),  # eval_method separate / master
             ("final_loss", result["loss"], result["global_step"]),
+            # the day's figures of each online table (ev_params), as the last logged step has them
+            *(
+                (f"day_{name}", value, result["global_step"])
+                for name, value in (result.get("online_tables") or {}).items()
+            ),
         ]
         return self.hook.log_task_run(
             self.parent_run_id(context),

@@ -183,18 +183,65 @@ def fine_tune_restore(
     return report
 
 
-def restore_by_name(state, checkpoint: str | Path) -> None:
+def restore_embedding_variables(evs: list, checkpoint: str | Path, owner=None) -> dict[str, int]:
+    """Restore online tables (``EmbeddingVariable``) by name from ``checkpoint``: each takes
+    the saved rows of the ids it owns (``owner``: an embedding-parallel ``Sharding``, or None
+    for all), with their optimizer slots, whatever world size or ``max_capacity`` wrote them
+    (``EmbeddingVariable.load``). A table the checkpoint lacks keeps its empty state.
+
+    Returns:
+        table variable name -> rows restored.
+
+    Raises:
+        CheckpointError: no checkpoint there.
+    """
+    if not evs:
+        return {}
+    path = resolve(checkpoint)
+    reader = tf.train.load_checkpoint(path)
+    saved = saved_names(path)
+    out = {}
+    for ev in evs:
+        weights = variable_name(ev.weights)
+        base = weights.rsplit("/", 1)[0]
+        fields = {
+            "weights": weights,
+            "keys": f"{base}/ev_keys",
+            "freqs": f"{base}/ev_freqs",
+            "versions": f"{base}/ev_versions",
+            "days": f"{base}/ev_days",
+            "sketch": f"{base}/ev_filter_counts",
+            "stats": f"{base}/ev_stats",
+        }
+        keys = {field: saved.get(name) for field, name in fields.items()}
+        if any(k is None for k in keys.values()):
+            log.warning("fine-tune: online table %s not in checkpoint %s, starts empty", weights, path)
+            continue
+        values = {field: reader.get_tensor(key) for field, key in keys.items()}
+        slots = []
+        for slot, _ in ev.optimizer_slots:
+            key = saved.get(f"{variable_name(slot).partition('/')[0]}/{weights}")
+            ok = key is not None and key.startswith("optimizer_")
+            slots.append(reader.get_tensor(key) if ok else None)
+        out[weights] = ev.load(values, slots, owner)
+        ev.refresh()
+    log.info("online tables restored from %s: %s rows", path, out)
+    return out
+
+
+def restore_by_name(state, checkpoint: str | Path, owner=None) -> None:
     """Resume a ``trainer.state.TrainState`` from a checkpoint by variable and slot name, as
     ``tf.train.Checkpoint.restore`` would, but into sharded tables too: a ``TableSlice``
-    keeps this rank's rows of each saved table, and each slot of a sharded variable this
-    rank's rows of the saved slot, whatever world size wrote the checkpoint.
+    keeps this rank's rows of each saved table, each slot of a sharded variable this
+    rank's rows of the saved slot, and each online table the ids ``owner`` (a ``Sharding``)
+    gives this rank, whatever world size wrote the checkpoint.
 
     Raises:
         CheckpointError: no checkpoint there, or it lacks a model variable, a slot or a counter.
     """
     path = resolve(checkpoint)
     partial = tf.train.Checkpoint(
-        variables=state.variables,
+        variables=state.static_variables(),
         global_step=state.global_step,
         epoch=state.epoch,
         batch_in_epoch=state.batch_in_epoch,
@@ -204,14 +251,16 @@ def restore_by_name(state, checkpoint: str | Path) -> None:
     except AssertionError as err:
         raise CheckpointError(f"checkpoint {path} does not fit this model: {err}") from None
     reader = tf.train.load_checkpoint(path)
-    report = FineTuneReport(path, restored=list(state.variables))
-    _restore_slots(state.optimizers, path, reader, state.variables, {}, report)
+    static = state.static_variables()
+    report = FineTuneReport(path, restored=list(static))
+    _restore_slots(state.optimizers, path, reader, static, {}, report)
     if report.slots_missing:
         missing = report.slots_missing
         raise CheckpointError(f"checkpoint {path} lacks optimizer slots {missing[:5]} ({len(missing)})")
     saved = saved_names(path)
     for i, opt in enumerate(state.optimizers):
         opt.iterations.assign(reader.get_tensor(saved[f"optimizer_{i}/iteration"]))
+    restore_embedding_variables(state.evs, path, owner)
 
 
 def _restore_slots(
@@ -260,3 +309,20 @@ def _restore_slots(
             step = int(reader.get_tensor(saved[f"{source}/iteration"]))
             opt.iterations.assign(step)
             report.optimizer_iterations[opt.name] = step
+
+
+def list_online_tables(path: str | Path) -> list[tuple[str, int, int]]:
+    """(table variable, rows used, capacity) of each online table (``ev_params``) in a
+    checkpoint, from its ``ev_keys`` (-1 marks a free row).
+
+    Raises:
+        CheckpointError: no checkpoint there.
+    """
+    path = resolve(path)
+    reader = tf.train.load_checkpoint(path)
+    out = []
+    for name, key in sorted(saved_names(path).items()):
+        if name.endswith("/ev_keys") and not key.startswith("optimizer_"):
+            keys = reader.get_tensor(key)
+            out.append((name.rsplit("/", 1)[0], int((keys >= 0).sum()), int(keys.shape[0])))
+    return out

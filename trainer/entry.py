@@ -74,7 +74,8 @@ def _train_eval(args, extra) -> int:
     from trainer.loop import Trainer, TrainJob
     from trainer.scoring import evaluate
 
-    dist = distribution_for(config.train_config)
+    online = [f.name for f in config.feature_config.features if f.ev_params is not None]
+    dist = distribution_for(config.train_config, online)
     job = TrainJob(
         config=config, model_dir=model_dir, train_days=train_days, continue_train=args.continue_train
     )
@@ -89,6 +90,8 @@ def _train_eval(args, extra) -> int:
         "examples_per_sec": round(result.examples_per_sec),
         "fine_tune": result.fine_tune,
     }
+    if result.online_tables:  # the day's rows used, admitted, evicted, filtered share per table
+        summary["online_tables"] = result.online_tables
     if config.eval_ds and not args.skip_eval:
         summary["eval"] = evaluate(config, model_dir, _days(config.eval_ds, "eval_ds"), result.checkpoint)
     print(json.dumps(summary))
@@ -218,7 +221,8 @@ def export_main(argv: list[str] | None = None) -> int:
 
 
 def ckpt_main(argv: list[str] | None = None) -> int:
-    """``recpipe ckpt list``: print each variable's name and shape, as EasyRec's doc does."""
+    """``recpipe ckpt list``: print each variable's name and shape, as EasyRec's doc does, then
+    each online table's rows used / capacity."""
     parser = argparse.ArgumentParser(prog="recpipe ckpt", description="inspect checkpoints")
     sub = parser.add_subparsers(dest="action", required=True)
     ls = sub.add_parser("list", help="each variable's name and shape")
@@ -226,10 +230,12 @@ def ckpt_main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     def run() -> int:
-        from trainer.checkpoints import list_variables
+        from trainer.checkpoints import list_online_tables, list_variables
 
         for name, shape in list_variables(args.checkpoint):
             print(f"{name}\t{shape}")
+        for table, used, capacity in list_online_tables(args.checkpoint):
+            print(f"{table}\trows used {used} / capacity {capacity}")
         return 0
 
     return run_command(run, "recpipe ckpt")

@@ -23,12 +23,13 @@ from recpipe import atomic
 from recpipe.config.model import EvalMethod
 from recpipe.config.pipeline import PipelineConfig
 from recpipe.errors import PipelineError, UsageError
-from recpipe.layout import CHECKPOINT_PREFIX, FeaturePartition, ModelDir, parse_ds_range
-from trainer.checkpoints import fine_tune_restore, read_var_map
+from recpipe.layout import CHECKPOINT_PREFIX, FeaturePartition, ModelDir, parse_ds_range, partition_ds
+from trainer.checkpoints import fine_tune_restore, read_var_map, restore_embedding_variables
 from trainer.distribute import Distribution
-from trainer.distribute.base import StepParts
-from trainer.embedding_tables import placement
+from trainer.distribute.base import StepParts, online_tables_refused
+from trainer.embedding_tables import placement, variable_name
 from trainer.input import FeatureReader, holdout_split
+from trainer.layers import embedding_variable as ev_tables
 from trainer.losses import build_loss
 from trainer.sidecar_evaluator import evaluate_and_record, mark_train_done
 from trainer.state import build_state
@@ -74,6 +75,7 @@ class TrainResult:
     loss: float
     examples_per_sec: float
     fine_tune: dict = field(default_factory=dict)
+    online_tables: dict = field(default_factory=dict)
 
 
 def _l2_on_rows(grads: list, variables: list, tables: set, reg: float) -> tuple[list, tf.Tensor]:
@@ -98,6 +100,9 @@ class Trainer:
         self.files = ModelDir(job.model_dir)
         self.config = job.config
         self.dist = distribution or Distribution()
+        online = [f.name for f in self.config.feature_config.features if f.ev_params is not None]
+        if online and not self.dist.holds_online_tables:
+            raise online_tables_refused(self.config.train_config.train_distribute.value, online)
         self.strategy = self.dist.strategy
         tc = self.config.train_config
         self.partitions, holdout = holdout_split(self.config, job.train_days, "train")
@@ -110,7 +115,7 @@ class Trainer:
             holdout=holdout,
         )
         keras.utils.set_random_seed(job.seed)
-        self.state = build_state(self.config, self.dist.sharding, self.strategy)
+        self.state = build_state(self.config, self.dist.sharding, self.strategy, self.dist.key_union)
         st = self.state
         for line in placement(st.model):
             log.info("%s", line)
@@ -142,7 +147,9 @@ class Trainer:
             return {}
         if tc.fine_tune_checkpoint:
             var_map = read_var_map(tc.fine_tune_ckpt_var_map) if tc.fine_tune_ckpt_var_map else None
-            report = fine_tune_restore(self.variables, tc.fine_tune_checkpoint, var_map, self.optimizers)
+            static = self.state.static_variables()
+            report = fine_tune_restore(static, tc.fine_tune_checkpoint, var_map, self.optimizers)
+            online = restore_embedding_variables(self.state.evs, tc.fine_tune_checkpoint, self.dist.sharding)
             return {
                 "checkpoint": report.checkpoint,
                 "restored": len(report.restored),
@@ -150,6 +157,7 @@ class Trainer:
                 "shape_mismatch": report.shape_mismatch,
                 "slots_restored": len(report.slots_restored),
                 "optimizer_iterations": report.optimizer_iterations,
+                **({"online_rows_restored": online} if online else {}),
             }
         return {}
 
@@ -180,7 +188,7 @@ class Trainer:
                 opt.apply_gradients(zip(grads[i : i + len(part)], part, strict=True))
                 i += len(part)
 
-        counters = (self.global_step, self.batch_in_epoch)
+        counters = self.state.counters()
         return dist.build_train_step(StepParts(signature, gradients, apply, variables, exchanged, counters))
 
     def _learning_rate(self) -> float:
@@ -205,7 +213,12 @@ class Trainer:
             self._eval_days()  # fail before training, not at the first checkpoint
         job.model_dir.mkdir(parents=True, exist_ok=True)
         fine_tune = self._restore()
-        dist.broadcast([v for v in self.state.all_variables() if not self.state.is_sharded(v)])
+        st = self.state
+        per_rank = [v for v in st.all_variables() if st.is_sharded(v) or variable_name(v) in st.summed_names]
+        dist.broadcast([v for v in st.all_variables() if not any(v is p for p in per_rank)])
+        ev_tables.refresh(self.model)  # the id -> row maps, from the restored / broadcast rows
+        ev_tables.start_day(self.model, partition_ds(self.partitions[-1]))
+        online_start = self._online_stats()
         if dist.is_chief:
             self._save_normalization()
             self.files.train_done.unlink(missing_ok=True)  # an earlier job's
@@ -257,8 +270,9 @@ class Trainer:
                     rate = window_examples / max(time.time() - window_start, 1e-9)
                     lr = self._learning_rate()
                     log.info("step %d loss %.5f lr %.6g examples/s %.0f", step, loss, lr, rate)
+                    online = self._online_metrics(online_start)
                     if on_log:
-                        on_log(step, {"loss": loss, "learning_rate": lr, "examples_per_sec": rate})
+                        on_log(step, {"loss": loss, "learning_rate": lr, "examples_per_sec": rate, **online})
                     window_start, window_examples = time.time(), 0
                 if writer is not None and step % tc.save_summary_steps == 0:
                     with writer.as_default(step=step):
@@ -283,9 +297,40 @@ class Trainer:
         if dist.is_chief:
             mark_train_done(job.model_dir, step, self.manager.latest_checkpoint)
         elapsed = max(time.time() - total_start, 1e-9)
+        online = self._online_metrics(online_start)
         return TrainResult(
-            step, self.manager.latest_checkpoint or "", loss, total_examples / elapsed, fine_tune
+            step, self.manager.latest_checkpoint or "", loss, total_examples / elapsed, fine_tune, online
         )
+
+    def _online_stats(self) -> dict[str, dict[str, int]]:
+        """Each online table's ``EmbeddingVariable.summary``, over the job (embedding-parallel
+        ranks each hold their ids: summed; Horovod ranks hold equal tables: the chief's)."""
+        out = {}
+        for ev in self.state.evs:
+            summary = ev.summary()
+            if self.dist.sharding is not None:
+                summary = dict(
+                    zip(summary, self.dist.sum_over_processes(list(summary.values())), strict=True)
+                )
+            out[variable_name(ev.weights).rsplit("/", 1)[0]] = summary
+        return out
+
+    def _online_metrics(self, start: dict) -> dict[str, float]:
+        """``ev/<table>/{rows_used, capacity, admitted, evicted, refused, filtered_share}``
+        since the job started (``filtered_share``: lookups in training that found no row)."""
+        out: dict[str, float] = {}
+        for name, now in self._online_stats().items():
+            first = start.get(name, {})
+            delta = {
+                k: now[k] - first.get(k, 0) for k in ("admitted", "evicted", "refused", "lookups", "filtered")
+            }
+            prefix = f"ev/{name}/"
+            out[prefix + "rows_used"] = now["rows_used"]
+            out[prefix + "capacity"] = now["capacity"]
+            for k in ("admitted", "evicted", "refused"):
+                out[prefix + k] = delta[k]
+            out[prefix + "filtered_share"] = delta["filtered"] / max(delta["lookups"], 1)
+        return out
 
     def _save(self, step: int) -> None:
         """A checkpoint; with ``eval_method: master`` the chief evaluates it at once."""

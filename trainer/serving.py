@@ -69,9 +69,9 @@ class ServingModule(tf.Module):
         for f in self.features:
             x = raw[f.input_names[0]]
             if f.feature_type == FeatureType.IdFeature:
-                out[f.name] = hash_ids(clean_ids(x), f.hash_bucket_size)
+                out[f.name] = hash_ids(clean_ids(x), f.id_buckets)
             elif f.feature_type == FeatureType.TagFeature:
-                out[f.name] = hash_ids(split_tags(x, f.separator), f.hash_bucket_size)
+                out[f.name] = hash_ids(split_tags(x, f.separator), f.id_buckets)
             else:
                 out[f.name] = normalize(x, self.normalization.get(f.name, {}))
         return out

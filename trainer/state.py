@@ -7,8 +7,16 @@ from dataclasses import dataclass
 import tensorflow as tf
 
 from recpipe.config.pipeline import PipelineConfig
-from trainer.embedding_tables import checkpoint_map, embedding_layout, sharded_names, variable_name
+from trainer.embedding_tables import (
+    checkpoint_map,
+    embedding_layout,
+    ev_names,
+    sharded_names,
+    summed_names,
+    variable_name,
+)
 from trainer.input import sample_inputs
+from trainer.layers.embedding_variable import embedding_variables
 from trainer.models.builders import build_model
 from trainer.models.ranking import RankingModel
 from trainer.optimizers import build_optimizer, split_variables
@@ -23,6 +31,8 @@ class TrainState:
         checkpoint: ``tf.train.Checkpoint`` with ``variables``, ``embedding_layout``,
             ``global_step``, ``epoch``, ``batch_in_epoch`` and ``optimizer_<i>``.
         sharded_names: names of the variables that hold only this rank's embedding rows.
+        summed_names: per-rank counts of online tables, summed over ranks at a save.
+        ev_names: every variable of the online tables (``ev_params``).
     """
 
     model: RankingModel
@@ -34,6 +44,24 @@ class TrainState:
     variables: dict
     checkpoint: tf.train.Checkpoint
     sharded_names: frozenset[str]
+    summed_names: frozenset[str] = frozenset()
+    ev_names: frozenset[str] = frozenset()
+
+    @property
+    def evs(self) -> list:
+        """The model's online tables (``EmbeddingVariable``)."""
+        return embedding_variables(self.model)
+
+    def static_variables(self) -> dict:
+        """``variables`` less the online tables', which restore by id, not by shape."""
+        return {n: v for n, v in self.variables.items() if n not in self.ev_names}
+
+    def counters(self) -> tuple[tf.Variable, ...]:
+        """Variables a train step increments: global_step, batch_in_epoch and the online
+        tables' clock."""
+        clock = getattr(self.model, "ev_clock", None)
+        extra = (clock.step,) if clock is not None else ()
+        return (self.global_step, self.batch_in_epoch, *extra)
 
     def all_variables(self) -> list[tf.Variable]:
         """Model, optimizer and progress variables, in an order equal in every build."""
@@ -49,13 +77,17 @@ class TrainState:
 
 
 def build_state(
-    config: PipelineConfig, sharding=None, strategy: tf.distribute.Strategy | None = None
+    config: PipelineConfig,
+    sharding=None,
+    strategy: tf.distribute.Strategy | None = None,
+    key_union=None,
 ) -> TrainState:
-    """Build the model (its tables sharded with ``sharding``), the optimizers of
+    """Build the model (its tables sharded with ``sharding``; ``key_union`` for online
+    tables, see ``EmbeddingVariable``), the optimizers of
     ``train_config.optimizer_config`` and the progress counters under ``strategy``'s scope
     (default: the current strategy), and the checkpoint over them."""
     with (strategy or tf.distribute.get_strategy()).scope():
-        model = build_model(config, sharding)
+        model = build_model(config, sharding, key_union)
         model(sample_inputs(config))
         optimizers = [
             build_optimizer(c, f"optimizer_{i}") for i, c in enumerate(config.train_config.optimizer_config)
@@ -63,6 +95,8 @@ def build_state(
         var_split = split_variables(model.variable_groups(), len(optimizers), config.model.model_class)
         for opt, variables in zip(optimizers, var_split, strict=True):
             opt.build(variables)
+            for ev in embedding_variables(model):
+                ev.register_optimizer(opt)
         global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
         batch_in_epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="batch_in_epoch")
@@ -86,4 +120,6 @@ def build_state(
         variables,
         checkpoint,
         sharded_names(model),
+        summed_names(model),
+        ev_names(model),
     )

@@ -104,8 +104,48 @@ class Normalizer(StrEnum):
     standard = "standard"
 
 
+class EVParams(Section):
+    """Online-learning table options (EasyRec ``EVParams``, DeepRec's EmbeddingVariable).
+
+    With ``ev_params`` a feature's table holds one row per admitted id, keyed by the id's full
+    64-bit fingerprint (no ``hash_bucket_size`` modulo, so no collisions); see
+    ``trainer.layers.embedding_variable``. 0 turns a rule off.
+
+    Attributes:
+        filter_freq: sightings (occurrences in training batches) before an id gets a row;
+            until then it looks up zeros and gets no gradient (DeepRec ``CounterFilter``).
+        steps_to_live: a row not looked up in training for this many steps is evicted
+            (DeepRec ``GlobalStepEvict``); steps count across fine-tunes.
+        delete_after_unseen_days: a row not seen for this many days is evicted at the next
+            day boundary (PaddleRec ``sparse_delete_after_unseen_days``).
+        max_capacity: rows in the table, allocated up front (a hard bound); an id admitted to
+            a full table takes the least recently seen row not used in this step.
+        init_capacity: accepted from EasyRec configs; recpipe allocates ``max_capacity`` rows.
+        filter_counter_width: counters per hash of the count-min sketch that counts ids not
+            yet admitted (0: ``2 * max_capacity``, at least 4096).
+        filter_counter_decay: those counts are multiplied by this at each day boundary.
+    """
+
+    filter_freq: int = Field(0, ge=0)
+    steps_to_live: int = Field(0, ge=0)
+    delete_after_unseen_days: int = Field(0, ge=0)
+    max_capacity: int = Field(1 << 20, gt=0)
+    init_capacity: int | None = Field(None, gt=0)
+    filter_counter_width: int = Field(0, ge=0)
+    filter_counter_decay: float = Field(0.5, ge=0.0, le=1.0)
+
+    @property
+    def counter_width(self) -> int:
+        """Counters per hash of the admission sketch."""
+        return self.filter_counter_width or max(4096, 2 * self.max_capacity)
+
+
 class FeatureSpec(Section):
-    """One feature (EasyRec ``FeatureConfig``)."""
+    """One feature (EasyRec ``FeatureConfig``).
+
+    ``ev_params`` (id and tag features) makes the table an online-learning one; a
+    feature without it takes ``model_config.ev_params`` when that is set.
+    """
 
     input_names: list[str] = Field(min_length=1, max_length=1)
     feature_name: str | None = None
@@ -117,11 +157,18 @@ class FeatureSpec(Section):
     combiner: str = Field("sum", pattern="^(sum|mean)$")
     normalizer: Normalizer = Normalizer.none
     default_val: float | None = None
+    ev_params: EVParams | None = None
 
     @property
     def name(self) -> str:
         """The feature's name: ``feature_name`` or its input column."""
         return self.feature_name or self.input_names[0]
+
+    @property
+    def id_buckets(self) -> int | None:
+        """The modulo ids are hashed with: ``hash_bucket_size``, or None (the full 64-bit
+        fingerprint) for an ``ev_params`` table."""
+        return None if self.ev_params is not None else self.hash_bucket_size
 
 
 class FeatureConfig(Section):

@@ -7,6 +7,7 @@ from enum import StrEnum
 from pydantic import Field
 
 from recpipe.config.base import OneOf, Section
+from recpipe.config.data import EVParams
 
 
 class WideDeep(StrEnum):
@@ -112,6 +113,8 @@ class ModelConfig(Section):
     embedding_regularization: float = Field(0.0, ge=0)
     loss_type: LossType = LossType.CLASSIFICATION
     losses: list[Loss] = Field(default_factory=list)
+    # default ev_params of every id / tag feature that has none (EasyRec EasyRecModel.ev_params)
+    ev_params: EVParams | None = None
 
 
 class AUC(Section):

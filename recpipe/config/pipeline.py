@@ -56,12 +56,21 @@ class PipelineConfig(Section):
                     f"feature_config.features[{i}]: IdFeature {feature.name!r} needs a STRING or "
                     f"integer column, {column!r} is {kind.value}"
                 )
+            if feature.feature_type == FeatureType.RawFeature and feature.ev_params is not None:
+                raise ValueError(
+                    f"feature_config.features[{i}].ev_params: RawFeature {feature.name!r} has no table"
+                )
             if feature.feature_type == FeatureType.TagFeature and kind != InputType.STRING:
                 raise ValueError(
                     f"feature_config.features[{i}]: TagFeature {feature.name!r} needs a STRING "
                     f"column, {column!r} is {kind.value}"
                 )
         if self.model_config_ is not None:
+            default = self.model_config_.ev_params
+            for feature in self.feature_config.features:
+                categorical = feature.feature_type != FeatureType.RawFeature
+                if default is not None and categorical and feature.ev_params is None:
+                    feature.ev_params = default
             names = {f.name for f in self.feature_config.features}
             for g, group in enumerate(self.model_config_.feature_groups):
                 unknown = [n for n in group.feature_names if n not in names]

@@ -17,6 +17,16 @@ class StrategyError(ConfigError):
     """The configured train_distribute cannot run here (the message says why)."""
 
 
+def online_tables_refused(strategy: str, features: list[str]) -> StrategyError:
+    """The error for online tables (``ev_params``) under a strategy that cannot hold them."""
+    return StrategyError(
+        f"train_config.train_distribute: {strategy} cannot train the online tables (ev_params) of "
+        f"{features}: their id -> row maps are per-process hash tables that tf.distribute can "
+        "neither mirror nor place on ps. Use EmbeddingParallelStrategy (ids sharded over Horovod "
+        "ranks), HorovodStrategy or NoStrategy"
+    )
+
+
 @dataclass(frozen=True)
 class StepParts:
     """What the loop hands a distribution to build its train step from.
@@ -55,6 +65,9 @@ class Distribution:
         sharding: how embedding rows are split across ranks
             (``trainer.distribute.embedding_parallel.Sharding``), or None (every process
             holds whole tables).
+        key_union: see ``trainer.layers.embedding_variable.EmbeddingVariable``.
+        holds_online_tables: online tables (``ev_params``) can train here: their id -> row
+            maps are per-process hash tables, which tf.distribute cannot mirror or place on ps.
 
     Beyond the step, a distribution decides how its train step is built (``build_train_step``)
     and how checkpoints are written and read (``saved_state``, ``prepare_save``,
@@ -63,6 +76,10 @@ class Distribution:
 
     synchronous = False
     sharding = None
+    # (keys, counts) -> the same over every process, for online tables each process holds whole
+    key_union = None
+    # whether online tables (ev_params) can train under this distribution
+    holds_online_tables = True
 
     def __init__(self, strategy: tf.distribute.Strategy | None = None):
         self.strategy = strategy or tf.distribute.get_strategy()
@@ -105,6 +122,11 @@ class Distribution:
     def agree(self, flag: bool) -> bool:
         """The chief's ``flag`` on every process (one process: ``flag``)."""
         return flag
+
+    def sum_over_processes(self, values: list[int]) -> list[int]:
+        """Element-wise sum of ``values`` over the job's processes (collective; one process:
+        ``values``)."""
+        return list(values)
 
     def gather_rows(self, variable: tf.Variable, name: str):
         """A sharded variable's rows from every rank, merged in global order: numpy on the

@@ -1,7 +1,9 @@
 """Embedding rows sharded across Horovod ranks by id: the lookup and its gradient.
 
 Row ``g`` of a table (a fused table's global row) lives on rank ``g mod W`` at local row
-``g div W`` (PaddleRec's and HugeCTR's modulo placement: hashed ids spread evenly). A lookup
+``g div W``; an online table's id ``k`` (``ev_params``) is owned, admitted and looked up on rank
+``k mod W``, in that rank's own id -> row map (PaddleRec's and HugeCTR's modulo placement:
+hashed ids spread evenly). A lookup
 de-duplicates the batch's ids, sends each owner the ids it holds (``hvd.alltoall`` with uneven
 splits), gathers the rows there and sends them back (a second all-to-all). Autodiff runs the
 same path backwards: Horovod's all-to-all gradient is the reverse all-to-all, so each owner's
@@ -21,6 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from trainer.distribute.horovod import HorovodDistribution
+from trainer.embedding_tables import variable_name
 
 AllToAll = Callable[[tf.Tensor, tf.Tensor], tuple[tf.Tensor, tf.Tensor]]
 
@@ -41,6 +44,26 @@ def horovod_alltoall() -> AllToAll:
     return alltoall
 
 
+def _route(
+    ids: tf.Tensor, world_size: int, alltoall: AllToAll, local_rows, dim, with_counts: bool
+) -> tf.Tensor:
+    """Send each distinct id of ``ids`` to rank ``id mod W``, get ``local_rows(wanted,
+    counts)`` there, bring the rows back in ``ids``' shape (``counts``: how often each id
+    occurs in the sender's batch, sent only ``with_counts``)."""
+    flat = tf.reshape(ids, [-1])
+    unique, index, counts = tf.unique_with_counts(flat, out_idx=tf.int64)
+    owner = tf.cast(unique % world_size, tf.int32)
+    order = tf.argsort(owner, stable=True)
+    send = tf.gather(unique, order)
+    splits = tf.math.bincount(owner, minlength=world_size, maxlength=world_size, dtype=tf.int32)
+    wanted, wanted_splits = alltoall(send, splits)
+    wanted_counts = alltoall(tf.gather(counts, order), splits)[0] if with_counts else None
+    received, _ = alltoall(local_rows(wanted, wanted_counts), wanted_splits)
+    by_unique = tf.gather(received, tf.argsort(order))
+    out = tf.gather(by_unique, index)
+    return tf.reshape(out, tf.concat([tf.shape(ids), [dim]], axis=0))
+
+
 def sharded_lookup(shard: tf.Variable, ids: tf.Tensor, world_size: int, alltoall: AllToAll) -> tf.Tensor:
     """Rows of the global ``ids`` from the table sharded over ``world_size`` ranks.
 
@@ -55,18 +78,11 @@ def sharded_lookup(shard: tf.Variable, ids: tf.Tensor, world_size: int, alltoall
     Returns:
         ``float32 [*S, dim]``, equal to ``tf.gather(full_table, ids)``.
     """
-    flat = tf.reshape(ids, [-1])
-    unique, index = tf.unique(flat)
-    owner = tf.cast(unique % world_size, tf.int32)
-    order = tf.argsort(owner, stable=True)
-    send = tf.gather(unique, order)
-    splits = tf.math.bincount(owner, minlength=world_size, maxlength=world_size, dtype=tf.int32)
-    wanted, wanted_splits = alltoall(send, splits)
-    rows = tf.gather(shard, wanted // world_size)
-    received, _ = alltoall(rows, wanted_splits)
-    by_unique = tf.gather(received, tf.argsort(order))
-    out = tf.gather(by_unique, index)
-    return tf.reshape(out, tf.concat([tf.shape(ids), tf.shape(shard)[1:]], axis=0))
+
+    def local_rows(wanted, _):
+        return tf.gather(shard, wanted // world_size)
+
+    return _route(ids, world_size, alltoall, local_rows, shard.shape[1], with_counts=False)
 
 
 @dataclass(frozen=True)
@@ -88,6 +104,15 @@ class Sharding:
     def lookup(self, shard: tf.Variable, ids: tf.Tensor) -> tf.Tensor:
         """``sharded_lookup`` over this job's ranks (collective: every rank calls it)."""
         return sharded_lookup(shard, ids, self.world_size, self.alltoall)
+
+    def lookup_keys(self, ev, keys: tf.Tensor, training: bool) -> tf.Tensor:
+        """An online table's rows (``EmbeddingVariable``) of ``keys``: each id is admitted,
+        counted and looked up on rank ``id mod W``, which holds its row (collective)."""
+
+        def local_rows(wanted, counts):
+            return ev.lookup(wanted, counts, training)
+
+        return _route(keys, self.world_size, self.alltoall, local_rows, ev.dim, with_counts=training)
 
     def local(self, rows, first_global_row: int = 0):
         """The rows of ``rows`` (global rows from ``first_global_row`` on, a numpy array or
@@ -114,6 +139,8 @@ class EmbeddingParallelDistribution(HorovodDistribution):
     fine-tune); a restore keeps each rank's rows of it, so any world size resumes any other.
     """
 
+    key_union = None  # online tables: each id is admitted on its owner rank only
+
     def __init__(self):
         super().__init__()
         self.sharding = Sharding(self.rank, self.world_size, horovod_alltoall())
@@ -139,7 +166,14 @@ class EmbeddingParallelDistribution(HorovodDistribution):
             return
         targets = saved.all_variables() if self.is_chief else None
         for i, var in enumerate(state.all_variables()):
-            value = self.gather_rows(var, f"recpipe_save_{i}") if state.is_sharded(var) else var
+            if state.is_sharded(var):
+                value = self.gather_rows(var, f"recpipe_save_{i}")
+            elif variable_name(var) in state.summed_names:  # each rank counts the ids it owns
+                value = self.hvd.allreduce(
+                    tf.convert_to_tensor(var), op=self.hvd.Sum, name=f"recpipe_sum_{i}"
+                )
+            else:
+                value = var
             if targets is not None:
                 targets[i].assign(value)
 
@@ -153,7 +187,7 @@ class EmbeddingParallelDistribution(HorovodDistribution):
             return super().restore(state, checkpoint)
         from trainer.checkpoints import restore_by_name
 
-        restore_by_name(state, checkpoint)
+        restore_by_name(state, checkpoint, self.sharding)
 
     def gather_rows(self, variable: tf.Variable, name: str):
         full = self.hvd.allgather(tf.convert_to_tensor(variable), name=name).numpy()

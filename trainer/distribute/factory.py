@@ -6,19 +6,23 @@ import json
 import os
 
 from recpipe.config.train import TrainConfig, TrainDistribute
-from trainer.distribute.base import Distribution, StrategyError
+from trainer.distribute.base import Distribution, StrategyError, online_tables_refused
 
 
-def distribution_for(train_config: TrainConfig) -> Distribution:
+def distribution_for(train_config: TrainConfig, online_tables: list[str] = ()) -> Distribution:
     """This process's part of the job, from ``train_distribute`` and what the launcher set
-    (TF_CONFIG, horovodrun's environment).
+    (TF_CONFIG, horovodrun's environment). ``online_tables``: the features with ``ev_params``.
 
     Raises:
+        StrategyError: online tables under parameter servers or (multi-worker) mirroring.
         StrategyError: ``SokStrategy`` (needs a GPU and NVIDIA SOK); ``sync_replicas``
             without ps; a multi-worker strategy without its environment.
     """
     kind = train_config.train_distribute
     ps = len(json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {}).get("ps", []))
+    mirrored = (TrainDistribute.MirroredStrategy, TrainDistribute.MultiWorkerMirroredStrategy)
+    if online_tables and (kind.with_parameter_servers(ps) or kind in mirrored):
+        raise online_tables_refused(kind.value, list(online_tables))
     if kind.with_parameter_servers(ps):
         from trainer.distribute import parameter_server
 

@@ -27,6 +27,7 @@ def _replica_devices(count: int) -> list[str]:
 
 class _Collective(Distribution):
     synchronous = True
+    holds_online_tables = False
 
     def distribute(self, make_dataset: Callable[[], tf.data.Dataset]):
         # each process reads its own shard; its consecutive batches go to its replicas

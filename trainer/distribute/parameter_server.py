@@ -78,6 +78,9 @@ class ParameterServerDistribution(Distribution):
         StrategyError: see ``cluster_from_tf_config``.
     """
 
+    # an online table's id -> row map is a hash table, which TensorFlow cannot place on a ps
+    holds_online_tables = False
+
     def __init__(self):
         self.cluster = cluster = cluster_from_tf_config()
         ps = len(cluster["ps"])

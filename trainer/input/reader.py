@@ -87,7 +87,7 @@ class FeatureReader:
         self._ids = [f.name for f in self.features if f.feature_type == FeatureType.IdFeature]
         self._dense = [f.name for f in self.features if f.feature_type == FeatureType.RawFeature]
         self._tags = [f.name for f in self.features if f.feature_type == FeatureType.TagFeature]
-        self._buckets = {f.name: f.hash_bucket_size for f in self.features}
+        self._buckets = {f.name: f.id_buckets for f in self.features}
         unknown = [n for n in self.raw_columns if n not in self._ids]
         if unknown:
             raise ConfigError(

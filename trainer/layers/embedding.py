@@ -10,6 +10,10 @@ updates one ``tf.IndexedSlices`` instead of one per table (26 Criteo tables: ~2,
 a step become ~500). Checkpoints still hold one ``<table>/embedding_weights`` entry per table
 (``TableSlice``), so names, ``fine_tune_ckpt_var_map`` and ``recpipe ckpt list`` are as
 EasyRec users know them, and checkpoints written before tables were fused still restore.
+
+Features with ``ev_params`` use online tables instead (``EmbeddingVariable``: ids keyed by
+their full fingerprint, admission and eviction), one variable per table; under
+embedding-parallel sharding their ids go to rank ``id mod W``.
 """
 
 from __future__ import annotations
@@ -19,13 +23,16 @@ import tf_keras as keras
 from tensorflow.python.distribute.sharded_variable import ShardedVariable
 
 from recpipe.config.data import FeatureSpec, FeatureType
-from trainer.embedding_tables import EmbeddingConfigError, TableSlice, table_shapes
+from trainer.embedding_tables import EmbeddingConfigError, TableSlice, ev_tables, table_shapes
+from trainer.layers.embedding_variable import EmbeddingVariable, EVClock
 
 
 class _Index:
-    def __init__(self):
+    def __init__(self, clock, key_union):
         self.tables: dict[str, TableSlice] = {}
         self.fused: dict[int, tf.Variable] = {}
+        self.evs: dict[str, EmbeddingVariable] = {}
+        self.clock, self.key_union = clock, key_union
 
 
 class FeatureEmbedding(keras.layers.Layer):
@@ -41,7 +48,9 @@ class FeatureEmbedding(keras.layers.Layer):
 
     Call:
         inputs: dict with ``int64 [B]`` per id feature and ``RaggedTensor int64 [B, (n)]``
-            per tag feature: ids hashed into ``[0, hash_bucket_size)`` (``trainer.hashing``).
+            per tag feature: ids hashed into ``[0, hash_bucket_size)`` (``trainer.hashing``),
+            full fingerprints for ``ev_params`` features.
+        training: online tables admit and evict (``EmbeddingVariable.admit``).
         stacked: return one ``float32 [B, F, width]`` tensor, the features in order,
             instead of the dict (needs one ``width``). The id features' rows are then the
             fused lookup's output as it is: no per-feature tensors to split and stack again,
@@ -52,23 +61,40 @@ class FeatureEmbedding(keras.layers.Layer):
         (sum or mean; an empty tag list gives zeros). Or the stacked tensor.
 
     Raises:
-        EmbeddingConfigError: ``stacked`` with features of different widths.
+        EmbeddingConfigError: ``stacked`` with features of different widths; ``ev_params``
+            features without a ``clock``.
 
     Attributes:
         tables: table name -> ``TableSlice`` (after build).
+        evs: table name -> ``EmbeddingVariable``, the online tables (after build).
         fused: width -> the fused ``tf.Variable`` ``[sum of the tables' rows, width]``.
         width: the one width of every feature's table, or None when they differ.
     """
 
-    def __init__(self, features: list[FeatureSpec], dim: int | None = None, sharding=None, **kwargs):
+    def __init__(
+        self,
+        features: list[FeatureSpec],
+        dim: int | None = None,
+        sharding=None,
+        clock: EVClock | None = None,
+        key_union=None,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         self.sharding = sharding
         self.features = [f for f in features if f.feature_type != FeatureType.RawFeature]
         self.shapes = table_shapes(self.features, dim)
-        widths = {width for _, width in self.shapes.values()}
+        self.ev_params = ev_tables(self.features, dim)
+        if self.ev_params and clock is None:
+            raise EmbeddingConfigError(f"{self.name}: ev_params tables need the model's EVClock")
+        widths = {width for _, width in self.shapes.values()} | {w for _, w in self.ev_params.values()}
         self.width = widths.pop() if len(widths) == 1 else None
         # a plain holder: Keras would track dicts of variables / slices as SavedModel children
-        self._index = _Index()
+        self._index = _Index(clock, key_union)
+
+    @property
+    def evs(self) -> dict[str, EmbeddingVariable]:
+        return self._index.evs
 
     @property
     def tables(self) -> dict[str, TableSlice]:
@@ -97,6 +123,14 @@ class FeatureEmbedding(keras.layers.Layer):
                 rows = self.shapes[table][0]
                 self.tables[table] = TableSlice(fused, offset, rows, table, shard)
                 offset += rows
+        maps = {}
+        for table, (params, width) in self.ev_params.items():
+            rows = self.sharding.rows(params.max_capacity) if self.sharding else params.max_capacity
+            ev = EmbeddingVariable(self, table, width, params, self._index.clock, rows, self._index.key_union)
+            self.evs[table] = ev
+            maps[table] = ev.map
+        # tracked, so that a SavedModel holds each id -> row map
+        self.ev_maps = maps
         super().build(input_shape)
 
     def _ids(self, f: FeatureSpec, values):
@@ -110,26 +144,34 @@ class FeatureEmbedding(keras.layers.Layer):
                 f"{self.name}: feature {f.name!r} arrived as {values.dtype.name}; the model takes int64 ids "
                 "hashed by trainer.hashing.hash_ids (FeatureReader and the serving module hash them)"
             )
-        table = self.tables[f.embedding_name or f.name]
+        name = f.embedding_name or f.name
+        if name in self.evs:
+            return values, self.evs[name]
+        table = self.tables[name]
         return values + table.offset, table.fused
 
-    def _gather(self, fused: tf.Variable, ids: tf.Tensor) -> tf.Tensor:
+    def _gather(self, fused, ids: tf.Tensor, training: bool = False) -> tf.Tensor:
+        if isinstance(fused, EmbeddingVariable):
+            if self.sharding:
+                return self.sharding.lookup_keys(fused, ids, training)
+            return fused.lookup(ids, training=training)
         if self.sharding:
             return self.sharding.lookup(fused, ids)
         if isinstance(fused, ShardedVariable):  # partitioned across ps: one gather per part
             return tf.nn.embedding_lookup(fused, ids)
         return tf.gather(fused, ids)
 
-    def _pooled(self, f: FeatureSpec, fused: tf.Variable, ids: tf.RaggedTensor) -> tf.Tensor:
+    def _pooled(self, f: FeatureSpec, fused, ids: tf.RaggedTensor, training: bool = False) -> tf.Tensor:
         """A tag feature's rows combined per example: ``float32 [B, width]``."""
-        rows = self._gather(fused, ids.flat_values)
+        rows = self._gather(fused, ids.flat_values, training)
         summed = tf.math.unsorted_segment_sum(rows, ids.value_rowids(), num_segments=ids.nrows())
         if f.combiner == "mean":
             counts = tf.cast(tf.maximum(ids.row_lengths(), 1), summed.dtype)
             summed = summed / counts[:, None]
         return summed
 
-    def call(self, inputs: dict, stacked: bool = False):
+    def call(self, inputs: dict, stacked: bool = False, training=None):
+        training = bool(training)
         if stacked and self.width is None:
             raise EmbeddingConfigError(
                 f"{self.name}: stacked embeddings need one embedding_dim, got {sorted(self.fused)}"
@@ -138,10 +180,12 @@ class FeatureEmbedding(keras.layers.Layer):
         by_width: dict[int, list[tuple[str, tf.Tensor]]] = {}
         for f in self.features:
             ids, fused = self._ids(f, inputs[f.name])
-            if f.feature_type == FeatureType.IdFeature:
-                by_width.setdefault(fused.shape[1], []).append((f.name, ids))
+            if f.feature_type == FeatureType.TagFeature:
+                pooled[f.name] = self._pooled(f, fused, ids, training)
+            elif isinstance(fused, EmbeddingVariable):  # one lookup per online table
+                pooled[f.name] = self._gather(fused, ids, training)
             else:
-                pooled[f.name] = self._pooled(f, fused, ids)
+                by_width.setdefault(fused.shape[1], []).append((f.name, ids))
         if stacked:
             return self._stacked(by_width.get(self.width, []), pooled)
         out = dict(pooled)

@@ -14,6 +14,7 @@ from recpipe.config.model import (
     WideDeep,
 )
 from recpipe.config.pipeline import PipelineConfig
+from trainer.layers.embedding_variable import EVClock
 from trainer.models.ranking import RankingModel, WideLogit
 from trainer.models.towers import ConcatMLPTower, DCNTower, DeepFMTower, DLRMTower
 
@@ -30,10 +31,11 @@ def _group_features(config: PipelineConfig, kind: WideDeep):
     return [config.feature_config.feature(n) for n in names]
 
 
-def build_model(config: PipelineConfig, sharding=None) -> RankingModel:
+def build_model(config: PipelineConfig, sharding=None, key_union=None) -> RankingModel:
     """Build the model named by ``model_config.model_class``; with a ``sharding``
     (``trainer.distribute.embedding_parallel.Sharding``) its embedding tables hold this
-    rank's rows only.
+    rank's rows only. With ``ev_params`` features the model gets an ``EVClock`` and online
+    tables (``key_union``: the distribution's, see ``EmbeddingVariable``).
 
     Raises:
         ModelConfigError: no model_config, no DEEP group, or parts that do not fit
@@ -75,5 +77,10 @@ def build_model(config: PipelineConfig, sharding=None) -> RankingModel:
         sub = mc.dcn or DCNModel()
         tower = DCNTower(sub.cross_num, sub.deep_tower, sub.final_dnn, name="tower")
         wide = []
-    wide_part = WideLogit(wide, wide_dim, sharding=sharding, name="wide") if wide else None
-    return RankingModel(deep, tower, wide_part, sharding=sharding, name=cls.value.lower())
+    clock = None
+    if any(f.ev_params is not None for f in deep + wide):
+        clock = EVClock(name="ev_clock")
+        clock.build(None)
+    parts = {"sharding": sharding, "clock": clock, "key_union": key_union}
+    wide_part = WideLogit(wide, wide_dim, name="wide", **parts) if wide else None
+    return RankingModel(deep, tower, wide_part, name=cls.value.lower(), **parts)

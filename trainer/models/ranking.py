@@ -13,24 +13,39 @@ import tf_keras as keras
 
 from recpipe.config.data import FeatureSpec, FeatureType
 from trainer.layers.embedding import FeatureEmbedding
+from trainer.layers.embedding_variable import EVClock
 
 
 class WideLogit(keras.layers.Layer):
     """First-order part: a width-``wide_output_dim`` embedding per wide id / tag feature and a
     linear term per wide raw feature, summed to ``float32 [B, 1]``."""
 
-    def __init__(self, features: list[FeatureSpec], wide_output_dim: int = 1, sharding=None, **kwargs):
+    def __init__(
+        self,
+        features: list[FeatureSpec],
+        wide_output_dim: int = 1,
+        sharding=None,
+        clock: EVClock | None = None,
+        key_union=None,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         self.raw = [f.name for f in features if f.feature_type == FeatureType.RawFeature]
         self.embedding = FeatureEmbedding(
-            features, dim=wide_output_dim, sharding=sharding, name="wide_embedding"
+            features,
+            dim=wide_output_dim,
+            sharding=sharding,
+            clock=clock,
+            key_union=key_union,
+            name="wide_embedding",
         )
         self.linear = keras.layers.Dense(1, use_bias=False, name="linear") if self.raw else None
 
-    def call(self, inputs):
+    def call(self, inputs, training=None):
         parts = []
         if self.embedding.features:  # every wide table has one width: one [B, F, dim] lookup
-            parts.append(tf.reduce_sum(self.embedding(inputs, stacked=True), axis=[1, 2])[:, None])
+            rows = self.embedding(inputs, stacked=True, training=training)
+            parts.append(tf.reduce_sum(rows, axis=[1, 2])[:, None])
         if self.linear is not None:
             parts.append(self.linear(tf.stack([inputs[n] for n in self.raw], axis=1)))
         return tf.add_n(parts)
@@ -47,6 +62,9 @@ class RankingModel(keras.Model):
         tower: a ``trainer.models.towers`` layer.
         wide: a ``WideLogit`` or None.
         sharding: embedding rows sharded across ranks (``EmbeddingParallelStrategy``), or None.
+        clock: the ``EVClock`` of the online tables (``ev_params``) of this model and of
+            ``wide``, or None when there are none; tracked here as ``ev_clock``.
+        key_union: see ``EmbeddingVariable``.
     """
 
     def __init__(
@@ -55,25 +73,31 @@ class RankingModel(keras.Model):
         tower: keras.layers.Layer,
         wide: WideLogit | None,
         sharding=None,
+        clock: EVClock | None = None,
+        key_union=None,
         **kw,
     ):
         super().__init__(**kw)
+        if clock is not None:
+            self.ev_clock = clock
         self.dense_names = [f.name for f in deep_features if f.feature_type == FeatureType.RawFeature]
-        self.embedding = FeatureEmbedding(deep_features, sharding=sharding, name="input_layer")
+        self.embedding = FeatureEmbedding(
+            deep_features, sharding=sharding, clock=clock, key_union=key_union, name="input_layer"
+        )
         self.tower = tower
         self.wide = wide
         self.head = keras.layers.Dense(1, name="logit")
 
     def call(self, inputs, training=False):
         # tables of one width: the tower takes the fused lookup's [B, F, D] as it is
-        embeddings = self.embedding(inputs, stacked=self.embedding.width is not None)
+        embeddings = self.embedding(inputs, stacked=self.embedding.width is not None, training=training)
         dense = tf.stack([inputs[n] for n in self.dense_names], axis=1) if self.dense_names else None
         hidden, extra = self.tower(embeddings, dense, training=training)
         logit = self.head(hidden)
         if extra is not None:
             logit += extra
         if self.wide is not None:
-            logit += self.wide(inputs)
+            logit += self.wide(inputs, training=training)
         return tf.squeeze(logit, axis=1)
 
     def variable_groups(self) -> dict[str, list[tf.Variable]]:

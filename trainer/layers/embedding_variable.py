@@ -1,0 +1,398 @@
+"""Online-learning embedding tables on stock TensorFlow: one row per admitted id, admission
+by count, eviction by steps and by days, and a hard row bound (``ev_params``).
+
+A table of ``max_capacity`` rows (``float32 [C, dim]``, named ``<table>/embedding_weights``
+as the hashed tables are) is allocated up front; a ``tf.lookup.experimental.MutableHashTable``
+maps an id's full 64-bit fingerprint (``trainer.hashing`` without a modulo: no collisions
+beyond Fingerprint64's own) to its row. Per row, ``ev_keys`` (the id, -1 for a free row),
+``ev_freqs`` (sightings), ``ev_versions`` (the ``EVClock`` step it was last looked up in
+training) and ``ev_days`` (the last day it was seen) are variables: they are checkpointed with
+the weights, and the map is rebuilt from ``ev_keys`` after every restore (``refresh``), so
+checkpoints need no hash-table format and re-shard to any world size.
+
+In training a lookup first updates the table (``admit``), then reads it:
+
+- an id with a row has its count, version and day updated;
+- with ``steps_to_live`` rows whose version is older than that are evicted (DeepRec's
+  ``GlobalStepEvict``, here at every step, so the rule is exact);
+- an id without a row is counted in a count-min sketch (``ev_filter_counts``, 4 hashes;
+  conservative update) and admitted once its count reaches ``filter_freq`` (DeepRec's
+  ``CounterFilter``). The sketch's memory is fixed, needs no eviction of its own, and only
+  over-counts (an id may be admitted early, never late); its counts decay at each day
+  boundary so that it does not fill up over a forever-running daily retrain;
+- an admitted id takes a free row, or, when the table is full, the least recently looked-up
+  row not used in this step (LRU, as HKV's default); if none is left it stays unadmitted
+  (``refused``). The row starts from the initializer (a truncated normal, stddev 0.01, drawn
+  from a hash of the id, so every process and every re-admission draws the same row) and its
+  optimizer slots from their initial values (tf-keras' ``DynamicEmbedding`` forgets these);
+- an id without a row looks up zeros and gets no gradient (DeepRec's
+  ``default_value_no_permission``): its lookup is left out of the gather.
+
+With ``delete_after_unseen_days`` rows not seen for that many days are evicted at the day
+boundary (``start_day``; PaddleRec's ``shrink``). Serving and evaluation only read.
+
+References: DeepRec ``Feature-Filter.md`` / ``Feature-Eviction.md`` (EmbeddingVariable);
+PaddleRec ``doc/online_trainer.md`` (``delete_after_unseen_days``); Cormode and
+Muthukrishnan, "An improved data stream summary: the count-min sketch" (2005).
+"""
+
+from __future__ import annotations
+
+import datetime
+import zlib
+
+import numpy as np
+import tensorflow as tf
+import tf_keras as keras
+
+from recpipe.config.data import EVParams
+
+FREE = -1
+SKETCH_DEPTH = 4
+SKETCH_SHIFT = 11  # bits between the sketch's hashes of a (uniform) fingerprint
+STDDEV = 0.01
+# ev_stats entries: cumulative over the model's life
+STATS = ("admitted", "evicted", "refused", "lookups", "filtered")
+_EPOCH = datetime.date(1970, 1, 1).toordinal()
+
+
+def day_number(ds: str) -> int:
+    """``YYYY-MM-DD`` -> days since 1970-01-01 (what ``ev_days`` holds)."""
+    return datetime.date.fromisoformat(ds).toordinal() - _EPOCH
+
+
+class EVClock(keras.layers.Layer):
+    """The online tables' time: ``step`` (int64, training steps over the model's life: unlike
+    ``global_step`` it continues across fine-tunes, so ``steps_to_live`` spans days) and
+    ``day`` (int64, days since 1970-01-01 of the newest day trained on)."""
+
+    def build(self, input_shape=None):
+        def counter(name):
+            return self.add_weight(name=name, shape=(), dtype=tf.int64, initializer="zeros", trainable=False)
+
+        self.step, self.day = counter("step"), counter("day")
+        super().build(input_shape)
+
+    def call(self, inputs):
+        return inputs
+
+
+def _mix(x: tf.Tensor) -> tf.Tensor:
+    """SplitMix64's finalizer on ``uint64``: a well-spread 64-bit hash."""
+
+    def shift(v, n):
+        return tf.bitwise.right_shift(v, tf.constant(n, tf.uint64))
+
+    x = (x ^ shift(x, 30)) * tf.constant(0xBF58476D1CE4E5B9, tf.uint64)
+    x = (x ^ shift(x, 27)) * tf.constant(0x94D049BB133111EB, tf.uint64)
+    return x ^ shift(x, 31)
+
+
+def initial_rows(keys: tf.Tensor, dim: int, salt: int) -> tf.Tensor:
+    """A truncated normal (stddev ``STDDEV``, cut at 2 stddevs) row per id, drawn from a hash
+    of ``(salt, id, column)``: ``int64 [n]`` -> ``float32 [n, dim]``, the same on every process."""
+    base = tf.bitcast(keys, tf.uint64)[:, None] + tf.constant(salt, tf.uint64)
+    golden = tf.constant(0x9E3779B97F4A7C15, tf.uint64)
+    columns = tf.cast(tf.range(1, dim + 1, dtype=tf.int64), tf.uint64)
+    bits = _mix(base + columns[None, :] * golden)
+    # 24 high bits -> u in (0, 1) -> the normal quantile, restricted to [-2, 2] stddevs
+    u = (tf.cast(tf.bitwise.right_shift(bits, tf.constant(40, tf.uint64)), tf.float32) + 0.5) / 2.0**24
+    lo, hi = 0.022750132, 0.977249868  # Phi(-2), Phi(2)
+    return STDDEV * tf.math.ndtri(lo + (hi - lo) * u)
+
+
+class EmbeddingVariable:
+    """One online table (see the module docstring), its variables created on ``layer``.
+
+    Args:
+        layer: the owning ``FeatureEmbedding`` (its ``add_weight`` makes model variables).
+        table: the table's name.
+        dim: row width.
+        params: the features' ``ev_params``.
+        clock: the model's ``EVClock``.
+        rows: rows this process holds (``max_capacity``, or its share under
+            embedding-parallel sharding).
+        key_union: ``(keys, counts) -> (keys, counts)`` over every process (Horovod, where
+            each process holds the whole table and all must admit the same ids), or None.
+
+    Attributes:
+        weights: ``float32 [rows, dim]``, trainable.
+        keys, freqs, versions, days: ``int64 [rows]`` per-row state.
+        sketch: ``float32 [4 * counter_width]`` counts of ids without a row.
+        stats: ``int64 [5]``: admitted, evicted, refused, lookups, filtered (``STATS``).
+        map: the id -> row hash table (rebuilt from ``keys`` by ``refresh``).
+        optimizer_slots: ``(slot variable, initial value)`` rows reset on admission.
+    """
+
+    def __init__(
+        self, layer, table: str, dim: int, params: EVParams, clock: EVClock, rows: int, key_union=None
+    ):
+        self.table, self.dim, self.params, self.clock, self.rows = table, dim, params, clock, rows
+        self.key_union = key_union
+        self.salt = zlib.crc32(table.encode())
+
+        def state(name, shape, dtype, value=0, trainable=False):
+            init = keras.initializers.Constant(value)
+            return layer.add_weight(
+                name=f"{table}/{name}", shape=shape, dtype=dtype, initializer=init, trainable=trainable
+            )
+
+        self.weights = state("embedding_weights", (rows, dim), tf.float32, 0.0, trainable=True)
+        self.keys = state("ev_keys", (rows,), tf.int64, FREE)
+        self.freqs = state("ev_freqs", (rows,), tf.int64)
+        self.versions = state("ev_versions", (rows,), tf.int64)
+        self.days = state("ev_days", (rows,), tf.int64)
+        self.width = params.counter_width
+        self.sketch = state("ev_filter_counts", (SKETCH_DEPTH * self.width,), tf.float32, 0.0)
+        self.stats = state("ev_stats", (len(STATS),), tf.int64)
+        self.map = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, default_value=FREE)
+        self.optimizer_slots: list[tuple[tf.Variable, float]] = []
+
+    @property
+    def row_variables(self) -> list[tf.Variable]:
+        """The variables with one entry per row (sharded with the rows)."""
+        return [self.weights, self.keys, self.freqs, self.versions, self.days]
+
+    @property
+    def summed_variables(self) -> list[tf.Variable]:
+        """Per-process counts that add up to the job's (sketch and stats)."""
+        return [self.sketch, self.stats]
+
+    # -- reading ---------------------------------------------------------------------------
+    def rows_of(self, keys: tf.Tensor) -> tf.Tensor:
+        """``int64 [N]`` ids -> ``float32 [N, dim]``: their rows, zeros for ids without one
+        (left out of the gather, so they get no gradient)."""
+        slots = tf.reshape(self.map.lookup(keys), [-1])
+        where = tf.where(slots >= 0)
+        got = tf.gather(self.weights, tf.gather_nd(slots, where))
+        shape = tf.stack([tf.size(keys, out_type=tf.int64), tf.constant(self.dim, tf.int64)])
+        return tf.scatter_nd(where, got, shape)
+
+    def lookup(self, keys: tf.Tensor, counts: tf.Tensor | None = None, training: bool = False) -> tf.Tensor:
+        """Rows of ``keys`` (``int64`` of shape ``S``) -> ``float32 [*S, dim]``; in training the
+        table first admits, counts and evicts (``admit``). ``counts`` (``int64``, shape ``S``)
+        are the sightings each key stands for (default 1 each)."""
+        flat = tf.reshape(keys, [-1])
+        if training:
+            unique, index = tf.unique(flat, out_idx=tf.int64)
+            weight = tf.ones_like(flat) if counts is None else tf.reshape(counts, [-1])
+            occurrences = tf.math.unsorted_segment_sum(weight, index, tf.size(unique, out_type=tf.int64))
+            if self.key_union is not None:
+                unique, occurrences = self.key_union(unique, occurrences)
+            self.admit(unique, occurrences)
+        rows = self.rows_of(flat)
+        return tf.reshape(rows, tf.concat([tf.shape(keys), [self.dim]], axis=0))
+
+    # -- training-time updates -------------------------------------------------------------
+    def admit(self, keys: tf.Tensor, occurrences: tf.Tensor) -> None:
+        """Update the table for one step's distinct ``keys`` (``int64 [U]``) seen
+        ``occurrences`` (``int64 [U]``) times each: count, evict, admit (module docstring)."""
+        p = self.params
+        step, day = tf.convert_to_tensor(self.clock.step), tf.convert_to_tensor(self.clock.day)
+        slots = tf.reshape(self.map.lookup(keys), [-1])
+        hit = slots >= 0
+        hit_slots, hit_occ = tf.boolean_mask(slots, hit), tf.boolean_mask(occurrences, hit)
+        self.freqs.scatter_add(tf.IndexedSlices(hit_occ, hit_slots))
+        self.versions.scatter_update(tf.IndexedSlices(tf.fill(tf.shape(hit_slots), step), hit_slots))
+        self.days.scatter_update(tf.IndexedSlices(tf.fill(tf.shape(hit_slots), day), hit_slots))
+        evicted = tf.constant(0, tf.int64)
+        if p.steps_to_live:
+            stale = (self.keys >= 0) & (self.versions < step - p.steps_to_live)
+            evicted += self._evict(tf.where(stale)[:, 0])
+        miss, miss_occ = tf.boolean_mask(keys, ~hit), tf.boolean_mask(occurrences, ~hit)
+        count = tf.cast(miss_occ, tf.float32)
+        if p.filter_freq > 1:
+            count += self._estimate(miss)
+            ready = count >= p.filter_freq
+        else:
+            ready = tf.ones_like(miss, tf.bool)
+        new, new_count = tf.boolean_mask(miss, ready), tf.boolean_mask(count, ready)
+        targets, victims = self._free_rows(tf.size(new, out_type=tf.int64), step)
+        evicted += self._evict(victims)
+        m = tf.size(targets)
+        admitted, refused = new[:m], new[m:]
+        if p.filter_freq > 1:  # ids left without a row keep their counts
+            waiting = tf.concat([tf.boolean_mask(miss, ~ready), refused], 0)
+            self._raise(waiting, tf.concat([tf.boolean_mask(count, ~ready), new_count[m:]], 0))
+        self._fill(targets, admitted, tf.cast(new_count[:m], tf.int64), step, day)
+        n_admitted = tf.cast(m, tf.int64)
+        admitted_occ = tf.reduce_sum(tf.boolean_mask(miss_occ, ready)[:m])
+        total = tf.reduce_sum(occurrences)
+        filtered = total - tf.reduce_sum(hit_occ) - admitted_occ
+        self.stats.assign_add(
+            tf.stack([n_admitted, evicted, tf.size(refused, out_type=tf.int64), total, filtered])
+        )
+
+    def _free_rows(self, n: tf.Tensor, step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        """Rows for ``n`` new ids: free rows first, then the least recently used rows not
+        looked up at ``step`` (returned as ``victims`` too, to be evicted); fewer when the
+        table holds no more."""
+        free = tf.where(self.keys < 0)[:, 0]
+        need = tf.maximum(n - tf.size(free, out_type=tf.int64), 0)
+
+        def lru():
+            old = tf.where((self.keys >= 0) & (self.versions < step))[:, 0]
+            k = tf.minimum(need, tf.size(old, out_type=tf.int64))
+            _, order = tf.math.top_k(-tf.gather(self.versions, old), k=tf.cast(k, tf.int32))
+            return tf.gather(old, order)
+
+        victims = tf.cond(need > 0, lru, lambda: tf.zeros([0], tf.int64))
+        return tf.concat([free[:n], victims], 0), victims
+
+    def _evict(self, slots: tf.Tensor) -> tf.Tensor:
+        """Free ``slots`` (``int64 [n]``): drop their ids from the map, clear their rows.
+        Returns n (int64)."""
+        self.map.remove(tf.gather(self.keys, slots))
+        n = tf.size(slots, out_type=tf.int64)
+        zeros = tf.zeros([n], tf.int64)
+        self.keys.scatter_update(tf.IndexedSlices(zeros + FREE, slots))
+        for var in (self.freqs, self.versions, self.days):
+            var.scatter_update(tf.IndexedSlices(zeros, slots))
+        self.weights.scatter_update(tf.IndexedSlices(tf.zeros([n, self.dim]), slots))
+        return n
+
+    def _fill(self, slots, keys, freqs, step, day) -> None:
+        """Give ``keys`` the rows ``slots``: fresh initial values, optimizer slots reset."""
+        n = tf.size(slots)
+        self.map.insert(keys, slots)
+        self.keys.scatter_update(tf.IndexedSlices(keys, slots))
+        self.freqs.scatter_update(tf.IndexedSlices(freqs, slots))
+        self.versions.scatter_update(tf.IndexedSlices(tf.fill([n], step), slots))
+        self.days.scatter_update(tf.IndexedSlices(tf.fill([n], day), slots))
+        self.weights.scatter_update(tf.IndexedSlices(initial_rows(keys, self.dim, self.salt), slots))
+        for slot, value in self.optimizer_slots:
+            slot.scatter_update(tf.IndexedSlices(tf.fill([n, self.dim], value), slots))
+
+    def _sketch_index(self, keys: tf.Tensor) -> tf.Tensor:
+        """``int64 [4, n]`` counter positions of ``keys`` in the flat sketch."""
+        return tf.stack(
+            [
+                tf.math.floormod(
+                    tf.bitwise.right_shift(keys, tf.constant(SKETCH_SHIFT * d, tf.int64)), self.width
+                )
+                + d * self.width
+                for d in range(SKETCH_DEPTH)
+            ]
+        )
+
+    def _estimate(self, keys: tf.Tensor) -> tf.Tensor:
+        return tf.reduce_min(tf.gather(self.sketch, self._sketch_index(keys)), axis=0)
+
+    def _raise(self, keys: tf.Tensor, counts: tf.Tensor) -> None:
+        # conservative update: each counter rises to the new estimate, never beyond
+        index = tf.reshape(self._sketch_index(keys), [-1])
+        self.sketch.scatter_max(tf.IndexedSlices(tf.tile(counts, [SKETCH_DEPTH]), index))
+
+    # -- eager maintenance -----------------------------------------------------------------
+    def register_optimizer(self, optimizer) -> None:
+        """Reset this table's slots of ``optimizer`` (tf-keras, built) for admitted rows:
+        ``accumulator`` (Adagrad, FTRL) to ``initial_accumulator_value``, others (Adam ``m``
+        and ``v``, FTRL ``linear``, momentum) to 0."""
+        name = self.weights.name.split(":")[0]
+        for slot in optimizer.variables:
+            slot_name, _, var_name = slot.name.split(":")[0].partition("/")
+            if var_name == name:
+                value = (
+                    getattr(optimizer, "initial_accumulator_value", 0.0)
+                    if slot_name == "accumulator"
+                    else 0.0
+                )
+                self.optimizer_slots.append((slot, float(value)))
+
+    def refresh(self) -> None:
+        """Rebuild the id -> row map from ``keys`` (after a restore or a broadcast)."""
+        old, _ = self.map.export()
+        self.map.remove(old)
+        used = tf.where(self.keys >= 0)[:, 0]
+        self.map.insert(tf.gather(self.keys, used), used)
+
+    def new_day(self, day: int) -> int:
+        """The day boundary: decay the sketch, evict rows unseen for
+        ``delete_after_unseen_days``. Returns the rows evicted."""
+        p = self.params
+        self.sketch.assign(self.sketch * p.filter_counter_decay)
+        if not p.delete_after_unseen_days:
+            return 0
+        stale = tf.where((self.keys >= 0) & (self.days < day - p.delete_after_unseen_days))[:, 0]
+        n = int(self._evict(stale))
+        self.stats.assign_add(tf.constant([0, n, 0, 0, 0], tf.int64))
+        return n
+
+    def load(self, saved: dict[str, np.ndarray], slots: list[np.ndarray | None], owner=None) -> int:
+        """Take this process's rows of a saved table: ids owned here (``id mod W == rank`` for
+        an ``owner`` sharding of W ranks, all otherwise), the most recently used first when
+        more are saved than fit. ``saved`` holds ``keys``, ``weights``, ``freqs``,
+        ``versions``, ``days`` (whole-table arrays) and ``sketch``, ``stats``; ``slots`` the
+        saved rows of each ``optimizer_slots`` entry (None: start from its initial value).
+        Returns the rows kept; call ``refresh`` after."""
+        keys = saved["keys"]
+        keep = keys >= 0
+        if owner is not None and owner.world_size > 1:
+            keep &= keys % owner.world_size == owner.rank
+        index = np.flatnonzero(keep)
+        if len(index) > self.rows:
+            index = index[np.argsort(-saved["versions"][index], kind="stable")[: self.rows]]
+        n = len(index)
+
+        def packed(values, fill):
+            out = np.full((self.rows, *values.shape[1:]), fill, values.dtype)
+            out[:n] = values[index]
+            return out
+
+        self.keys.assign(packed(keys, FREE))
+        for var, name in (
+            (self.weights, "weights"),
+            (self.freqs, "freqs"),
+            (self.versions, "versions"),
+            (self.days, "days"),
+        ):
+            var.assign(packed(saved[name], 0))
+        for (slot, value), rows in zip(self.optimizer_slots, slots, strict=True):
+            slot.assign(packed(rows, value) if rows is not None else np.full(slot.shape, value, np.float32))
+        if saved["sketch"].shape == tuple(self.sketch.shape):
+            self.sketch.assign(saved["sketch"])
+        first = owner is None or owner.rank == 0  # the job's counts, once
+        self.stats.assign(saved["stats"] if first else np.zeros(len(STATS), np.int64))
+        return n
+
+    def summary(self) -> dict[str, int]:
+        """``rows_used``, ``capacity`` and the cumulative ``STATS`` of this process's table."""
+        used = int(tf.math.count_nonzero(self.keys >= 0))
+        return {
+            "rows_used": used,
+            "capacity": self.rows,
+            **dict(zip(STATS, self.stats.numpy().tolist(), strict=True)),
+        }
+
+
+def embedding_variables(model) -> list[EmbeddingVariable]:
+    """Every online table of ``model``, in a fixed order."""
+    out = []
+    for layer in model.submodules:
+        out.extend(getattr(layer, "evs", {}).values())
+    return out
+
+
+def model_clock(model) -> EVClock | None:
+    """The model's ``EVClock``, or None (no online tables)."""
+    return getattr(model, "ev_clock", None)
+
+
+def start_day(model, ds: str) -> int:
+    """The day boundary before training ``ds``: each table's ``new_day`` when ``ds`` is later
+    than the day the model last trained on, then the clock moves to it. Returns rows evicted."""
+    clock = model_clock(model)
+    if clock is None:
+        return 0
+    day = day_number(ds)
+    evicted = 0
+    if day > int(clock.day.numpy()):
+        evicted = sum(ev.new_day(day) for ev in embedding_variables(model))
+        clock.day.assign(day)
+    return evicted
+
+
+def refresh(model) -> None:
+    """Rebuild every online table's map (after a restore or a broadcast)."""
+    for ev in embedding_variables(model):
+        ev.refresh()
