@@ -31,6 +31,11 @@ def _data(args: argparse.Namespace) -> int:
             f"{len(counts)} days, {sum(counts.values())} events -> {args.out} "
             f"({min(counts)} .. {max(counts)})"
         )
+    elif args.dataset == "drift":
+        from recpipe.data.drift import synth_drift
+
+        counts = synth_drift(args.rows, args.days, args.out, start=args.start, seed=args.seed)
+        print(f"{len(counts)} days, {sum(counts.values())} rows -> {args.out}")
     else:
         from recpipe.data.synth import synth_criteo
 
@@ -53,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     replay.add_argument("dataset", choices=["movielens-100k"])
     replay.add_argument("--out", default="data/raw/movielens")
     synth = dsub.add_parser("synth", help="synthetic logs for benchmarks")
-    synth.add_argument("dataset", choices=["criteo"])
+    # drift: ids that enter and fade day by day (bench/online_tables.py)
+    synth.add_argument("dataset", choices=["criteo", "drift"])
     synth.add_argument("--rows", type=int, required=True)
     synth.add_argument("--days", type=int, default=1)
     synth.add_argument("--out", required=True)

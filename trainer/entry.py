@@ -88,6 +88,7 @@ def _train_eval(args, extra) -> int:
         "checkpoint": result.checkpoint,
         "loss": result.loss,
         "examples_per_sec": round(result.examples_per_sec),
+        "cpu_seconds": round(result.cpu_seconds, 2),
         "fine_tune": result.fine_tune,
     }
     if result.online_tables:  # the day's rows used, admitted, evicted, filtered share per table

@@ -68,7 +68,8 @@ class TrainJob:
 
 @dataclass
 class TrainResult:
-    """What a finished ``train()`` reports (step, checkpoint, last loss, examples/s, fine-tune report)."""
+    """What a finished ``train()`` reports (step, checkpoint, last loss, examples/s, fine-tune report,
+    the online tables' figures, this process's CPU-seconds in the training loop)."""
 
     global_step: int
     checkpoint: str
@@ -76,6 +77,7 @@ class TrainResult:
     examples_per_sec: float
     fine_tune: dict = field(default_factory=dict)
     online_tables: dict = field(default_factory=dict)
+    cpu_seconds: float = 0.0
 
 
 def _l2_on_rows(grads: list, variables: list, tables: set, reg: float) -> tuple[list, tf.Tensor]:
@@ -249,7 +251,7 @@ class Trainer:
         saver = dist.takes_part_in_saves(self.state)
         saved, start_latest = False, self.manager.latest_checkpoint
         window_start, window_examples = time.time(), 0
-        total_start, total_examples = time.time(), 0
+        total_start, total_examples, cpu_start = time.time(), 0, time.process_time()
         loss = float("nan")
         # the step is counted here too: reading global_step every step would sync with the device
         step = int(self.global_step.numpy())
@@ -298,8 +300,9 @@ class Trainer:
             mark_train_done(job.model_dir, step, self.manager.latest_checkpoint)
         elapsed = max(time.time() - total_start, 1e-9)
         online = self._online_metrics(online_start)
+        cpu = time.process_time() - cpu_start
         return TrainResult(
-            step, self.manager.latest_checkpoint or "", loss, total_examples / elapsed, fine_tune, online
+            step, self.manager.latest_checkpoint or "", loss, total_examples / elapsed, fine_tune, online, cpu
         )
 
     def _online_stats(self) -> dict[str, dict[str, int]]:

@@ -404,3 +404,79 @@ def test_synchronous_parameter_server_applies_each_update_once_when_a_worker_die
     assert logs[1].read_text().count("serving worker 0") == 2  # started again, one log
     metrics = [json.loads(line) for line in (model_dir / "train_metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == list(range(10, 201, 10))
+
+
+ONLINE_EDITS = {
+    "feature_config.features[input_names=user_id].ev_params": {"filter_freq": 2, "max_capacity": 2048},
+    "feature_config.features[input_names=item_id].ev_params": {"filter_freq": 2, "max_capacity": 2048},
+    "train_config.optimizer_config": SPLITS["lazy_adam+adam"],
+    "data_config.batch_size": 128,
+    "data_config.shuffle": False,
+    "train_config.save_checkpoints_steps": 1000,
+}
+
+
+def _online_state(model_dir: Path) -> tuple[dict, dict]:
+    """The latest checkpoint as (online table -> {id: its row, Adam m and v rows, count},
+    every other float variable and slot by name): online rows sit in different rows on
+    different world sizes, so they are compared by id."""
+    from trainer.checkpoints import list_online_tables, saved_names
+
+    path = tf.train.latest_checkpoint(str(model_dir))
+    reader = tf.train.load_checkpoint(path)
+    names = saved_names(path)
+    tables = [t for t, _, _ in list_online_tables(path)]
+    online = {}
+    for table in tables:
+        keys = reader.get_tensor(names[f"{table}/ev_keys"])
+        parts = [reader.get_tensor(names[f"{p}{table}/embedding_weights"]) for p in ("", "m/", "v/")]
+        freqs = reader.get_tensor(names[f"{table}/ev_freqs"])
+        online[table] = {
+            int(k): np.concatenate([p[i] for p in parts] + [[freqs[i]]]) for i, k in enumerate(keys) if k >= 0
+        }
+    dense = {
+        name: reader.get_tensor(key)
+        for name, key in names.items()
+        if not any(t in name for t in tables) and reader.get_variable_to_dtype_map()[key].is_floating
+    }
+    return online, dense
+
+
+def _assert_same_online_state(a_dir: Path, b_dir: Path) -> None:
+    (a_online, a_dense), (b_online, b_dense) = _online_state(a_dir), _online_state(b_dir)
+    assert a_online.keys() == b_online.keys() and len(a_online) == 4
+    for table, rows in a_online.items():
+        assert rows.keys() == b_online[table].keys() and len(rows) > 50, table
+        for key, values in rows.items():
+            np.testing.assert_allclose(values, b_online[table][key], atol=3e-5, err_msg=f"{table} id {key}")
+    assert a_dense.keys() == b_dense.keys() and len(a_dense) > 10
+    for name, value in a_dense.items():
+        np.testing.assert_allclose(value, b_dense[name], atol=3e-5, err_msg=name)
+
+
+def test_online_tables_under_embedding_parallel_equal_horovod_and_re_shard_to_one_rank(config_path, tmp_path):
+    """2-rank EmbeddingParallel (ids owned by rank id mod 2, each rank its own map) equals
+    2-rank Horovod (every rank the whole table, admitting the union of the ranks' ids), which
+    equals one process on the global batch; the gathered checkpoint resumes in one rank."""
+    import shutil
+
+    ep, steps = "EmbeddingParallelStrategy", {"train_config.num_steps": 12}
+    two, _ = _train(config_path, tmp_path / "ep2", ep, 2, **ONLINE_EDITS, **steps)
+    ref, _ = _train(config_path, tmp_path / "hvd2", "HorovodStrategy", 2, **ONLINE_EDITS, **steps)
+    assert two["global_step"] == ref["global_step"] == 12
+    assert abs(two["loss"] - ref["loss"]) < 1e-4
+    assert two["online_tables"] == ref["online_tables"]  # rows used, admitted, filtered share
+    admitted = two["online_tables"]["ev/deepfm/input_layer/item_id/admitted"]
+    assert 50 < admitted < two["online_tables"]["ev/deepfm/input_layer/item_id/capacity"]
+    _assert_same_online_state(tmp_path / "ep2", tmp_path / "hvd2")
+
+    for name in ("ep2to1", "single"):
+        shutil.copytree(tmp_path / "ep2", tmp_path / name, ignore=shutil.ignore_patterns("logs"))
+    steps = {"train_config.num_steps": 16}
+    back, logs = _train(config_path, tmp_path / "ep2to1", ep, 1, "--continue_train", **ONLINE_EDITS, **steps)
+    plain, _ = _train(
+        config_path, tmp_path / "single", "NoStrategy", 1, "--continue_train", **ONLINE_EDITS, **steps
+    )
+    assert back["global_step"] == plain["global_step"] == 16
+    assert "resumed from" in logs[0].read_text()
+    _assert_same_online_state(tmp_path / "ep2to1", tmp_path / "single")

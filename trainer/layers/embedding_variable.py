@@ -68,7 +68,10 @@ class EVClock(keras.layers.Layer):
 
     def build(self, input_shape=None):
         def counter(name):
-            return self.add_weight(name=name, shape=(), dtype=tf.int64, initializer="zeros", trainable=False)
+            # named in full: the clock is built outside the model's name scope
+            return self.add_weight(
+                name=f"{self.name}/{name}", shape=(), dtype=tf.int64, initializer="zeros", trainable=False
+            )
 
         self.step, self.day = counter("step"), counter("day")
         super().build(input_shape)

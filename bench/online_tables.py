@@ -1,0 +1,196 @@
+"""Online tables (``ev_params``) against fixed hashed tables of the same memory, day after day.
+
+A drifting synthetic stream (``recpipe data synth drift``: users and items that enter and fade)
+is prepared by the Spark job, then trained one day at a time, each day fine-tuning from the
+day before (as the daily DAG does), by
+
+  (a) fixed hashed tables (``hash_bucket_size``) sized to the memory of (b), and
+  (b) online tables: ``filter_freq``, ``delete_after_unseen_days``, ``max_capacity``.
+
+Each day is one ``recpipe train`` process per variant (the two alternate, so that load from
+other tenants falls on both); it evaluates on the next day (next-day AUC). Printed per day:
+rows used / capacity, admitted, evicted, the process's peak RSS, examples/s by wall time and
+per CPU-second of the training loop, next-day AUC. Then the goals: rows <= max_capacity every
+day, RSS flat (+-10 %) after the warm-up days, (b) at >= 0.7x (a)'s examples per CPU-second,
+mean next-day AUC of (b) >= (a) - 0.002.
+
+    python bench/online_tables.py [--days 30] [--rows 50000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from datetime import date, timedelta
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RECPIPE = [sys.executable, "-m", "recpipe.cli"]
+DIM = 16
+CAPACITY = {"user_id": 8192, "item_id": 4096}
+EV = {"filter_freq": 2, "delete_after_unseen_days": 3}
+WARM_UP_DAYS = 5
+
+
+def fixed_buckets(capacity: int, width: int) -> int:
+    """Hashed rows costing what an online table of ``capacity`` rows costs, deep (dim 16) and
+    wide (dim 1) tables together, with lazy Adam's two slots: an online row adds 4 int64s
+    (key, count, step, day) and the count-min sketch 16 bytes per counter column."""
+    online = sum(capacity * (12 * dim + 32) + 16 * width for dim in (DIM, 1))
+    return online // (12 * DIM + 12 * 1)
+
+
+def edits(variant: str) -> dict:
+    out = {}
+    for feature, capacity in CAPACITY.items():
+        key = f"feature_config.features[input_names={feature}]"
+        if variant == "online":
+            out[f"{key}.ev_params"] = {**EV, "max_capacity": capacity}
+        else:
+            out[f"{key}.hash_bucket_size"] = fixed_buckets(capacity, max(4096, 2 * capacity))
+    return out
+
+
+def run_day(
+    variant: str, ds: str, next_ds: str, model_dir: Path, previous: Path | None, config: Path
+) -> dict:
+    """One ``recpipe train`` process: train ``ds`` (fine-tuning from ``previous``), evaluate
+    ``next_ds``; return its result line with its peak RSS (MiB)."""
+    extra = {"train_config.fine_tune_checkpoint": str(previous)} if previous else {}
+    argv = [
+        *RECPIPE,
+        "train",
+        "--pipeline_config_path",
+        str(config),
+        "--model_dir",
+        str(model_dir),
+        f"--train_ds={ds}",
+        f"--eval_ds={next_ds}",
+        "--edit_config_json",
+        json.dumps({**edits(variant), **extra}),
+    ]
+    log = model_dir.parent / f"{model_dir.name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with (
+        log.open("w") as err,
+        subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True) as proc,
+    ):
+        peak = 0
+        while proc.poll() is None:  # VmHWM: the process's peak RSS so far
+            peak = max(peak, _status_kib(proc.pid, "VmHWM"))
+            time.sleep(0.2)
+        out = proc.stdout.read()
+    if proc.returncode != 0:
+        raise SystemExit(f"{variant} {ds} failed, see {log}")
+    result = json.loads(out.strip().splitlines()[-1])
+    result["peak_rss_mib"] = peak / 1024
+    return result
+
+
+def _status_kib(pid: int, field: str) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def table_figures(result: dict, table: str) -> dict:
+    online = result.get("online_tables") or {}
+    prefix = f"ev/deepfm/input_layer/{table}/"
+    return {k: online.get(prefix + k) for k in ("rows_used", "capacity", "admitted", "evicted")}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--days", type=int, default=30)
+    parser.add_argument("--rows", type=int, default=50_000, help="rows a day")
+    parser.add_argument("--out", default="var/bench/online_tables")
+    args = parser.parse_args()
+    out = ROOT / args.out
+    raw, features = out / "raw", out / "features"
+    days = [(date(2024, 1, 1) + timedelta(days=d)).isoformat() for d in range(args.days + 1)]
+    if not (raw / f"ds={days[-1]}").exists():
+        from recpipe.data.drift import synth_drift
+
+        synth_drift(args.rows, len(days), raw)
+    config = out / "pipeline.yaml"
+    import yaml
+
+    base = yaml.safe_load((ROOT / "conf/drift_deepfm.yaml").read_text())
+    base.update(raw_input_path=str(raw), train_input_path=str(features), model_dir=str(out / "models"))
+    config.write_text(yaml.safe_dump(base))
+    if not (features / f"ds={days[-1]}" / "_SUCCESS").exists():
+        subprocess.run(
+            [*RECPIPE, "features", "--pipeline_config_path", str(config), f"--ds={days[0]}:{days[-1]}"],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+        )
+    print(f"{args.days} days of {args.rows} rows; (a) hashed tables of the same memory:", edits("hashed"))
+    header = f"{'day':10s} {'variant':7s} {'user rows':>13s} {'adm':>5s} {'evi':>5s} {'RSS MiB':>8s}"
+    print(header + f" {'ex/s wall':>9s} {'ex/CPU-s':>8s} {'next AUC':>8s}")
+    rows: dict[str, list[dict]] = {"hashed": [], "online": []}
+    for i, ds in enumerate(days[:-1]):
+        for variant in ("hashed", "online"):
+            model_dir = out / "models" / variant / ds
+            previous = out / "models" / variant / days[i - 1] if i else None
+            if model_dir.exists():
+                import shutil
+
+                shutil.rmtree(model_dir)
+            result = run_day(variant, ds, days[i + 1], model_dir, previous, config)
+            user = table_figures(result, "user_id")
+            examples = result["examples_per_sec"] * 1.0
+            cpu_rate = args.rows / max(result["cpu_seconds"], 1e-9)
+            entry = {
+                "ds": ds,
+                "rss": result["peak_rss_mib"],
+                "wall_rate": examples,
+                "cpu_rate": cpu_rate,
+                "auc": result["eval"]["auc"],
+                **{f"user_{k}": v for k, v in user.items()},
+                **{f"item_{k}": v for k, v in table_figures(result, "item_id").items()},
+            }
+            rows[variant].append(entry)
+            used = f"{user['rows_used']}/{user['capacity']}" if user["rows_used"] is not None else "-"
+            print(
+                f"{ds:10s} {variant:7s} {used:>13s} {user['admitted'] or 0:>5} {user['evicted'] or 0:>5} "
+                f"{entry['rss']:8.0f} {examples:9.0f} {cpu_rate:8.0f} {entry['auc']:8.4f}",
+                flush=True,
+            )
+    (out / "results.json").write_text(json.dumps(rows, indent=2))
+    _goals(rows)
+    return 0
+
+
+def _goals(rows: dict[str, list[dict]]) -> None:
+    a, b = rows["hashed"], rows["online"]
+    over = [r["ds"] for r in b for t in ("user", "item") if r[f"{t}_rows_used"] > r[f"{t}_capacity"]]
+    rss = [r["rss"] for r in b[WARM_UP_DAYS:]]
+    mid = sorted(rss)[len(rss) // 2]
+    spread = max(abs(x - mid) / mid for x in rss)
+    cpu_a = sum(r["cpu_rate"] for r in a) / len(a)
+    cpu_b = sum(r["cpu_rate"] for r in b) / len(b)
+    auc_a = sum(r["auc"] for r in a[1:]) / (len(a) - 1)
+    auc_b = sum(r["auc"] for r in b[1:]) / (len(b) - 1)
+    print(f"rows <= max_capacity every day: {not over} {over or ''}")
+    print(
+        f"(b) peak RSS after day {WARM_UP_DAYS}: median {mid:.0f} MiB, max deviation {spread:.1%} (goal 10 %)"
+    )
+    print(
+        f"examples per CPU-second: (a) {cpu_a:.0f}, (b) {cpu_b:.0f}, ratio {cpu_b / cpu_a:.2f} (goal >= 0.7)"
+    )
+    print(
+        f"mean next-day AUC (days 2..): (a) {auc_a:.4f}, (b) {auc_b:.4f}, "
+        f"(b) - (a) {auc_b - auc_a:+.4f} (goal >= -0.002)"
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
