@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from datetime import date, timedelta
 from pathlib import Path
 
 import pyarrow as pa
@@ -23,3 +25,20 @@ def write_csv_file(table: pa.Table, final: Path) -> None:
     """Write one CSV file atomically."""
     with atomic.file(final) as tmp:
         pacsv.write_csv(table, tmp)
+
+
+def write_days(
+    out: str | Path, start: str, days: int, day_table: Callable[[int], pa.Table]
+) -> dict[str, int]:
+    """Write ``day_table(d)`` for d in ``range(days)`` as ``out/ds=<start + d>/`` partitions.
+
+    Returns:
+        ``{ds: rows}``.
+    """
+    first, counts = date.fromisoformat(start), {}
+    for d in range(days):
+        ds = (first + timedelta(days=d)).isoformat()
+        table = day_table(d)
+        write_csv_partition(table, Path(out) / f"ds={ds}")
+        counts[ds] = table.num_rows
+    return counts

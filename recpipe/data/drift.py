@@ -12,13 +12,12 @@ seen yesterday carry signal today and an id's row is worth learning only while i
 
 from __future__ import annotations
 
-from datetime import date, timedelta
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
-from recpipe.data.csv_files import write_csv_partition
+from recpipe.data.csv_files import write_days
 
 COLUMNS = ["label", "user_id", "item_id", "category", "price"]
 
@@ -95,11 +94,6 @@ def synth_drift(
     """
     if rows <= 0 or days <= 0:
         raise ValueError(f"rows and days must be positive (got rows={rows}, days={days})")
-    first = date.fromisoformat(start)
-    counts = {}
-    for d in range(days):
-        ds = (first + timedelta(days=d)).isoformat()
-        table = drift_day(d, rows, users, items, user_drift, item_drift, seed)
-        write_csv_partition(table, Path(out) / f"ds={ds}")
-        counts[ds] = table.num_rows
-    return counts
+    return write_days(
+        out, start, days, lambda d: drift_day(d, rows, users, items, user_drift, item_drift, seed)
+    )

@@ -9,13 +9,12 @@ sums per-id effects of C1..C8 and effects of log(1 + I1..I4), centred for ~25 % 
 
 from __future__ import annotations
 
-from datetime import date, timedelta
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
-from recpipe.data.csv_files import write_csv_partition
+from recpipe.data.csv_files import write_days
 
 NUM_DENSE, NUM_SPARSE = 13, 26
 VOCAB_SIZES = [int(v) for v in np.geomspace(10, 200_000, NUM_SPARSE).round()]
@@ -72,12 +71,5 @@ def synth_criteo(
     if rows <= 0 or days <= 0:
         raise ValueError(f"rows and days must be positive (got rows={rows}, days={days})")
     table = synth_criteo_table(rows, seed)
-    first = date.fromisoformat(start)
     bounds = np.linspace(0, rows, days + 1).astype(int)
-    counts = {}
-    for d in range(days):
-        ds = (first + timedelta(days=d)).isoformat()
-        part = table.slice(bounds[d], bounds[d + 1] - bounds[d])
-        write_csv_partition(part, Path(out) / f"ds={ds}")
-        counts[ds] = part.num_rows
-    return counts
+    return write_days(out, start, days, lambda d: table.slice(bounds[d], bounds[d + 1] - bounds[d]))

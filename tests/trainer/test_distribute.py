@@ -265,10 +265,17 @@ def _assert_same_state(a_dir: Path, b_dir: Path) -> None:
         np.testing.assert_allclose(a[name], b[name], atol=3e-5, err_msg=name)
 
 
+def _copies(model_dir: Path, *names: str) -> None:
+    """Copies of ``model_dir`` (less its logs) beside it, one per name."""
+    import shutil
+
+    for name in names:
+        shutil.copytree(model_dir, model_dir.parent / name, ignore=shutil.ignore_patterns("logs"))
+
+
 def test_embedding_parallel_equals_horovod_and_checkpoints_restore_to_another_world_size(
     config_path, tmp_path
 ):
-    import shutil
 
     # lazy Adam on the tables (their slots must follow each rank's rows), Adam on the rest
     edits = {
@@ -282,8 +289,7 @@ def test_embedding_parallel_equals_horovod_and_checkpoints_restore_to_another_wo
     assert one["global_step"] == 4
 
     # 1 -> 2 ranks: the sharded job resumes the 1-rank checkpoint and trains as Horovod does
-    for name in ("ep2", "hvd2"):
-        shutil.copytree(tmp_path / "ep1", tmp_path / name, ignore=shutil.ignore_patterns("logs"))
+    _copies(tmp_path / "ep1", "ep2", "hvd2")
     steps = {"train_config.num_steps": 10}
     two, logs = _train(config_path, tmp_path / "ep2", ep, 2, "--continue_train", **edits, **steps)
     ref, _ = _train(
@@ -298,8 +304,7 @@ def test_embedding_parallel_equals_horovod_and_checkpoints_restore_to_another_wo
     _assert_same_state(tmp_path / "ep2", tmp_path / "hvd2")
 
     # 2 -> 1 rank: the 2-rank checkpoint (gathered on the chief) resumes in one rank
-    for name in ("ep2to1", "single"):
-        shutil.copytree(tmp_path / "ep2", tmp_path / name, ignore=shutil.ignore_patterns("logs"))
+    _copies(tmp_path / "ep2", "ep2to1", "single")
     steps = {"train_config.num_steps": 14}
     back, _ = _train(config_path, tmp_path / "ep2to1", ep, 1, "--continue_train", **edits, **steps)
     plain, _ = _train(config_path, tmp_path / "single", "NoStrategy", 1, "--continue_train", **edits, **steps)
@@ -364,8 +369,6 @@ def test_asynchronous_parameter_server_training_goes_on_when_a_worker_dies(confi
 
 
 def test_synchronous_parameter_server_equals_one_process_on_the_global_batch(config_path, tmp_path):
-    import shutil
-
     # NoStrategy + sync_replicas with 2 workers and 2 ps (the item table partitioned): each
     # update sums one 128-row batch per worker, so it equals one process on 256 rows
     edits = {
@@ -375,8 +378,7 @@ def test_synchronous_parameter_server_equals_one_process_on_the_global_batch(con
         "train_config.save_checkpoints_steps": 1000,
     }
     _train(config_path, tmp_path / "start", "NoStrategy", **edits, **{"train_config.num_steps": 3})
-    for name in ("one", "sync"):
-        shutil.copytree(tmp_path / "start", tmp_path / name, ignore=shutil.ignore_patterns("logs"))
+    _copies(tmp_path / "start", "one", "sync")
     edits["train_config.num_steps"] = 8
     resume = "--continue_train"
     one, _ = _train(config_path, tmp_path / "one", "NoStrategy", 1, resume, **edits)
@@ -458,7 +460,6 @@ def test_online_tables_under_embedding_parallel_equal_horovod_and_re_shard_to_on
     """2-rank EmbeddingParallel (ids owned by rank id mod 2, each rank its own map) equals
     2-rank Horovod (every rank the whole table, admitting the union of the ranks' ids), which
     equals one process on the global batch; the gathered checkpoint resumes in one rank."""
-    import shutil
 
     ep, steps = "EmbeddingParallelStrategy", {"train_config.num_steps": 12}
     two, _ = _train(config_path, tmp_path / "ep2", ep, 2, **ONLINE_EDITS, **steps)
@@ -470,8 +471,7 @@ def test_online_tables_under_embedding_parallel_equal_horovod_and_re_shard_to_on
     assert 50 < admitted < two["online_tables"]["ev/deepfm/input_layer/item_id/capacity"]
     _assert_same_online_state(tmp_path / "ep2", tmp_path / "hvd2")
 
-    for name in ("ep2to1", "single"):
-        shutil.copytree(tmp_path / "ep2", tmp_path / name, ignore=shutil.ignore_patterns("logs"))
+    _copies(tmp_path / "ep2", "ep2to1", "single")
     steps = {"train_config.num_steps": 16}
     back, logs = _train(config_path, tmp_path / "ep2to1", ep, 1, "--continue_train", **ONLINE_EDITS, **steps)
     plain, _ = _train(
