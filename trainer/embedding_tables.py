@@ -248,5 +248,5 @@ def ev_names(model) -> frozenset[str]:
         variable_name(v)
         for layer in model.submodules
         for ev in getattr(layer, "evs", {}).values()
-        for v in ev.row_variables + ev.summed_variables
+        for v in ev.row_variables + ev.summed_variables + ev.derived_variables
     )

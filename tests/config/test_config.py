@@ -110,6 +110,15 @@ def test_apply_edits_creates_missing_sections():
             "eval_config.metrics_set[0]",
         ),
         ({"feature_config.features[0].combiner": "max"}, "feature_config.features[0].combiner"),
+        (
+            {"feature_config.features[0].ev_params": {"filter_freq": 2, "use_cache": True}},
+            "feature_config.features[0].ev_params.use_cache: Extra inputs",
+        ),
+        ({"model_config.ev_params": {"max_capacity": 0}}, "model_config.ev_params.max_capacity"),
+        (
+            {"feature_config.features[input_names=age].ev_params": {}},
+            "ev_params: RawFeature 'age' has no table",
+        ),
     ],
 )
 def test_invalid_values_name_file_and_field(edits, message):
@@ -126,6 +135,22 @@ def test_unknown_key_in_file_is_an_error(tmp_path):
     path.write_text(yaml.safe_dump(raw))
     with pytest.raises(ConfigError, match=r"typo\.yaml.*\n  train_config\.num_step: Extra inputs"):
         load_pipeline_config(path)
+
+
+def test_model_ev_params_default_every_id_and_tag_feature_without_their_own():
+    config = load_pipeline_config(
+        ML,
+        {
+            "model_config.ev_params": {"filter_freq": 2},
+            "feature_config.features[input_names=item_id].ev_params": {"filter_freq": 5},
+        },
+    )
+    params = {f.name: f.ev_params for f in config.feature_config.features}
+    assert params["user_id"].filter_freq == 2 and params["genres"].filter_freq == 2
+    assert params["item_id"].filter_freq == 5 and params["age"] is None
+    assert params["user_id"].max_capacity == 1 << 20
+    feature = config.feature_config.feature("user_id")
+    assert feature.id_buckets is None and feature.hash_bucket_size == 50000  # the full fingerprint
 
 
 def test_id_feature_on_float_column_is_rejected():

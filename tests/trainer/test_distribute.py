@@ -408,9 +408,12 @@ def test_synchronous_parameter_server_applies_each_update_once_when_a_worker_die
     assert [m["step"] for m in metrics] == list(range(10, 201, 10))
 
 
+# a wide admission sketch: with no collisions, counting per owner rank (EmbeddingParallel) and
+# over the union of the ranks' ids (Horovod) admit the same ids
+EV = {"filter_freq": 2, "max_capacity": 2048, "filter_counter_width": 1 << 16}
 ONLINE_EDITS = {
-    "feature_config.features[input_names=user_id].ev_params": {"filter_freq": 2, "max_capacity": 2048},
-    "feature_config.features[input_names=item_id].ev_params": {"filter_freq": 2, "max_capacity": 2048},
+    "feature_config.features[input_names=user_id].ev_params": EV,
+    "feature_config.features[input_names=item_id].ev_params": EV,
     "train_config.optimizer_config": SPLITS["lazy_adam+adam"],
     "data_config.batch_size": 128,
     "data_config.shuffle": False,
@@ -448,7 +451,7 @@ def _assert_same_online_state(a_dir: Path, b_dir: Path) -> None:
     (a_online, a_dense), (b_online, b_dense) = _online_state(a_dir), _online_state(b_dir)
     assert a_online.keys() == b_online.keys() and len(a_online) == 4
     for table, rows in a_online.items():
-        assert rows.keys() == b_online[table].keys() and len(rows) > 50, table
+        assert rows.keys() == b_online[table].keys() and len(rows) > 20, table
         for key, values in rows.items():
             np.testing.assert_allclose(values, b_online[table][key], atol=3e-5, err_msg=f"{table} id {key}")
     assert a_dense.keys() == b_dense.keys() and len(a_dense) > 10
@@ -456,22 +459,29 @@ def _assert_same_online_state(a_dir: Path, b_dir: Path) -> None:
         np.testing.assert_allclose(value, b_dense[name], atol=3e-5, err_msg=name)
 
 
-def test_online_tables_under_embedding_parallel_equal_horovod_and_re_shard_to_one_rank(config_path, tmp_path):
-    """2-rank EmbeddingParallel (ids owned by rank id mod 2, each rank its own map) equals
-    2-rank Horovod (every rank the whole table, admitting the union of the ranks' ids), which
-    equals one process on the global batch; the gathered checkpoint resumes in one rank."""
-
-    ep, steps = "EmbeddingParallelStrategy", {"train_config.num_steps": 12}
-    two, _ = _train(config_path, tmp_path / "ep2", ep, 2, **ONLINE_EDITS, **steps)
-    ref, _ = _train(config_path, tmp_path / "hvd2", "HorovodStrategy", 2, **ONLINE_EDITS, **steps)
+def test_online_tables_under_embedding_parallel_equal_horovod_and_re_shard(config_path, tmp_path):
+    """From one process's checkpoint, 2-rank EmbeddingParallel (ids owned by rank id mod 2,
+    each rank its own map) trains as 2-rank Horovod does (every rank the whole table,
+    admitting the union of the ranks' ids), which equals one process on the global batch; the
+    gathered 2-rank checkpoint resumes in one rank as in one process."""
+    ep = "EmbeddingParallelStrategy"
+    start, _ = _train(
+        config_path, tmp_path / "start", "NoStrategy", **ONLINE_EDITS, **{"train_config.num_steps": 4}
+    )
+    _copies(tmp_path / "start", "ep2", "hvd2")  # 1 -> 2 ranks: each takes the ids it owns
+    steps = {"train_config.num_steps": 12}
+    two, _ = _train(config_path, tmp_path / "ep2", ep, 2, "--continue_train", **ONLINE_EDITS, **steps)
+    ref, _ = _train(
+        config_path, tmp_path / "hvd2", "HorovodStrategy", 2, "--continue_train", **ONLINE_EDITS, **steps
+    )
     assert two["global_step"] == ref["global_step"] == 12
     assert abs(two["loss"] - ref["loss"]) < 1e-4
     assert two["online_tables"] == ref["online_tables"]  # rows used, admitted, filtered share
     admitted = two["online_tables"]["ev/deepfm/input_layer/item_id/admitted"]
-    assert 50 < admitted < two["online_tables"]["ev/deepfm/input_layer/item_id/capacity"]
+    assert admitted > 50  # new ids admitted by the 2-rank jobs
     _assert_same_online_state(tmp_path / "ep2", tmp_path / "hvd2")
 
-    _copies(tmp_path / "ep2", "ep2to1", "single")
+    _copies(tmp_path / "ep2", "ep2to1", "single")  # 2 -> 1 rank
     steps = {"train_config.num_steps": 16}
     back, logs = _train(config_path, tmp_path / "ep2to1", ep, 1, "--continue_train", **ONLINE_EDITS, **steps)
     plain, _ = _train(

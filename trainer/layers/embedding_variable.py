@@ -135,7 +135,7 @@ class EmbeddingVariable:
         self.salt = zlib.crc32(table.encode())
 
         def state(name, shape, dtype, value=0, trainable=False):
-            init = keras.initializers.Constant(value)
+            init = value if callable(value) else keras.initializers.Constant(value)
             return layer.add_weight(
                 name=f"{table}/{name}", shape=shape, dtype=dtype, initializer=init, trainable=trainable
             )
@@ -148,13 +148,24 @@ class EmbeddingVariable:
         self.width = params.counter_width
         self.sketch = state("ev_filter_counts", (SKETCH_DEPTH * self.width,), tf.float32, 0.0)
         self.stats = state("ev_stats", (len(STATS),), tf.int64)
+        # free rows as a stack (rows [0, top) of ev_free_rows), so that a step takes rows in
+        # O(new ids); rebuilt from ev_keys by refresh(), whatever a checkpoint held
+        self.free = state(
+            "ev_free_rows", (rows,), tf.int64, lambda shape, dtype: tf.range(shape[0] - 1, -1, -1, dtype)
+        )
+        self.free_top = state("ev_free_top", (), tf.int64, rows)
         self.map = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, default_value=FREE)
         self.optimizer_slots: list[tuple[tf.Variable, float]] = []
 
     @property
     def row_variables(self) -> list[tf.Variable]:
         """The variables with one entry per row (sharded with the rows)."""
-        return [self.weights, self.keys, self.freqs, self.versions, self.days]
+        return [self.weights, self.keys, self.freqs, self.versions, self.days, self.free]
+
+    @property
+    def derived_variables(self) -> list[tf.Variable]:
+        """Variables ``refresh`` rebuilds from ``keys`` (checkpointed, never read back)."""
+        return [self.free, self.free_top]
 
     @property
     def summed_variables(self) -> list[tf.Variable]:
@@ -211,7 +222,7 @@ class EmbeddingVariable:
             ready = tf.ones_like(miss, tf.bool)
         new, new_count = tf.boolean_mask(miss, ready), tf.boolean_mask(count, ready)
         targets, victims = self._free_rows(tf.size(new, out_type=tf.int64), step)
-        evicted += self._evict(victims)
+        evicted += tf.size(victims, out_type=tf.int64)
         m = tf.size(targets)
         admitted, refused = new[:m], new[m:]
         if p.filter_freq > 1:  # ids left without a row keep their counts
@@ -227,24 +238,29 @@ class EmbeddingVariable:
         )
 
     def _free_rows(self, n: tf.Tensor, step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        """Rows for ``n`` new ids: free rows first, then the least recently used rows not
-        looked up at ``step`` (returned as ``victims`` too, to be evicted); fewer when the
-        table holds no more."""
-        free = tf.where(self.keys < 0)[:, 0]
-        need = tf.maximum(n - tf.size(free, out_type=tf.int64), 0)
+        """Rows for ``n`` new ids, popped from the free stack. When too few are free, the least
+        recently used rows not looked up at ``step`` are evicted first (returned as
+        ``victims``): as many as missing, and at least 1/64 of the table, so that the O(rows)
+        search runs once per many admissions. Fewer rows when the table holds no more."""
+        need = n - tf.convert_to_tensor(self.free_top)
 
         def lru():
             old = tf.where((self.keys >= 0) & (self.versions < step))[:, 0]
-            k = tf.minimum(need, tf.size(old, out_type=tf.int64))
+            k = tf.minimum(tf.maximum(need, self.rows // 64), tf.size(old, out_type=tf.int64))
             _, order = tf.math.top_k(-tf.gather(self.versions, old), k=tf.cast(k, tf.int32))
             return tf.gather(old, order)
 
         victims = tf.cond(need > 0, lru, lambda: tf.zeros([0], tf.int64))
-        return tf.concat([free[:n], victims], 0), victims
+        self._evict(victims)
+        top = tf.convert_to_tensor(self.free_top)
+        m = tf.minimum(n, top)
+        targets = tf.reverse(self.free[top - m : top], [0])  # lowest rows first
+        self.free_top.assign_sub(m)
+        return targets, victims
 
     def _evict(self, slots: tf.Tensor) -> tf.Tensor:
-        """Free ``slots`` (``int64 [n]``): drop their ids from the map, clear their rows.
-        Returns n (int64)."""
+        """Free ``slots`` (``int64 [n]``): drop their ids from the map, clear their rows, push
+        them on the free stack. Returns n (int64)."""
         self.map.remove(tf.gather(self.keys, slots))
         n = tf.size(slots, out_type=tf.int64)
         zeros = tf.zeros([n], tf.int64)
@@ -252,6 +268,9 @@ class EmbeddingVariable:
         for var in (self.freqs, self.versions, self.days):
             var.scatter_update(tf.IndexedSlices(zeros, slots))
         self.weights.scatter_update(tf.IndexedSlices(tf.zeros([n, self.dim]), slots))
+        top = tf.convert_to_tensor(self.free_top)
+        self.free.scatter_update(tf.IndexedSlices(tf.reverse(slots, [0]), tf.range(top, top + n)))
+        self.free_top.assign_add(n)
         return n
 
     def _fill(self, slots, keys, freqs, step, day) -> None:
@@ -303,11 +322,15 @@ class EmbeddingVariable:
                 self.optimizer_slots.append((slot, float(value)))
 
     def refresh(self) -> None:
-        """Rebuild the id -> row map from ``keys`` (after a restore or a broadcast)."""
+        """Rebuild the id -> row map and the free stack from ``keys`` (after a restore or a
+        broadcast)."""
         old, _ = self.map.export()
         self.map.remove(old)
         used = tf.where(self.keys >= 0)[:, 0]
         self.map.insert(tf.gather(self.keys, used), used)
+        free = tf.reverse(tf.where(self.keys < 0)[:, 0], [0])  # the lowest row on top
+        self.free.assign(tf.concat([free, tf.zeros([self.rows - tf.size(free)], tf.int64)], 0))
+        self.free_top.assign(tf.size(free, out_type=tf.int64))
 
     def new_day(self, day: int) -> int:
         """The day boundary: decay the sketch, evict rows unseen for
@@ -360,7 +383,7 @@ class EmbeddingVariable:
 
     def summary(self) -> dict[str, int]:
         """``rows_used``, ``capacity`` and the cumulative ``STATS`` of this process's table."""
-        used = int(tf.math.count_nonzero(self.keys >= 0))
+        used = self.rows - int(self.free_top.numpy())
         return {
             "rows_used": used,
             "capacity": self.rows,
