@@ -190,7 +190,7 @@ def restore_embedding_variables(evs: list, checkpoint: str | Path, owner=None) -
     (``EmbeddingVariable.load``). A table the checkpoint lacks keeps its empty state.
 
     Returns:
-        table variable name -> rows restored.
+        table (``<layer scope>/<table>``) -> rows restored.
 
     Raises:
         CheckpointError: no checkpoint there.
@@ -202,28 +202,24 @@ def restore_embedding_variables(evs: list, checkpoint: str | Path, owner=None) -
     saved = saved_names(path)
     out = {}
     for ev in evs:
-        weights = variable_name(ev.weights)
-        base = weights.rsplit("/", 1)[0]
-        fields = {
-            "weights": weights,
-            "keys": f"{base}/ev_keys",
-            "freqs": f"{base}/ev_freqs",
-            "versions": f"{base}/ev_versions",
-            "days": f"{base}/ev_days",
-            "sketch": f"{base}/ev_filter_counts",
-            "stats": f"{base}/ev_stats",
-        }
-        keys = {field: saved.get(name) for field, name in fields.items()}
+        base = variable_name(ev.keys).rsplit("/", 1)[0]
+        fields = ("keys", "freqs", "versions", "days", "filter_counts", "stats")
+        keys = {field: saved.get(f"{base}/ev_{field}") for field in fields}
         if any(k is None for k in keys.values()):
-            log.warning("fine-tune: online table %s not in checkpoint %s, starts empty", weights, path)
+            log.warning("online table %s not in checkpoint %s: it starts empty", base, path)
             continue
-        values = {field: reader.get_tensor(key) for field, key in keys.items()}
+        values = {
+            field.replace("filter_counts", "sketch"): reader.get_tensor(key) for field, key in keys.items()
+        }
+        weights = []
+        for view in ev.views:
+            key = saved.get(variable_name(view.weights))
+            weights.append(reader.get_tensor(key) if key is not None else None)
         slots = []
-        for slot, _ in ev.optimizer_slots:
-            key = saved.get(f"{variable_name(slot).partition('/')[0]}/{weights}")
-            ok = key is not None and key.startswith("optimizer_")
-            slots.append(reader.get_tensor(key) if ok else None)
-        out[weights] = ev.load(values, slots, owner)
+        for slot, _ in ev.optimizer_slots:  # saved under the slot's own name, m/<weights>
+            key = saved.get(variable_name(slot))
+            slots.append(reader.get_tensor(key) if key is not None and key.startswith("optimizer_") else None)
+        out[base] = ev.load(values, weights, slots, owner)
         ev.refresh()
     log.info("online tables restored from %s: %s rows", path, out)
     return out

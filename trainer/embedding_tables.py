@@ -217,36 +217,44 @@ def placement(model) -> list[str]:
     return out
 
 
+def _online(model) -> list:
+    """The model's online tables (``EmbeddingVariable``), each once."""
+    out: list = []
+    for layer in model.submodules:
+        for view in getattr(layer, "evs", {}).values():
+            if not any(view.ev is ev for ev in out):
+                out.append(view.ev)
+    return out
+
+
+def _sharded(model) -> bool:
+    return any(getattr(layer, "sharding", None) is not None for layer in model.submodules)
+
+
 def sharded_names(model) -> frozenset[str]:
     """Names of the variables that hold only this rank's rows (embedding-parallel): fused
     tables and the per-row variables of online tables."""
     names: set[str] = set()
     for layer in model.submodules:
-        if getattr(layer, "sharding", None) is None:
-            continue
-        names |= {variable_name(v) for v in getattr(layer, "fused", {}).values()}
-        for ev in getattr(layer, "evs", {}).values():
-            names |= {variable_name(v) for v in ev.row_variables}
+        if getattr(layer, "sharding", None) is not None:
+            names |= {variable_name(v) for v in getattr(layer, "fused", {}).values()}
+    if _sharded(model):
+        names |= {variable_name(v) for ev in _online(model) for v in ev.row_variables}
     return frozenset(names)
 
 
 def summed_names(model) -> frozenset[str]:
     """Names of the online tables' per-process counts that a save sums over ranks
     (embedding-parallel: each rank counts the ids it owns)."""
-    return frozenset(
-        variable_name(v)
-        for layer in model.submodules
-        if getattr(layer, "sharding", None) is not None
-        for ev in getattr(layer, "evs", {}).values()
-        for v in ev.summed_variables
-    )
+    if not _sharded(model):
+        return frozenset()
+    return frozenset(variable_name(v) for ev in _online(model) for v in ev.summed_variables)
 
 
 def ev_names(model) -> frozenset[str]:
     """Names of every variable of the online tables (restored by ``EmbeddingVariable.load``)."""
     return frozenset(
         variable_name(v)
-        for layer in model.submodules
-        for ev in getattr(layer, "evs", {}).values()
+        for ev in _online(model)
         for v in ev.row_variables + ev.summed_variables + ev.derived_variables
     )

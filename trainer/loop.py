@@ -315,7 +315,7 @@ class Trainer:
                 summary = dict(
                     zip(summary, self.dist.sum_over_processes(list(summary.values())), strict=True)
                 )
-            out[variable_name(ev.weights).rsplit("/", 1)[0]] = summary
+            out[variable_name(ev.keys).rsplit("/", 1)[0]] = summary
         return out
 
     def _online_metrics(self, start: dict) -> dict[str, float]:

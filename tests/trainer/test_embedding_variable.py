@@ -27,24 +27,26 @@ def _config(**ev):
 
 
 def _table(**ev):
+    """A train state and its ``user_id`` table, looked up through the deep view."""
     state = build_state(_config(**ev))
-    (table,) = [t for t in state.evs if "/input_layer/" in t.weights.name]
-    return state, table
+    (table,) = state.evs  # the deep and the wide lookups share one table
+    return state, table.views[0]
 
 
 def _step(state, table, keys) -> np.ndarray:
     """One training lookup of ``keys`` at the clock's step, then the clock moves on."""
-    out = table.lookup(tf.constant(keys, tf.int64), training=True)
+    out = table.lookup(tf.constant(keys, tf.int64), training=True)  # the deep view admits
     state.model.ev_clock.step.assign_add(1)
     return out.numpy()
 
 
 def _slot_of(table, key: int) -> int:
-    return int(table.map.lookup(tf.constant([key], tf.int64))[0])
+    return int(table.ev.map.lookup(tf.constant([key], tf.int64))[0])
 
 
 def _moments(table):
-    slots = [s for s, _ in table.optimizer_slots]
+    mine = table.weights.name.split(":")[0]
+    slots = [s for s, _ in table.ev.optimizer_slots if s.name.split(":")[0].endswith(mine)]
     assert sorted(s.name.split("/")[0] for s in slots) == ["m", "v"]
     return slots
 
@@ -56,9 +58,9 @@ def test_an_id_is_admitted_at_its_filter_freq_th_sighting_and_gets_no_gradient_b
     assert not out.any() and _slot_of(table, 7) == -1
     out = _step(state, table, [7, 8, 8])  # 3rd of 7 (8: 3rd too, in one batch)
     assert _slot_of(table, 7) >= 0 and _slot_of(table, 8) >= 0
-    np.testing.assert_allclose(out[0], initial_rows(tf.constant([7], tf.int64), 16, table.salt)[0])
+    np.testing.assert_allclose(out[0], initial_rows(tf.constant([7], tf.int64), 16, table.ev.salt)[0])
     assert np.abs(out[0]).max() > 0
-    summary = table.summary()
+    summary = table.ev.summary()
     assert summary["rows_used"] == 2 and summary["admitted"] == 2
     assert summary["lookups"] == 6 and summary["filtered"] == 3
 
@@ -78,8 +80,8 @@ def test_rows_are_evicted_after_steps_to_live_steps():
     _step(state, table, [2])  # step 2: 1 unused for 2 steps, kept
     assert _slot_of(table, 1) >= 0
     _step(state, table, [2])  # step 3: unused for 3 steps, evicted
-    assert _slot_of(table, 1) == -1 and 1 not in table.keys.numpy()
-    assert table.summary()["evicted"] == 1 and table.summary()["rows_used"] == 1
+    assert _slot_of(table, 1) == -1 and 1 not in table.ev.keys.numpy()
+    assert table.ev.summary()["evicted"] == 1 and table.ev.summary()["rows_used"] == 1
 
 
 def test_rows_unseen_for_delete_after_unseen_days_go_at_the_day_boundary_and_counts_decay():
@@ -88,9 +90,9 @@ def test_rows_unseen_for_delete_after_unseen_days_go_at_the_day_boundary_and_cou
     _step(state, table, [1, 1, 1, 5, 5])  # 1 admitted, 5 counted twice
     assert start_day(state.model, "2024-01-03") == 0  # unseen 2 days: kept
     assert _slot_of(table, 1) >= 0
-    assert float(table._estimate(tf.constant([5], tf.int64))[0]) == 1.0  # halved
+    assert float(table.ev._estimate(tf.constant([5], tf.int64))[0]) == 1.0  # halved
     assert start_day(state.model, "2024-01-04") == 1
-    assert _slot_of(table, 1) == -1 and table.summary()["evicted"] == 1
+    assert _slot_of(table, 1) == -1 and table.ev.summary()["evicted"] == 1
 
 
 def test_a_reused_row_starts_from_the_initializer_with_zeroed_optimizer_slots():
@@ -103,29 +105,29 @@ def test_a_reused_row_starts_from_the_initializer_with_zeroed_optimizer_slots():
     assert np.abs(m.numpy()).min() > 0 and np.abs(v.numpy()).min() > 0
     _step(state, table, [2])  # 2 is now the more recently used
     _step(state, table, [3])  # full: 3 takes the least recently used row, 1's
-    assert table.keys.numpy().tolist() == [3, 2]
+    assert table.ev.keys.numpy().tolist() == [3, 2]
     np.testing.assert_allclose(
-        table.weights.numpy()[0], initial_rows(tf.constant([3], tf.int64), 16, table.salt)[0]
+        table.weights.numpy()[0], initial_rows(tf.constant([3], tf.int64), 16, table.ev.salt)[0]
     )
     assert not m.numpy()[0].any() and not v.numpy()[0].any()
     assert m.numpy()[1].all() and v.numpy()[1].all()  # 2's moments untouched
-    assert table.summary()["evicted"] == 1
+    assert table.ev.summary()["evicted"] == 1
 
 
 def test_max_capacity_is_never_exceeded_under_a_stream_of_ten_times_as_many_ids():
     state, table = _table(max_capacity=16)
     for batch in range(20):  # 160 distinct ids, 8 a step
         _step(state, table, list(range(batch * 8, batch * 8 + 8)))
-        assert table.summary()["rows_used"] <= 16
-    assert table.summary()["admitted"] == 160 and table.summary()["evicted"] == 144
+        assert table.ev.summary()["rows_used"] <= 16
+    assert table.ev.summary()["admitted"] == 160 and table.ev.summary()["evicted"] == 144
     _step(state, table, list(range(1000, 1020)))  # 20 new ids at once: 16 fit
-    summary = table.summary()
+    summary = table.ev.summary()
     assert summary["rows_used"] == 16 and summary["refused"] == 4
-    assert sorted(k for k in table.keys.numpy()) == sorted(set(table.keys.numpy()) - {-1})
+    assert sorted(k for k in table.ev.keys.numpy()) == sorted(set(table.ev.keys.numpy()) - {-1})
 
 
 def _by_key(table) -> dict[int, tuple]:
-    keys = table.keys.numpy()
+    keys = table.ev.keys.numpy()
     m, v = _moments(table)
     rows = {}
     for slot, key in enumerate(keys):
@@ -134,8 +136,8 @@ def _by_key(table) -> dict[int, tuple]:
                 table.weights.numpy()[slot],
                 m.numpy()[slot],
                 v.numpy()[slot],
-                int(table.freqs.numpy()[slot]),
-                int(table.versions.numpy()[slot]),
+                int(table.ev.freqs.numpy()[slot]),
+                int(table.ev.versions.numpy()[slot]),
             )
     return rows
 
@@ -149,7 +151,7 @@ def test_checkpoint_round_trip_and_re_sharding_keep_every_row_with_its_state(tmp
     optimizer = state.optimizers[0]
     for _ in range(6):
         _step(state, table, rng.integers(0, 40, size=12).tolist())
-        slots = tf.constant(np.flatnonzero(table.keys.numpy() >= 0), tf.int64)
+        slots = tf.constant(np.flatnonzero(table.ev.keys.numpy() >= 0), tf.int64)
         grad = tf.IndexedSlices(tf.random.normal([len(slots), 16]), slots, tf.constant([64, 16]))
         optimizer.apply_gradients([(grad, table.weights)])
     saved = _by_key(table)
@@ -164,7 +166,7 @@ def test_checkpoint_round_trip_and_re_sharding_keep_every_row_with_its_state(tmp
     for key, values in saved.items():
         for a, b in zip(values, restored[key], strict=True):
             np.testing.assert_array_equal(a, b)
-    np.testing.assert_array_equal(copy.sketch.numpy(), table.sketch.numpy())
+    np.testing.assert_array_equal(copy.ev.sketch.numpy(), table.ev.sketch.numpy())
 
     # two ranks each take the ids they own (id mod 2), with their rows and slots
     shards = []
@@ -172,9 +174,9 @@ def test_checkpoint_round_trip_and_re_sharding_keep_every_row_with_its_state(tmp
         # building calls the model once: an exchange that keeps everything here stands in
         sharding = Sharding(rank, 2, alltoall=lambda tensor, splits: (tensor, splits))
         part = build_state(_config(filter_freq=2, max_capacity=64), sharding)
-        (ev,) = [t for t in part.evs if "/input_layer/" in t.weights.name]
+        (ev,) = [t.views[0] for t in part.evs]
         restore_embedding_variables(part.evs, path, sharding)
-        assert ev.rows == 32 and all(k % 2 == rank for k in _by_key(ev))
+        assert ev.ev.rows == 32 and all(k % 2 == rank for k in _by_key(ev))
         shards.append(_by_key(ev))
     assert {**shards[0], **shards[1]}.keys() == saved.keys()
     for key, values in {**shards[0], **shards[1]}.items():

@@ -24,14 +24,14 @@ from tensorflow.python.distribute.sharded_variable import ShardedVariable
 
 from recpipe.config.data import FeatureSpec, FeatureType
 from trainer.embedding_tables import EmbeddingConfigError, TableSlice, ev_tables, table_shapes
-from trainer.layers.embedding_variable import EmbeddingVariable, EVClock
+from trainer.layers.embedding_variable import EmbeddingVariable, EVClock, EVView
 
 
 class _Index:
     def __init__(self, clock, key_union):
         self.tables: dict[str, TableSlice] = {}
         self.fused: dict[int, tf.Variable] = {}
-        self.evs: dict[str, EmbeddingVariable] = {}
+        self.evs: dict[str, EVView] = {}
         self.clock, self.key_union = clock, key_union
 
 
@@ -66,7 +66,8 @@ class FeatureEmbedding(keras.layers.Layer):
 
     Attributes:
         tables: table name -> ``TableSlice`` (after build).
-        evs: table name -> ``EmbeddingVariable``, the online tables (after build).
+        evs: table name -> ``EVView``, this layer's weights over the online tables (after
+            build; ``EmbeddingVariable``s shared with the model's other embedding layers).
         fused: width -> the fused ``tf.Variable`` ``[sum of the tables' rows, width]``.
         width: the one width of every feature's table, or None when they differ.
     """
@@ -93,7 +94,7 @@ class FeatureEmbedding(keras.layers.Layer):
         self._index = _Index(clock, key_union)
 
     @property
-    def evs(self) -> dict[str, EmbeddingVariable]:
+    def evs(self) -> dict[str, EVView]:
         return self._index.evs
 
     @property
@@ -124,11 +125,17 @@ class FeatureEmbedding(keras.layers.Layer):
                 self.tables[table] = TableSlice(fused, offset, rows, table, shard)
                 offset += rows
         maps = {}
+        clock, key_union = self._index.clock, self._index.key_union
         for table, (params, width) in self.ev_params.items():
             rows = self.sharding.rows(params.max_capacity) if self.sharding else params.max_capacity
-            ev = EmbeddingVariable(self, table, width, params, self._index.clock, rows, self._index.key_union)
-            self.evs[table] = ev
-            maps[table] = ev.map
+
+            def create(table=table, params=params, rows=rows):
+                return EmbeddingVariable(self, table, params, clock, rows, key_union)
+
+            # the deep and wide lookups of a feature share its table (ids, map, admission)
+            view = clock.table(table, create).view(self, width)
+            self.evs[table] = view
+            maps[table] = view.ev.map
         # tracked, so that a SavedModel holds each id -> row map
         self.ev_maps = maps
         super().build(input_shape)
@@ -151,7 +158,7 @@ class FeatureEmbedding(keras.layers.Layer):
         return values + table.offset, table.fused
 
     def _gather(self, fused, ids: tf.Tensor, training: bool = False) -> tf.Tensor:
-        if isinstance(fused, EmbeddingVariable):
+        if isinstance(fused, EVView):
             if self.sharding:
                 return self.sharding.lookup_keys(fused, ids, training)
             return fused.lookup(ids, training=training)
@@ -182,7 +189,7 @@ class FeatureEmbedding(keras.layers.Layer):
             ids, fused = self._ids(f, inputs[f.name])
             if f.feature_type == FeatureType.TagFeature:
                 pooled[f.name] = self._pooled(f, fused, ids, training)
-            elif isinstance(fused, EmbeddingVariable):  # one lookup per online table
+            elif isinstance(fused, EVView):  # one lookup per online table
                 pooled[f.name] = self._gather(fused, ids, training)
             else:
                 by_width.setdefault(fused.shape[1], []).append((f.name, ids))

@@ -64,7 +64,18 @@ def day_number(ds: str) -> int:
 class EVClock(keras.layers.Layer):
     """The online tables' time: ``step`` (int64, training steps over the model's life: unlike
     ``global_step`` it continues across fine-tunes, so ``steps_to_live`` spans days) and
-    ``day`` (int64, days since 1970-01-01 of the newest day trained on)."""
+    ``day`` (int64, days since 1970-01-01 of the newest day trained on). It also holds the
+    model's tables by name (``table``), so that the layers looking one up share it."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._tables = _Tables()
+
+    def table(self, name: str, create) -> EmbeddingVariable:
+        """The table ``name``, made by ``create()`` the first time."""
+        if name not in self._tables.by_name:
+            self._tables.by_name[name] = create()
+        return self._tables.by_name[name]
 
     def build(self, input_shape=None):
         def counter(name):
@@ -78,6 +89,12 @@ class EVClock(keras.layers.Layer):
 
     def call(self, inputs):
         return inputs
+
+
+class _Tables:
+    # a plain holder: Keras would track a dict attribute of the clock
+    def __init__(self):
+        self.by_name: dict[str, EmbeddingVariable] = {}
 
 
 def _mix(x: tf.Tensor) -> tf.Tensor:
@@ -104,13 +121,21 @@ def initial_rows(keys: tf.Tensor, dim: int, salt: int) -> tf.Tensor:
     return STDDEV * tf.math.ndtri(lo + (hi - lo) * u)
 
 
+def _set(var: tf.Variable, index: tf.Tensor, values) -> None:
+    """``var[index] = values`` (a scalar ``values`` fills every indexed row): one op."""
+    tf.raw_ops.ResourceScatterUpdate(resource=var.handle, indices=index, updates=values)
+
+
 class EmbeddingVariable:
-    """One online table (see the module docstring), its variables created on ``layer``.
+    """One online table (see the module docstring): ids, their rows' state and the id -> row
+    map, created on the first ``layer`` that builds it; each layer looking the table up gets
+    its own weights over the same rows (``view``): the deep and the wide embedding of a feature
+    share one map and admit once.
 
     Args:
-        layer: the owning ``FeatureEmbedding`` (its ``add_weight`` makes model variables).
+        layer: the ``FeatureEmbedding`` building the table (its ``add_weight`` makes model
+            variables, named ``<table>/ev_*``).
         table: the table's name.
-        dim: row width.
         params: the features' ``ev_params``.
         clock: the model's ``EVClock``.
         rows: rows this process holds (``max_capacity``, or its share under
@@ -119,28 +144,20 @@ class EmbeddingVariable:
             each process holds the whole table and all must admit the same ids), or None.
 
     Attributes:
-        weights: ``float32 [rows, dim]``, trainable.
+        views: each layer's ``EVView`` (weights ``float32 [rows, dim]``), the admitting one
+            first.
         keys, freqs, versions, days: ``int64 [rows]`` per-row state.
         sketch: ``float32 [4 * counter_width]`` counts of ids without a row.
         stats: ``int64 [5]``: admitted, evicted, refused, lookups, filtered (``STATS``).
         map: the id -> row hash table (rebuilt from ``keys`` by ``refresh``).
-        optimizer_slots: ``(slot variable, initial value)`` rows reset on admission.
+        optimizer_slots: ``(slot variable, initial value)`` whose rows admission resets.
     """
 
-    def __init__(
-        self, layer, table: str, dim: int, params: EVParams, clock: EVClock, rows: int, key_union=None
-    ):
-        self.table, self.dim, self.params, self.clock, self.rows = table, dim, params, clock, rows
+    def __init__(self, layer, table: str, params: EVParams, clock: EVClock, rows: int, key_union=None):
+        self.table, self.params, self.clock, self.rows = table, params, clock, rows
         self.key_union = key_union
         self.salt = zlib.crc32(table.encode())
-
-        def state(name, shape, dtype, value=0, trainable=False):
-            init = value if callable(value) else keras.initializers.Constant(value)
-            return layer.add_weight(
-                name=f"{table}/{name}", shape=shape, dtype=dtype, initializer=init, trainable=trainable
-            )
-
-        self.weights = state("embedding_weights", (rows, dim), tf.float32, 0.0, trainable=True)
+        state = _weights_of(layer, table)
         self.keys = state("ev_keys", (rows,), tf.int64, FREE)
         self.freqs = state("ev_freqs", (rows,), tf.int64)
         self.versions = state("ev_versions", (rows,), tf.int64)
@@ -155,12 +172,21 @@ class EmbeddingVariable:
         )
         self.free_top = state("ev_free_top", (), tf.int64, rows)
         self.map = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, default_value=FREE)
+        self.views: list[EVView] = []
         self.optimizer_slots: list[tuple[tf.Variable, float]] = []
+
+    def view(self, layer, dim: int) -> EVView:
+        """Weights ``float32 [rows, dim]`` of ``layer`` over this table's rows (named
+        ``<table>/embedding_weights``, as hashed tables are); the first view admits."""
+        weights = _weights_of(layer, self.table)("embedding_weights", (self.rows, dim), tf.float32, 0.0, True)
+        view = EVView(self, weights, dim, admits=not self.views)
+        self.views.append(view)
+        return view
 
     @property
     def row_variables(self) -> list[tf.Variable]:
         """The variables with one entry per row (sharded with the rows)."""
-        return [self.weights, self.keys, self.freqs, self.versions, self.days, self.free]
+        return [*(v.weights for v in self.views), self.keys, self.freqs, self.versions, self.days, self.free]
 
     @property
     def derived_variables(self) -> list[tf.Variable]:
@@ -172,32 +198,19 @@ class EmbeddingVariable:
         """Per-process counts that add up to the job's (sketch and stats)."""
         return [self.sketch, self.stats]
 
-    # -- reading ---------------------------------------------------------------------------
-    def rows_of(self, keys: tf.Tensor) -> tf.Tensor:
-        """``int64 [N]`` ids -> ``float32 [N, dim]``: their rows, zeros for ids without one
-        (left out of the gather, so they get no gradient)."""
-        slots = tf.reshape(self.map.lookup(keys), [-1])
-        where = tf.where(slots >= 0)
-        got = tf.gather(self.weights, tf.gather_nd(slots, where))
-        shape = tf.stack([tf.size(keys, out_type=tf.int64), tf.constant(self.dim, tf.int64)])
-        return tf.scatter_nd(where, got, shape)
-
-    def lookup(self, keys: tf.Tensor, counts: tf.Tensor | None = None, training: bool = False) -> tf.Tensor:
-        """Rows of ``keys`` (``int64`` of shape ``S``) -> ``float32 [*S, dim]``; in training the
-        table first admits, counts and evicts (``admit``). ``counts`` (``int64``, shape ``S``)
-        are the sightings each key stands for (default 1 each)."""
-        flat = tf.reshape(keys, [-1])
-        if training:
-            unique, index = tf.unique(flat, out_idx=tf.int64)
-            weight = tf.ones_like(flat) if counts is None else tf.reshape(counts, [-1])
-            occurrences = tf.math.unsorted_segment_sum(weight, index, tf.size(unique, out_type=tf.int64))
-            if self.key_union is not None:
-                unique, occurrences = self.key_union(unique, occurrences)
-            self.admit(unique, occurrences)
-        rows = self.rows_of(flat)
-        return tf.reshape(rows, tf.concat([tf.shape(keys), [self.dim]], axis=0))
-
     # -- training-time updates -------------------------------------------------------------
+    def count(self, keys: tf.Tensor, counts: tf.Tensor | None) -> None:
+        """Admit, count and evict for one step's ``keys`` (``int64 [N]``), each standing for
+        ``counts`` sightings (``int64 [N]``; default 1)."""
+        if counts is None:
+            unique, _, occurrences = tf.unique_with_counts(keys, out_idx=tf.int64)
+        else:
+            unique, index = tf.unique(keys, out_idx=tf.int64)
+            occurrences = tf.math.unsorted_segment_sum(counts, index, tf.size(unique, out_type=tf.int64))
+        if self.key_union is not None:
+            unique, occurrences = self.key_union(unique, occurrences)
+        self.admit(unique, occurrences)
+
     def admit(self, keys: tf.Tensor, occurrences: tf.Tensor) -> None:
         """Update the table for one step's distinct ``keys`` (``int64 [U]``) seen
         ``occurrences`` (``int64 [U]``) times each: count, evict, admit (module docstring)."""
@@ -205,37 +218,42 @@ class EmbeddingVariable:
         step, day = tf.convert_to_tensor(self.clock.step), tf.convert_to_tensor(self.clock.day)
         slots = tf.reshape(self.map.lookup(keys), [-1])
         hit = slots >= 0
-        hit_slots, hit_occ = tf.boolean_mask(slots, hit), tf.boolean_mask(occurrences, hit)
-        self.freqs.scatter_add(tf.IndexedSlices(hit_occ, hit_slots))
-        self.versions.scatter_update(tf.IndexedSlices(tf.fill(tf.shape(hit_slots), step), hit_slots))
-        self.days.scatter_update(tf.IndexedSlices(tf.fill(tf.shape(hit_slots), day), hit_slots))
+        hit_at, miss_at = tf.reshape(tf.where(hit), [-1]), tf.reshape(tf.where(~hit), [-1])
+        hit_slots, hit_occ = tf.gather(slots, hit_at), tf.gather(occurrences, hit_at)
+        tf.raw_ops.ResourceScatterAdd(resource=self.freqs.handle, indices=hit_slots, updates=hit_occ)
+        _set(self.versions, hit_slots, step)
+        _set(self.days, hit_slots, day)
         evicted = tf.constant(0, tf.int64)
         if p.steps_to_live:
             stale = (self.keys >= 0) & (self.versions < step - p.steps_to_live)
-            evicted += self._evict(tf.where(stale)[:, 0])
-        miss, miss_occ = tf.boolean_mask(keys, ~hit), tf.boolean_mask(occurrences, ~hit)
+            evicted += self._evict(tf.reshape(tf.where(stale), [-1]))
+        miss, miss_occ = tf.gather(keys, miss_at), tf.gather(occurrences, miss_at)
         count = tf.cast(miss_occ, tf.float32)
         if p.filter_freq > 1:
-            count += self._estimate(miss)
+            index = self._sketch_index(miss)
+            count += tf.reduce_min(tf.gather(self.sketch, index), axis=1)
             ready = count >= p.filter_freq
         else:
-            ready = tf.ones_like(miss, tf.bool)
-        new, new_count = tf.boolean_mask(miss, ready), tf.boolean_mask(count, ready)
-        targets, victims = self._free_rows(tf.size(new, out_type=tf.int64), step)
-        evicted += tf.size(victims, out_type=tf.int64)
-        m = tf.size(targets)
-        admitted, refused = new[:m], new[m:]
-        if p.filter_freq > 1:  # ids left without a row keep their counts
-            waiting = tf.concat([tf.boolean_mask(miss, ~ready), refused], 0)
-            self._raise(waiting, tf.concat([tf.boolean_mask(count, ~ready), new_count[m:]], 0))
-        self._fill(targets, admitted, tf.cast(new_count[:m], tf.int64), step, day)
-        n_admitted = tf.cast(m, tf.int64)
-        admitted_occ = tf.reduce_sum(tf.boolean_mask(miss_occ, ready)[:m])
+            ready = tf.ones_like(miss_at, tf.bool)
+        order = tf.cumsum(tf.cast(ready, tf.int64))  # 1-based rank among the ready ids
+        targets, victims = self._free_rows(tf.reduce_sum(tf.cast(ready, tf.int64)), step)
+        m = tf.size(targets, out_type=tf.int64)
+        admitted = ready & (order <= m)
+        admitted_at = tf.reshape(tf.where(admitted), [-1])
+        if p.filter_freq > 1:  # ids left without a row keep their counts (max with 0: no-op)
+            kept = tf.where(admitted, 0.0, count)
+            tf.raw_ops.ResourceScatterMax(
+                resource=self.sketch.handle,
+                indices=tf.reshape(index, [-1]),
+                updates=tf.reshape(tf.tile(kept[:, None], [1, SKETCH_DEPTH]), [-1]),
+            )
+        new_keys = tf.gather(miss, admitted_at)
+        self._fill(targets, new_keys, tf.cast(tf.gather(count, admitted_at), tf.int64), step, day)
         total = tf.reduce_sum(occurrences)
-        filtered = total - tf.reduce_sum(hit_occ) - admitted_occ
-        self.stats.assign_add(
-            tf.stack([n_admitted, evicted, tf.size(refused, out_type=tf.int64), total, filtered])
-        )
+        filtered = total - tf.reduce_sum(hit_occ) - tf.reduce_sum(tf.gather(miss_occ, admitted_at))
+        refused = tf.reduce_sum(tf.cast(ready, tf.int64)) - m
+        evicted += tf.size(victims, out_type=tf.int64)
+        self.stats.assign_add(tf.stack([m, evicted, refused, total, filtered]))
 
     def _free_rows(self, n: tf.Tensor, step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """Rows for ``n`` new ids, popped from the free stack. When too few are free, the least
@@ -245,13 +263,14 @@ class EmbeddingVariable:
         need = n - tf.convert_to_tensor(self.free_top)
 
         def lru():
-            old = tf.where((self.keys >= 0) & (self.versions < step))[:, 0]
+            old = tf.reshape(tf.where((self.keys >= 0) & (self.versions < step)), [-1])
             k = tf.minimum(tf.maximum(need, self.rows // 64), tf.size(old, out_type=tf.int64))
             _, order = tf.math.top_k(-tf.gather(self.versions, old), k=tf.cast(k, tf.int32))
-            return tf.gather(old, order)
+            victims = tf.gather(old, order)
+            self._evict(victims)
+            return victims
 
         victims = tf.cond(need > 0, lru, lambda: tf.zeros([0], tf.int64))
-        self._evict(victims)
         top = tf.convert_to_tensor(self.free_top)
         m = tf.minimum(n, top)
         targets = tf.reverse(self.free[top - m : top], [0])  # lowest rows first
@@ -262,58 +281,49 @@ class EmbeddingVariable:
         """Free ``slots`` (``int64 [n]``): drop their ids from the map, clear their rows, push
         them on the free stack. Returns n (int64)."""
         self.map.remove(tf.gather(self.keys, slots))
-        n = tf.size(slots, out_type=tf.int64)
-        zeros = tf.zeros([n], tf.int64)
-        self.keys.scatter_update(tf.IndexedSlices(zeros + FREE, slots))
+        _set(self.keys, slots, tf.constant(FREE, tf.int64))
+        zero = tf.constant(0, tf.int64)
         for var in (self.freqs, self.versions, self.days):
-            var.scatter_update(tf.IndexedSlices(zeros, slots))
-        self.weights.scatter_update(tf.IndexedSlices(tf.zeros([n, self.dim]), slots))
+            _set(var, slots, zero)
+        for view in self.views:
+            _set(view.weights, slots, tf.constant(0.0))
+        n = tf.size(slots, out_type=tf.int64)
         top = tf.convert_to_tensor(self.free_top)
-        self.free.scatter_update(tf.IndexedSlices(tf.reverse(slots, [0]), tf.range(top, top + n)))
+        _set(self.free, tf.range(top, top + n), tf.reverse(slots, [0]))
         self.free_top.assign_add(n)
         return n
 
     def _fill(self, slots, keys, freqs, step, day) -> None:
         """Give ``keys`` the rows ``slots``: fresh initial values, optimizer slots reset."""
-        n = tf.size(slots)
         self.map.insert(keys, slots)
-        self.keys.scatter_update(tf.IndexedSlices(keys, slots))
-        self.freqs.scatter_update(tf.IndexedSlices(freqs, slots))
-        self.versions.scatter_update(tf.IndexedSlices(tf.fill([n], step), slots))
-        self.days.scatter_update(tf.IndexedSlices(tf.fill([n], day), slots))
-        self.weights.scatter_update(tf.IndexedSlices(initial_rows(keys, self.dim, self.salt), slots))
+        _set(self.keys, slots, keys)
+        _set(self.freqs, slots, freqs)
+        _set(self.versions, slots, step)
+        _set(self.days, slots, day)
+        for i, view in enumerate(self.views):
+            _set(view.weights, slots, initial_rows(keys, view.dim, self.salt + i))
         for slot, value in self.optimizer_slots:
-            slot.scatter_update(tf.IndexedSlices(tf.fill([n, self.dim], value), slots))
+            _set(slot, slots, tf.constant(value, slot.dtype))
 
     def _sketch_index(self, keys: tf.Tensor) -> tf.Tensor:
-        """``int64 [4, n]`` counter positions of ``keys`` in the flat sketch."""
-        return tf.stack(
-            [
-                tf.math.floormod(
-                    tf.bitwise.right_shift(keys, tf.constant(SKETCH_SHIFT * d, tf.int64)), self.width
-                )
-                + d * self.width
-                for d in range(SKETCH_DEPTH)
-            ]
-        )
+        """``int64 [n, 4]`` counter positions of ``keys`` in the flat sketch."""
+        shifts = tf.constant([SKETCH_SHIFT * d for d in range(SKETCH_DEPTH)], tf.int64)
+        offsets = tf.constant([self.width * d for d in range(SKETCH_DEPTH)], tf.int64)
+        return tf.math.floormod(tf.bitwise.right_shift(keys[:, None], shifts), self.width) + offsets
 
     def _estimate(self, keys: tf.Tensor) -> tf.Tensor:
-        return tf.reduce_min(tf.gather(self.sketch, self._sketch_index(keys)), axis=0)
-
-    def _raise(self, keys: tf.Tensor, counts: tf.Tensor) -> None:
-        # conservative update: each counter rises to the new estimate, never beyond
-        index = tf.reshape(self._sketch_index(keys), [-1])
-        self.sketch.scatter_max(tf.IndexedSlices(tf.tile(counts, [SKETCH_DEPTH]), index))
+        """The sketch's count of each of ``keys`` (``float32 [n]``)."""
+        return tf.reduce_min(tf.gather(self.sketch, self._sketch_index(keys)), axis=1)
 
     # -- eager maintenance -----------------------------------------------------------------
     def register_optimizer(self, optimizer) -> None:
-        """Reset this table's slots of ``optimizer`` (tf-keras, built) for admitted rows:
+        """Reset the views' slots of ``optimizer`` (tf-keras, built) for admitted rows:
         ``accumulator`` (Adagrad, FTRL) to ``initial_accumulator_value``, others (Adam ``m``
         and ``v``, FTRL ``linear``, momentum) to 0."""
-        name = self.weights.name.split(":")[0]
+        names = {v.weights.name.split(":")[0] for v in self.views}
         for slot in optimizer.variables:
             slot_name, _, var_name = slot.name.split(":")[0].partition("/")
-            if var_name == name:
+            if var_name in names:
                 value = (
                     getattr(optimizer, "initial_accumulator_value", 0.0)
                     if slot_name == "accumulator"
@@ -326,9 +336,9 @@ class EmbeddingVariable:
         broadcast)."""
         old, _ = self.map.export()
         self.map.remove(old)
-        used = tf.where(self.keys >= 0)[:, 0]
+        used = tf.reshape(tf.where(self.keys >= 0), [-1])
         self.map.insert(tf.gather(self.keys, used), used)
-        free = tf.reverse(tf.where(self.keys < 0)[:, 0], [0])  # the lowest row on top
+        free = tf.reverse(tf.reshape(tf.where(self.keys < 0), [-1]), [0])  # the lowest row on top
         self.free.assign(tf.concat([free, tf.zeros([self.rows - tf.size(free)], tf.int64)], 0))
         self.free_top.assign(tf.size(free, out_type=tf.int64))
 
@@ -344,12 +354,18 @@ class EmbeddingVariable:
         self.stats.assign_add(tf.constant([0, n, 0, 0, 0], tf.int64))
         return n
 
-    def load(self, saved: dict[str, np.ndarray], slots: list[np.ndarray | None], owner=None) -> int:
+    def load(
+        self,
+        saved: dict[str, np.ndarray],
+        weights: list[np.ndarray | None],
+        slots: list[np.ndarray | None],
+        owner=None,
+    ) -> int:
         """Take this process's rows of a saved table: ids owned here (``id mod W == rank`` for
         an ``owner`` sharding of W ranks, all otherwise), the most recently used first when
-        more are saved than fit. ``saved`` holds ``keys``, ``weights``, ``freqs``,
-        ``versions``, ``days`` (whole-table arrays) and ``sketch``, ``stats``; ``slots`` the
-        saved rows of each ``optimizer_slots`` entry (None: start from its initial value).
+        more are saved than fit. ``saved`` holds ``keys``, ``freqs``, ``versions``, ``days``
+        (whole-table arrays) and ``sketch``, ``stats``; ``weights`` each view's saved rows and
+        ``slots`` each ``optimizer_slots`` entry's (None: start from initial values).
         Returns the rows kept; call ``refresh`` after."""
         keys = saved["keys"]
         keep = keys >= 0
@@ -366,13 +382,16 @@ class EmbeddingVariable:
             return out
 
         self.keys.assign(packed(keys, FREE))
-        for var, name in (
-            (self.weights, "weights"),
-            (self.freqs, "freqs"),
-            (self.versions, "versions"),
-            (self.days, "days"),
-        ):
+        for var, name in ((self.freqs, "freqs"), (self.versions, "versions"), (self.days, "days")):
             var.assign(packed(saved[name], 0))
+        for view, rows in zip(self.views, weights, strict=True):
+            if rows is not None:
+                view.weights.assign(packed(rows, 0.0))
+            else:  # a view the checkpoint lacks: its rows start from the initializer
+                start = initial_rows(tf.constant(keys[index]), view.dim, self.salt + self.views.index(view))
+                view.weights.assign(
+                    packed(start.numpy(), 0.0) if n else np.zeros(view.weights.shape, np.float32)
+                )
         for (slot, value), rows in zip(self.optimizer_slots, slots, strict=True):
             slot.assign(packed(rows, value) if rows is not None else np.full(slot.shape, value, np.float32))
         if saved["sketch"].shape == tuple(self.sketch.shape):
@@ -391,11 +410,57 @@ class EmbeddingVariable:
         }
 
 
+class EVView:
+    """One layer's weights over an ``EmbeddingVariable``'s rows.
+
+    Attributes:
+        ev: the table.
+        weights: ``float32 [rows, dim]``, trainable.
+        dim: row width.
+        admits: this view's training lookups admit, count and evict (the first view's).
+    """
+
+    def __init__(self, ev: EmbeddingVariable, weights: tf.Variable, dim: int, admits: bool):
+        self.ev, self.weights, self.dim, self.admits = ev, weights, dim, admits
+
+    def rows_of(self, keys: tf.Tensor) -> tf.Tensor:
+        """``int64 [N]`` ids -> ``float32 [N, dim]``: their rows, zeros for ids without one
+        (left out of the gather, so they get no gradient)."""
+        slots = tf.reshape(self.ev.map.lookup(keys), [-1])
+        where = tf.where(slots >= 0)
+        got = tf.gather(self.weights, tf.gather_nd(slots, where))
+        return tf.scatter_nd(
+            where, got, tf.stack([tf.size(keys, out_type=tf.int64), tf.constant(self.dim, tf.int64)])
+        )
+
+    def lookup(self, keys: tf.Tensor, counts: tf.Tensor | None = None, training: bool = False) -> tf.Tensor:
+        """Rows of ``keys`` (``int64`` of shape ``S``) -> ``float32 [*S, dim]``; in training the
+        admitting view first updates the table (``EmbeddingVariable.count``). ``counts``
+        (``int64``, shape ``S``) are the sightings each key stands for (default 1 each)."""
+        flat = tf.reshape(keys, [-1])
+        if training and self.admits:
+            self.ev.count(flat, None if counts is None else tf.reshape(counts, [-1]))
+        rows = self.rows_of(flat)
+        return tf.reshape(rows, tf.concat([tf.shape(keys), [self.dim]], axis=0))
+
+
+def _weights_of(layer, table: str):
+    def state(name, shape, dtype, value=0, trainable=False):
+        init = value if callable(value) else keras.initializers.Constant(value)
+        return layer.add_weight(
+            name=f"{table}/{name}", shape=shape, dtype=dtype, initializer=init, trainable=trainable
+        )
+
+    return state
+
+
 def embedding_variables(model) -> list[EmbeddingVariable]:
-    """Every online table of ``model``, in a fixed order."""
-    out = []
+    """Every online table of ``model`` (shared by its views), in a fixed order."""
+    out: list[EmbeddingVariable] = []
     for layer in model.submodules:
-        out.extend(getattr(layer, "evs", {}).values())
+        for view in getattr(layer, "evs", {}).values():
+            if not any(view.ev is ev for ev in out):
+                out.append(view.ev)
     return out
 
 
