@@ -219,8 +219,8 @@ class Trainer:
         per_rank = [v for v in st.all_variables() if st.is_sharded(v) or variable_name(v) in st.summed_names]
         dist.broadcast([v for v in st.all_variables() if not any(v is p for p in per_rank)])
         ev_tables.refresh(self.model)  # the id -> row maps, from the restored / broadcast rows
+        online_start = self._online_stats()  # the day's figures include the day boundary's
         ev_tables.start_day(self.model, partition_ds(self.partitions[-1]))
-        online_start = self._online_stats()
         if dist.is_chief:
             self._save_normalization()
             self.files.train_done.unlink(missing_ok=True)  # an earlier job's
