@@ -36,10 +36,11 @@ WARM_UP_DAYS = 5
 
 
 def fixed_buckets(capacity: int, width: int) -> int:
-    """Hashed rows costing what an online table of ``capacity`` rows costs, deep (dim 16) and
-    wide (dim 1) tables together, with lazy Adam's two slots: an online row adds 4 int64s
-    (key, count, step, day) and the count-min sketch 16 bytes per counter column."""
-    online = sum(capacity * (12 * dim + 32) + 16 * width for dim in (DIM, 1))
+    """Hashed rows costing what an online table of ``capacity`` rows costs: deep (dim 16) and
+    wide (dim 1) weights with lazy Adam's two slots each (12 bytes a column), plus, once for
+    both, 5 int64s a row (id, count, step, day, free-row stack) and the count-min sketch's 4
+    float32 counters per column."""
+    online = capacity * (12 * DIM + 12 * 1 + 5 * 8) + 4 * 4 * width
     return online // (12 * DIM + 12 * 1)
 
 
