@@ -6,7 +6,9 @@ float) and returns ``probability`` and ``logit`` (``float32 [B]``). Inside it th
 transforms as the Spark job and the trainer's reader: ids cleaned then hashed
 (``recpipe.ids``: the one other place ids are hashed), tags split, dense
 values filled (NaN = missing) and normalised with the constants of the newest training day
-(``<model_dir>/normalization.json``). Written to a temporary directory, then renamed.
+(``<model_dir>/normalization.json``). Ids of online tables (``ev_params``) keep their full
+fingerprint and look their row up in the id -> row map the SavedModel holds: an unknown or
+not yet admitted id gets the zero row. Written to a temporary directory, then renamed.
 """
 
 from __future__ import annotations
