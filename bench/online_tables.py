@@ -14,7 +14,7 @@ per CPU-second of the training loop, next-day AUC. Then the goals: rows <= max_c
 day, RSS flat (+-10 %) after the warm-up days, (b) at >= 0.7x (a)'s examples per CPU-second,
 mean next-day AUC of (b) >= (a) - 0.002.
 
-    python bench/online_tables.py [--days 30] [--rows 50000]
+    python bench/online_tables.py [--days 30] [--rows 50000] [--batch_size 1024]
 """
 
 from __future__ import annotations
@@ -111,6 +111,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--days", type=int, default=30)
     parser.add_argument("--rows", type=int, default=50_000, help="rows a day")
+    parser.add_argument("--batch_size", type=int, default=1024, help="data_config.batch_size (its default)")
     parser.add_argument("--out", default="var/bench/online_tables")
     args = parser.parse_args()
     out = ROOT / args.out
@@ -125,6 +126,7 @@ def main() -> int:
 
     base = yaml.safe_load((ROOT / "conf/drift_deepfm.yaml").read_text())
     base.update(raw_input_path=str(raw), train_input_path=str(features), model_dir=str(out / "models"))
+    base["data_config"]["batch_size"] = args.batch_size
     config.write_text(yaml.safe_dump(base))
     if not (features / f"ds={days[-1]}" / "_SUCCESS").exists():
         subprocess.run(
@@ -133,7 +135,10 @@ def main() -> int:
             check=True,
             capture_output=True,
         )
-    print(f"{args.days} days of {args.rows} rows; (a) hashed tables of the same memory:", edits("hashed"))
+    print(
+        f"{args.days} days of {args.rows} rows, batch {args.batch_size}; (a) hashed tables of equal memory:",
+        edits("hashed"),
+    )
     header = f"{'day':10s} {'variant':7s} {'user rows':>13s} {'adm':>5s} {'evi':>5s} {'RSS MiB':>8s}"
     print(header + f" {'ex/s wall':>9s} {'ex/CPU-s':>8s} {'next AUC':>8s}")
     rows: dict[str, list[dict]] = {"hashed": [], "online": []}
