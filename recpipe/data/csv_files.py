@@ -28,13 +28,19 @@ def write_csv_file(table: pa.Table, final: Path) -> None:
 
 
 def write_days(
-    out: str | Path, start: str, days: int, day_table: Callable[[int], pa.Table]
+    out: str | Path, start: str, days: int, day_table: Callable[[int], pa.Table], rows: int
 ) -> dict[str, int]:
-    """Write ``day_table(d)`` for d in ``range(days)`` as ``out/ds=<start + d>/`` partitions.
+    """Write ``day_table(d)`` for d in ``range(days)`` as ``out/ds=<start + d>/`` partitions
+    (synthetic logs of ``rows`` rows in all or a day).
 
     Returns:
         ``{ds: rows}``.
+
+    Raises:
+        ValueError: ``rows`` or ``days`` is not positive (before anything is written).
     """
+    if rows <= 0 or days <= 0:
+        raise ValueError(f"rows and days must be positive (got rows={rows}, days={days})")
     first, counts = date.fromisoformat(start), {}
     for d in range(days):
         ds = (first + timedelta(days=d)).isoformat()

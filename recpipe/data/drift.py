@@ -92,8 +92,6 @@ def synth_drift(
     Raises:
         ValueError: ``rows`` or ``days`` is not positive.
     """
-    if rows <= 0 or days <= 0:
-        raise ValueError(f"rows and days must be positive (got rows={rows}, days={days})")
     return write_days(
-        out, start, days, lambda d: drift_day(d, rows, users, items, user_drift, item_drift, seed)
+        out, start, days, lambda d: drift_day(d, rows, users, items, user_drift, item_drift, seed), rows
     )

@@ -68,8 +68,8 @@ def synth_criteo(
     Raises:
         ValueError: ``rows`` or ``days`` is not positive.
     """
-    if rows <= 0 or days <= 0:
+    if rows <= 0:
         raise ValueError(f"rows and days must be positive (got rows={rows}, days={days})")
     table = synth_criteo_table(rows, seed)
-    bounds = np.linspace(0, rows, days + 1).astype(int)
-    return write_days(out, start, days, lambda d: table.slice(bounds[d], bounds[d + 1] - bounds[d]))
+    bounds = np.linspace(0, rows, max(days, 0) + 1).astype(int)
+    return write_days(out, start, days, lambda d: table.slice(bounds[d], bounds[d + 1] - bounds[d]), rows)
