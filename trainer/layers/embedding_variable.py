@@ -6,9 +6,10 @@ as the hashed tables are) is allocated up front; a ``tf.lookup.experimental.Muta
 maps an id's full 64-bit fingerprint (``trainer.hashing`` without a modulo: no collisions
 beyond Fingerprint64's own) to its row. Per row, ``ev_keys`` (the id, -1 for a free row),
 ``ev_freqs`` (sightings), ``ev_versions`` (the ``EVClock`` step it was last looked up in
-training) and ``ev_days`` (the last day it was seen) are variables: they are checkpointed with
-the weights, and the map is rebuilt from ``ev_keys`` after every restore (``refresh``), so
-checkpoints need no hash-table format and re-shard to any world size.
+training) and ``ev_days`` (the last day it was seen) are variables, shared by the layers that
+look the table up (the deep and wide embeddings of a feature, each with its own weights).
+They are checkpointed with the weights, and the map is rebuilt from ``ev_keys`` after every
+restore (``refresh``), so checkpoints need no hash-table format and re-shard to any world size.
 
 In training a lookup first updates the table (``admit``), then reads it:
 
@@ -20,9 +21,10 @@ In training a lookup first updates the table (``admit``), then reads it:
   ``CounterFilter``). The sketch's memory is fixed, needs no eviction of its own, and only
   over-counts (an id may be admitted early, never late); its counts decay at each day
   boundary so that it does not fill up over a forever-running daily retrain;
-- an admitted id takes a free row, or, when the table is full, the least recently looked-up
-  row not used in this step (LRU, as HKV's default); if none is left it stays unadmitted
-  (``refused``). The row starts from the initializer (a truncated normal, stddev 0.01, drawn
+- an admitted id takes a free row (from a stack: O(new ids)), or, when the table is full, the
+  least recently looked-up rows not used in this step are evicted, at least 1/64 of the table
+  at once (LRU, as HKV's default); if none is left it stays unadmitted (``refused``).
+  The row starts from the initializer (a truncated normal, stddev 0.01, drawn
   from a hash of the id, so every process and every re-admission draws the same row) and its
   optimizer slots from their initial values (tf-keras' ``DynamicEmbedding`` forgets these);
 - an id without a row looks up zeros and gets no gradient (DeepRec's
@@ -455,6 +457,9 @@ class EVView:
 
 
 def _weights_of(layer, table: str):
+    """``state(name, shape, dtype, value, trainable)``: a weight of ``layer`` named
+    ``<table>/<name>``, initialised to ``value`` (a constant or an initializer)."""
+
     def state(name, shape, dtype, value=0, trainable=False):
         init = value if callable(value) else keras.initializers.Constant(value)
         return layer.add_weight(
