@@ -20,6 +20,7 @@ from tensorflow.python.trackable.base import Trackable
 
 from recpipe.config.data import EVParams, FeatureSpec
 from recpipe.config.errors import ConfigError
+from trainer.layers.embedding_variable import embedding_variables
 
 VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
 
@@ -217,16 +218,6 @@ def placement(model) -> list[str]:
     return out
 
 
-def _online(model) -> list:
-    """The model's online tables (``EmbeddingVariable``), each once."""
-    out: list = []
-    for layer in model.submodules:
-        for view in getattr(layer, "evs", {}).values():
-            if not any(view.ev is ev for ev in out):
-                out.append(view.ev)
-    return out
-
-
 def _sharded(model) -> bool:
     return any(getattr(layer, "sharding", None) is not None for layer in model.submodules)
 
@@ -239,7 +230,7 @@ def sharded_names(model) -> frozenset[str]:
         if getattr(layer, "sharding", None) is not None:
             names |= {variable_name(v) for v in getattr(layer, "fused", {}).values()}
     if _sharded(model):
-        names |= {variable_name(v) for ev in _online(model) for v in ev.row_variables}
+        names |= {variable_name(v) for ev in embedding_variables(model) for v in ev.row_variables}
     return frozenset(names)
 
 
@@ -248,13 +239,13 @@ def summed_names(model) -> frozenset[str]:
     (embedding-parallel: each rank counts the ids it owns)."""
     if not _sharded(model):
         return frozenset()
-    return frozenset(variable_name(v) for ev in _online(model) for v in ev.summed_variables)
+    return frozenset(variable_name(v) for ev in embedding_variables(model) for v in ev.summed_variables)
 
 
 def ev_names(model) -> frozenset[str]:
     """Names of every variable of the online tables (restored by ``EmbeddingVariable.load``)."""
     return frozenset(
         variable_name(v)
-        for ev in _online(model)
+        for ev in embedding_variables(model)
         for v in ev.row_variables + ev.summed_variables + ev.derived_variables
     )

@@ -74,8 +74,7 @@ def _train_eval(args, extra) -> int:
     from trainer.loop import Trainer, TrainJob
     from trainer.scoring import evaluate
 
-    online = [f.name for f in config.feature_config.features if f.ev_params is not None]
-    dist = distribution_for(config.train_config, online)
+    dist = distribution_for(config.train_config, config.feature_config.online_features)
     job = TrainJob(
         config=config, model_dir=model_dir, train_days=train_days, continue_train=args.continue_train
     )

@@ -102,7 +102,7 @@ class Trainer:
         self.files = ModelDir(job.model_dir)
         self.config = job.config
         self.dist = distribution or Distribution()
-        online = [f.name for f in self.config.feature_config.features if f.ev_params is not None]
+        online = self.config.feature_config.online_features
         if online and not self.dist.holds_online_tables:
             raise online_tables_refused(self.config.train_config.train_distribute.value, online)
         self.strategy = self.dist.strategy
@@ -215,9 +215,7 @@ class Trainer:
             self._eval_days()  # fail before training, not at the first checkpoint
         job.model_dir.mkdir(parents=True, exist_ok=True)
         fine_tune = self._restore()
-        st = self.state
-        per_rank = [v for v in st.all_variables() if st.is_sharded(v) or variable_name(v) in st.summed_names]
-        dist.broadcast([v for v in st.all_variables() if not any(v is p for p in per_rank)])
+        dist.broadcast([v for v in self.state.all_variables() if not self.state.is_per_rank(v)])
         ev_tables.refresh(self.model)  # the id -> row maps, from the restored / broadcast rows
         online_start = self._online_stats()  # the day's figures include the day boundary's
         ev_tables.start_day(self.model, partition_ds(self.partitions[-1]))

@@ -70,6 +70,10 @@ class TrainState:
             out += list(opt.variables)
         return out + [self.global_step, self.epoch, self.batch_in_epoch]
 
+    def is_per_rank(self, var: tf.Variable) -> bool:
+        """Holds this rank's own values (sharded rows or per-rank counts): never broadcast."""
+        return self.is_sharded(var) or variable_name(var) in self.summed_names
+
     def is_sharded(self, var: tf.Variable) -> bool:
         """A sharded embedding variable, or an optimizer slot of one (``<slot>/<variable>``)."""
         name = variable_name(var)

@@ -177,6 +177,11 @@ class FeatureConfig(Section):
     features: list[FeatureSpec] = Field(min_length=1)
     normalization_window_days: int = Field(7, gt=0)
 
+    @property
+    def online_features(self) -> list[str]:
+        """Names of the features with online tables (``ev_params``)."""
+        return [f.name for f in self.features if f.ev_params is not None]
+
     def feature(self, name: str) -> FeatureSpec:
         """The feature called ``name``.
 

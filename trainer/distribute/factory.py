@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 
@@ -14,39 +15,46 @@ def distribution_for(train_config: TrainConfig, online_tables: list[str] = ()) -
     (TF_CONFIG, horovodrun's environment). ``online_tables``: the features with ``ev_params``.
 
     Raises:
-        StrategyError: online tables under parameter servers or (multi-worker) mirroring.
         StrategyError: ``SokStrategy`` (needs a GPU and NVIDIA SOK); ``sync_replicas``
-            without ps; a multi-worker strategy without its environment.
+            without ps; a multi-worker strategy without its environment; online tables under
+            a distribution that cannot hold them (checked before it starts).
     """
     kind = train_config.train_distribute
-    ps = len(json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {}).get("ps", []))
-    mirrored = (TrainDistribute.MirroredStrategy, TrainDistribute.MultiWorkerMirroredStrategy)
-    if online_tables and (kind.with_parameter_servers(ps) or kind in mirrored):
+    make = _constructor(train_config)
+    cls = make.func if isinstance(make, functools.partial) else make
+    if online_tables and not cls.holds_online_tables:
         raise online_tables_refused(kind.value, list(online_tables))
+    return make()
+
+
+def _constructor(train_config: TrainConfig):
+    """The ``Distribution`` class (or a partial of it) for ``train_distribute``."""
+    kind = train_config.train_distribute
+    ps = len(json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {}).get("ps", []))
     if kind.with_parameter_servers(ps):
         from trainer.distribute import parameter_server
 
         if train_config.sync_replicas:
-            return parameter_server.SynchronousParameterServerDistribution()
-        return parameter_server.ParameterServerDistribution()
+            return parameter_server.SynchronousParameterServerDistribution
+        return parameter_server.ParameterServerDistribution
     if kind == TrainDistribute.NoStrategy and not train_config.sync_replicas:
-        return Distribution()
+        return Distribution
     if kind == TrainDistribute.MirroredStrategy:
         from trainer.distribute.mirrored import MirroredDistribution
 
-        return MirroredDistribution(train_config.num_gpus_per_worker)
+        return functools.partial(MirroredDistribution, train_config.num_gpus_per_worker)
     if kind == TrainDistribute.MultiWorkerMirroredStrategy:
         from trainer.distribute.mirrored import MultiWorkerMirroredDistribution
 
-        return MultiWorkerMirroredDistribution()
+        return MultiWorkerMirroredDistribution
     if kind == TrainDistribute.HorovodStrategy:
         from trainer.distribute.horovod import HorovodDistribution
 
-        return HorovodDistribution()
+        return HorovodDistribution
     if kind == TrainDistribute.EmbeddingParallelStrategy:
         from trainer.distribute.embedding_parallel import EmbeddingParallelDistribution
 
-        return EmbeddingParallelDistribution()
+        return EmbeddingParallelDistribution
     if kind == TrainDistribute.SokStrategy:
         raise StrategyError("train_config.train_distribute: SokStrategy needs a GPU and NVIDIA SOK")
     raise StrategyError(

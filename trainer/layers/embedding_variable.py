@@ -174,9 +174,6 @@ class EmbeddingVariable:
         )
         self.free_top = state("ev_free_top", (), tf.int64, rows)
         self.map = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, default_value=FREE)
-        # (ids tensor, its rows) of the admitting view's last traced lookup: the other views
-        # of the same step look the same ids up, after the admission, so they reuse them
-        self.traced_slots: tuple | None = None
         self.views: list[EVView] = []
         self.optimizer_slots: list[tuple[tf.Variable, float]] = []
 
@@ -241,7 +238,8 @@ class EmbeddingVariable:
         else:
             ready = tf.ones_like(miss_at, tf.bool)
         order = tf.cumsum(tf.cast(ready, tf.int64))  # 1-based rank among the ready ids
-        targets, victims = self._free_rows(tf.reduce_sum(tf.cast(ready, tf.int64)), step)
+        n_ready = tf.reduce_sum(tf.cast(ready, tf.int64))
+        targets, victims = self._free_rows(n_ready, step)
         m = tf.size(targets, out_type=tf.int64)
         admitted = ready & (order <= m)
         admitted_at = tf.reshape(tf.where(admitted), [-1])
@@ -256,7 +254,7 @@ class EmbeddingVariable:
         self._fill(targets, new_keys, tf.cast(tf.gather(count, admitted_at), tf.int64), step, day)
         total = tf.reduce_sum(occurrences)
         filtered = total - tf.reduce_sum(hit_occ) - tf.reduce_sum(tf.gather(miss_occ, admitted_at))
-        refused = tf.reduce_sum(tf.cast(ready, tf.int64)) - m
+        refused = n_ready - m
         evicted += tf.size(victims, out_type=tf.int64)
         self.stats.assign_add(tf.stack([m, evicted, refused, total, filtered]))
 
@@ -428,17 +426,14 @@ class EVView:
     def __init__(self, ev: EmbeddingVariable, weights: tf.Variable, dim: int, admits: bool):
         self.ev, self.weights, self.dim, self.admits = ev, weights, dim, admits
 
-    def rows_of(self, keys: tf.Tensor, found=None) -> tuple[tf.Tensor, tuple]:
+    def rows_of(self, keys: tf.Tensor) -> tf.Tensor:
         """``int64 [N]`` ids -> ``float32 [N, dim]``: their rows, zeros for ids without one
-        (left out of the gather, so they get no gradient); and ``found``: ``(positions
-        int64 [M, 1], rows int64 [M])`` of the ids with a row (looked up unless given)."""
-        if found is None:
-            slots = tf.reshape(self.ev.map.lookup(keys), [-1])
-            where = tf.where(slots >= 0)
-            found = (where, tf.gather_nd(slots, where))
-        where, slots = found
+        (left out of the gather, so they get no gradient)."""
+        slots = tf.reshape(self.ev.map.lookup(keys), [-1])
+        where = tf.where(slots >= 0)
+        got = tf.gather(self.weights, tf.gather_nd(slots, where))
         shape = tf.stack([tf.size(keys, out_type=tf.int64), tf.constant(self.dim, tf.int64)])
-        return tf.scatter_nd(where, tf.gather(self.weights, slots), shape), found
+        return tf.scatter_nd(where, got, shape)
 
     def lookup(self, keys: tf.Tensor, counts: tf.Tensor | None = None, training: bool = False) -> tf.Tensor:
         """Rows of ``keys`` (``int64`` of shape ``S``) -> ``float32 [*S, dim]``; in training the
@@ -447,13 +442,7 @@ class EVView:
         flat = tf.reshape(keys, [-1])
         if training and self.admits:
             self.ev.count(flat, None if counts is None else tf.reshape(counts, [-1]))
-        # in a traced step the other views look the admitting view's ids up after it: reuse
-        traced = None if tf.executing_eagerly() else self.ev.traced_slots
-        reuse = traced is not None and traced[0] is keys and not self.admits
-        rows, found = self.rows_of(flat, traced[1] if reuse else None)
-        if self.admits and not tf.executing_eagerly():
-            self.ev.traced_slots = (keys, found)
-        return tf.reshape(rows, tf.concat([tf.shape(keys), [self.dim]], axis=0))
+        return tf.reshape(self.rows_of(flat), tf.concat([tf.shape(keys), [self.dim]], axis=0))
 
 
 def _weights_of(layer, table: str):
