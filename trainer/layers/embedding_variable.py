@@ -101,26 +101,26 @@ class _Tables:
 
 def _mix(x: tf.Tensor) -> tf.Tensor:
     """SplitMix64's finalizer on ``uint64``: a well-spread 64-bit hash."""
+    for shift, factor in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):
+        x = (x ^ tf.bitwise.right_shift(x, np.uint64(shift))) * np.uint64(factor)
+    return x ^ tf.bitwise.right_shift(x, np.uint64(31))
 
-    def shift(v, n):
-        return tf.bitwise.right_shift(v, tf.constant(n, tf.uint64))
 
-    x = (x ^ shift(x, 30)) * tf.constant(0xBF58476D1CE4E5B9, tf.uint64)
-    x = (x ^ shift(x, 27)) * tf.constant(0x94D049BB133111EB, tf.uint64)
-    return x ^ shift(x, 31)
+_GOLDEN = 0x9E3779B97F4A7C15
+_LO, _HI = 0.022750132, 0.977249868  # Phi(-2), Phi(2)
 
 
 def initial_rows(keys: tf.Tensor, dim: int, salt: int) -> tf.Tensor:
     """A truncated normal (stddev ``STDDEV``, cut at 2 stddevs) row per id, drawn from a hash
-    of ``(salt, id, column)``: ``int64 [n]`` -> ``float32 [n, dim]``, the same on every process."""
-    base = tf.bitcast(keys, tf.uint64)[:, None] + tf.constant(salt, tf.uint64)
-    golden = tf.constant(0x9E3779B97F4A7C15, tf.uint64)
-    columns = tf.cast(tf.range(1, dim + 1, dtype=tf.int64), tf.uint64)
-    bits = _mix(base + columns[None, :] * golden)
+    of ``(salt, id, column)``: ``int64 [n]`` -> ``float32 [n, dim]``, the same on every process.
+    Column ``j`` of a wider call equals column ``j`` of a narrower one."""
+    # per column: salt + j * golden, mod 2^64 (kept in Python ints: numpy would warn on overflow)
+    offsets = np.array([(salt + j * _GOLDEN) % 2**64 for j in range(1, dim + 1)], np.uint64)
+    bits = _mix(tf.expand_dims(tf.bitcast(keys, tf.uint64), 1) + offsets)
     # 24 high bits -> u in (0, 1) -> the normal quantile, restricted to [-2, 2] stddevs
-    u = (tf.cast(tf.bitwise.right_shift(bits, tf.constant(40, tf.uint64)), tf.float32) + 0.5) / 2.0**24
-    lo, hi = 0.022750132, 0.977249868  # Phi(-2), Phi(2)
-    return STDDEV * tf.math.ndtri(lo + (hi - lo) * u)
+    high = tf.cast(tf.bitwise.right_shift(bits, np.uint64(40)), tf.float32)
+    scale = (_HI - _LO) / 2.0**24
+    return STDDEV * tf.math.ndtri(high * scale + (_LO + 0.5 * scale))
 
 
 def _set(var: tf.Variable, index: tf.Tensor, values) -> None:
@@ -218,10 +218,12 @@ class EmbeddingVariable:
         ``occurrences`` (``int64 [U]``) times each: count, evict, admit (module docstring)."""
         p = self.params
         step, day = tf.convert_to_tensor(self.clock.step), tf.convert_to_tensor(self.clock.day)
-        slots = tf.reshape(self.map.lookup(keys), [-1])
-        hit = slots >= 0
-        hit_at, miss_at = tf.reshape(tf.where(hit), [-1]), tf.reshape(tf.where(~hit), [-1])
-        hit_slots, hit_occ = tf.gather(slots, hit_at), tf.gather(occurrences, hit_at)
+        slots = self.map.lookup(keys)
+        # partition 0: ids without a row, 1: ids with one
+        part = tf.cast(slots >= 0, tf.int32)
+        miss, _ = tf.dynamic_partition(keys, part, 2)
+        miss_occ, hit_occ = tf.dynamic_partition(occurrences, part, 2)
+        _, hit_slots = tf.dynamic_partition(slots, part, 2)
         tf.raw_ops.ResourceScatterAdd(resource=self.freqs.handle, indices=hit_slots, updates=hit_occ)
         _set(self.versions, hit_slots, step)
         _set(self.days, hit_slots, day)
@@ -229,16 +231,16 @@ class EmbeddingVariable:
         if p.steps_to_live:
             stale = (self.keys >= 0) & (self.versions < step - p.steps_to_live)
             evicted += self._evict(tf.reshape(tf.where(stale), [-1]))
-        miss, miss_occ = tf.gather(keys, miss_at), tf.gather(occurrences, miss_at)
         count = tf.cast(miss_occ, tf.float32)
         if p.filter_freq > 1:
             index = self._sketch_index(miss)
             count += tf.reduce_min(tf.gather(self.sketch, index), axis=1)
             ready = count >= p.filter_freq
         else:
-            ready = tf.ones_like(miss_at, tf.bool)
-        order = tf.cumsum(tf.cast(ready, tf.int64))  # 1-based rank among the ready ids
-        n_ready = tf.reduce_sum(tf.cast(ready, tf.int64))
+            ready = tf.ones_like(miss, tf.bool)
+        flags = tf.cast(ready, tf.int64)
+        order = tf.cumsum(flags)  # 1-based rank among the ready ids
+        n_ready = tf.reduce_sum(flags)
         targets, victims = self._free_rows(n_ready, step)
         m = tf.size(targets, out_type=tf.int64)
         admitted = ready & (order <= m)
@@ -247,8 +249,8 @@ class EmbeddingVariable:
             kept = tf.where(admitted, 0.0, count)
             tf.raw_ops.ResourceScatterMax(
                 resource=self.sketch.handle,
-                indices=tf.reshape(index, [-1]),
-                updates=tf.reshape(tf.tile(kept[:, None], [1, SKETCH_DEPTH]), [-1]),
+                indices=index,
+                updates=tf.tile(tf.expand_dims(kept, 1), [1, SKETCH_DEPTH]),
             )
         new_keys = tf.gather(miss, admitted_at)
         self._fill(targets, new_keys, tf.cast(tf.gather(count, admitted_at), tf.int64), step, day)
@@ -303,16 +305,22 @@ class EmbeddingVariable:
         _set(self.freqs, slots, freqs)
         _set(self.versions, slots, step)
         _set(self.days, slots, day)
-        for i, view in enumerate(self.views):
-            _set(view.weights, slots, initial_rows(keys, view.dim, self.salt + i))
+        for view, rows in zip(self.views, self.initial_values(keys), strict=True):
+            _set(view.weights, slots, rows)
         for slot, value in self.optimizer_slots:
             _set(slot, slots, tf.constant(value, slot.dtype))
+
+    def initial_values(self, keys: tf.Tensor) -> list[tf.Tensor]:
+        """Each view's initial rows of ``keys`` (``int64 [n]``): ``float32 [n, dim]`` per view,
+        consecutive columns of one ``initial_rows`` draw (one hash for every view)."""
+        rows = initial_rows(keys, sum(v.dim for v in self.views), self.salt)
+        return tf.split(rows, [v.dim for v in self.views], axis=1) if len(self.views) > 1 else [rows]
 
     def _sketch_index(self, keys: tf.Tensor) -> tf.Tensor:
         """``int64 [n, 4]`` counter positions of ``keys`` in the flat sketch."""
         shifts = tf.constant([SKETCH_SHIFT * d for d in range(SKETCH_DEPTH)], tf.int64)
         offsets = tf.constant([self.width * d for d in range(SKETCH_DEPTH)], tf.int64)
-        return tf.math.floormod(tf.bitwise.right_shift(keys[:, None], shifts), self.width) + offsets
+        return tf.math.floormod(tf.bitwise.right_shift(tf.expand_dims(keys, 1), shifts), self.width) + offsets
 
     def _estimate(self, keys: tf.Tensor) -> tf.Tensor:
         """The sketch's count of each of ``keys`` (``float32 [n]``)."""
@@ -379,22 +387,18 @@ class EmbeddingVariable:
             index = index[np.argsort(-saved["versions"][index], kind="stable")[: self.rows]]
         n = len(index)
 
-        def packed(values, fill):
+        def packed(values, fill, selected=False):
             out = np.full((self.rows, *values.shape[1:]), fill, values.dtype)
-            out[:n] = values[index]
+            out[:n] = values if selected else values[index]
             return out
 
         self.keys.assign(packed(keys, FREE))
         for var, name in ((self.freqs, "freqs"), (self.versions, "versions"), (self.days, "days")):
             var.assign(packed(saved[name], 0))
-        for view, rows in zip(self.views, weights, strict=True):
-            if rows is not None:
-                view.weights.assign(packed(rows, 0.0))
-            else:  # a view the checkpoint lacks: its rows start from the initializer
-                start = initial_rows(tf.constant(keys[index]), view.dim, self.salt + self.views.index(view))
-                view.weights.assign(
-                    packed(start.numpy(), 0.0) if n else np.zeros(view.weights.shape, np.float32)
-                )
+        starts = self.initial_values(tf.constant(keys[index]))
+        for view, rows, start in zip(self.views, weights, starts, strict=True):
+            # a view the checkpoint lacks: its rows start from the initializer
+            view.weights.assign(packed(rows, 0.0) if rows is not None else packed(start.numpy(), 0.0, True))
         for (slot, value), rows in zip(self.optimizer_slots, slots, strict=True):
             slot.assign(packed(rows, value) if rows is not None else np.full(slot.shape, value, np.float32))
         if saved["sketch"].shape == tuple(self.sketch.shape):
@@ -429,7 +433,7 @@ class EVView:
     def rows_of(self, keys: tf.Tensor) -> tf.Tensor:
         """``int64 [N]`` ids -> ``float32 [N, dim]``: their rows, zeros for ids without one
         (left out of the gather, so they get no gradient)."""
-        slots = tf.reshape(self.ev.map.lookup(keys), [-1])
+        slots = self.ev.map.lookup(keys)
         where = tf.where(slots >= 0)
         got = tf.gather(self.weights, tf.gather_nd(slots, where))
         shape = tf.stack([tf.size(keys, out_type=tf.int64), tf.constant(self.dim, tf.int64)])
