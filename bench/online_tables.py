@@ -178,7 +178,7 @@ def main() -> int:
 def _goals(rows: dict[str, list[dict]]) -> None:
     a, b = rows["hashed"], rows["online"]
     over = [r["ds"] for r in b for t in ("user", "item") if r[f"{t}_rows_used"] > r[f"{t}_capacity"]]
-    rss = [r["rss"] for r in b[WARM_UP_DAYS:]]
+    rss = [r["rss"] for r in b[WARM_UP_DAYS:]] or [r["rss"] for r in b]  # short runs: every day
     mid = sorted(rss)[len(rss) // 2]
     spread = max(abs(x - mid) / mid for x in rss)
     cpu_a = sum(r["cpu_rate"] for r in a) / len(a)

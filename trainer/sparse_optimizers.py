@@ -21,6 +21,13 @@ def _set_rows(slot: tf.Variable, indices: tf.Tensor, rows: tf.Tensor) -> None:
     slot.scatter_update(tf.IndexedSlices(rows, indices))
 
 
+class _StepMemo:
+    # a plain holder, so that Keras does not track the traced tensors
+    def __init__(self):
+        self.graph = None
+        self.values: dict = {}
+
+
 class LazyAdam(keras.optimizers.Adam):
     """Adam with row-wise ("lazy") updates of sparse gradients.
 
@@ -43,16 +50,37 @@ class LazyAdam(keras.optimizers.Adam):
         super().__init__(*args, **kwargs)
         if self.amsgrad:
             raise ValueError("LazyAdam does not support amsgrad")
+        self._memo = _StepMemo()
 
-    def update_step(self, gradient, variable):
-        if not isinstance(gradient, tf.IndexedSlices):
-            return super().update_step(gradient, variable)
-        dtype = variable.dtype
+    def apply_gradients(self, grads_and_vars, *args, **kwargs):
+        self._memo.graph = None  # the step size is this call's
+        return super().apply_gradients(grads_and_vars, *args, **kwargs)
+
+    def _step_size(self, dtype) -> tf.Tensor:
+        """``lr sqrt(1 - beta_2^t) / (1 - beta_1^t)``: traced once per ``apply_gradients``
+        (and dtype) and shared by every sparse variable's update, for fewer graph ops."""
+        graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+        memo = self._memo
+        if graph is not None and memo.graph is graph and dtype in memo.values:
+            return memo.values[dtype]
         lr = tf.cast(self.learning_rate, dtype)
         step = tf.cast(self.iterations + 1, dtype)
         beta_1 = tf.cast(self.beta_1, dtype)
         beta_2 = tf.cast(self.beta_2, dtype)
         alpha = lr * tf.sqrt(1 - tf.pow(beta_2, step)) / (1 - tf.pow(beta_1, step))
+        if graph is not None:
+            if memo.graph is not graph:
+                memo.graph, memo.values = graph, {}
+            memo.values[dtype] = alpha
+        return alpha
+
+    def update_step(self, gradient, variable):
+        if not isinstance(gradient, tf.IndexedSlices):
+            return super().update_step(gradient, variable)
+        dtype = variable.dtype
+        alpha = self._step_size(dtype)
+        beta_1 = tf.cast(self.beta_1, dtype)
+        beta_2 = tf.cast(self.beta_2, dtype)
         key = self._index_dict[self._var_key(variable)]
         m, v = self._momentums[key], self._velocities[key]
         idx, g = gradient.indices, gradient.values

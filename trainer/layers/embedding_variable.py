@@ -240,7 +240,7 @@ class EmbeddingVariable:
             ready = tf.ones_like(miss, tf.bool)
         flags = tf.cast(ready, tf.int64)
         order = tf.cumsum(flags)  # 1-based rank among the ready ids
-        n_ready = tf.reduce_sum(flags)
+        n_ready = tf.reduce_sum(flags, 0)
         targets, victims = self._free_rows(n_ready, step)
         m = tf.size(targets, out_type=tf.int64)
         admitted = ready & (order <= m)
@@ -254,8 +254,8 @@ class EmbeddingVariable:
             )
         new_keys = tf.gather(miss, admitted_at)
         self._fill(targets, new_keys, tf.cast(tf.gather(count, admitted_at), tf.int64), step, day)
-        total = tf.reduce_sum(occurrences)
-        filtered = total - tf.reduce_sum(hit_occ) - tf.reduce_sum(tf.gather(miss_occ, admitted_at))
+        total = tf.reduce_sum(occurrences, 0)
+        filtered = tf.reduce_sum(tf.where(admitted, tf.zeros_like(miss_occ), miss_occ), 0)
         refused = n_ready - m
         evicted += tf.size(victims, out_type=tf.int64)
         self.stats.assign_add(tf.stack([m, evicted, refused, total, filtered]))
@@ -443,10 +443,16 @@ class EVView:
         """Rows of ``keys`` (``int64`` of shape ``S``) -> ``float32 [*S, dim]``; in training the
         admitting view first updates the table (``EmbeddingVariable.count``). ``counts``
         (``int64``, shape ``S``) are the sightings each key stands for (default 1 each)."""
-        flat = tf.reshape(keys, [-1])
+        flat = keys.shape.rank == 1  # an id feature's batch: no reshapes to trace
         if training and self.admits:
-            self.ev.count(flat, None if counts is None else tf.reshape(counts, [-1]))
-        return tf.reshape(self.rows_of(flat), tf.concat([tf.shape(keys), [self.dim]], axis=0))
+            self.ev.count(
+                keys if flat else tf.reshape(keys, [-1]),
+                counts if counts is None or flat else tf.reshape(counts, [-1]),
+            )
+        if flat:
+            return self.rows_of(keys)
+        rows = self.rows_of(tf.reshape(keys, [-1]))
+        return tf.reshape(rows, tf.concat([tf.shape(keys), [self.dim]], axis=0))
 
 
 def _weights_of(layer, table: str):
