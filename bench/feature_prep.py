@@ -1,31 +1,66 @@
-"""Benchmark: the Spark feature job on synthetic Criteo rows vs reading the CSV with pyarrow.
+"""Benchmark: the Spark feature job against what reading the day costs, on synthetic Criteo rows.
 
-Prints rows/s of ``prepare_day`` (one day, local[*], includes the JVM-side parse, quarantine
-check, dense statistics, and the Parquet write) and of ``pyarrow.csv.read_csv`` on the same
-file (the I/O floor), and their ratio. Usage::
+In one run, on the same CSV file (one day, ``local[*]``), wall and CPU seconds of
 
-    python bench/feature_prep.py [--rows 1000000] [--workdir var/bench/feature_prep]
+  (a) ``pyarrow.csv.read_csv``: the I/O floor;
+  (b) a bare Spark CSV -> Parquet conversion with the day's typed schema: what Spark itself
+      costs to parse and write the rows;
+  (c) the feature job, ``prepare_day``: parse, quarantine check, statistics, features, write.
+
+CPU seconds are this process's plus the Spark JVM's (``/proc/<pid>/stat``). Each Spark
+variant runs once to warm up (JIT, caches, as in a long-lived job), then ``--repeats`` times,
+alternating; the median is printed. Goal: (c) <= 1.5x (b).
+
+    python bench/feature_prep.py [--rows 1000000] [--repeats 3] [--workdir var/bench/feature_prep]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
+import statistics
 import time
 from pathlib import Path
 
 import pyarrow.csv as pacsv
 
 ROOT = Path(__file__).resolve().parents[1]
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _jvm_cpu(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (every thread)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+class Clock:
+    """Wall and CPU seconds of a block: this process plus the Spark JVM ``jvm_pid``."""
+
+    def __init__(self, jvm_pid: int | None = None):
+        self.jvm_pid = jvm_pid
+
+    def cpu(self) -> float:
+        return time.process_time() + (_jvm_cpu(self.jvm_pid) if self.jvm_pid else 0.0)
+
+    def measure(self, fn) -> tuple[float, float]:
+        wall, cpu = time.perf_counter(), self.cpu()
+        fn()
+        return time.perf_counter() - wall, self.cpu() - cpu
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workdir", default=str(ROOT / "var/bench/feature_prep"))
     args = parser.parse_args()
 
+    from pyspark.sql import types as T
+
     from features.prepare import prepare_day
+    from features.schema import SPARK_TYPES
     from features.session import get_spark
     from recpipe.config import load_pipeline_config
     from recpipe.data.synth import synth_criteo
@@ -40,30 +75,49 @@ def main() -> None:
         f"synth: {args.rows} rows, {csv_file.stat().st_size / 2**20:.0f} MiB CSV "
         f"in {time.perf_counter() - t0:.1f}s"
     )
-
-    t0 = time.perf_counter()
-    table = pacsv.read_csv(csv_file)
-    floor_s = time.perf_counter() - t0
-    assert table.num_rows == args.rows
-
     config = load_pipeline_config(
         ROOT / "conf/criteo_deepfm.yaml",
         {"raw_input_path": str(work / "raw"), "train_input_path": str(work / "features")},
     )
+    dc = config.data_config
+
+    floor = Clock().measure(lambda: pacsv.read_csv(csv_file))
+
     t0 = time.perf_counter()
     spark = get_spark("recpipe-bench")
     start_s = time.perf_counter() - t0
-    prepare_day(spark, config, ds)  # warm-up: JIT and caches, as in a long-lived job
-    t0 = time.perf_counter()
-    stats = prepare_day(spark, config, ds)
-    job_s = time.perf_counter() - t0
-    assert stats["rows"] == args.rows
+    clock = Clock(spark.sparkContext._gateway.proc.pid)
+    schema = T.StructType([T.StructField(f.input_name, SPARK_TYPES[f.input_type]) for f in dc.input_fields])
+
+    def bare() -> None:
+        df = spark.read.option("header", True).option("sep", dc.separator).schema(schema).csv(str(csv_file))
+        df.write.mode("overwrite").parquet(str(work / "bare"))
+
+    def job() -> None:
+        assert prepare_day(spark, config, ds)["rows"] == args.rows
+
+    runs: dict[str, list[tuple[float, float]]] = {"bare": [], "job": []}
+    bare()  # warm-up
+    job()
+    for _ in range(args.repeats):
+        runs["bare"].append(clock.measure(bare))
+        runs["job"].append(clock.measure(job))
     spark.stop()
 
-    print(f"spark session start: {start_s:.1f}s (not counted)")
-    print(f"pyarrow read_csv (I/O floor): {floor_s:.2f}s = {args.rows / floor_s:,.0f} rows/s")
-    print(f"spark feature job:            {job_s:.2f}s = {args.rows / job_s:,.0f} rows/s")
-    print(f"ratio job / floor: {floor_s / job_s:.3f} (job takes {job_s / floor_s:.1f}x the floor's time)")
+    def median(name: str) -> tuple[float, float]:
+        return statistics.median(w for w, _ in runs[name]), statistics.median(c for _, c in runs[name])
+
+    (bare_w, bare_c), (job_w, job_c) = median("bare"), median("job")
+    print(f"spark session start: {start_s:.1f}s (not counted); cores: {os.cpu_count()}")
+    print(f"{'':34s} {'wall s':>7s} {'CPU s':>7s} {'rows/s wall':>12s}")
+    for label, (w, c) in (
+        ("(a) pyarrow read_csv (I/O floor)", floor),
+        ("(b) Spark CSV -> Parquet, bare", (bare_w, bare_c)),
+        ("(c) feature job (prepare_day)", (job_w, job_c)),
+    ):
+        print(f"{label:34s} {w:7.2f} {c:7.2f} {args.rows / w:12,.0f}")
+    print(f"(c) / (b): wall {job_w / bare_w:.2f}x, CPU {job_c / bare_c:.2f}x (goal <= 1.5x)")
+    print(f"(c) / (a): wall {job_w / floor[0]:.1f}x")
 
 
 if __name__ == "__main__":

@@ -3,17 +3,31 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 from pyspark import SparkConf
 from pyspark.sql import SparkSession
 
 
+def local_threads(master: str) -> int | None:
+    """Worker threads of a ``local``, ``local[N]`` or ``local[*]`` master (None: a cluster)."""
+    match = re.fullmatch(r"local(?:\[(\*|\d+)(?:,\s*\d+)?\])?", master.strip())
+    if match is None:
+        return None
+    threads = match.group(1)
+    if threads is None:  # plain "local"
+        return 1
+    return os.cpu_count() or 1 if threads == "*" else int(threads)
+
+
 def get_spark(app_name: str = "recpipe-features", master: str | None = None) -> SparkSession:
     """Get or create the session.
 
     The master is, in order: ``master``, the one spark-submit set, ``$RECPIPE_SPARK_MASTER``,
-    ``local[*]``. Loopback only, no UI port, UTC, few shuffle partitions (one machine).
+    ``local[*]``. Loopback only, no UI port, UTC. In local mode one shuffle partition per
+    worker thread (the job's few aggregations need no more); on a cluster Spark's default,
+    which adaptive query execution coalesces.
     """
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -24,14 +38,18 @@ def get_spark(app_name: str = "recpipe-features", master: str | None = None) -> 
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.shuffle.partitions", "4")
         .config("spark.driver.memory", os.environ.get("RECPIPE_SPARK_DRIVER_MEMORY", "2g"))
         # the job writes its own _SUCCESS after the stats files
         .config("spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs", "false")
         .config("spark.hadoop.parquet.block.size", str(16 << 20))
     )
-    if master is not None or not SparkConf().contains("spark.master"):
-        builder = builder.master(master or os.environ.get("RECPIPE_SPARK_MASTER", "local[*]"))
+    submitted = SparkConf().get("spark.master", None)
+    if master is not None or submitted is None:
+        master = master or os.environ.get("RECPIPE_SPARK_MASTER", "local[*]")
+        builder = builder.master(master)
+    threads = local_threads(master or submitted)
+    if threads is not None:
+        builder = builder.config("spark.sql.shuffle.partitions", str(threads))
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get("RECPIPE_SPARK_LOG_LEVEL", "WARN"))
     _quiet_header_checker(spark)
