@@ -22,7 +22,7 @@ import shutil
 from datetime import date, timedelta
 from pathlib import Path
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from features.schema import (
@@ -127,36 +127,71 @@ def _bad_row_message(bad: DataFrame, bad_count: int, total: int, ds: str, limit:
     )
 
 
-def _day_aggregates(rows: DataFrame, config: PipelineConfig) -> dict:
-    """One pass over the day: row counts, positive rate, nulls and dense moments of good rows."""
+def _day_metrics(config: PipelineConfig) -> list[Column]:
+    """The day's figures as aggregates: row counts, positive rate, nulls per input column and
+    dense moments, of the good rows."""
     dc, fc = config.data_config, config.feature_config
     good = F.col(REASON) == ""
-    columns = dict.fromkeys(f.input_names[0] for f in fc.features)
-    row = (
-        rows.agg(
-            F.count(F.lit(1)).alias("__total"),
-            F.sum((~good).cast("long")).alias("__bad"),
-            F.mean(F.when(good, F.col(dc.label_fields[0]).cast("double"))).alias("__positive_rate"),
-            *[F.sum((good & F.col(c).isNull()).cast("long")).alias(f"__null__{c}") for c in columns],
-            *moment_aggs(fc.features, good),
-        )
-        .collect()[0]
-        .asDict()
-    )
+    return [
+        F.count(F.lit(1)).alias("__total"),
+        F.sum((~good).cast("long")).alias("__bad"),
+        F.mean(F.when(good, F.col(dc.label_fields[0]).cast("double"))).alias("__positive_rate"),
+        *[
+            F.sum((good & F.col(c).isNull()).cast("long")).alias(f"__null__{c}")
+            for c in _input_columns(config)
+        ],
+        *moment_aggs(fc.features, good),
+    ]
+
+
+def _input_columns(config: PipelineConfig) -> list[str]:
+    return list(dict.fromkeys(f.input_names[0] for f in config.feature_config.features))
+
+
+def _day_figures(row: dict, config: PipelineConfig) -> dict:
+    """``_day_metrics``' values, collected, as the stats name them."""
     return {
         "total": row["__total"],
         "bad": row["__bad"] or 0,
         "positive_rate": row["__positive_rate"],
-        "nulls": {c: row[f"__null__{c}"] or 0 for c in columns},
-        "dense_moments": moments_from_row(row, fc.features),
+        "nulls": {c: row[f"__null__{c}"] or 0 for c in _input_columns(config)},
+        "dense_moments": moments_from_row(row, config.feature_config.features),
     }
+
+
+def _read_error(err: Exception, files: list[Path]) -> RawInputError:
+    # a damaged file surfaces as a Java exception at the first action
+    return RawInputError(f"cannot read raw partition {files[0].parent}: {str(err).splitlines()[0]}")
+
+
+def _write_features(
+    rows: DataFrame, config: PipelineConfig, out: Path, day_moments: dict, earlier: list[dict]
+) -> tuple[dict, dict]:
+    """Write the good rows' features to ``out`` (Parquet), normalised with the window's
+    statistics (``earlier`` days' moments and ``day_moments``). Returns (window statistics,
+    normalisation constants)."""
+    dc, fc = config.data_config, config.feature_config
+    dense_stats = merge_moments([*earlier, day_moments]) if day_moments else {}
+    normalization = {name: normalization_params(fc.feature(name), st) for name, st in dense_stats.items()}
+    columns = [*[F.col(c) for c in dc.label_fields], *feature_columns(fc, dc.all_fields(), normalization)]
+    if dc.holdout_percent:
+        # a function of the raw row, so a re-run of the day holds out the same rows
+        raw = F.xxhash64(*[F.col(f.input_name) for f in dc.input_fields])
+        columns.append((F.pmod(raw, F.lit(100)) < dc.holdout_percent).alias(HOLDOUT))
+    rows.filter(F.col(REASON) == "").select(*columns).write.mode("overwrite").parquet(str(out))
+    return dense_stats, normalization
 
 
 def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
     """Prepare the features of day ``ds`` and return its stats (also in ``_stats.json``).
 
-    The raw data are read twice: one aggregate pass (counts, nulls, dense moments) and the
-    write. Dense statistics of the window's earlier days come from their stored moments.
+    The day is parsed in full once, by the write: its figures (counts, nulls, the good rows'
+    dense moments) are observed as it runs (``DataFrame.observe``). The dense normalisation
+    must be known before the write, so a first pass reads the dense columns alone (Spark
+    parses no other column) for their moments over every row: when no row is quarantined
+    these are the good rows' moments. When some are, the features are written again with
+    the observed moments. Dense statistics of the window's earlier days come from their
+    stored moments.
 
     Raises:
         RawInputError: the raw partition or a dimension table is missing or unreadable.
@@ -166,51 +201,53 @@ def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
     dc, fc = config.data_config, config.feature_config
     date.fromisoformat(ds)  # a malformed ds fails before any work
     rows, files = _read_day(spark, config, ds)
+    dense = moment_aggs(fc.features)
     try:
-        day = _day_aggregates(rows, config)
-    except Exception as err:  # a damaged file surfaces as a Java exception here
-        raise RawInputError(
-            f"cannot read raw partition {files[0].parent}: {str(err).splitlines()[0]}"
-        ) from err
-    total, bad_count = day["total"], day["bad"]
-    bad = quarantined(rows, dc.input_fields)
-    quarantine_root = Path(config.effective_quarantine_path)
-    _quarantine(bad, bad_count, quarantine_root, ds)
-    if total == 0:
-        raise RawInputError(f"raw partition {files[0].parent} holds no rows")
-    if bad_count / total > dc.max_bad_row_fraction:
-        where = ds_partition(quarantine_root, ds)
-        raise BadRowsError(_bad_row_message(bad, bad_count, total, ds, dc.max_bad_row_fraction, where))
-
+        guess = moments_from_row(rows.agg(*dense).collect()[0].asDict(), fc.features) if dense else {}
+    except Exception as err:
+        raise _read_error(err, files) from err
     window, earlier = _window_moments(spark, config, ds)
     window.append(ds)
-    dense_stats = merge_moments([*earlier, day["dense_moments"]]) if day["dense_moments"] else {}
-    normalization = {name: normalization_params(fc.feature(name), s) for name, s in dense_stats.items()}
-    reasons = {}
-    if bad_count:
-        reasons = {r[REASON]: r["count"] for r in bad.groupBy(REASON).count().collect()}
-    stats = {
-        "ds": ds,
-        "rows_in": total,
-        "rows": total - bad_count,
-        "rows_quarantined": bad_count,
-        "quarantine_reasons": reasons,
-        "positive_rate": day["positive_rate"],
-        "nulls": day["nulls"],
-        "dense_moments": day["dense_moments"],
-        "normalization_window": window,
-        "raw_files": [str(p) for p in files],
-    }
-
-    columns = [*[F.col(c) for c in dc.label_fields], *feature_columns(fc, dc.all_fields(), normalization)]
-    if dc.holdout_percent:
-        # a function of the raw row, so a re-run of the day holds out the same rows
-        raw = F.xxhash64(*[F.col(f.input_name) for f in dc.input_fields])
-        columns.append((F.pmod(raw, F.lit(100)) < dc.holdout_percent).alias(HOLDOUT))
-    out = rows.filter(F.col(REASON) == "").select(*columns)
+    observation = Observation("recpipe_day")
     final = ds_partition(config.train_input_path, ds)
     with atomic.directory(final) as tmp:
-        out.write.mode("overwrite").parquet(str(tmp))
+        try:
+            dense_stats, normalization = _write_features(
+                rows.observe(observation, *_day_metrics(config)), config, tmp, guess, earlier
+            )
+        except Exception as err:
+            if dense:  # the first pass read the files: a failure here is not theirs
+                raise
+            raise _read_error(err, files) from err
+        day = _day_figures(observation.get, config)
+        total, bad_count = day["total"], day["bad"]
+        bad = quarantined(rows, dc.input_fields)
+        quarantine_root = Path(config.effective_quarantine_path)
+        _quarantine(bad, bad_count, quarantine_root, ds)
+        if total == 0:
+            raise RawInputError(f"raw partition {files[0].parent} holds no rows")
+        if bad_count / total > dc.max_bad_row_fraction:
+            where = ds_partition(quarantine_root, ds)
+            raise BadRowsError(_bad_row_message(bad, bad_count, total, ds, dc.max_bad_row_fraction, where))
+        reasons = {}
+        if bad_count:
+            reasons = {r[REASON]: r["count"] for r in bad.groupBy(REASON).count().collect()}
+            if dense:  # the quarantined rows' dense values were in the first pass's moments
+                dense_stats, normalization = _write_features(rows, config, tmp, day["dense_moments"], earlier)
+        else:
+            day["dense_moments"] = guess  # the same rows; one pass's sums for both files
+        stats = {
+            "ds": ds,
+            "rows_in": total,
+            "rows": total - bad_count,
+            "rows_quarantined": bad_count,
+            "quarantine_reasons": reasons,
+            "positive_rate": day["positive_rate"],
+            "nulls": day["nulls"],
+            "dense_moments": day["dense_moments"],
+            "normalization_window": window,
+            "raw_files": [str(p) for p in files],
+        }
         written = FeaturePartition(tmp)
         written.stats.write_text(json.dumps(stats, indent=2, sort_keys=True))
         norm_doc = {"window": window, "statistics": dense_stats, "features": normalization}

@@ -154,8 +154,15 @@ def test_few_bad_rows_are_quarantined_and_counted(spark, movielens_config):
     ds = DAYS[2]
     part = Path(movielens_config.raw_input_path) / f"ds={ds}" / "part-00000.csv"
     n = _rows(movielens_config, ds)
+    clean = prepare_day(spark, movielens_config, ds)
+    clean_features = _output(movielens_config, ds)
+    # a bad row whose dense values (user 1's age, item 2's year) parse: they must not count
     _append(part, ['"1","2",oops,874724710,1'])
     stats = prepare_day(spark, movielens_config, ds)
+    assert stats["dense_moments"] == clean["dense_moments"] and stats["nulls"] == clean["nulls"]
+    features = _output(movielens_config, ds)
+    for column in ("age", "release_year"):  # normalised with the good rows' statistics only
+        assert features.column(column).equals(clean_features.column(column))
     assert stats["rows_in"] == n + 1 and stats["rows"] + stats["rows_quarantined"] == n + 1
     assert stats["rows_quarantined"] == 1
     assert stats["quarantine_reasons"] == {"rating: cannot parse 'oops' as DOUBLE": 1}
