@@ -215,7 +215,10 @@ def test_serving_gives_training_rows_and_zero_rows_for_filtered_and_unknown_ids(
     from trainer.serving import ServingModule
 
     local = ServingModule(config, state.model, {})
-    np.testing.assert_allclose(served, state.model(local.transform(raw), training=False).numpy(), atol=1e-6)
+    # float32 logits near -4: the SavedModel's optimised graph may round differently
+    np.testing.assert_allclose(
+        served, state.model(local.transform(raw), training=False).numpy(), rtol=1e-5, atol=1e-6
+    )
     assert served[1] == pytest.approx(served[2], abs=1e-7)  # filtered and unknown: the zero row
     assert abs(served[0] - served[2]) > 1e-6  # the admitted id's trained row differs
     features = local.transform(raw)
