@@ -53,8 +53,10 @@ class LazyAdam(keras.optimizers.Adam):
         self._memo = _StepMemo()
 
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
-        self._memo.graph = None  # the step size is this call's
-        return super().apply_gradients(grads_and_vars, *args, **kwargs)
+        try:
+            return super().apply_gradients(grads_and_vars, *args, **kwargs)
+        finally:  # the step size is this call's; keep no traced graph alive after it
+            self._memo.graph, self._memo.values = None, {}
 
     def _step_size(self, dtype) -> tf.Tensor:
         """``lr sqrt(1 - beta_2^t) / (1 - beta_1^t)``: traced once per ``apply_gradients``

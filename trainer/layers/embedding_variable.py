@@ -395,10 +395,12 @@ class EmbeddingVariable:
         self.keys.assign(packed(keys, FREE))
         for var, name in ((self.freqs, "freqs"), (self.versions, "versions"), (self.days, "days")):
             var.assign(packed(saved[name], 0))
-        starts = self.initial_values(tf.constant(keys[index]))
-        for view, rows, start in zip(self.views, weights, starts, strict=True):
-            # a view the checkpoint lacks: its rows start from the initializer
-            view.weights.assign(packed(rows, 0.0) if rows is not None else packed(start.numpy(), 0.0, True))
+        # only a view the checkpoint lacks starts from the initializer
+        starts = self.initial_values(tf.constant(keys[index])) if any(w is None for w in weights) else None
+        for i, (view, rows) in enumerate(zip(self.views, weights, strict=True)):
+            view.weights.assign(
+                packed(rows, 0.0) if rows is not None else packed(starts[i].numpy(), 0.0, True)
+            )
         for (slot, value), rows in zip(self.optimizer_slots, slots, strict=True):
             slot.assign(packed(rows, value) if rows is not None else np.full(slot.shape, value, np.float32))
         if saved["sketch"].shape == tuple(self.sketch.shape):
