@@ -82,6 +82,7 @@ with DAG(
 ) as dag:
     wait_for_raw = RawPartitionSensor(
         task_id="wait_for_raw",
+        execution_timeout=RETRAIN.timeouts.of("wait_for_raw"),
         filepath=f"{PIPELINE.raw_input_path}/ds={{{{ ds }}}}/_SUCCESS",
         mode=RETRAIN.sensor.mode,
         deferrable=RETRAIN.sensor.deferrable,
@@ -91,6 +92,7 @@ with DAG(
     )
     prepare = SparkSubmitOperator(
         task_id="prepare_features",
+        execution_timeout=RETRAIN.timeouts.of("prepare_features"),
         conn_id=RETRAIN.spark_conn_id,
         application=str(HOME / "features" / "prepare.py"),
         application_args=[
@@ -112,6 +114,7 @@ with DAG(
     )
     validate = ValidateFeaturesOperator(
         task_id="validate_features",
+        execution_timeout=RETRAIN.timeouts.of("validate_features"),
         min_rows=RETRAIN.validation.min_rows,
         positive_rate_min=RETRAIN.validation.positive_rate_min,
         positive_rate_max=RETRAIN.validation.positive_rate_max,
@@ -121,6 +124,7 @@ with DAG(
     )
     evaluate_champion = EvalOperator(
         task_id="evaluate_champion",
+        execution_timeout=RETRAIN.timeouts.of("evaluate_champion"),
         model_dir=MODEL_DIR,
         eval_ds="{{ ds }}",
         train_ds=WINDOW,
@@ -132,14 +136,18 @@ with DAG(
     )
     train = DistributedTrainOperator(
         task_id="train",
+        execution_timeout=RETRAIN.timeouts.of("train"),
         model_dir=MODEL_DIR,
         training_window_days=RETRAIN.training_window_days,
         warm_start_root=RUNS,
+        model_name=RETRAIN.model_name,
+        alias=RETRAIN.gate.alias,
         full_retrain="{{ params.full_retrain }}",
         **job,
     )
     evaluate = EvalOperator(
         task_id="evaluate",
+        execution_timeout=RETRAIN.timeouts.of("evaluate"),
         model_dir=MODEL_DIR,
         eval_ds="{{ ds }}",
         train_ds=WINDOW,
@@ -147,6 +155,7 @@ with DAG(
     )
     export = ExportOperator(
         task_id="export",
+        execution_timeout=RETRAIN.timeouts.of("export"),
         model_dir=MODEL_DIR,
         export_dir=EXPORTS,
         outlets=[export_asset(RETRAIN.model_name)],
@@ -154,14 +163,17 @@ with DAG(
     )
     register = RegisterModelOperator(
         task_id="register_and_gate",
+        execution_timeout=RETRAIN.timeouts.of("register_and_gate"),
         model_name=RETRAIN.model_name,
         metric=RETRAIN.gate.metric,
         tolerance=RETRAIN.gate.tolerance,
+        min_metric=RETRAIN.gate.min_metric,
         alias=RETRAIN.gate.alias,
         **common,
     )
     retention = RetentionOperator(
         task_id="retention",
+        execution_timeout=RETRAIN.timeouts.of("retention"),
         runs_root=RUNS,
         keep_days=RETRAIN.retention_days,
         model_name=RETRAIN.model_name,

@@ -2,9 +2,9 @@
 REST API), with the same operators as the daily DAG. The trigger form validates every Param
 against its JSON schema; paths must stay inside the project's ``conf/``, ``data/``, ``var/``.
 
-The run trains ``pipeline_config_path`` on ``train_ds`` (warm-started from the daily DAG's
-newest model dir before it unless ``full_retrain``), evaluates on ``eval_ds``, exports, and
-registers the export without moving the ``champion`` alias.
+The run trains ``pipeline_config_path`` on ``train_ds`` (warm-started from the champion's model
+dir, or the newest promoted one, dated before it unless ``full_retrain``), evaluates on
+``eval_ds``, exports, and registers the export without moving the ``champion`` alias.
 """
 
 from __future__ import annotations
@@ -77,11 +77,14 @@ with DAG(
 ) as dag:
     train = DistributedTrainOperator(
         task_id="train",
+        execution_timeout=RETRAIN.timeouts.of("train"),
         model_dir=MODEL_DIR,
         ds="{{ params.train_ds.split(':')[0] }}",
         train_ds="{{ params.train_ds }}",
         eval_ds="{{ params.eval_ds }}",
         warm_start_root=f"{RETRAIN.runs_dir}/{RETRAIN.model_name}",
+        model_name=RETRAIN.model_name,
+        alias=RETRAIN.gate.alias,
         full_retrain="{{ params.full_retrain }}",
         train_distribute="{{ params.train_distribute }}",
         num_workers="{{ params.num_workers }}",
@@ -90,19 +93,26 @@ with DAG(
     )
     evaluate = EvalOperator(
         task_id="evaluate",
+        execution_timeout=RETRAIN.timeouts.of("evaluate"),
         model_dir=MODEL_DIR,
         eval_ds="{{ params.eval_ds }}",
         train_ds="{{ params.train_ds }}",
         **job,
     )
     export = ExportOperator(
-        task_id="export", model_dir=MODEL_DIR, export_dir=f"{RETRAIN.export_dir}/{RETRAIN.model_name}", **job
+        task_id="export",
+        execution_timeout=RETRAIN.timeouts.of("export"),
+        model_dir=MODEL_DIR,
+        export_dir=f"{RETRAIN.export_dir}/{RETRAIN.model_name}",
+        **job,
     )
     register = RegisterModelOperator(
         task_id="register",
+        execution_timeout=RETRAIN.timeouts.of("register"),
         model_name=RETRAIN.model_name,
         metric=RETRAIN.gate.metric,
         tolerance=RETRAIN.gate.tolerance,
+        min_metric=RETRAIN.gate.min_metric,
         alias=RETRAIN.gate.alias,
         promote=False,
         champion_eval_task_id=None,

@@ -8,6 +8,7 @@ arrive typed: ``edit_config_json`` a dict, ``num_workers`` an int, ``full_retrai
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,15 @@ from airflow.sdk import BaseOperator
 from operators.hooks.mlflow import MLflowHook, git_commit
 from operators.paths import confine, project_home
 from recpipe.launch import JobSpec, LocalLauncher, command_job, launcher_for, run_job
+
+
+def job_timeout_s(execution_timeout: timedelta | None) -> float | None:
+    """How long a task's job may run: its ``execution_timeout`` less a margin (a tenth, at
+    most 60 s) for the launcher to stop the job and report before Airflow's own timeout."""
+    if execution_timeout is None:
+        return None
+    total = execution_timeout.total_seconds()
+    return max(total - min(60.0, total / 10), 1.0)
 
 
 def parse_edits(value: Any, field: str = "edit_config_json") -> dict[str, Any]:
@@ -129,6 +139,7 @@ class JobOperator(RecpipeOperator):
         super().__init__(**kwargs)
         self.cluster_config_path = cluster_config_path
         self._launcher = None
+        self.degraded: dict[str, str] = {}
 
     def cluster(self):
         """The cluster config (``cluster_config_path``)."""
@@ -144,14 +155,26 @@ class JobOperator(RecpipeOperator):
     def run(self, job: JobSpec, log_dir: Path) -> Any:
         """Run ``job`` with the launcher its kind needs (manifests: the cluster config's;
         processes: this machine's) and return the chief's result line (``recpipe.launch.
-        job_result``).
+        job_result``). The launcher stops the job a little before the task's
+        ``execution_timeout``, so the error says what timed out; an optional process that
+        failed (the separate evaluator) is logged and kept in ``self.degraded``.
 
         Raises:
             JobFailedError: the job failed; the message names the role and has its log's tail.
+            JobTimeoutError: the job ran out of the task's time; every process was stopped.
         """
-        self._launcher = launcher_for(self.cluster(), log_dir) if job.manifests else LocalLauncher(log_dir)
+        timeout = job_timeout_s(self.execution_timeout)
+        if job.manifests:
+            self._launcher = launcher_for(self.cluster(), log_dir, timeout)
+        else:
+            self._launcher = LocalLauncher(log_dir, timeout_s=timeout)
         try:
-            return run_job(self._launcher, job)
+            result = run_job(self._launcher, job)
+            self.degraded = dict(getattr(self._launcher, "degraded", {}))
+            return result
+        except BaseException:
+            self._launcher.kill()  # Airflow's own timeout lands here too: stop the whole tree
+            raise
         finally:
             self._launcher = None
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from operators.base import RecpipeOperator
 from operators.paths import confine
+from recpipe import locks
 from recpipe.layout import ModelDir
 
 log = logging.getLogger(__name__)
@@ -23,7 +24,8 @@ class RetentionOperator(RecpipeOperator):
     """Keep the newest ``keep_days`` model dirs (checkpoints included) under ``runs_root``
     and the model dir of every version holding ``alias``; delete the rest. A dir is first
     stripped of its ``_SUCCESS`` marker and renamed aside, so a half-deleted one is never
-    taken for a finished model by the next day's warm start.
+    taken for a finished model by the next day's warm start. A dir a job trains or fine-tunes
+    from right now (``recpipe.locks``) is kept until a later run.
 
     Args:
         runs_root: ``<runs_dir>/<model_name>`` (templated).
@@ -50,10 +52,14 @@ class RetentionOperator(RecpipeOperator):
             protected.add(Path(champion.tags["model_dir"]).resolve())
         deleted = []
         for path in expired(root, self.keep_days, protected):
-            ModelDir(path).success.unlink(missing_ok=True)
-            aside = path.with_name(f".deleting-{path.name}")
-            path.rename(aside)
-            shutil.rmtree(aside)
+            with locks.deleting(path) as free:
+                if not free:  # a job trains it or fine-tunes from it right now
+                    log.info("retention: %s is in use; kept until the next run", path)
+                    continue
+                ModelDir(path).success.unlink(missing_ok=True)
+                aside = path.with_name(f".deleting-{path.name}")
+                path.rename(aside)
+                shutil.rmtree(aside)
             deleted.append(str(path))
             log.info("retention: deleted %s", path)
         log.info(

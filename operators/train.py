@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from pathlib import Path
@@ -13,18 +14,31 @@ from operators.paths import confine, project_home
 from recpipe import atomic
 from recpipe.config.model import EvalMethod
 from recpipe.launch import training_job
-from recpipe.layout import ModelDir, ds_window, finished_model_dirs
+from recpipe.layout import ModelDir, ds_window, finished_model_dirs, is_finished
 
 log = logging.getLogger(__name__)
+
+
+def kubernetes_job_name(dag_id: str, ds: str, run_id: str, try_number: int) -> str:
+    """A TFJob / MPIJob name unique per DAG run and attempt: two manual runs of one day differ
+    by their run id's hash. DNS-1123 and short enough for ``kubeflow.job_name`` (52 characters)
+    to keep whole."""
+    from recpipe.launch.kubeflow import job_name
+
+    suffix = f"-{hashlib.sha1(run_id.encode()).hexdigest()[:8]}-{try_number}"
+    return job_name(f"recpipe-{dag_id}-{ds}")[: 52 - len(suffix)].rstrip("-") + suffix
 
 
 class DistributedTrainOperator(JobOperator):
     """Train a pipeline config into ``model_dir`` with the configured ``train_distribute``.
 
     Warm start: without ``full_retrain`` the job fine-tunes (``train_config.
-    fine_tune_checkpoint``) from the latest checkpoint of the newest finished model dir under
-    ``warm_start_root`` dated before ``ds``; from scratch when there is none. A retry resumes
-    from ``model_dir``'s own latest checkpoint (``--continue_train``) and a finished
+    fine_tune_checkpoint``) from a promoted model, never from a rejected one: the model dir of
+    ``model_name``'s ``alias`` version, or else of its newest version tagged ``promotion:
+    promoted``, dated before ``ds`` and finished (``_SUCCESS``). Only while ``model_name`` has
+    no registered version yet (a new deployment) the newest finished model dir under
+    ``warm_start_root`` dated before ``ds`` is taken. From scratch when there is none. A retry
+    resumes from ``model_dir``'s own latest checkpoint (``--continue_train``) and a finished
     ``model_dir`` (``_SUCCESS``) is never trained again.
 
     Args:
@@ -36,6 +50,8 @@ class DistributedTrainOperator(JobOperator):
         training_window_days: window length when ``train_ds`` is not given.
         warm_start_root: where earlier days' model dirs are (``ds=YYYY-MM-DD``) (templated).
         full_retrain: train from scratch (templated; a bool under native rendering).
+        model_name, alias: the registered model whose promoted versions are the warm-start
+            sources (templated; without ``model_name``, the newest finished dir).
         train_distribute, num_workers: the strategy and worker count (templated; default: the
             config's ``train_distribute`` and the cluster config's ``worker.count``).
 
@@ -51,6 +67,7 @@ class DistributedTrainOperator(JobOperator):
         "eval_ds",
         "warm_start_root",
         "full_retrain",
+        "model_name",
         "train_distribute",
         "num_workers",
     )
@@ -66,6 +83,8 @@ class DistributedTrainOperator(JobOperator):
         training_window_days: int = 7,
         warm_start_root: str | None = None,
         full_retrain: bool = False,
+        model_name: str | None = None,
+        alias: str = "champion",
         train_distribute: str | None = None,
         num_workers: int | None = None,
         **kwargs,
@@ -78,6 +97,8 @@ class DistributedTrainOperator(JobOperator):
         self.training_window_days = training_window_days
         self.warm_start_root = warm_start_root
         self.full_retrain = full_retrain
+        self.model_name = model_name
+        self.alias = alias
         self.train_distribute = train_distribute
         self.num_workers = num_workers
 
@@ -92,12 +113,38 @@ class DistributedTrainOperator(JobOperator):
             edits["train_config.train_distribute"] = self.train_distribute
         return edits
 
-    def warm_start(self, model_dir: Path) -> Path | None:
-        """The model dir to fine-tune from, or None (full retrain, or no earlier day)."""
+    def warm_start(self, model_dir: Path) -> tuple[Path | None, str]:
+        """The model dir to fine-tune from (or None: full retrain, or nothing promoted before
+        ``ds``) and where it comes from, for the log.
+
+        Raises:
+            MlflowException: the registry could not be read (the task fails and is retried; it
+                never falls back to an unvetted model dir).
+        """
         if self.full_retrain or not self.warm_start_root:
-            return None
-        found = finished_model_dirs(confine(self.warm_start_root, "warm_start_root"), before=self.ds)
-        return None if not found or found[-1].resolve() == model_dir else found[-1]
+            return None, "full retrain" if self.full_retrain else "no warm_start_root"
+        root = confine(self.warm_start_root, "warm_start_root")
+
+        def usable(version) -> Path | None:
+            path, ds = version.tags.get("model_dir"), version.tags.get("ds", "")
+            if not path or not ds or ds >= str(self.ds) or not is_finished(path):
+                return None
+            return None if Path(path).resolve() == model_dir else Path(path)
+
+        if self.model_name:
+            champion = self.hook.champion(self.model_name, self.alias)
+            if champion is not None and (source := usable(champion)):
+                return source, f"{self.alias} version {champion.version}"
+            versions = self.hook.versions(self.model_name)
+            if versions:
+                for version in versions:
+                    if version.tags.get("promotion") == "promoted" and (source := usable(version)):
+                        return source, f"newest promoted version {version.version}"
+                return None, f"no promoted version of {self.model_name} dated before {self.ds}"
+        found = finished_model_dirs(root, before=self.ds)
+        if not found or found[-1].resolve() == model_dir:
+            return None, "no earlier finished model dir"
+        return found[-1], "newest finished model dir (nothing registered yet)"
 
     def execute(self, context) -> dict:
         out = ModelDir(confine(self.model_dir, "model_dir"))
@@ -113,7 +160,7 @@ class DistributedTrainOperator(JobOperator):
 
     def _train(self, context, out: ModelDir, edits: dict[str, Any]) -> tuple[Any, dict]:
         resume = out.checkpoint_state.exists()
-        source = None if resume else self.warm_start(out.path)
+        source, why = (None, "resume") if resume else self.warm_start(out.path)
         if source is not None:
             edits["train_config.fine_tune_checkpoint"] = str(source)
         config = self.load_config(edits)  # fails here, naming the field, before any job
@@ -123,11 +170,11 @@ class DistributedTrainOperator(JobOperator):
             log.info("resuming %s from its latest checkpoint", out.path)
             args.append("--continue_train")
         else:
-            log.info("warm start from %s", source or "nothing (training from scratch)")
+            log.info("warm start from %s (%s)", source or "nothing (training from scratch)", why)
         distribute = config.train_config.train_distribute
         cluster = self.cluster()
         job = training_job(
-            f"recpipe-{self.dag_id}-{self.ds}-{context['ti'].try_number}"
+            kubernetes_job_name(self.dag_id, str(self.ds), context["run_id"], context["ti"].try_number)
             if cluster.launcher == "kubernetes"
             else "train",
             distribute,
@@ -149,6 +196,8 @@ class DistributedTrainOperator(JobOperator):
             "train_distribute": distribute.value,
             "train_ds": edits["train_ds"],
         }
+        if self.degraded:  # e.g. the separate evaluator crashed for good: training is still fine
+            result["degraded"] = self.degraded
         atomic.write_text(out.train_result, json.dumps(result, indent=2))
         out.success.touch()  # last: a finished model dir is never trained again
         return config, result
@@ -170,7 +219,11 @@ class DistributedTrainOperator(JobOperator):
         return self.hook.log_task_run(
             self.parent_run_id(context),
             "train",
-            tags={"model_dir": out.path, "warm_start_from": result.get("fine_tune_checkpoint") or "none"},
+            tags={
+                "model_dir": out.path,
+                "warm_start_from": result.get("fine_tune_checkpoint") or "none",
+                **{f"degraded.{role}": why for role, why in (result.get("degraded") or {}).items()},
+            },
             params=params,
             metrics=metrics,
             parent_tags={"train_distribute": result["train_distribute"]},

@@ -4,6 +4,7 @@ to read (feature partitions, results, markers, exports) is written through these
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import uuid
@@ -79,3 +80,27 @@ def directory(final: str | os.PathLike) -> Iterator[Path]:
         replace_dir(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def publish_numbered(tmp: Path, root: Path, first: int) -> Path:
+    """Rename the finished directory ``tmp`` to ``root/<n>``, ``n`` the smallest number
+    >= ``first`` and above every numbered directory in ``root`` that no other writer holds.
+
+    A rename onto an existing non-empty directory fails (``ENOTEMPTY``), so two writers that
+    picked the same number at once both succeed with distinct numbers and neither replaces
+    the other's directory (TF Serving's integer versions).
+
+    Returns:
+        The published directory.
+    """
+    n = max([first, *(int(p.name) + 1 for p in root.iterdir() if p.name.isdigit())])
+    while True:
+        final = root / str(n)
+        if not final.exists():
+            try:
+                os.rename(tmp, final)
+                return final
+            except OSError as err:
+                if err.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                    raise
+        n += 1

@@ -15,6 +15,7 @@ and ``ds`` ranges. Every file name another process reads is defined here and now
                train_result.json, _SUCCESS                   the train task's result, then done
                export.json                                   the export task's result
                logs/<job>-<i>.log                            one log per process of a job
+               .lock, .readers                               recpipe.locks: who trains / reads it
 """
 
 from __future__ import annotations

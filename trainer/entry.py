@@ -11,13 +11,14 @@ Exit codes: ``recpipe.errors`` (2 usage / config, 1 pipeline).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import sys
 from pathlib import Path
 
-from recpipe import atomic
+from recpipe import atomic, jsonl, locks
 from recpipe.config.args import add_config_args, config_from_args
 from recpipe.errors import run_command
 from recpipe.layout import ModelDir, parse_ds_range
@@ -78,7 +79,14 @@ def _train_eval(args, extra) -> int:
     job = TrainJob(
         config=config, model_dir=model_dir, train_days=train_days, continue_train=args.continue_train
     )
-    result = Trainer(job, dist).train(on_log=_metrics_log(model_dir))
+    with contextlib.ExitStack() as held:
+        if dist.is_chief:  # one job per model dir; retention keeps the fine-tune source meanwhile
+            held.enter_context(locks.training(model_dir, "recpipe train"))
+            source = Path(config.train_config.fine_tune_checkpoint or "")
+            source = source if source.is_dir() else source.parent  # a dir or a checkpoint prefix
+            if config.train_config.fine_tune_checkpoint and not args.continue_train and source.is_dir():
+                held.enter_context(locks.reading(source))
+        result = Trainer(job, dist).train(on_log=_metrics_log(model_dir))
     if not dist.is_chief:
         return 0  # the chief writes the config, evaluates and prints the result
     atomic.write_text(ModelDir(model_dir).pipeline_config, _yaml(config))
@@ -144,13 +152,12 @@ def _launch(args, extra, train_args: list[str]) -> int:
 
 def _metrics_log(model_dir: Path):
     """An ``on_log`` callback appending one JSON line per logged step to
-    ``<model_dir>/train_metrics.jsonl``, which the Airflow operator forwards to MLflow."""
+    ``<model_dir>/train_metrics.jsonl`` (``recpipe.jsonl``), which the Airflow operator
+    forwards to MLflow."""
     path = ModelDir(model_dir).train_metrics
 
     def on_log(step: int, values: dict) -> None:
-        model_dir.mkdir(parents=True, exist_ok=True)
-        with path.open("a") as out:
-            out.write(json.dumps({"step": step, **{k: float(v) for k, v in values.items()}}) + "\n")
+        jsonl.append(path, {"step": step, **{k: float(v) for k, v in values.items()}})
 
     return on_log
 
@@ -209,11 +216,15 @@ def export_main(argv: list[str] | None = None) -> int:
         _setup_logging()
         config = config_from_args(args, extra)
         from trainer.scoring import load_model
-        from trainer.serving import export_saved_model
+        from trainer.serving import export_saved_model, find_export
 
         model_dir = args.model_dir or config.model_dir
         model, step = load_model(config, args.checkpoint_path or model_dir)
-        export = export_saved_model(config, model, model_dir, args.export_dir)
+        export = find_export(args.export_dir, model_dir, step)
+        if export is not None:  # a retry after the export was published, before it was recorded
+            logging.getLogger(__name__).info("reusing %s, exported from model_dir at step %d", export, step)
+        else:
+            export = export_saved_model(config, model, model_dir, args.export_dir, step)
         print(json.dumps({"export": str(export), "global_step": step}))
         return 0
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,6 +40,25 @@ log = logging.getLogger(__name__)
 
 class TrainError(PipelineError):
     """The job cannot start with the data or dirs it was given."""
+
+
+class DivergedError(TrainError):
+    """The loss is NaN or infinite: training stops before anything later is checkpointed."""
+
+
+def check_finite(loss: float, step: int, last_saved: int) -> None:
+    """Stop a diverged job (checked at each logged step, before each save and at the end).
+
+    Raises:
+        DivergedError: ``loss`` is not finite; the message names the step and the last
+            checkpoint, which is left as it was.
+    """
+    if not math.isfinite(loss):
+        raise DivergedError(
+            f"the loss is {loss} at step {step}: training diverged; nothing after step "
+            f"{last_saved} was saved. Lower the optimizer's learning_rate or check the day's "
+            "features (_stats.json) for extreme values"
+        )
 
 
 class ModelDirInUseError(TrainError, UsageError):
@@ -267,6 +287,7 @@ class Trainer:
                 total_examples += n
                 if step % tc.log_step_count_steps == 0:
                     loss = dist.fetch(loss_t)
+                    check_finite(loss, step, last_save_step)
                     rate = window_examples / max(time.time() - window_start, 1e-9)
                     lr = self._learning_rate()
                     log.info("step %d loss %.5f lr %.6g examples/s %.0f", step, loss, lr, rate)
@@ -279,6 +300,7 @@ class Trainer:
                         tf.summary.scalar("loss", dist.fetch(loss_t))
                         tf.summary.scalar("learning_rate", self._learning_rate())
                 if saver and self._due(step, last_save_step, last_save_time):
+                    check_finite(dist.fetch(loss_t), step, last_save_step)
                     self._save(step)
                     last_save_step, last_save_time, saved = step, time.time(), True
                 if tc.num_steps is not None and step >= tc.num_steps:
@@ -290,6 +312,8 @@ class Trainer:
         dist.sync()
         loss = dist.fetch(loss_t) if total_examples else loss
         step = int(self.global_step.numpy())
+        if total_examples:
+            check_finite(loss, step, last_save_step)
         if saver and (step != last_save_step or (start_latest is None and not saved)):
             self._save(step)
         if writer is not None:

@@ -14,6 +14,7 @@ not yet admitted id gets the zero row. Written to a temporary directory, then re
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -83,10 +84,21 @@ class ServingModule(tf.Module):
         return {"probability": tf.sigmoid(logit), "logit": logit}
 
 
+EXPORT_RECORD = "recpipe_export.json"  # in assets.extra/: which model dir and step it holds
+
+
 def export_saved_model(
-    config: PipelineConfig, model: RankingModel, model_dir: str | Path, export_dir: str | Path
+    config: PipelineConfig,
+    model: RankingModel,
+    model_dir: str | Path,
+    export_dir: str | Path,
+    global_step: int | None = None,
 ) -> Path:
-    """Write the SavedModel to ``export_dir/<version>/`` (version: unix seconds, increasing).
+    """Write the SavedModel to ``export_dir/<version>/`` (version: unix seconds, increasing;
+    two exports in the same second get distinct versions, ``atomic.publish_numbered``).
+
+    ``assets.extra/recpipe_export.json`` records the model dir and ``global_step``, so a retried
+    export finds the version an earlier attempt published (``find_export``).
 
     Returns:
         The final version directory.
@@ -96,13 +108,29 @@ def export_saved_model(
     module = ServingModule(config, model, normalization)
     export_dir = Path(export_dir)
     export_dir.mkdir(parents=True, exist_ok=True)
-    versions = [int(p.name) for p in export_dir.iterdir() if p.name.isdigit()]
-    version = max([int(time.time()), *[v + 1 for v in versions]])
-    final = export_dir / str(version)
-    with atomic.directory(final) as tmp:
+    tmp = atomic.temp_dir_beside(export_dir / "export")
+    try:
         tf.saved_model.save(
             module, str(tmp), signatures={"serving_default": module.serve.get_concrete_function()}
         )
         (tmp / "assets.extra").mkdir(exist_ok=True)
         (tmp / "assets.extra" / "pipeline.json").write_text(json.dumps(config.to_dict(), indent=2))
-    return final
+        record = {"model_dir": str(Path(model_dir).resolve()), "global_step": global_step}
+        (tmp / "assets.extra" / EXPORT_RECORD).write_text(json.dumps(record))
+        return atomic.publish_numbered(tmp, export_dir, int(time.time()))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def find_export(export_dir: str | Path, model_dir: str | Path, global_step: int) -> Path | None:
+    """The newest version under ``export_dir`` exported from ``model_dir`` at ``global_step``
+    (an earlier attempt's), or None."""
+    export_dir = Path(export_dir)
+    want = {"model_dir": str(Path(model_dir).resolve()), "global_step": global_step}
+    if not export_dir.is_dir():
+        return None
+    for version in sorted((p for p in export_dir.iterdir() if p.name.isdigit()), key=lambda p: -int(p.name)):
+        record = version / "assets.extra" / EXPORT_RECORD
+        if record.exists() and json.loads(record.read_text()) == want:
+            return version
+    return None

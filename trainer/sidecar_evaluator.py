@@ -24,7 +24,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from recpipe import atomic
+from recpipe import atomic, jsonl
 from recpipe.config.pipeline import PipelineConfig
 from recpipe.layout import ModelDir
 from trainer.checkpoints import CheckpointError
@@ -61,17 +61,13 @@ def evaluate_and_record(
     target = files.eval_result_at(checkpoint_step(checkpoint))
     result = evaluate(config, model_dir, eval_days, checkpoint, target)
     metrics = {k: v for k, v in result.items() if isinstance(v, float)}
-    with files.eval_history.open("a") as out:
-        out.write(json.dumps({"step": result["global_step"], **metrics}) + "\n")
+    jsonl.append(files.eval_history, {"step": result["global_step"], **metrics})
     return result
 
 
 def evaluated_steps(model_dir: Path) -> set[int]:
     """Steps already in ``eval_history.jsonl`` (a restarted evaluator does not redo them)."""
-    path = ModelDir(model_dir).eval_history
-    if not path.exists():
-        return set()
-    return {json.loads(line)["step"] for line in path.read_text().splitlines() if line.strip()}
+    return {entry["step"] for entry in jsonl.read(ModelDir(model_dir).eval_history) if "step" in entry}
 
 
 def follow(

@@ -61,17 +61,17 @@ def git_commit() -> str:
 
 def jsonl_metrics(path: Path, prefix: str = "") -> list[tuple[str, float, int]]:
     """``(prefix + key, value, step)`` rows of a ``{"step": s, key: value, ...}`` JSON-lines file
-    (``train_metrics.jsonl``, ``eval_history.jsonl``); none if the file does not exist."""
-    import json
+    (``train_metrics.jsonl``, ``eval_history.jsonl``); none if the file does not exist.
 
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            entry = json.loads(line)
-            rows += [(prefix + k, v, entry["step"]) for k, v in entry.items() if k != "step"]
-    return rows
+    A resumed job logs again the steps between its last checkpoint and the crash: each step
+    is taken once, from its last line (the run that went on). A line torn by a killed
+    process is skipped with a warning, so it never fails the task's retries.
+    """
+    from recpipe import jsonl
+
+    by_step = {int(e["step"]): e for e in jsonl.read(path) if isinstance(e.get("step"), (int, float))}
+    rows = ((step, k, v) for step, entry in sorted(by_step.items()) for k, v in entry.items())
+    return [(prefix + k, v, step) for step, k, v in rows if k != "step"]
 
 
 class MLflowHook(BaseHook):
@@ -278,22 +278,42 @@ class MLflowHook(BaseHook):
 
     # -- registry ---------------------------------------------------------------------------
     def champion(self, model_name: str, alias: str = "champion"):
-        """The registered version holding ``alias``, or None."""
+        """The registered version holding ``alias``, or None when the registered model or the
+        alias does not exist.
+
+        Raises:
+            MlflowException: any other error (server down, database error): a failed read is
+                never taken for "no champion", which would promote anything.
+        """
+        client = self.get_client()
+        model = self._registered_model(model_name)
+        version = None if model is None else (model.aliases or {}).get(alias)
+        return None if version is None else client.get_model_version(model_name, str(version))
+
+    def _registered_model(self, model_name: str):
         from mlflow.exceptions import MlflowException
 
         try:
-            return self.get_client().get_model_version_by_alias(model_name, alias)
-        except MlflowException:
-            return None
+            return self.get_client().get_registered_model(model_name)
+        except MlflowException as err:
+            if err.error_code == "RESOURCE_DOES_NOT_EXIST":
+                return None
+            raise
+
+    def versions(self, model_name: str, tags: dict[str, str] | None = None) -> list:
+        """The versions of ``model_name`` whose tags include ``tags``, newest first ([] when
+        the model does not exist)."""
+        if self._registered_model(model_name) is None:
+            return []
+        found = self.get_client().search_model_versions(f"name = '{model_name}'")
+        wanted = {k: str(v) for k, v in (tags or {}).items()}
+        matching = [v for v in found if all(v.tags.get(k) == x for k, x in wanted.items())]
+        return sorted(matching, key=lambda v: int(v.version), reverse=True)
 
     def register(self, model_name: str, source: str, run_id: str, tags: dict[str, Any]):
         """A new version of registered model ``model_name`` (created if missing)."""
-        from mlflow.exceptions import MlflowException
-
         client = self.get_client()
-        try:
-            client.get_registered_model(model_name)
-        except MlflowException:
+        if self._registered_model(model_name) is None:
             client.create_registered_model(model_name)
         return client.create_model_version(
             model_name, source, run_id=run_id, tags={k: str(v) for k, v in tags.items()}

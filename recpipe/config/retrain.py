@@ -47,11 +47,39 @@ class ValidationConfig(Section):
 
 class GateConfig(Section):
     """Promotion: the new version gets ``alias`` unless its ``metric`` on the day's held-out
-    rows is worse than the champion's on the same rows by more than ``tolerance``."""
+    rows is worse than the champion's on the same rows by more than ``tolerance``, or (with
+    or without a champion) not finite or below ``min_metric`` (0.5: an AUC no better than
+    chance)."""
 
     metric: str = Field("auc", pattern="^(auc|gauc)$")
     tolerance: float = Field(0.002, ge=0.0)
+    min_metric: float = Field(0.5, ge=0.0, le=1.0)
     alias: str = "champion"
+
+
+class TimeoutConfig(Section):
+    """Each task's ``execution_timeout`` in seconds: ``tasks`` by task id, else ``default_s``.
+
+    A job task's launcher stops the whole job (every process tree) shortly before, so a hung
+    collective fails the task with a clear error and its retry can start, instead of holding
+    the worker slot for ever.
+    """
+
+    default_s: float = Field(3600, gt=0)
+    tasks: dict[str, float] = Field(default_factory=lambda: {"train": 6 * 3600, "prepare_features": 2 * 3600})
+
+    def of(self, task_id: str):
+        """The ``timedelta`` for ``task_id``."""
+        from datetime import timedelta
+
+        return timedelta(seconds=self.tasks.get(task_id, self.default_s))
+
+    @model_validator(mode="after")
+    def _positive(self) -> TimeoutConfig:
+        bad = {k: v for k, v in self.tasks.items() if not v > 0}
+        if bad:
+            raise ValueError(f"timeouts must be positive seconds: {bad}")
+        return self
 
 
 class TrackingConfig(Section):
@@ -88,6 +116,7 @@ class RetrainConfig(Section):
     validation: ValidationConfig = Field(default_factory=ValidationConfig)
     gate: GateConfig = Field(default_factory=GateConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    timeouts: TimeoutConfig = Field(default_factory=TimeoutConfig)
 
     def with_run_edits(self, run_edits: dict | None) -> dict:
         """``edit_config_json`` of a run: this config's overrides (where data live, the daily

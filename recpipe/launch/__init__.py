@@ -5,12 +5,13 @@ stopped, on this machine or on a cluster. No Airflow here: the operators, ``recp
 touching any of them, as TFX swaps executors.
 """
 
-from recpipe.launch.base import JobFailedError, JobSpec, Launcher
+from recpipe.launch.base import JobFailedError, JobSpec, JobTimeoutError, Launcher
 from recpipe.launch.jobs import command_job, job_result, launcher_for, run_job, training_job
 from recpipe.launch.local import LocalLauncher
 
 __all__ = [
     "JobFailedError",
+    "JobTimeoutError",
     "JobSpec",
     "Launcher",
     "LocalLauncher",

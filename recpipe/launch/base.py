@@ -26,6 +26,9 @@ class JobSpec:
         restart: indices of processes started again when they die, as Kubernetes restarts a
             pod (parameter-server workers: TensorFlow's coordinator runs their steps on the
             others meanwhile and takes them back when they return).
+        optional: indices of processes whose failure (after their restarts) does not fail
+            the job: it is logged and reported in ``Launcher.degraded`` (the separate
+            evaluator: a crashed evaluator must not throw away a healthy training job).
     """
 
     name: str
@@ -37,6 +40,7 @@ class JobSpec:
     manifests: list[dict] | None = None
     servers: set[int] = field(default_factory=set)
     restart: set[int] = field(default_factory=set)
+    optional: set[int] = field(default_factory=set)
 
     def role(self, i: int) -> str:
         return self.roles[i] if self.roles else f"process {i}"
@@ -49,6 +53,10 @@ class JobFailedError(PipelineError):
     """A process of the job exited non-zero; the message names it and holds its log's tail."""
 
 
+class JobTimeoutError(JobFailedError):
+    """The job ran past its launcher's ``timeout_s``; every process of it was stopped."""
+
+
 class Launcher(Protocol):
     """Start a job, wait for it, stop it: the operators' only view of where jobs run."""
 
@@ -57,6 +65,7 @@ class Launcher(Protocol):
 
         Raises:
             JobFailedError: a process failed (all others are stopped first).
+            JobTimeoutError: the launcher's ``timeout_s`` passed (all processes stopped).
         """
 
     def kill(self) -> None:

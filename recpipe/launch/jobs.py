@@ -21,18 +21,21 @@ from recpipe.launch.topology import evaluator_process, job_spec, training_proces
 JOB_ENV = {"PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
-def launcher_for(cluster: ClusterConfig, log_dir: str | os.PathLike) -> Launcher:
-    """The launcher named by the cluster config's ``launcher`` field.
+def launcher_for(
+    cluster: ClusterConfig, log_dir: str | os.PathLike, timeout_s: float | None = None
+) -> Launcher:
+    """The launcher named by the cluster config's ``launcher`` field; it stops the job after
+    ``timeout_s`` seconds (None: never).
 
     Raises:
         ConfigError: an unknown launcher.
     """
     if cluster.launcher == "local":
-        return LocalLauncher(log_dir)
+        return LocalLauncher(log_dir, timeout_s=timeout_s)
     if cluster.launcher == "kubernetes":
         from recpipe.launch.kubernetes import KubernetesLauncher
 
-        return KubernetesLauncher(log_dir, cluster.kubernetes_conn_id, cluster.poll_interval_s)
+        return KubernetesLauncher(log_dir, cluster.kubernetes_conn_id, cluster.poll_interval_s, timeout_s)
     raise ConfigError(f"cluster launcher {cluster.launcher!r} is not available (local, kubernetes)")
 
 

@@ -7,7 +7,7 @@ import logging
 import time
 from pathlib import Path
 
-from recpipe.launch.base import JobFailedError, JobSpec
+from recpipe.launch.base import JobFailedError, JobSpec, JobTimeoutError
 
 log = logging.getLogger(__name__)
 KINDS = {"TFJob": "tfjobs", "MPIJob": "mpijobs"}
@@ -24,10 +24,20 @@ class KubernetesLauncher:
             ``<job>-status.log`` (the job's status at each change) go.
         conn_id: the Airflow connection of the cluster (``kubernetes_default``).
         poll_s: seconds between status reads.
+        timeout_s: delete the job's objects and raise ``JobTimeoutError`` after this many
+            seconds (None: wait for ever).
     """
 
-    def __init__(self, log_dir: str | Path, conn_id: str = "kubernetes_default", poll_s: float = 30.0):
+    def __init__(
+        self,
+        log_dir: str | Path,
+        conn_id: str = "kubernetes_default",
+        poll_s: float = 30.0,
+        timeout_s: float | None = None,
+    ):
         self.log_dir, self.conn_id, self.poll_s = Path(log_dir), conn_id, poll_s
+        self.timeout_s = timeout_s
+        self.degraded: dict[str, str] = {}
         self._created: list[dict] = []
         self._hook = None
 
@@ -55,7 +65,7 @@ class KubernetesLauncher:
             self._created.append(manifest)
             log.info("created %s %s", manifest["kind"], manifest["metadata"]["name"])
         main = job.manifests[0]
-        last = None
+        last, started = None, time.monotonic()
         while True:
             status = self._get(main).get("status", {})
             if status != last:
@@ -72,6 +82,12 @@ class KubernetesLauncher:
                     f"{job.name}: {main['kind']} {main['metadata']['name']} failed: "
                     f"{conditions['Failed'].get('message', '')}; replicas "
                     f"{json.dumps(status.get('replicaStatuses', {}))} (status log {status_log})"
+                )
+            if self.timeout_s is not None and time.monotonic() - started > self.timeout_s:
+                self.kill()
+                raise JobTimeoutError(
+                    f"{job.name}: {main['kind']} {main['metadata']['name']} ran past its timeout of "
+                    f"{self.timeout_s:.0f} s and was deleted (status log {status_log})"
                 )
             time.sleep(self.poll_s)
 

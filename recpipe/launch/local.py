@@ -9,7 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from recpipe.launch.base import JobFailedError, JobSpec
+from recpipe.launch.base import JobFailedError, JobSpec, JobTimeoutError
 
 log = logging.getLogger(__name__)
 TAIL_LINES = 40
@@ -39,11 +39,19 @@ class LocalLauncher:
     Args:
         log_dir: where ``<job>-<i>.log`` files go (created).
         grace_s: seconds between SIGTERM and SIGKILL.
+        timeout_s: stop the whole job (every process tree) after this many seconds and raise
+            ``JobTimeoutError``; None waits for ever (a hung collective then holds the job).
+
+    Attributes:
+        degraded: ``{role: reason}`` of the optional processes (``JobSpec.optional``) that
+            failed in the last ``run`` while the job went on.
     """
 
-    def __init__(self, log_dir: str | os.PathLike, grace_s: float = 10.0):
+    def __init__(self, log_dir: str | os.PathLike, grace_s: float = 10.0, timeout_s: float | None = None):
         self.log_dir = Path(log_dir)
         self.grace_s = grace_s
+        self.timeout_s = timeout_s
+        self.degraded: dict[str, str] = {}
         self._procs: list[subprocess.Popen] = []
 
     def run(self, job: JobSpec) -> list[Path]:
@@ -52,21 +60,25 @@ class LocalLauncher:
         Raises:
             JobFailedError: a process exited non-zero; the others were stopped. The message
                 names the process and ends with the tail of its log.
+            JobTimeoutError: ``timeout_s`` passed; every process was stopped.
         """
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.degraded = {}
         logs = [self.log_dir / f"{job.name}-{i}.log" for i in range(len(job.argv))]
+        started = time.monotonic()
         for i, path in enumerate(logs):
             self._procs.append(self._start(job, i, path, "wb"))
         log.info("started %s: %s", job.name, "; ".join(" ".join(a) for a in job.argv))
         offsets = [0] * len(logs)
         restarts = dict.fromkeys(job.restart, 0)
+        given_up: set[int] = set()  # optional processes that failed for good
         try:
             while True:
                 pairs = enumerate(zip(logs, offsets, strict=True))
                 offsets = [self._forward(p, o, job.name, job.role(i)) for i, (p, o) in pairs]
                 codes = [p.poll() for p in self._procs]
                 for i in job.restart:
-                    if codes[i] not in (None, 0) and restarts[i] < MAX_RESTARTS:
+                    if codes[i] not in (None, 0) and i not in given_up and restarts[i] < MAX_RESTARTS:
                         restarts[i] += 1
                         log.warning(
                             "%s %s exited with code %s; restarting it (%d of %d)",
@@ -78,7 +90,19 @@ class LocalLauncher:
                         )
                         self._procs[i] = self._start(job, i, logs[i], "ab")
                         codes[i] = None
-                failed = [i for i, c in enumerate(codes) if c not in (None, 0)]
+                for i in job.optional - given_up:
+                    if codes[i] not in (None, 0):
+                        given_up.add(i)
+                        reason = f"exited with code {codes[i]} (log {logs[i]})"
+                        self.degraded[job.role(i)] = reason
+                        log.error(
+                            "%s %s %s; the job goes on without it. Last lines:\n%s",
+                            job.name,
+                            job.role(i),
+                            reason,
+                            tail(logs[i]),
+                        )
+                failed = [i for i, c in enumerate(codes) if c not in (None, 0) and i not in given_up]
                 if failed:
                     i = failed[0]
                     self.kill()
@@ -86,13 +110,24 @@ class LocalLauncher:
                         f"{job.name} {job.role(i)} exited with code {codes[i]} (log {logs[i]}); "
                         f"last lines:\n{tail(logs[i])}"
                     )
-                tasks = [c for i, c in enumerate(codes) if i not in job.servers]
+                tasks = [c for i, c in enumerate(codes) if i not in job.servers and i not in given_up]
                 if all(c == 0 for c in tasks):
                     self.kill()  # servers serve until the tasks are done
                     for i, (p, o) in enumerate(zip(logs, offsets, strict=True)):
                         self._forward(p, o, job.name, job.role(i))
                     return logs
+                if self.timeout_s is not None and time.monotonic() - started > self.timeout_s:
+                    self.kill()
+                    running = [job.role(i) for i, c in enumerate(codes) if c is None]
+                    raise JobTimeoutError(
+                        f"{job.name} ran past its timeout of {self.timeout_s:.0f} s; stopped "
+                        f"{', '.join(running)} (a hung collective or a stuck input?). Log of "
+                        f"{job.role(0)} ({logs[0]}), last lines:\n{tail(logs[0])}"
+                    )
                 time.sleep(0.5)
+        except BaseException:
+            self.kill()  # Airflow's AirflowTaskTimeout or a KeyboardInterrupt: no orphans
+            raise
         finally:
             self._procs = []
 

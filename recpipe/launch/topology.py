@@ -35,6 +35,7 @@ class Process:
     env: dict[str, str]
     server: bool = False  # serves until the other processes are done, then is stopped
     restart: bool = False  # started again when it dies
+    optional: bool = False  # its failure is reported, not the job's
 
 
 def free_ports(count: int) -> list[int]:
@@ -138,8 +139,11 @@ def _parameter_server(workers: int, ps: int, python: list[str]) -> list[Process]
 
 def evaluator_process(module_args: list[str]) -> Process:
     """The separate evaluator (``eval_method: separate``): ``python -m trainer.eval --follow``
-    beside the training processes, with no cluster of its own."""
-    return Process("evaluator", [sys.executable, "-m", *module_args, "--follow"], {})
+    beside the training processes, with no cluster of its own. It is restarted when it dies
+    (it skips the steps already in ``eval_history.jsonl``) and, past its restarts, reported
+    without failing the training job."""
+    argv = [sys.executable, "-m", *module_args, "--follow"]
+    return Process("evaluator", argv, {}, restart=True, optional=True)
 
 
 def job_spec(
@@ -155,4 +159,5 @@ def job_spec(
         roles=[p.role for p in processes],
         servers={i for i, p in enumerate(processes) if p.server},
         restart={i for i, p in enumerate(processes) if p.restart},
+        optional={i for i, p in enumerate(processes) if p.optional},
     )

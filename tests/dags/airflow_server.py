@@ -139,9 +139,9 @@ def _killpg(pid: int, sig: int) -> None:
         pass
 
 
-def screenshot(url: str, token: str, path: Path) -> None:
+def screenshot(url: str, token: str, path: Path) -> str:
     """Open ``url`` in headless Chromium (Debian's, via Playwright) logged in with ``token``,
-    wait for the page to settle and save a PNG."""
+    wait for the page to settle, save a PNG and return the page's visible text."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
@@ -161,5 +161,6 @@ def screenshot(url: str, token: str, path: Path) -> None:
             page.goto(url, wait_until="networkidle", timeout=60_000)
             page.wait_for_timeout(3000)
             page.screenshot(path=str(path), full_page=True)
+            return page.inner_text("body")
         finally:
             browser.close()

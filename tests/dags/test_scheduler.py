@@ -6,7 +6,7 @@ rendered in headless Chromium and kept as a screenshot."""
 from __future__ import annotations
 
 import json
-import shutil
+import os
 import subprocess
 import uuid
 from pathlib import Path
@@ -58,11 +58,17 @@ def test_trigger_through_rest_api_on_sqlite_and_screenshot_the_grid(daily_runs, 
     with deployment(daily_runs["env"], tmp_path / "airflow") as api:
         run = _trigger_and_wait(api, CONF)
         _assert_trained(api, run, daily_runs["var"])
-        if shutil.which("chromium") or Path("/usr/bin/chromium").exists():
-            ARTIFACTS.mkdir(parents=True, exist_ok=True)
-            shot = ARTIFACTS / "recpipe_train_grid.png"
-            screenshot(f"{api.base}/dags/recpipe_train/runs/{run['dag_run_id']}", api.token, shot)
-            assert shot.stat().st_size > 20_000
+        if not Path("/usr/bin/chromium").exists():
+            # CI installs it (scripts/setup.sh): there a missing browser is a failure, not a skip
+            assert not os.environ.get("CI"), "Chromium is missing: scripts/setup.sh installs it"
+            pytest.skip("no /usr/bin/chromium: the grid is not rendered")
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        shot = ARTIFACTS / "recpipe_train_grid.png"
+        text = screenshot(f"{api.base}/dags/recpipe_train/runs/{run['dag_run_id']}", api.token, shot)
+        assert shot.stat().st_size > 20_000
+        # the grid drew this DAG's run: every task id is on the page
+        for task_id in ("train", "evaluate", "export", "register"):
+            assert task_id in text.split(), (task_id, text[:2000])
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from recpipe.launch import JobFailedError, JobSpec, LocalLauncher
+from recpipe.launch import JobFailedError, JobSpec, JobTimeoutError, LocalLauncher
 
 
 def _job(tmp_path, *scripts: str) -> JobSpec:
@@ -96,3 +96,38 @@ def test_servers_are_stopped_when_the_tasks_are_done_and_a_worker_is_restarted(t
     job = replace(_job(tmp_path, "import time; time.sleep(30)", "import sys; sys.exit(4)"), servers={1})
     with pytest.raises(JobFailedError, match="job process 1 exited with code 4"):
         LocalLauncher(tmp_path / "logs2", grace_s=2).run(job)
+
+
+def test_a_job_past_its_timeout_is_stopped_whole(tmp_path):
+    pid_file = tmp_path / "child.pid"
+    # a job that never ends, with a child of its own (a hung collective, say)
+    never = (
+        "import subprocess, sys, time\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+        "print('waiting for a peer', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    start = time.monotonic()
+    with pytest.raises(JobTimeoutError) as err:
+        LocalLauncher(tmp_path / "logs", grace_s=1, timeout_s=3).run(_job(tmp_path, never, never))
+    assert 3 <= time.monotonic() - start < 20
+    message = str(err.value)
+    assert "ran past its timeout of 3 s" in message and "process 0, process 1" in message
+    assert "waiting for a peer" in message  # the chief's log tail
+    time.sleep(0.5)
+    assert not _alive(int(pid_file.read_text()))
+
+
+def test_a_crashed_optional_process_is_restarted_then_reported_without_failing_the_job(tmp_path):
+    train = "import time; time.sleep(5); print('{\"global_step\": 5}')"
+    crash = "import sys; print('evaluator starts', flush=True); sys.exit(7)"
+    job = replace(_job(tmp_path, train, crash), restart={1}, optional={1}, roles=["worker 0", "evaluator"])
+    launcher = LocalLauncher(tmp_path / "logs", grace_s=1)
+    logs = launcher.run(job)
+    assert logs[0].read_text().strip() == '{"global_step": 5}'
+    assert logs[1].read_text().split("\n").count("evaluator starts") == 4  # 1 start + 3 restarts
+    assert list(launcher.degraded) == ["evaluator"] and "exited with code 7" in launcher.degraded["evaluator"]
+    # the same crash in a process that is not optional fails the job
+    with pytest.raises(JobFailedError, match="evaluator exited with code 7"):
+        LocalLauncher(tmp_path / "logs2", grace_s=1).run(replace(job, optional=set()))

@@ -79,7 +79,17 @@ def test_runs_metrics_and_registry_through_the_server(mlflow_server, tmp_path, m
     assert [m.value for m in client.get_metric_history(child, "loss")] == pytest.approx([0.7, 0.6, 0.5])
     assert [a.path for a in client.list_artifacts(child, "model")] == ["model/saved_model.pb"]
 
+    # retries on a registered model: the version an attempt registered is found by its tags
+    assert [v.version for v in hook.versions("m", {"ds": "1997-09-22"})] == [version.version]
+    assert hook.versions("m", {"ds": "1997-09-23"}) == [] and hook.versions("other") == []
+
     os.killpg(proc.pid, 15)
     proc.wait(30)
+    # a registry that cannot be read is an error, never "no champion" (which promotes anything)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    with pytest.raises(Exception) as err:
+        hook.champion("m")
+    assert "Connection" in repr(err.value) or "connect" in str(err.value).lower(), repr(err.value)
     with pytest.raises(TrackingUnavailableError, match=f"MLflow tracking server {uri} is unreachable"):
         MLflowHook(mlflow_conn_id="").get_client()

@@ -27,6 +27,17 @@ def test_gate():
     assert not gate({"auc": 0.8}, None, "gauc", 0.002).promote
 
 
+def test_the_gate_never_promotes_nan_or_a_model_below_the_floor_champion_or_not():
+    for champion in (None, {"auc": 0.70}):
+        nan = gate({"auc": float("nan")}, champion, "auc", 0.002)
+        assert not nan.promote and nan.reason == "new auc=nan is not a finite number"
+        low = gate({"auc": 0.45}, champion, "auc", 0.002)
+        assert not low.promote and "below the floor gate.min_metric=0.5" in low.reason
+    assert gate({"auc": 0.45}, None, "auc", 0.002, min_metric=0.4).promote
+    # a champion that scores NaN on these rows is no comparison: the floor alone decides
+    assert gate({"auc": 0.6}, {"auc": float("nan")}, "auc", 0.002).promote
+
+
 def test_drift_reports_relative_changes_above_tolerance():
     before = {
         "rows": 100,
@@ -63,7 +74,7 @@ def test_warm_start_source_is_the_newest_finished_day_before_ds(tmp_path, monkey
             warm_start_root=str(tmp_path),
             full_retrain=full_retrain,
         )
-        found = op.warm_start((tmp_path / f"ds={ds}").resolve())
+        found, _ = op.warm_start((tmp_path / f"ds={ds}").resolve())
         return found.name if found else None
 
     # 09-22 did not finish; a day is never its own source
@@ -79,3 +90,27 @@ def test_retention_keeps_newest_days_and_protected(tmp_path):
         p.mkdir()
     gone = expired(tmp_path, 2, {days[1].resolve()})
     assert [p.name for p in gone] == ["ds=1997-09-23", "ds=1997-09-22", "ds=1997-09-20"]
+
+
+def test_kubernetes_job_names_differ_per_dag_run_and_stay_dns_names():
+    from operators.train import kubernetes_job_name
+    from recpipe.launch.kubeflow import job_name
+
+    a = kubernetes_job_name("recpipe_train", "1997-09-22", "manual__2026-11-23T10:00:00+00:00", 1)
+    b = kubernetes_job_name("recpipe_train", "1997-09-22", "manual__2026-11-23T10:00:05+00:00", 1)
+    assert a != b and a.startswith("recpipe-recpipe-train-1997-09-22-") and a.endswith("-1")
+    long = kubernetes_job_name("d" * 80, "1997-09-22", "r", 12)
+    for name in (a, b, long):
+        assert job_name(name) == name and len(name) <= 52  # the renderer keeps it whole
+
+
+def test_job_timeouts_come_from_the_retrain_config():
+    from datetime import timedelta
+
+    from operators.base import job_timeout_s
+    from recpipe.config.retrain import TimeoutConfig
+
+    timeouts = TimeoutConfig(default_s=600, tasks={"train": 7200})
+    assert timeouts.of("train") == timedelta(hours=2) and timeouts.of("export") == timedelta(minutes=10)
+    assert job_timeout_s(timedelta(hours=2)) == 7200 - 60 and job_timeout_s(timedelta(seconds=100)) == 90
+    assert job_timeout_s(None) is None

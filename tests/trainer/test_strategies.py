@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from recpipe.config.train import TrainConfig
 from trainer.distribute import Distribution, StrategyError, distribution_for
+from trainer.distribute.parameter_server import cluster_from_tf_config
 
 
 def test_no_strategy_is_one_chief_process_on_the_default_strategy():
@@ -26,9 +27,15 @@ def test_strategies_that_cannot_run_fail_clearly(monkeypatch):
     with pytest.raises(StrategyError, match="parameter-server training needs TF_CONFIG"):
         distribution_for(TrainConfig(train_distribute="PSStrategy"))
     ps_cluster = {"chief": ["localhost:1"], "worker": ["localhost:2"], "ps": ["localhost:3"]}
+    # the chief's TF_CONFIG is accepted as it is (the cluster is not contacted here)
     monkeypatch.setenv(
         "TF_CONFIG", json.dumps({"cluster": ps_cluster, "task": {"type": "chief", "index": 0}})
     )
+    assert cluster_from_tf_config() == ps_cluster
+    no_ps = {k: v for k, v in ps_cluster.items() if k != "ps"}
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": no_ps, "task": {"type": "chief", "index": 0}}))
+    with pytest.raises(StrategyError, match="lacks"):
+        cluster_from_tf_config()
     monkeypatch.setenv(
         "TF_CONFIG", json.dumps({"cluster": ps_cluster, "task": {"type": "worker", "index": 0}})
     )
