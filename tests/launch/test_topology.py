@@ -57,3 +57,15 @@ def test_parameter_server_jobs_are_a_chief_and_servers_with_their_tf_config():
         cluster = json.loads(procs[0].env["TF_CONFIG"])["cluster"]
         assert (len(cluster["chief"]), len(cluster["worker"]), len(cluster["ps"])) == (1, 2, ps)
     assert len(training_processes(D.PSStrategy, 1, ARGS)) == 3  # PSStrategy takes at least one ps
+
+
+def test_the_separate_evaluator_is_restarted_and_optional_the_trainers_are_not():
+    from pathlib import Path
+
+    from recpipe.config.cluster import ClusterConfig
+    from recpipe.launch import training_job
+
+    job = training_job("train", D.NoStrategy, ClusterConfig(), ["--x"], cwd=Path("."), eval_args=["--y"])
+    assert job.roles == ["worker 0", "evaluator"]
+    assert job.restart == {1} and job.optional == {1} and job.servers == set()
+    assert job.argv[1][-2:] == ["--y", "--follow"]

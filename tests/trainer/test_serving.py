@@ -14,7 +14,7 @@ from tests.support import EARLY, with_edits
 from trainer.input import FeatureReader
 from trainer.loop import Trainer, TrainJob
 from trainer.scoring import load_model
-from trainer.serving import export_saved_model
+from trainer.serving import export_saved_model, find_export
 
 LAST = EARLY[1]
 
@@ -40,7 +40,7 @@ def _raw_requests(config) -> dict[str, np.ndarray]:
     return out
 
 
-def test_saved_model_reproduces_the_model_on_raw_values(ml_early, tmp_path):
+def test_saved_model_reproduces_the_model_on_raw_values(ml_early, tmp_path, monkeypatch):
     config = with_edits(ml_early, {"train_config.num_steps": 60})
     days = parse_ds_range(":".join(EARLY))
     Trainer(TrainJob(config=config, model_dir=tmp_path / "m", train_days=days)).train()
@@ -68,3 +68,16 @@ def test_saved_model_reproduces_the_model_on_raw_values(ml_early, tmp_path):
     np.testing.assert_allclose(tf.sigmoid(got["logit"]).numpy(), got["probability"].numpy(), atol=1e-6)
     assert set(served.structured_input_signature[1]) == set(request)
     assert served.structured_input_signature[1]["age"].dtype == tf.float64
+
+    # a second export in the same second (an export retried, or another run's) gets its own
+    # version; both load; a retry of this model dir at this step finds the newest of them
+    import trainer.serving
+
+    second = final.parent / str(int(final.name) + 1)
+    monkeypatch.setattr(trainer.serving.time, "time", lambda: float(final.name))
+    again = export_saved_model(config, model, tmp_path / "m", tmp_path / "exports", step)
+    assert again == second and (final / "saved_model.pb").exists()
+    for version in (final, again):
+        assert "serving_default" in tf.saved_model.load(str(version)).signatures
+    assert find_export(tmp_path / "exports", tmp_path / "m", step) == again
+    assert find_export(tmp_path / "exports", tmp_path / "m", step + 1) is None
