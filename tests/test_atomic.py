@@ -14,13 +14,16 @@ def test_writers_racing_for_one_version_number_get_distinct_complete_versions(tm
         barrier = threading.Barrier(3)
         published: list = []
 
-        def write(name: str) -> None:
+        def write(name: str, barrier: threading.Barrier, published: list, first: int) -> None:
             tmp = atomic.temp_dir_beside(root / "export")
             (tmp / "saved_model.pb").write_text(name)
             barrier.wait()  # all three now pick the same number (the same second)
-            published.append(atomic.publish_numbered(tmp, root, 1000 + 10 * attempt))
+            published.append(atomic.publish_numbered(tmp, root, first))
 
-        threads = [threading.Thread(target=write, args=(f"{attempt}-{i}",)) for i in range(3)]
+        threads = [
+            threading.Thread(target=write, args=(f"{attempt}-{i}", barrier, published, 1000 + 10 * attempt))
+            for i in range(3)
+        ]
         for t in threads:
             t.start()
         for t in threads:

@@ -13,7 +13,20 @@ from tests.support import ROOT
 
 REFERENCE = re.compile(r"\$\{(\w+)(?::?[-?][^}]*)?\}")
 # variables the official images document (postgres) or MLflow's server reads
-IMAGE_SETTINGS = {"POSTGRES_USER", "POSTGRES_PASSWORD", "POSTGRES_DB", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"}
+IMAGE_SETTINGS = {
+    "POSTGRES_USER",
+    "POSTGRES_PASSWORD",
+    "POSTGRES_DB",
+    "MLFLOW_SERVER_ENABLE_JOB_EXECUTION",
+    "MLFLOW_BACKEND_STORE_URI",  # mlflow server --backend-store-uri's variable
+    "MLFLOW_AUTH_CONFIG_PATH",
+    "MLFLOW_AUTH_ADMIN_PASSWORD",
+    "MLFLOW_FLASK_SERVER_SECRET_KEY",
+    "MLFLOW_TRACKING_USERNAME",  # the MLflow client's basic-auth login
+    "MLFLOW_TRACKING_PASSWORD",
+    "REDIS_PASSWORD",  # the redis service's own command reads it
+    "REDISCLI_AUTH",  # redis-cli (the health check)
+}
 
 
 @pytest.fixture(scope="module")
@@ -94,3 +107,30 @@ def test_every_setting_is_read_by_someone(compose):
     dockerfile = (ROOT / "Dockerfile").read_text()
     for key in re.findall(r"(RECPIPE_\w+)=", dockerfile):
         assert f'"{key}"' in source, f"Dockerfile: {key} is not read by the project"
+
+
+def test_no_service_listens_without_a_password_or_shows_one_on_its_command_line(compose):
+    services = compose["services"]
+    for name, service in services.items():
+        command = service.get("command") or ""
+        command = " ".join(command) if isinstance(command, list) else command
+        assert not re.search(r"\$\{\w*PASSWORD", command), f"{name}: a password on the command line"
+        assert "postgresql" not in command, f"{name}: a database URI on the command line"
+    # Redis: requirepass from the environment; the broker URL and the health check log in
+    redis = services["redis"]
+    assert "requirepass $$REDIS_PASSWORD" in " ".join(redis["command"])
+    assert _env(redis)["REDIS_PASSWORD"].startswith("${REDIS_PASSWORD:?")
+    assert _env(redis)["REDISCLI_AUTH"] == "${REDIS_PASSWORD}"
+    broker = _env(services["airflow-worker"])["AIRFLOW__CELERY__BROKER_URL"]
+    assert broker.startswith("redis://:${REDIS_PASSWORD:?") and broker.endswith("@redis:6379/0")
+    # MLflow: basic auth, its admin password and database URI from the environment
+    mlflow = services["mlflow"]
+    assert "--app-name basic-auth" in mlflow["command"]
+    env = _env(mlflow)
+    assert env["MLFLOW_BACKEND_STORE_URI"].startswith("postgresql+psycopg2://recpipe:${POSTGRES_PASSWORD}@")
+    assert env["MLFLOW_AUTH_ADMIN_PASSWORD"].startswith("${MLFLOW_ADMIN_PASSWORD:?")
+    ini = ROOT / env["MLFLOW_AUTH_CONFIG_PATH"].removeprefix("/opt/recpipe/")
+    assert ini.exists() and "admin_password" not in ini.read_text().replace("# ", "")
+    worker = _env(services["airflow-worker"])
+    assert worker["MLFLOW_TRACKING_USERNAME"] == "admin"
+    assert worker["MLFLOW_TRACKING_PASSWORD"].startswith("${MLFLOW_ADMIN_PASSWORD:?")

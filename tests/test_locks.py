@@ -32,7 +32,8 @@ def _holder(kind: str, path) -> subprocess.Popen:
 def test_one_trainer_per_model_dir_and_a_dead_holder_leaves_no_lock(tmp_path):
     holder = _holder("train", tmp_path / "m")
     try:
-        with pytest.raises(locks.LockedError, match=rf"being trained by pid {holder.pid} on .*day 1997-09-22"):
+        named = rf"being trained by pid {holder.pid} on .*day 1997-09-22"
+        with pytest.raises(locks.LockedError, match=named):
             with locks.training(tmp_path / "m"):
                 pass
         with locks.deleting(tmp_path / "m") as free:

@@ -19,6 +19,10 @@ daily = bag.dags["recpipe_daily_retrain"]
 out["daily_upstream"] = {t: sorted(daily.task_dict[t].upstream_task_ids) for t in daily.task_dict}
 out["schedule"] = daily.timetable.expression
 out["max_active_runs"] = daily.max_active_runs
+out["timeouts"] = {
+    d.dag_id: {t.task_id: t.execution_timeout and t.execution_timeout.total_seconds() for t in d.tasks}
+    for d in (daily, bag.dags["recpipe_train"])
+}
 out["params"] = {}
 manual = bag.dags["recpipe_train"]
 for name, conf in json.loads(sys.argv[1]).items():
@@ -125,3 +129,21 @@ def test_sensor_timeout_names_the_missing_partition(stack, tmp_path):
     )
     expected = f"RAISED AirflowSensorTimeout raw partition not complete after 1 s: {missing} is missing"
     assert expected in proc.stdout
+
+
+def test_every_task_of_both_dags_has_its_timeout_from_the_retrain_config(probe):
+    # the stack's retrain config: train 3600 s, everything else default_s 1800 s
+    for dag_id, timeouts in probe["timeouts"].items():
+        assert timeouts and all(t is not None for t in timeouts.values()), (dag_id, timeouts)
+        assert timeouts["train"] == 3600
+        assert {t for k, t in timeouts.items() if k != "train"} == {1800}, (dag_id, timeouts)
+
+
+def test_the_sensor_as_the_daily_dag_runs_it_names_the_missing_partition(stack):
+    # reschedule mode, poke every 1 s, 3 s timeout (the stack's retrain config)
+    from tests.dags.conftest import airflow
+
+    proc = airflow(stack["env"], "dags", "test", "recpipe_daily_retrain", "1999-01-01", check=False)
+    out = proc.stdout + proc.stderr
+    assert "raw partition not complete after 3 s:" in out and "ds=1999-01-01/_SUCCESS is missing" in out
+    assert "prepare_features" not in [line.split()[-1] for line in out.splitlines() if "success" in line]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from operators.hooks.mlflow import MLflowHook, TrackingUnavailableError, flatten
-from tests.support import free_port
+from tests.support import ROOT, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -93,3 +93,55 @@ def test_runs_metrics_and_registry_through_the_server(mlflow_server, tmp_path, m
     assert "Connection" in repr(err.value) or "connect" in str(err.value).lower(), repr(err.value)
     with pytest.raises(TrackingUnavailableError, match=f"MLflow tracking server {uri} is unreachable"):
         MLflowHook(mlflow_conn_id="").get_client()
+
+
+def test_the_deployments_basic_auth_server_refuses_strangers_and_serves_the_hook(tmp_path, monkeypatch):
+    """``mlflow server --app-name basic-auth`` with the ini docker-compose ships (its user
+    store moved to tmp): no user, no alias moves; the operators' hook logs in from the env."""
+    import requests
+
+    ini = (ROOT / "deploy/mlflow_basic_auth.ini").read_text()
+    ini = ini.replace("sqlite:////var/lib/recpipe/mlflow/basic_auth.db", f"sqlite:///{tmp_path / 'auth.db'}")
+    assert str(tmp_path) in ini
+    (tmp_path / "auth.ini").write_text(ini)
+    port = free_port()
+    env = {
+        **os.environ,
+        "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+        "MLFLOW_AUTH_CONFIG_PATH": str(tmp_path / "auth.ini"),
+        "MLFLOW_AUTH_ADMIN_PASSWORD": "s3cret-for-the-test",
+        "MLFLOW_FLASK_SERVER_SECRET_KEY": "csrf-key-for-the-test",
+        "MLFLOW_BACKEND_STORE_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
+    }
+    args = [Path(sys.executable).with_name("mlflow"), "server", "--app-name", "basic-auth"]
+    args += ["--artifacts-destination", str(tmp_path / "artifacts"), "--host", "127.0.0.1"]
+    args += ["--port", str(port), "--workers", "1"]
+    log = (tmp_path / "server.log").open("wb")
+    proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(uri + "/health", timeout=2)  # unprotected: the hook's probe
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, (
+                    tmp_path / "server.log"
+                ).read_text()[-2000:]
+                time.sleep(1)
+        search = uri + "/api/2.0/mlflow/registered-models/search"
+        assert requests.get(search, timeout=10).status_code == 401
+        assert requests.get(search, auth=("admin", "wrong"), timeout=10).status_code == 401
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+        monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "admin")
+        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "s3cret-for-the-test")
+        hook = MLflowHook(mlflow_conn_id="")
+        run = hook.child_run(hook.parent_run("exp", "dag", "run-1", {}), "export")
+        version = hook.register("m", hook.artifact_uri(run, "model"), run, {"ds": "1997-09-22"})
+        hook.set_alias("m", version.version)
+        assert hook.champion("m").version == version.version
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 15)
+        proc.wait(30)
