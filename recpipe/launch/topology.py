@@ -99,7 +99,7 @@ def training_processes(
         horovodrun = [
             sys.executable,
             "-m",
-            "horovod.runner.launch",
+            "recpipe.launch.horovodrun",  # horovodrun with its servers on 127.0.0.1
             "-np",
             str(workers),
             "-H",

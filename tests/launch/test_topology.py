@@ -36,7 +36,7 @@ def test_multi_worker_mirrored_gets_one_tf_config_per_worker_on_distinct_local_p
 def test_horovod_is_one_horovodrun_with_gloo_on_loopback():
     (p,) = training_processes(D.HorovodStrategy, 4, ARGS)
     argv = " ".join(p.argv)
-    assert "horovod.runner.launch -np 4 -H localhost:4 --gloo --network-interfaces lo" in argv
+    assert "recpipe.launch.horovodrun -np 4 -H localhost:4 --gloo --network-interfaces lo" in argv
     assert argv.endswith(" -m " + " ".join(ARGS)) and p.env["RECPIPE_LOCAL_PROCESSES"] == "4"
 
 

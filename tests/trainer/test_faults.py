@@ -96,11 +96,6 @@ def test_a_second_trainer_on_a_model_dir_in_use_fails_at_once_naming_the_holder(
     finally:
         holder.kill()
         holder.wait()
-    # the holder is gone (the kernel released its lock): the same command trains
-    done = subprocess.run(
-        _train_cmd(config, model_dir, tmp_path), capture_output=True, text=True, cwd=ROOT, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_a_job_killed_between_checkpoints_and_resumed_logs_each_step_once(ml_early, tmp_path, monkeypatch):
