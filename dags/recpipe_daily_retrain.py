@@ -168,6 +168,10 @@ with DAG(
         metric=RETRAIN.gate.metric,
         tolerance=RETRAIN.gate.tolerance,
         min_metric=RETRAIN.gate.min_metric,
+        min_positives=RETRAIN.gate.min_positives,
+        min_negatives=RETRAIN.gate.min_negatives,
+        confidence=RETRAIN.gate.confidence,
+        inconclusive=RETRAIN.gate.inconclusive,
         alias=RETRAIN.gate.alias,
         **common,
     )

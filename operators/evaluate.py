@@ -29,7 +29,8 @@ class EvalOperator(JobOperator):
         step: the MLflow nested run's name, and the prefix of the metrics on the parent run.
 
     Returns (XCom): ``{"metrics": {...} | None, "checkpoint", "num_examples", "global_step",
-    "mlflow_run_id", "reason"}``.
+    "predictions", "mlflow_run_id", "reason"}`` (``predictions``: each row's label and
+    probability, Parquet, for the gate's paired test).
     """
 
     template_fields = (*JobOperator.template_fields, "model_dir", "eval_ds", "train_ds", "checkpoint_path")
@@ -79,6 +80,7 @@ class EvalOperator(JobOperator):
         self.load_config(edits)
         out = ModelDir(model_dir)
         result_path = out.result(self.result_name)
+        predictions = out.predictions(self.result_name)
         args = [
             *self.config_args(edits),
             "--model_dir",
@@ -87,6 +89,8 @@ class EvalOperator(JobOperator):
             checkpoint,
             "--eval_result_path",
             str(result_path),
+            "--predictions_path",
+            str(predictions),
         ]
         log.info("evaluating %s (%s) on eval_ds=%s", checkpoint, what, self.eval_ds)
         self.run_command(self.step, "trainer.eval", args, out.logs)
@@ -97,6 +101,7 @@ class EvalOperator(JobOperator):
             "checkpoint": result["checkpoint"],
             "global_step": result["global_step"],
             "num_examples": result["num_examples"],
+            "predictions": str(predictions),
             "reason": what,
         }
         out["mlflow_run_id"] = self._track(context, result_path, out)

@@ -1,64 +1,14 @@
 """``RegisterModelOperator``: register the export in MLflow's model registry and move the
-``champion`` alias to it only if it is not worse than the champion on the same rows."""
+``champion`` alias to it only if the gate (``operators/gate.py``) promotes it."""
 
 from __future__ import annotations
 
 import logging
-import math
-from dataclasses import dataclass
 
 from operators.base import RecpipeOperator
+from operators.gate import PROMOTED, REJECTED, GateDecision, GateRules, gate, paired_scores
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class GateDecision:
-    """Whether to promote, and why (for the log and the MLflow tags)."""
-
-    promote: bool
-    reason: str
-
-
-def gate(
-    candidate: dict | None,
-    champion: dict | None,
-    metric: str,
-    tolerance: float,
-    min_metric: float = 0.5,
-) -> GateDecision:
-    """The promotion rule.
-
-    A candidate is rejected, champion or not, when its metric is missing or not finite (a
-    diverged model scores NaN) or below ``min_metric`` (an AUC under 0.5 ranks worse than
-    chance). Otherwise it wins without a champion, or when it is at most ``tolerance`` worse
-    than the champion scored on the same rows.
-
-    Args:
-        candidate: the new model's metrics on the day's held-out rows (``{"auc": ...}``).
-        champion: the champion's metrics on the same rows, or None when there is no champion.
-        metric: ``auc`` or ``gauc`` (higher is better).
-        tolerance: how much worse than the champion the candidate may be and still win.
-        min_metric: the floor (``gate.min_metric``).
-    """
-    if not candidate or metric not in candidate:
-        return GateDecision(False, f"the new model has no {metric} on the eval data")
-    new = candidate[metric]
-    if new is None or not math.isfinite(new):
-        return GateDecision(False, f"new {metric}={new} is not a finite number")
-    if new < min_metric:
-        return GateDecision(False, f"new {metric}={new:.4f} is below the floor gate.min_metric={min_metric}")
-    old = (champion or {}).get(metric)
-    if old is None or not math.isfinite(old):
-        return GateDecision(
-            True, f"no champion {metric} on these rows; new {metric}={new:.4f} >= floor {min_metric}"
-        )
-    if new >= old - tolerance:
-        return GateDecision(True, f"new {metric}={new:.4f} >= champion {old:.4f} - tolerance {tolerance}")
-    return GateDecision(
-        False,
-        f"new {metric}={new:.4f} is worse than champion {old:.4f} by {old - new:.4f} > tolerance {tolerance}",
-    )
 
 
 class RegisterModelOperator(RecpipeOperator):
@@ -73,9 +23,12 @@ class RegisterModelOperator(RecpipeOperator):
 
     Args:
         model_name: the registered model (templated).
+        metric, tolerance, min_metric, min_positives, min_negatives, confidence, inconclusive:
+            the gate's rules (``operators.gate.GateRules``, the retrain config's ``gate``).
         promote: move the alias when the gate passes (manual runs may only register).
 
-    Returns (XCom): ``{"model_name", "version", "promoted", "reason"}``.
+    Returns (XCom): ``{"model_name", "version", "promoted", "outcome", "reason", "gate"}``
+    (``outcome``: promoted / rejected / inconclusive; ``gate``: the paired test's numbers).
     """
 
     template_fields = (*RecpipeOperator.template_fields, "model_name")
@@ -88,6 +41,10 @@ class RegisterModelOperator(RecpipeOperator):
         metric: str = "auc",
         tolerance: float = 0.002,
         min_metric: float = 0.5,
+        min_positives: int = 0,
+        min_negatives: int = 0,
+        confidence: float = 0.95,
+        inconclusive: str = "keep_champion",
         alias: str = "champion",
         promote: bool = True,
         train_task_id: str = "train",
@@ -98,9 +55,15 @@ class RegisterModelOperator(RecpipeOperator):
     ):
         super().__init__(**kwargs)
         self.model_name = model_name
-        self.metric = metric
-        self.tolerance = tolerance
-        self.min_metric = min_metric
+        self.rules = dict(
+            metric=metric,
+            tolerance=tolerance,
+            min_metric=min_metric,
+            min_positives=min_positives,
+            min_negatives=min_negatives,
+            confidence=confidence,
+            inconclusive=inconclusive,
+        )
         self.alias = alias
         self.promote = promote
         self.task_ids = (train_task_id, eval_task_id, champion_eval_task_id, export_task_id)
@@ -114,13 +77,21 @@ class RegisterModelOperator(RecpipeOperator):
         candidate = (evaluation or {}).get("metrics")
         champion = (champion_eval or {}).get("metrics")
         current = hook.champion(self.model_name, self.alias)
+        rules = GateRules(**self.rules)
         if current is not None and champion is None:
             # a champion exists but was not scored on these rows: no fair comparison
             decision = GateDecision(
-                False, f"{self.alias} version {current.version} was not evaluated on these rows"
+                REJECTED, False, f"{self.alias} version {current.version} was not evaluated on these rows"
             )
         else:
-            decision = gate(candidate, champion, self.metric, self.tolerance, self.min_metric)
+            paired, why = paired_scores(
+                (champion_eval or {}).get("predictions"),
+                (evaluation or {}).get("predictions"),
+                rules.confidence,
+            )
+            if paired is None and champion:
+                log.info("gate without a paired test: %s", why)
+            decision = gate(candidate, champion, rules, paired)
         dag_run = f"{context['dag'].dag_id}/{context['run_id']}"
         earlier = hook.versions(self.model_name, {"dag_run": dag_run})
         if earlier:  # a retry: the version an earlier attempt registered, not a second one
@@ -141,25 +112,36 @@ class RegisterModelOperator(RecpipeOperator):
                 },
             )
         promoted = decision.promote and self.promote
+        outcome = decision.outcome if self.promote else "registered"
         reason = decision.reason if self.promote else f"promotion not requested ({decision.reason})"
         if promoted:
             hook.set_alias(self.model_name, version.version, self.alias)
             log.info("%s version %s is the new %s: %s", self.model_name, version.version, self.alias, reason)
         else:
             log.warning("%s version %s not promoted: %s", self.model_name, version.version, reason)
+        numbers = {f"gate.{k}": v for k, v in decision.numbers.items()}
         hook.set_version_tags(
             self.model_name,
             version.version,
-            {"promotion": "promoted" if promoted else "rejected", "promotion_reason": reason},
+            {"promotion": PROMOTED if promoted else outcome, "promotion_reason": reason, **numbers},
         )
         parent = self.parent_run_id(context)
         hook.set_tags(
-            parent, {"promoted": promoted, "promotion_reason": reason, "model_version": version.version}
+            parent,
+            {
+                "promoted": promoted,
+                "promotion": outcome,
+                "promotion_reason": reason,
+                "model_version": version.version,
+            },
         )
+        hook.log_metrics(parent, [(k, v, 0) for k, v in numbers.items() if v == v])  # NaN-free
         hook.end_run(parent)
         return {
             "model_name": self.model_name,
             "version": version.version,
             "promoted": promoted,
+            "outcome": outcome,
             "reason": reason,
+            "gate": decision.numbers,
         }

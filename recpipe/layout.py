@@ -10,6 +10,7 @@ and ``ds`` ranges. Every file name another process reads is defined here and now
                train/                                        TensorBoard summaries
                train_metrics.jsonl, eval_history.jsonl       one line per logged step / evaluation
                eval/eval_result-<step>.json, eval_result.json
+               eval_predictions.parquet, champion_eval_*          per-row label, probability (the gate's)
                normalization.json, pipeline.yaml             what serving and MLflow need
                train_done.json                               the chief's end-of-training marker
                train_result.json, _SUCCESS                   the train task's result, then done
@@ -131,6 +132,12 @@ class ModelDir:
     def result(self, name: str) -> Path:
         """A named result file of an evaluation task (``champion_eval_result.json``)."""
         return self.path / name
+
+    def predictions(self, result_name: str) -> Path:
+        """The per-row labels and probabilities beside a result: ``eval_result.json`` ->
+        ``eval_predictions.parquet``."""
+        stem = result_name.removesuffix(".json").removesuffix("_result")
+        return self.path / f"{stem}_predictions.parquet"
 
 
 def finished_model_dirs(runs_root: str | os.PathLike, before: str | None = None) -> list[Path]:

@@ -178,6 +178,9 @@ def eval_main(argv: list[str] | None = None) -> int:
         "--eval_result_path", default=None, help="result file (default: model_dir/eval_result.json)"
     )
     parser.add_argument(
+        "--predictions_path", default=None, help="also write each row's label and probability (Parquet)"
+    )
+    parser.add_argument(
         "--follow",
         action="store_true",
         help="the separate evaluator: evaluate each new checkpoint of model_dir until training ends",
@@ -196,7 +199,9 @@ def eval_main(argv: list[str] | None = None) -> int:
 
             print(json.dumps({"evaluated_steps": follow(config, model_dir, days)}))
             return 0
-        result = evaluate(config, model_dir, days, args.checkpoint_path, args.eval_result_path)
+        result = evaluate(
+            config, model_dir, days, args.checkpoint_path, args.eval_result_path, args.predictions_path
+        )
         print(json.dumps(result))
         return 0
 

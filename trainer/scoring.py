@@ -64,10 +64,15 @@ def evaluate(
     eval_days: list[str],
     checkpoint: str | Path | None = None,
     result_path: str | Path | None = None,
+    predictions_path: str | Path | None = None,
 ) -> dict:
     """Score ``eval_days`` with ``checkpoint`` (default: model_dir's latest) and write
     ``result_path`` (default ``<model_dir>/eval_result.json``, atomically) with the metrics,
-    step and checkpoint. Days also in ``train_ds`` contribute only their held-out rows."""
+    step and checkpoint. Days also in ``train_ds`` contribute only their held-out rows.
+
+    With ``predictions_path``, the rows' ``label`` and ``probability`` (float32, in the
+    readers' fixed order: two checkpoints scored on the same days give aligned files) go to
+    that Parquet file, for the gate's paired test (``recpipe.stats``)."""
     model_dir = Path(model_dir)
     partitions, holdout = holdout_split(config, eval_days, "eval")
     groups = [m.value().uid_field for m in config.eval_config.metrics_set if m.which() == "gauc"]
@@ -83,6 +88,13 @@ def evaluate(
         "num_examples": int(labels.size),
         **compute_metrics(config.eval_config.metrics_set, labels, probs, kept),
     }
+    if predictions_path is not None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        table = pa.table({"label": labels.astype(np.float32), "probability": probs.astype(np.float32)})
+        with atomic.file(predictions_path) as tmp:
+            pq.write_table(table, tmp)
     atomic.write_text(result_path or ModelDir(model_dir).eval_result, json.dumps(result, indent=2))
     log.info(
         "eval at step %d on %d examples: %s",

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import time
 from pathlib import Path
@@ -84,7 +85,8 @@ def follow(
         TimeoutError: ``timeout_s`` passed without training finishing.
     """
     model_dir = Path(model_dir)
-    started = time.time()
+    # the job's start, not this process's: a restarted evaluator must still see the marker
+    started = float(os.environ.get("RECPIPE_JOB_STARTED") or time.time())
     done_steps = evaluated_steps(model_dir)
     evaluated: list[int] = []
     while True:

@@ -46,14 +46,21 @@ class ValidationConfig(Section):
 
 
 class GateConfig(Section):
-    """Promotion: the new version gets ``alias`` unless its ``metric`` on the day's held-out
-    rows is worse than the champion's on the same rows by more than ``tolerance``, or (with
-    or without a champion) not finite or below ``min_metric`` (0.5: an AUC no better than
-    chance)."""
+    """Promotion (``operators/gate.py``): never a metric that is not finite or is below
+    ``min_metric`` (0.5: an AUC no better than chance). Against a champion scored on the same
+    rows, DeLong's paired test of the AUC difference at ``confidence``: too few held-out
+    labels (``min_positives`` / ``min_negatives``) or no significant difference is
+    inconclusive, and ``inconclusive`` decides (``keep_champion`` or ``promote``); a
+    significant difference promotes unless the new model is worse by more than ``tolerance``.
+    ``gauc`` is compared by ``tolerance`` alone."""
 
     metric: str = Field("auc", pattern="^(auc|gauc)$")
     tolerance: float = Field(0.002, ge=0.0)
     min_metric: float = Field(0.5, ge=0.0, le=1.0)
+    min_positives: int = Field(30, ge=0)
+    min_negatives: int = Field(30, ge=0)
+    confidence: float = Field(0.95, gt=0.0, lt=1.0)
+    inconclusive: str = Field("keep_champion", pattern="^(keep_champion|promote)$")
     alias: str = "champion"
 
 

@@ -28,6 +28,9 @@ def tail(path: Path, lines: int = TAIL_LINES) -> str:
 
 # restarts of a restartable process (a parameter-server worker) before the job fails
 MAX_RESTARTS = 3
+# the job's start (unix seconds) in every process's environment: a restarted evaluator tells
+# this job's end-of-training marker from an earlier job's by it
+JOB_STARTED_ENV = "RECPIPE_JOB_STARTED"
 
 
 class LocalLauncher:
@@ -53,6 +56,7 @@ class LocalLauncher:
         self.timeout_s = timeout_s
         self.degraded: dict[str, str] = {}
         self._procs: list[subprocess.Popen] = []
+        self._job_env: dict[str, str] = {}
 
     def run(self, job: JobSpec) -> list[Path]:
         """Start every process of ``job``, stream their logs, wait for all.
@@ -66,6 +70,8 @@ class LocalLauncher:
         self.degraded = {}
         logs = [self.log_dir / f"{job.name}-{i}.log" for i in range(len(job.argv))]
         started = time.monotonic()
+        # every process, restarted ones too, learns when the job began (JOB_STARTED_ENV)
+        self._job_env = {JOB_STARTED_ENV: repr(time.time())}
         for i, path in enumerate(logs):
             self._procs.append(self._start(job, i, path, "wb"))
         log.info("started %s: %s", job.name, "; ".join(" ".join(a) for a in job.argv))
@@ -136,7 +142,7 @@ class LocalLauncher:
             return subprocess.Popen(
                 job.argv[i],
                 cwd=job.cwd,
-                env={**os.environ, **job.process_env(i)},
+                env={**os.environ, **job.process_env(i), **self._job_env},
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

@@ -84,11 +84,13 @@ def test_champion_alias_and_the_gate(daily_runs):
     assert set(versions) == set(DAYS)  # one version per DAG run
     promotion = {ds: versions[ds].tags["promotion"] for ds in DAYS}
     # day 1 has no champion and learns (AUC above the floor); days 2 and 4 fine-tune on more
-    # rows and stay within the 0.05 tolerance of the champion; the one-step day 3 does not
+    # rows and are not significantly worse than the champion (inconclusive: promote); the
+    # one-step day 3 is significantly worse by more than the tolerance
     assert promotion == dict(zip(DAYS, ["promoted", "promoted", "rejected", "promoted"], strict=True))
     assert "no champion auc on these rows" in versions[DAYS[0]].tags["promotion_reason"]
     worse = versions[DAYS[2]]
-    assert "worse than champion" in worse.tags["promotion_reason"], worse.tags["promotion_reason"]
+    assert worse.tags["promotion_reason"].startswith("significantly worse"), worse.tags["promotion_reason"]
+    assert float(worse.tags["gate.ci_high"]) < -0.05 and float(worse.tags["gate.p_value"]) < 0.05
     parent3 = _runs(daily_runs, "parent")[2]
     assert parent3.data.tags["promoted"] == "False"
     assert parent3.data.metrics["eval.auc"] < parent3.data.metrics["evaluate_champion.auc"] - 0.05
@@ -152,3 +154,31 @@ def test_a_retried_register_task_keeps_one_version_per_dag_run(daily_runs):
     after = {v.version: v.tags["ds"] for v in client.search_model_versions(f"name = '{MODEL}'")}
     assert after == before
     assert client.get_model_version_by_alias(MODEL, "champion").version == version
+
+
+def test_the_gates_paired_test_on_real_days_and_on_a_low_positive_sample(daily_runs):
+    """DeLong's test on the per-row scores the DAG's two evaluations wrote for day 4, as the
+    gate read them; then the same rows cut to 10 positives (a TalkingData-like day)."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from operators.gate import INCONCLUSIVE, GateRules, gate
+    from recpipe.stats import paired_auc_test
+
+    day4 = daily_runs["runs"] / f"ds={DAYS[3]}"
+    old = pq.read_table(day4 / "champion_eval_predictions.parquet").to_pydict()
+    new = pq.read_table(day4 / "eval_predictions.parquet").to_pydict()
+    assert old["label"] == new["label"] and len(new["label"]) > 50  # the same held-out rows
+    y, a, b = (np.asarray(v) for v in (new["label"], old["probability"], new["probability"]))
+    paired = paired_auc_test(y, a, b)
+    version = next(
+        v for v in _client(daily_runs).search_model_versions(f"name = '{MODEL}'") if v.tags["ds"] == DAYS[3]
+    )
+    assert float(version.tags["gate.diff"]) == pytest.approx(paired.diff, abs=1e-6)
+    assert float(version.tags["gate.se"]) == pytest.approx(paired.se, abs=1e-6)
+    assert int(version.tags["gate.positives"]) == paired.positives
+    keep = np.flatnonzero(y < 0.5).tolist() + np.flatnonzero(y > 0.5)[:10].tolist()
+    rare = paired_auc_test(y[keep], a[keep], b[keep])
+    decision = gate({"auc": rare.auc_b}, {"auc": rare.auc_a}, GateRules(min_positives=30), rare)
+    assert decision.outcome == INCONCLUSIVE and not decision.promote
+    assert decision.reason.startswith("inconclusive: 10 positives")

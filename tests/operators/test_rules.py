@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from operators.gate import GateRules, gate
 from operators.paths import PathNotAllowedError, confine, project_home
-from operators.register import gate
 from operators.retention import expired
 from operators.train import DistributedTrainOperator
 from operators.validate import drift
@@ -18,24 +18,28 @@ def test_confine_keeps_paths_inside_the_roots():
             confine(bad, "model_dir")
 
 
+def _gate(candidate, champion, metric="auc", tolerance=0.002, **rules):
+    return gate(candidate, champion, GateRules(metric=metric, tolerance=tolerance, **rules))
+
+
 def test_gate():
-    assert gate({"auc": 0.70}, None, "auc", 0.002).promote
-    assert gate({"auc": 0.699}, {"auc": 0.700}, "auc", 0.002).promote
-    decision = gate({"auc": 0.69}, {"auc": 0.70}, "auc", 0.002)
+    assert _gate({"auc": 0.70}, None).promote
+    assert _gate({"auc": 0.699}, {"auc": 0.700}).promote
+    decision = _gate({"auc": 0.69}, {"auc": 0.70})
     assert not decision.promote and "worse than champion 0.7000 by 0.0100" in decision.reason
-    assert not gate(None, {"auc": 0.7}, "auc", 0.002).promote
-    assert not gate({"auc": 0.8}, None, "gauc", 0.002).promote
+    assert not _gate(None, {"auc": 0.7}).promote
+    assert not _gate({"auc": 0.8}, None, "gauc").promote
 
 
 def test_the_gate_never_promotes_nan_or_a_model_below_the_floor_champion_or_not():
     for champion in (None, {"auc": 0.70}):
-        nan = gate({"auc": float("nan")}, champion, "auc", 0.002)
+        nan = _gate({"auc": float("nan")}, champion)
         assert not nan.promote and nan.reason == "new auc=nan is not a finite number"
-        low = gate({"auc": 0.45}, champion, "auc", 0.002)
+        low = _gate({"auc": 0.45}, champion)
         assert not low.promote and "below the floor gate.min_metric=0.5" in low.reason
-    assert gate({"auc": 0.45}, None, "auc", 0.002, min_metric=0.4).promote
+    assert _gate({"auc": 0.45}, None, min_metric=0.4).promote
     # a champion that scores NaN on these rows is no comparison: the floor alone decides
-    assert gate({"auc": 0.6}, {"auc": float("nan")}, "auc", 0.002).promote
+    assert _gate({"auc": 0.6}, {"auc": float("nan")}).promote
 
 
 def test_drift_reports_relative_changes_above_tolerance():

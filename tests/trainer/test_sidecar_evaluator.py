@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from recpipe import jsonl
 from recpipe.launch import job_result
 from recpipe.layout import ModelDir
 from tests.support import RECPIPE, ROOT, train_args, with_edits
@@ -27,7 +28,7 @@ EDITS = {
 
 
 def _history(model_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in ModelDir(model_dir).eval_history.read_text().splitlines()]
+    return jsonl.read(ModelDir(model_dir).eval_history)  # whole lines only
 
 
 @pytest.mark.slow
@@ -79,3 +80,18 @@ def test_master_evaluates_each_checkpoint_on_the_chief(ml_early, tmp_path):
 def test_follow_gives_up_when_training_never_finishes(ml_early, tmp_path):
     with pytest.raises(TimeoutError, match="training did not finish within 1 s"):
         follow(ml_early, tmp_path, [EVAL_DS], poll_s=0.2, timeout_s=1)
+
+
+def test_a_restarted_evaluator_sees_its_jobs_end_and_skips_done_steps(ml_early, tmp_path, monkeypatch):
+    import time
+
+    job_started = time.time()
+    config = with_edits(ml_early, {**EDITS, "train_config.num_steps": 20})
+    days = [f"1997-09-{d}" for d in range(20, 31)]
+    Trainer(TrainJob(config=config, model_dir=tmp_path, train_days=days)).train()
+    ModelDir(tmp_path).eval_history.write_text('{"step": 10, "auc": 0.5}\n{"step": 20, "au')  # then it died
+    time.sleep(1.5)  # the marker is now older than a process started at this moment
+    # the launcher gives every process, restarted ones too, the job's start
+    monkeypatch.setenv("RECPIPE_JOB_STARTED", repr(job_started))
+    assert follow(config, tmp_path, [EVAL_DS], poll_s=0.2, timeout_s=60) == [20]
+    assert [h["step"] for h in _history(tmp_path)] == [10, 20]  # the torn line left out

@@ -1,0 +1,138 @@
+"""The promotion gate: may the new model take the ``champion`` alias?
+
+Rules, in order (``gate.*`` in the retrain config):
+
+1. Never promoted: no metric, a metric that is not finite (a diverged model), or one below
+   ``min_metric`` (0.5 for AUC: no better than chance). Champion or not.
+2. No champion scored on these rows: promoted.
+3. With each row's scores of both models (``auc``): DeLong's paired test of the difference
+   (``recpipe.stats``). Fewer than ``min_positives`` / ``min_negatives`` held-out labels, or
+   a difference whose ``confidence`` interval holds 0 (not significant), is *inconclusive*:
+   ``inconclusive`` decides (``keep_champion``, the default, or ``promote``). A significant
+   difference is promoted unless the candidate is worse by more than ``tolerance``.
+4. Without them (``gauc``, or scores of different rows): promoted unless worse than the
+   champion by more than ``tolerance``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from recpipe.stats import PairedAUC, paired_auc_test
+
+PROMOTED, REJECTED, INCONCLUSIVE = "promoted", "rejected", "inconclusive"
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    """The outcome (``promoted`` / ``rejected`` / ``inconclusive``), whether the alias moves,
+    why, and the numbers behind it (for the log, the version's tags and the parent run)."""
+
+    outcome: str
+    promote: bool
+    reason: str
+    numbers: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GateRules:
+    """``gate.*`` of the retrain config (see the module docstring)."""
+
+    metric: str = "auc"
+    tolerance: float = 0.002
+    min_metric: float = 0.5
+    min_positives: int = 0
+    min_negatives: int = 0
+    confidence: float = 0.95
+    inconclusive: str = "keep_champion"
+
+
+def gate(
+    candidate: dict | None,
+    champion: dict | None,
+    rules: GateRules,
+    paired: PairedAUC | None = None,
+) -> GateDecision:
+    """Decide on promotion.
+
+    Args:
+        candidate: the new model's metrics on the day's held-out rows (``{"auc": ...}``).
+        champion: the champion's metrics on the same rows, or None when there is no champion.
+        rules: the gate's settings.
+        paired: DeLong's test of the two models on the same rows (``paired_scores``), or None.
+    """
+    metric, tolerance = rules.metric, rules.tolerance
+    if not candidate or metric not in candidate:
+        return GateDecision(REJECTED, False, f"the new model has no {metric} on the eval data")
+    new = candidate[metric]
+    if new is None or not math.isfinite(new):
+        return GateDecision(REJECTED, False, f"new {metric}={new} is not a finite number")
+    if new < rules.min_metric:
+        return GateDecision(
+            REJECTED, False, f"new {metric}={new:.4f} is below the floor gate.min_metric={rules.min_metric}"
+        )
+    old = (champion or {}).get(metric)
+    if old is None or not math.isfinite(old):
+        return GateDecision(
+            PROMOTED,
+            True,
+            f"no champion {metric} on these rows; new {metric}={new:.4f} >= floor {rules.min_metric}",
+        )
+    if paired is not None and metric == "auc":
+        return _paired(paired, rules)
+    if new >= old - tolerance:
+        return GateDecision(
+            PROMOTED, True, f"new {metric}={new:.4f} >= champion {old:.4f} - tolerance {tolerance}"
+        )
+    return GateDecision(
+        REJECTED,
+        False,
+        f"new {metric}={new:.4f} is worse than champion {old:.4f} by {old - new:.4f} > tolerance {tolerance}",
+    )
+
+
+def _paired(p: PairedAUC, rules: GateRules) -> GateDecision:
+    numbers = {k: v for k, v in p.as_dict().items() if k != "confidence"}
+    ci = f"{p.diff:+.4f} [{p.ci_low:+.4f}, {p.ci_high:+.4f}] at {rules.confidence:.0%}"
+    promote_anyway = rules.inconclusive == "promote"
+    policy = "promoted (gate.inconclusive: promote)" if promote_anyway else "the champion stays"
+    if p.positives < rules.min_positives or p.negatives < rules.min_negatives:
+        reason = (
+            f"inconclusive: {p.positives} positives and {p.negatives} negatives held out, fewer than "
+            f"gate.min_positives={rules.min_positives} / min_negatives={rules.min_negatives}; {policy}"
+        )
+        return GateDecision(INCONCLUSIVE, promote_anyway, reason, numbers)
+    if not (p.ci_low > 0 or p.ci_high < 0):
+        reason = f"inconclusive: AUC difference {ci} (DeLong, p={p.p_value:.3f}) is not significant; {policy}"
+        return GateDecision(INCONCLUSIVE, promote_anyway, reason, numbers)
+    if p.diff >= -rules.tolerance:
+        return GateDecision(
+            PROMOTED,
+            True,
+            f"AUC difference {ci} (DeLong, p={p.p_value:.3g}) >= -tolerance {rules.tolerance}",
+            numbers,
+        )
+    reason = (
+        f"significantly worse: AUC difference {ci} (DeLong, p={p.p_value:.3g}) < -tolerance {rules.tolerance}"
+    )
+    return GateDecision(REJECTED, False, reason, numbers)
+
+
+def paired_scores(champion_predictions: str | None, candidate_predictions: str | None, confidence: float):
+    """DeLong's test from the two evaluations' per-row files (``EvalOperator``'s
+    ``predictions``), or None with why not (a file missing, or the rows differ)."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    paths = [Path(p) if p else None for p in (champion_predictions, candidate_predictions)]
+    if not all(p is not None and p.exists() for p in paths):
+        return None, "no per-row scores of both models"
+    old, new = (pq.read_table(p).to_pydict() for p in paths)
+    if len(old["label"]) != len(new["label"]) or old["label"] != new["label"]:
+        return None, "the two evaluations scored different rows"
+    labels = np.asarray(new["label"])
+    return paired_auc_test(
+        labels, np.asarray(old["probability"]), np.asarray(new["probability"]), confidence
+    ), ""
