@@ -23,14 +23,17 @@ def export_asset(model_name: str) -> Asset:
 
 class ExportOperator(JobOperator):
     """Export ``model_dir``'s latest checkpoint to ``export_dir/<version>/`` (TF Serving's
-    layout, written to a temporary directory and renamed) and log it to MLflow as artifact
-    ``model`` of a nested run. A retry reuses an export the previous attempt finished.
+    layout, written to a temporary directory and renamed) and, as an MLflow Model (pyfunc over
+    the SavedModel, ``trainer/mlflow_model.py``), log it as artifact ``model`` of a nested run:
+    ``mlflow.pyfunc.load_model`` and ``mlflow models serve`` take the registered version. A
+    retry reuses an export the previous attempt finished.
 
     Args:
         model_dir: the trained model dir (templated).
         export_dir: the model's export root, e.g. ``var/exports/<model_name>`` (templated).
 
-    Returns (XCom): ``{"export_path", "global_step", "artifact_uri", "mlflow_run_id"}``.
+    Returns (XCom): ``{"export_path", "global_step", "mlflow_model", "artifact_uri",
+    "mlflow_run_id"}``.
     """
 
     template_fields = (*JobOperator.template_fields, "model_dir", "export_dir")
@@ -51,12 +54,17 @@ class ExportOperator(JobOperator):
             self.load_config()
             args = [*self.config_args(), "--model_dir", str(out.path), "--export_dir", str(export_dir)]
             summary = self.run_command("export", "trainer.export", args, out.logs)
-            done = {"export_path": summary["export"], "global_step": summary["global_step"]}
+            done = {
+                "export_path": summary["export"],
+                "global_step": summary["global_step"],
+                "mlflow_model": summary["mlflow_model"],
+            }
             atomic.write_text(out.export_record, json.dumps(done))
         run = self.hook.log_task_run(
             self.parent_run_id(context),
             "export",
             tags={"export_path": done["export_path"]},
-            artifacts=[(done["export_path"], "model")],
+            # the MLflow Model (pyfunc over the SavedModel): the registered version's source
+            artifacts=[(done.get("mlflow_model") or done["export_path"], "model")],
         )
         return {**done, "artifact_uri": self.hook.artifact_uri(run, "model"), "mlflow_run_id": run}

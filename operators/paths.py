@@ -10,21 +10,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from recpipe.home import project_home, var_dir
+
+__all__ = ["PathNotAllowedError", "allowed_roots", "confine", "project_home", "var_dir"]
 ROOTS = ("conf", "data", "var")
 
 
 class PathNotAllowedError(ValueError):
     """A path argument points outside the project's data roots."""
-
-
-def project_home() -> Path:
-    """``$RECPIPE_HOME`` or the checkout holding this file, resolved."""
-    return Path(os.environ.get("RECPIPE_HOME") or Path(__file__).resolve().parents[1]).resolve()
-
-
-def var_dir() -> Path:
-    """``$RECPIPE_VAR_DIR`` or ``<home>/var``: model dirs, exports, MLflow, Airflow state."""
-    return Path(os.environ.get("RECPIPE_VAR_DIR") or project_home() / "var").resolve()
 
 
 def allowed_roots() -> list[Path]:

@@ -26,6 +26,9 @@ class RegisterModelOperator(RecpipeOperator):
         metric, tolerance, min_metric, min_positives, min_negatives, confidence, inconclusive:
             the gate's rules (``operators.gate.GateRules``, the retrain config's ``gate``).
         promote: move the alias when the gate passes (manual runs may only register).
+        history_days: the parent run gets a table (``history/days.json``) and a figure
+            (``history/days.png``) of the DAG's last this-many days: AUC before / after, the
+            gate's outcome, rows, positives (``recpipe.runs.compare``); 0 for none.
 
     Returns (XCom): ``{"model_name", "version", "promoted", "outcome", "reason", "gate"}``
     (``outcome``: promoted / rejected / inconclusive; ``gate``: the paired test's numbers).
@@ -47,6 +50,7 @@ class RegisterModelOperator(RecpipeOperator):
         inconclusive: str = "keep_champion",
         alias: str = "champion",
         promote: bool = True,
+        history_days: int = 14,
         train_task_id: str = "train",
         eval_task_id: str = "evaluate",
         champion_eval_task_id: str | None = "evaluate_champion",
@@ -66,6 +70,7 @@ class RegisterModelOperator(RecpipeOperator):
         )
         self.alias = alias
         self.promote = promote
+        self.history_days = history_days
         self.task_ids = (train_task_id, eval_task_id, champion_eval_task_id, export_task_id)
 
     def execute(self, context) -> dict:
@@ -136,6 +141,8 @@ class RegisterModelOperator(RecpipeOperator):
             },
         )
         hook.log_metrics(parent, [(k, v, 0) for k, v in numbers.items() if v == v])  # NaN-free
+        if self.promote and self.history_days:
+            self._log_history(context, parent)
         hook.end_run(parent)
         return {
             "model_name": self.model_name,
@@ -145,3 +152,13 @@ class RegisterModelOperator(RecpipeOperator):
             "reason": reason,
             "gate": decision.numbers,
         }
+
+    def _log_history(self, context, parent: str) -> None:
+        from recpipe.runs.compare import day_figure, day_history
+
+        client = self.hook.get_client()
+        experiment_id = client.get_run(parent).info.experiment_id
+        days = day_history(client, experiment_id, context["dag"].dag_id, self.history_days, context.get("ds"))
+        client.log_table(parent, days, "history/days.json")
+        title = f"{self.model_name}: the last {len(days)} days"
+        client.log_figure(parent, day_figure(days, title), "history/days.png")

@@ -142,6 +142,10 @@ class ValidateFeaturesOperator(RecpipeOperator):
             "prepare",
             tags={"ds": self.ds, "drift_warnings": "; ".join(warnings) or "none"},
             metrics=[(k, v, 0) for k, v in values.items()],
+            parent_metrics=[
+                ("prepare.rows", stats["rows"], 0),
+                ("prepare.positive_rate", stats["positive_rate"], 0),
+            ],
             parent_tags={"drift_warnings": "; ".join(warnings)} if warnings else None,
             artifacts=[(path, "features"), (FeaturePartition(path.parent).normalization, "features")],
         )

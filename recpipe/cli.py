@@ -1,7 +1,7 @@
 """``recpipe``: the project's command-line tool.
 
 Subcommands: ``data fetch``, ``data replay``, ``data synth``, ``features``, ``config``,
-``train``, ``eval``, ``export``, ``ckpt list``.
+``train``, ``eval``, ``export``, ``ckpt list``, ``runs compare``.
 Commands that read a pipeline config take EasyRec's ``--edit_config_json`` and
 ``--section.field=value`` overrides. Exit codes (every command): 2 for usage and config
 errors, 1 for pipeline errors (``recpipe.errors``).
@@ -74,6 +74,11 @@ def main(argv: list[str] | None = None) -> int:
 
     for name in ("train", "eval", "export", "ckpt"):
         sub.add_parser(name, help=f"see python -m trainer.{name} --help", add_help=False)
+    sub.add_parser("runs", help="compare MLflow runs (recpipe runs compare --help)", add_help=False)
+    if argv and argv[0] == "runs":
+        from recpipe.runs.cli import main as runs_main
+
+        return run_command(lambda: runs_main(argv[1:]), "recpipe runs")
     if argv and argv[0] == "features":
         from features.prepare import main as features_main
 

@@ -15,6 +15,7 @@ and ``ds`` ranges. Every file name another process reads is defined here and now
                train_done.json                               the chief's end-of-training marker
                train_result.json, _SUCCESS                   the train task's result, then done
                export.json                                   the export task's result
+               mlflow_model/                                 the export as an MLflow Model (pyfunc)
                logs/<job>-<i>.log                            one log per process of a job
                .lock, .readers                               recpipe.locks: who trains / reads it
 """
@@ -123,6 +124,7 @@ class ModelDir:
     train_result = property(lambda self: self.path / "train_result.json")
     success = property(lambda self: self.path / SUCCESS)
     export_record = property(lambda self: self.path / "export.json")
+    mlflow_model = property(lambda self: self.path / "mlflow_model")
     logs = property(lambda self: self.path / "logs")
 
     def eval_result_at(self, step: int) -> Path:

@@ -230,7 +230,15 @@ def export_main(argv: list[str] | None = None) -> int:
             logging.getLogger(__name__).info("reusing %s, exported from model_dir at step %d", export, step)
         else:
             export = export_saved_model(config, model, model_dir, args.export_dir, step)
-        print(json.dumps({"export": str(export), "global_step": step}))
+        from trainer.mlflow_model import save_mlflow_model
+
+        # the same SavedModel as an MLflow Model (what the registry serves); example rows from
+        # the last training day
+        days = parse_ds_range(config.train_ds, "train_ds") if config.train_ds else []
+        mlflow_model = save_mlflow_model(
+            config, export, ModelDir(model_dir).mlflow_model, days[-1] if days else None
+        )
+        print(json.dumps({"export": str(export), "global_step": step, "mlflow_model": str(mlflow_model)}))
         return 0
 
     return run_command(run, "recpipe export")

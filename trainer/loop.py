@@ -74,7 +74,6 @@ class TrainJob:
         model_dir: where checkpoints, summaries and results go.
         train_days: the ``ds`` partitions to train on.
         continue_train: resume from ``model_dir``'s latest checkpoint.
-        seed: shuffling and initialisation seed.
 
     This process's shard and role (rank, world size, chief) are the ``Distribution``'s.
     """
@@ -83,7 +82,6 @@ class TrainJob:
     model_dir: Path
     train_days: list[str]
     continue_train: bool = False
-    seed: int = 0
 
 
 @dataclass
@@ -133,10 +131,10 @@ class Trainer:
             self.partitions,
             self.dist.rank,
             self.dist.world_size,
-            seed=job.seed,
+            seed=tc.random_seed,
             holdout=holdout,
         )
-        keras.utils.set_random_seed(job.seed)
+        keras.utils.set_random_seed(tc.random_seed)
         self.state = build_state(self.config, self.dist.sharding, self.strategy, self.dist.key_union)
         st = self.state
         for line in placement(st.model):

@@ -22,6 +22,7 @@ from typing import Any
 from airflow.sdk import BaseHook
 
 from operators.paths import project_home, var_dir
+from recpipe.home import default_tracking_uri
 
 log = logging.getLogger(__name__)
 PARENT = "parent"
@@ -106,9 +107,7 @@ class MLflowHook(BaseHook):
                 return extra["tracking_uri"]
             scheme = conn.schema or "http"
             return f"{scheme}://{conn.host}" + (f":{conn.port}" if conn.port else "")
-        if os.environ.get("MLFLOW_TRACKING_URI"):
-            return os.environ["MLFLOW_TRACKING_URI"]
-        return f"sqlite:///{var_dir() / 'mlflow' / 'mlflow.db'}"
+        return default_tracking_uri()
 
     def artifact_root(self) -> str | None:
         """Artifact root for new experiments on a local store; None lets a server decide."""

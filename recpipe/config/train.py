@@ -148,6 +148,9 @@ class TrainConfig(Section):
     save_checkpoints_secs: int | None = Field(None, gt=0)
     keep_checkpoint_max: int = Field(10, gt=0)
     save_summary_steps: int = Field(1000, gt=0)
+    # seeds initialisation and the input order: the same seed, config and data give the same
+    # model, except asynchronous parameter-server training (its step order is the servers')
+    random_seed: int = Field(0, ge=0)
 
     @model_validator(mode="after")
     def _checkpoint_cadence(self) -> TrainConfig:

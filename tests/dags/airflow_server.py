@@ -139,9 +139,10 @@ def _killpg(pid: int, sig: int) -> None:
         pass
 
 
-def screenshot(url: str, token: str, path: Path) -> str:
-    """Open ``url`` in headless Chromium (Debian's, via Playwright) logged in with ``token``,
-    wait for the page to settle, save a PNG and return the page's visible text."""
+def screenshot(url: str, token: str | None, path: Path) -> str:
+    """Open ``url`` in headless Chromium (Debian's, via Playwright), logged in to Airflow with
+    ``token`` if given, wait for the page to settle, save a PNG and return the page's visible
+    text."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
@@ -156,7 +157,8 @@ def screenshot(url: str, token: str, path: Path) -> str:
         )
         try:
             context = browser.new_context(viewport={"width": 1600, "height": 1000})
-            context.add_cookies([{"name": "_token", "value": token, "url": url.split("/dags")[0]}])
+            if token:
+                context.add_cookies([{"name": "_token", "value": token, "url": url.split("/dags")[0]}])
             page = context.new_page()
             page.goto(url, wait_until="networkidle", timeout=60_000)
             page.wait_for_timeout(3000)

@@ -81,3 +81,27 @@ def test_saved_model_reproduces_the_model_on_raw_values(ml_early, tmp_path, monk
         assert "serving_default" in tf.saved_model.load(str(version)).signatures
     assert find_export(tmp_path / "exports", tmp_path / "m", step) == again
     assert find_export(tmp_path / "exports", tmp_path / "m", step + 1) is None
+
+    # the same SavedModel as an MLflow Model: pyfunc answers with its probabilities on real
+    # raw rows (the input example: the last training day's first rows, joined as Spark joins)
+    import mlflow.pyfunc
+
+    from trainer.mlflow_model import raw_rows, save_mlflow_model
+
+    saved = save_mlflow_model(
+        with_edits(config, {"train_ds": ":".join(EARLY)}), final, tmp_path / "mlm", LAST
+    )
+    assert (saved / "MLmodel").exists() and (saved / "input_example.json").exists()
+    pyfunc = mlflow.pyfunc.load_model(str(saved))
+    inputs = pyfunc.metadata.get_input_schema().input_names()
+    assert set(inputs) == set(request)  # the SavedModel's raw columns
+    rows = raw_rows(config, LAST, limit=50)
+    assert len(rows) == 50 and list(rows.columns) == inputs
+    got = pyfunc.predict(rows)
+    direct = served(
+        **{
+            k: tf.constant(rows[k].to_numpy(), dtype=spec.dtype)
+            for k, spec in served.structured_input_signature[1].items()
+        }
+    )
+    np.testing.assert_allclose(got["probability"].to_numpy(), direct["probability"].numpy(), rtol=1e-6)

@@ -1,0 +1,134 @@
+"""Comparing runs as users do after the daily DAG: the parent run's table and figure of the
+last days, ``recpipe runs compare`` for the days and for two runs of different configs, and
+MLflow's own UI comparing two runs, rendered in headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.dags.conftest import DAYS
+from tests.support import RECPIPE, ROOT, free_port
+
+pytestmark = pytest.mark.slow
+ARTIFACTS = ROOT / "var" / "test-artifacts"
+
+
+def _client(daily_runs):
+    from mlflow import MlflowClient
+
+    return MlflowClient(daily_runs["tracking_uri"], registry_uri=daily_runs["tracking_uri"])
+
+
+def _train_runs(daily_runs) -> dict[str, object]:
+    """Day -> the nested ``train`` run of that day's parent run."""
+    client = _client(daily_runs)
+    exp = client.get_experiment_by_name("movielens_deepfm")
+    parents = {
+        r.info.run_id: r.data.tags["ds"]
+        for r in client.search_runs([exp.experiment_id], "tags.`recpipe.step` = 'parent'")
+        if r.data.tags.get("ds") in DAYS
+    }
+    trains = client.search_runs([exp.experiment_id], "tags.`recpipe.step` = 'train'")
+    return {
+        parents[r.data.tags["mlflow.parentRunId"]]: r
+        for r in trains
+        if r.data.tags["mlflow.parentRunId"] in parents
+    }
+
+
+def test_each_parent_run_holds_a_table_and_figure_of_the_last_days(daily_runs):
+    client = _client(daily_runs)
+    exp = client.get_experiment_by_name("movielens_deepfm")
+    last = client.search_runs(
+        [exp.experiment_id], f"tags.`recpipe.step` = 'parent' and tags.ds = '{DAYS[3]}'"
+    )[0]
+    folder = Path(client.download_artifacts(last.info.run_id, "history"))
+    table = json.loads((folder / "days.json").read_text())
+    rows = [dict(zip(table["columns"], row, strict=True)) for row in table["data"]]
+    assert [r["ds"] for r in rows] == DAYS
+    assert [r["outcome"] for r in rows] == ["promoted", "promoted", "rejected", "promoted"]
+    assert rows[0]["auc_before"] is None and 0.5 < rows[1]["auc_after"] <= 1
+    assert all(r["rows"] > 100 and 0 < r["positives"] < r["rows"] for r in rows)
+    assert (folder / "days.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_recpipe_runs_compare_prints_and_logs_days_and_runs(daily_runs, tmp_path):
+    env = {**daily_runs["env"], "MLFLOW_TRACKING_URI": daily_runs["tracking_uri"]}
+
+    def compare(*args):
+        done = subprocess.run(
+            [*RECPIPE, "runs", "compare", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout
+
+    out = compare("--experiment", "movielens_deepfm", "--out", str(tmp_path / "days.png"))
+    lines = [line.split() for line in out.splitlines()]
+    assert [line[0] for line in lines if line and line[0] in DAYS] == DAYS
+    assert "rejected" in next(line for line in lines if line and line[0] == DAYS[2])
+    assert (tmp_path / "days.png").stat().st_size > 10_000 and "logged to MLflow run" in out
+    # two configs over the same days: day 2 (the config's steps) and day 3 (num_steps: 1)
+    trains = _train_runs(daily_runs)
+    out = compare(
+        trains[DAYS[1]].info.run_id, trains[DAYS[2]].info.run_id, "--out", str(tmp_path / "runs.png")
+    )
+    params = out.split("params that differ")[1]
+    assert "train_config.num_steps" in params and "data_config.batch_size" not in params
+    assert "final_loss" in out.split("params that differ")[0]
+    assert (tmp_path / "runs.png").exists()
+    compares = _client(daily_runs).search_runs(
+        [trains[DAYS[1]].info.experiment_id], "tags.`recpipe.step` = 'compare'"
+    )
+    assert len(compares) >= 2
+
+
+def test_mlflow_ui_compares_two_runs_in_chromium(daily_runs, tmp_path):
+    if not Path("/usr/bin/chromium").exists():
+        assert not os.environ.get("CI"), "Chromium is missing: scripts/setup.sh installs it"
+        pytest.skip("no /usr/bin/chromium")
+    from tests.dags.airflow_server import screenshot
+
+    trains = _train_runs(daily_runs)
+    a, b = trains[DAYS[1]], trains[DAYS[2]]
+    port = free_port()
+    store = daily_runs["tracking_uri"]
+    cmd = [str(Path(sys.executable).with_name("mlflow")), "server", "--backend-store-uri", store]
+    cmd += ["--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    log = (tmp_path / "server.log").open("wb")
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        import urllib.request
+
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, (
+                    tmp_path / "server.log"
+                ).read_text()[-2000:]
+                time.sleep(1)
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        shot = ARTIFACTS / "mlflow_compare_runs.png"
+        runs = json.dumps([a.info.run_id, b.info.run_id])
+        url = f"http://127.0.0.1:{port}/#/compare-runs?runs={runs}&experiments={json.dumps([a.info.experiment_id])}"
+        text = screenshot(url, None, shot)
+        assert shot.stat().st_size > 20_000
+        assert "train_config.num_steps" in text, text[:3000]  # the params table of both runs
+    finally:
+        os.killpg(proc.pid, 15)
+        proc.wait(30)

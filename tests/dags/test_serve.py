@@ -1,0 +1,78 @@
+"""The registered champion, as users serve it: ``mlflow.pyfunc.load_model`` and ``mlflow models
+serve`` on 127.0.0.1 answer with the SavedModel's probabilities on the same raw rows."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.dags.conftest import MODEL
+from tests.support import free_port
+
+pytestmark = pytest.mark.slow
+
+
+def test_mlflow_models_serve_answers_with_the_champions_probabilities(daily_runs, tmp_path, monkeypatch):
+    import mlflow.pyfunc
+    import requests
+    import tensorflow as tf
+    from mlflow import MlflowClient
+
+    uri = daily_runs["tracking_uri"]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    champion = MlflowClient(uri, registry_uri=uri).get_model_version_by_alias(MODEL, "champion")
+    model = mlflow.pyfunc.load_model(f"models:/{MODEL}@champion")
+    rows = model.input_example  # real raw rows of the model's last training day
+    assert rows is not None and len(rows) == 5 and "user_id" in rows.columns
+    saved = tf.saved_model.load(champion.tags["export_path"]).signatures["serving_default"]
+    specs = saved.structured_input_signature[1]
+    expected = saved(**{k: tf.constant(rows[k].to_numpy(), dtype=s.dtype) for k, s in specs.items()})
+    expected = expected["probability"].numpy()
+    np.testing.assert_allclose(model.predict(rows)["probability"].to_numpy(), expected, rtol=1e-6)
+
+    port = free_port()
+    cmd = [
+        str(Path(sys.executable).with_name("mlflow")),
+        "models",
+        "serve",
+        "-m",
+        f"models:/{MODEL}@champion",
+    ]
+    cmd += ["--env-manager", "local", "-h", "127.0.0.1", "-p", str(port)]
+    log = (tmp_path / "serve.log").open("wb")
+    proc = subprocess.Popen(
+        cmd,
+        env={**os.environ, "MLFLOW_TRACKING_URI": uri},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                if requests.get(f"http://127.0.0.1:{port}/ping", timeout=2).ok:
+                    break
+            except requests.RequestException:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "serve.log").read_text()[
+                -3000:
+            ]
+            time.sleep(1)
+        answer = requests.post(
+            f"http://127.0.0.1:{port}/invocations",
+            json={"dataframe_split": rows.to_dict(orient="split")},
+            timeout=60,
+        )
+        assert answer.status_code == 200, answer.text[:2000]
+        got = np.array([p["probability"] for p in answer.json()["predictions"]], dtype=np.float32)
+        np.testing.assert_allclose(got, expected, rtol=1e-5)
+    finally:
+        os.killpg(proc.pid, 15)
+        proc.wait(30)

@@ -1,0 +1,140 @@
+"""The export as an MLflow Model: the ``python_function`` (pyfunc) flavor over the SavedModel,
+so that ``mlflow.pyfunc.load_model("models:/<name>@champion")`` and ``mlflow models serve``
+answer with the SavedModel's probabilities. (``mlflow.tensorflow`` logs Keras models only; the
+serving module here is a ``tf.Module``.)
+
+Its signature is the SavedModel's: the raw columns of ``data_config`` (and its dimension
+tables) that the features read, typed as declared; outputs ``probability`` and ``logit``
+(float32). Its input example is real rows of a raw day, joined with the dimension tables as the
+Spark job joins them.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import mlflow.pyfunc
+import pyarrow as pa
+import pyarrow.csv as pacsv
+
+from recpipe import atomic
+from recpipe.config.data import InputType
+from recpipe.config.pipeline import PipelineConfig
+
+MLFLOW_TYPES = {
+    InputType.STRING: "string",
+    InputType.INT32: "integer",
+    InputType.INT64: "long",
+    InputType.FLOAT: "float",
+    InputType.DOUBLE: "double",
+    InputType.BOOL: "boolean",
+}
+ARROW_TYPES = {
+    InputType.STRING: pa.string(),
+    InputType.INT32: pa.int32(),
+    InputType.INT64: pa.int64(),
+    InputType.FLOAT: pa.float32(),
+    InputType.DOUBLE: pa.float64(),
+    InputType.BOOL: pa.bool_(),
+}
+
+
+class SavedModelPyfunc(mlflow.pyfunc.PythonModel):
+    """pyfunc over the artifact ``saved_model``: a DataFrame of raw columns -> a DataFrame of
+    ``probability`` and ``logit`` (float32), one row per input row."""
+
+    def load_context(self, context) -> None:
+        import tensorflow as tf
+
+        loaded = tf.saved_model.load(context.artifacts["saved_model"])
+        self._keep = loaded  # the signature needs its object alive
+        self._serve = loaded.signatures["serving_default"]
+
+    def predict(self, context, model_input, params=None):
+        import numpy as np
+        import pandas as pd
+        import tensorflow as tf
+
+        feed = {}
+        for name, spec in self._serve.structured_input_signature[1].items():
+            column = model_input[name]
+            if spec.dtype == tf.string:
+                values = column.fillna("").astype(str).to_numpy(dtype=object)
+            else:
+                values = column.to_numpy(dtype=spec.dtype.as_numpy_dtype)
+            feed[name] = tf.constant(values, dtype=spec.dtype)
+        out = self._serve(**feed)
+        return pd.DataFrame(
+            {k: np.asarray(out[k].numpy(), dtype=np.float32) for k in ("probability", "logit")}
+        )
+
+
+def serving_inputs(config: PipelineConfig) -> dict[str, InputType]:
+    """The raw columns the SavedModel takes, in feature order, with their types."""
+    types = config.data_config.all_fields()
+    return {f.input_names[0]: types[f.input_names[0]] for f in config.feature_config.features}
+
+
+def signature(config: PipelineConfig):
+    """The MLflow ``ModelSignature`` of the SavedModel's ``serving_default``."""
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, Schema
+
+    inputs = Schema([ColSpec(MLFLOW_TYPES[t], name) for name, t in serving_inputs(config).items()])
+    outputs = Schema([ColSpec("float", "probability"), ColSpec("float", "logit")])
+    return ModelSignature(inputs=inputs, outputs=outputs)
+
+
+def raw_rows(config: PipelineConfig, ds: str, limit: int = 5):
+    """The first ``limit`` rows of raw day ``ds`` with the dimension tables joined (left, on
+    each table's key), as the serving inputs (a pandas DataFrame), or None without the day."""
+    dc = config.data_config
+    files = sorted((Path(config.raw_input_path) / f"ds={ds}").glob("*.csv"))
+    if not files:
+        return None
+
+    def read(path: Path, fields, separator: str) -> pa.Table:
+        types = {f.input_name: ARROW_TYPES[f.input_type] for f in fields}
+        return pacsv.read_csv(
+            path,
+            parse_options=pacsv.ParseOptions(delimiter=separator),
+            convert_options=pacsv.ConvertOptions(column_types=types),
+        )
+
+    table = read(files[0], dc.input_fields, dc.separator).slice(0, limit)
+    for dim in dc.dimension_tables:
+        path = Path(dim.path) if Path(dim.path).is_absolute() else Path(config.raw_input_path) / dim.path
+        table = table.join(read(path, dim.input_fields, dim.separator), dim.key, join_type="left outer")
+    names = list(serving_inputs(config))
+    return table.select(names).to_pandas()[names].head(limit)
+
+
+def save_mlflow_model(
+    config: PipelineConfig, saved_model: str | Path, out: str | Path, example_ds: str | None
+):
+    """Write the MLflow Model (pyfunc over a copy of ``saved_model``) to ``out``, atomically,
+    with the signature and, when ``example_ds``'s raw day is at hand, its rows as input example.
+
+    Returns:
+        ``out`` as a ``Path``.
+    """
+    import tensorflow as tf
+
+    out = Path(out)
+    example = raw_rows(config, example_ds) if example_ds else None
+    tmp = atomic.temp_dir_beside(out)
+    try:
+        mlflow.pyfunc.save_model(
+            str(tmp / "model"),
+            python_model=SavedModelPyfunc(),
+            artifacts={"saved_model": str(saved_model)},
+            signature=signature(config),
+            input_example=example,
+            # explicit: inferring them would start a process that imports everything again
+            pip_requirements=[f"tensorflow=={tf.__version__}", f"mlflow=={mlflow.__version__}", "pandas"],
+        )
+        atomic.replace_dir(tmp / "model", out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
