@@ -24,16 +24,16 @@ def export_asset(model_name: str) -> Asset:
 class ExportOperator(JobOperator):
     """Export ``model_dir``'s latest checkpoint to ``export_dir/<version>/`` (TF Serving's
     layout, written to a temporary directory and renamed) and, as an MLflow Model (pyfunc over
-    the SavedModel, ``trainer/mlflow_model.py``), log it as artifact ``model`` of a nested run:
-    ``mlflow.pyfunc.load_model`` and ``mlflow models serve`` take the registered version. A
-    retry reuses an export the previous attempt finished.
+    the SavedModel, ``trainer/mlflow_model.py``), log it as an MLflow 3 ``LoggedModel`` of the
+    nested ``export`` run: ``mlflow.pyfunc.load_model`` and ``mlflow models serve`` take the
+    registered version. A retry reuses an export the previous attempt finished.
 
     Args:
         model_dir: the trained model dir (templated).
         export_dir: the model's export root, e.g. ``var/exports/<model_name>`` (templated).
 
-    Returns (XCom): ``{"export_path", "global_step", "mlflow_model", "artifact_uri",
-    "mlflow_run_id"}``.
+    Returns (XCom): ``{"export_path", "global_step", "mlflow_model", "model_id", "artifact_uri"
+    (``models:/<model_id>``), "mlflow_run_id"}``.
     """
 
     template_fields = (*JobOperator.template_fields, "model_dir", "export_dir")
@@ -61,10 +61,18 @@ class ExportOperator(JobOperator):
             }
             atomic.write_text(out.export_record, json.dumps(done))
         run = self.hook.log_task_run(
-            self.parent_run_id(context),
-            "export",
-            tags={"export_path": done["export_path"]},
-            # the MLflow Model (pyfunc over the SavedModel): the registered version's source
-            artifacts=[(done.get("mlflow_model") or done["export_path"], "model")],
+            self.parent_run_id(context), "export", tags={"export_path": done["export_path"]}
         )
-        return {**done, "artifact_uri": self.hook.artifact_uri(run, "model"), "mlflow_run_id": run}
+        # the MLflow Model (pyfunc over the SavedModel) as a LoggedModel: the version's source
+        model = self.hook.log_model(
+            run,
+            Path(export_dir).name,
+            done.get("mlflow_model") or done["export_path"],
+            {"global_step": done["global_step"], "export_path": done["export_path"]},
+        )
+        return {
+            **done,
+            "model_id": model.model_id,
+            "artifact_uri": f"models:/{model.model_id}",
+            "mlflow_run_id": run,
+        }

@@ -309,14 +309,33 @@ class MLflowHook(BaseHook):
         matching = [v for v in found if all(v.tags.get(k) == x for k, x in wanted.items())]
         return sorted(matching, key=lambda v: int(v.version), reverse=True)
 
-    def register(self, model_name: str, source: str, run_id: str, tags: dict[str, Any]):
-        """A new version of registered model ``model_name`` (created if missing)."""
+    def register(
+        self, model_name: str, source: str, run_id: str, tags: dict[str, Any], model_id: str | None = None
+    ):
+        """A new version of registered model ``model_name`` (created if missing), from
+        ``source`` (``models:/<model_id>`` for a logged model)."""
         client = self.get_client()
         if self._registered_model(model_name) is None:
             client.create_registered_model(model_name)
         return client.create_model_version(
-            model_name, source, run_id=run_id, tags={k: str(v) for k, v in tags.items()}
+            model_name, source, run_id=run_id, tags={k: str(v) for k, v in tags.items()}, model_id=model_id
         )
+
+    def log_model(self, run_id: str, name: str, local_dir: str | os.PathLike, params: dict[str, Any]):
+        """An MLflow 3 ``LoggedModel`` of ``run_id``'s experiment holding the MLflow Model in
+        ``local_dir``: created, its artifacts uploaded, then READY (FAILED if the upload
+        fails). Returns it; ``models:/<model_id>`` is its URI."""
+        client = self.get_client()
+        experiment_id = client.get_run(run_id).info.experiment_id
+        model = client.create_logged_model(
+            experiment_id, name=name, source_run_id=run_id, params={k: str(v) for k, v in params.items()}
+        )
+        try:
+            client.log_model_artifacts(model.model_id, str(local_dir))
+        except BaseException:
+            client.finalize_logged_model(model.model_id, "FAILED")
+            raise
+        return client.finalize_logged_model(model.model_id, "READY")
 
     def set_alias(self, model_name: str, version: str, alias: str = "champion") -> None:
         self.get_client().set_registered_model_alias(model_name, alias, version)

@@ -23,10 +23,21 @@ def test_mlflow_models_serve_answers_with_the_champions_probabilities(daily_runs
     import requests
     import tensorflow as tf
     from mlflow import MlflowClient
+    from mlflow.entities import LoggedModelStatus
 
     uri = daily_runs["tracking_uri"]
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    champion = MlflowClient(uri, registry_uri=uri).get_model_version_by_alias(MODEL, "champion")
+    client = MlflowClient(uri, registry_uri=uri)
+    champion = client.get_model_version_by_alias(MODEL, "champion")
+    # the version comes from an MLflow 3 LoggedModel, its metrics linked to the evaluated day
+    logged = client.get_logged_model(champion.model_id)
+    assert logged.status == LoggedModelStatus.READY
+    assert champion.source == f"models:/{champion.model_id}"
+    linked = {m.key: m for m in logged.metrics or []}
+    assert (
+        0.5 < linked["auc"].value <= 1 and linked["auc"].dataset_name == f"ds={champion.tags['ds']} held-out"
+    )
+    assert float(champion.tags["eval.auc"]) == linked["auc"].value
     model = mlflow.pyfunc.load_model(f"models:/{MODEL}@champion")
     rows = model.input_example  # real raw rows of the model's last training day
     assert rows is not None and len(rows) == 5 and "user_id" in rows.columns
