@@ -11,16 +11,20 @@ Spark job joins them.
 
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 
 import mlflow.pyfunc
+import pandas as pd
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from recpipe import atomic
 from recpipe.config.data import InputType
 from recpipe.config.pipeline import PipelineConfig
+
+log = logging.getLogger(__name__)
 
 MLFLOW_TYPES = {
     InputType.STRING: "string",
@@ -95,19 +99,33 @@ def raw_rows(config: PipelineConfig, ds: str, limit: int = 5):
         return None
 
     def read(path: Path, fields, separator: str) -> pa.Table:
-        types = {f.input_name: ARROW_TYPES[f.input_type] for f in fields}
+        # every column as text: raw logs hold bad values ("unknown" years) that the Spark job
+        # turns into nulls; the same happens below
         return pacsv.read_csv(
             path,
             parse_options=pacsv.ParseOptions(delimiter=separator),
-            convert_options=pacsv.ConvertOptions(column_types=types),
+            convert_options=pacsv.ConvertOptions(column_types={f.input_name: pa.string() for f in fields}),
         )
 
     table = read(files[0], dc.input_fields, dc.separator).slice(0, limit)
     for dim in dc.dimension_tables:
         path = Path(dim.path) if Path(dim.path).is_absolute() else Path(config.raw_input_path) / dim.path
         table = table.join(read(path, dim.input_fields, dim.separator), dim.key, join_type="left outer")
-    names = list(serving_inputs(config))
-    return table.select(names).to_pandas()[names].head(limit)
+    inputs = serving_inputs(config)
+    frame = table.select(list(inputs)).to_pandas().head(limit)
+    for name, kind in inputs.items():
+        if kind in (InputType.FLOAT, InputType.DOUBLE):
+            frame[name] = pd.to_numeric(frame[name], errors="coerce").astype(
+                ARROW_TYPES[kind].to_pandas_dtype()
+            )
+        elif kind in (InputType.INT32, InputType.INT64):
+            values = pd.to_numeric(frame[name], errors="coerce").fillna(0)
+            frame[name] = values.astype(ARROW_TYPES[kind].to_pandas_dtype())
+        elif kind == InputType.BOOL:
+            frame[name] = frame[name].str.lower().isin(["true", "1"])
+        else:
+            frame[name] = frame[name].fillna("")
+    return frame[list(inputs)]
 
 
 def save_mlflow_model(
@@ -122,7 +140,12 @@ def save_mlflow_model(
     import tensorflow as tf
 
     out = Path(out)
-    example = raw_rows(config, example_ds) if example_ds else None
+    example = None
+    if example_ds:
+        try:
+            example = raw_rows(config, example_ds)
+        except (OSError, pa.ArrowException, KeyError, ValueError) as err:  # the model matters more
+            log.warning("no input example from raw day %s: %s", example_ds, err)
     tmp = atomic.temp_dir_beside(out)
     try:
         mlflow.pyfunc.save_model(
