@@ -10,7 +10,17 @@ from pathlib import Path
 import pandas as pd
 
 PARENT = "parent"
-DAY_COLUMNS = ["ds", "auc_before", "auc_after", "outcome", "version", "rows", "positives", "run_id"]
+DAY_COLUMNS = [
+    "ds",
+    "auc_before",
+    "auc_after",
+    "outcome",
+    "promoted",
+    "version",
+    "rows",
+    "positives",
+    "run_id",
+]
 
 
 def day_history(
@@ -19,7 +29,8 @@ def day_history(
     """The newest parent run of each of the last ``last`` days (up to ``until``, a
     ``YYYY-MM-DD``, if given) of ``dag_id`` in the experiment, oldest day first: ``ds``,
     ``auc_before`` (the champion on the day's held-out rows), ``auc_after`` (the new model,
-    same rows), ``outcome`` (promoted / rejected / inconclusive), ``version``, ``rows`` and
+    same rows), the gate's ``outcome`` (promoted / rejected / inconclusive), ``promoted``
+    (whether the alias moved: an inconclusive day may move it), ``version``, ``rows`` and
     ``positives`` of the day, ``run_id``."""
     runs = client.search_runs(
         [experiment_id],
@@ -44,6 +55,7 @@ def day_history(
                 "auc_before": m.get("evaluate_champion.auc"),
                 "auc_after": m.get("eval.auc"),
                 "outcome": outcome or ("failed" if run.info.status == "FAILED" else ""),
+                "promoted": t.get("promoted") == "True",
                 "version": t.get("model_version", ""),
                 "rows": None if n is None else int(n),
                 "positives": None if n is None or rate is None else int(round(n * rate)),
@@ -65,7 +77,7 @@ def day_figure(days: pd.DataFrame, title: str):
     x = range(len(days))
     ax.plot(x, days["auc_before"], "o--", color="grey", label="champion (before)")
     ax.plot(x, days["auc_after"], "o-", color="tab:blue", label="new model (after)")
-    promoted = [i for i, o in enumerate(days["outcome"]) if o == "promoted"]
+    promoted = [i for i, p in enumerate(days["promoted"]) if p]
     ax.scatter(
         promoted,
         days["auc_after"].iloc[promoted],

@@ -53,7 +53,10 @@ def test_each_parent_run_holds_a_table_and_figure_of_the_last_days(daily_runs):
     table = json.loads((folder / "days.json").read_text())
     rows = [dict(zip(table["columns"], row, strict=True)) for row in table["data"]]
     assert [r["ds"] for r in rows] == DAYS
-    assert [r["outcome"] for r in rows] == ["promoted", "promoted", "rejected", "promoted"]
+    assert [r["promoted"] for r in rows] == [True, True, False, True]
+    assert rows[0]["outcome"] == "promoted" and rows[2]["outcome"] == "rejected"
+    # days 2 and 4 against the champion: promoted outright, or inconclusive under `promote`
+    assert {rows[1]["outcome"], rows[3]["outcome"]} <= {"promoted", "inconclusive"}
     assert rows[0]["auc_before"] is None and 0.5 < rows[1]["auc_after"] <= 1
     assert all(r["rows"] > 100 and 0 < r["positives"] < r["rows"] for r in rows)
     assert (folder / "days.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
