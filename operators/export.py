@@ -33,7 +33,7 @@ class ExportOperator(JobOperator):
         export_dir: the model's export root, e.g. ``var/exports/<model_name>`` (templated).
 
     Returns (XCom): ``{"export_path", "global_step", "mlflow_model", "model_id", "artifact_uri"
-    (``models:/<model_id>``), "mlflow_run_id"}``.
+    (the logged model's artifact location), "mlflow_run_id"}``.
     """
 
     template_fields = (*JobOperator.template_fields, "model_dir", "export_dir")
@@ -70,9 +70,11 @@ class ExportOperator(JobOperator):
             done.get("mlflow_model") or done["export_path"],
             {"global_step": done["global_step"], "export_path": done["export_path"]},
         )
+        # the version's source is the logged model's artifact location: a ``models:/<id>``
+        # source would be resolved through the process's global tracking URI, not the hook's
         return {
             **done,
             "model_id": model.model_id,
-            "artifact_uri": f"models:/{model.model_id}",
+            "artifact_uri": model.artifact_location,
             "mlflow_run_id": run,
         }

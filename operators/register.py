@@ -113,6 +113,7 @@ class RegisterModelOperator(RecpipeOperator):
                     "checkpoint": train["checkpoint"],
                     "model_dir": train["model_dir"],
                     "export_path": export["export_path"],
+                    "model_id": export.get("model_id") or "",
                     **{f"eval.{k}": v for k, v in (candidate or {}).items()},
                 },
                 model_id=export.get("model_id"),

@@ -4,8 +4,13 @@ days the trainer tests use, config edits, and free ports. Fixtures live in the `
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
 import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,3 +51,37 @@ def train_args(config_path: Path, model_dir: Path, edits: dict, *extra: str) -> 
         json.dumps(edits),
         *extra,
     ]
+
+
+@contextmanager
+def mlflow_server(
+    tmp_path: Path, backend_store_uri: str, *args: str, env: dict | None = None
+) -> Iterator[tuple[str, subprocess.Popen]]:
+    """A real ``mlflow server`` on a free 127.0.0.1 port (``args`` added to its command),
+    yielded as ``(uri, process)`` once ``/health`` answers; stopped afterwards."""
+    import urllib.request
+
+    port = free_port()
+    cmd = [str(Path(sys.executable).with_name("mlflow")), "server", "--backend-store-uri", backend_store_uri]
+    cmd += ["--host", "127.0.0.1", "--port", str(port), "--workers", "1", *args]
+    full_env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **(env or {})}
+    log_path = tmp_path / f"mlflow-server-{port}.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            cmd, env=full_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(uri + "/health", timeout=2)
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()[-2000:]
+                time.sleep(1)
+        yield uri, proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 15)
+        proc.wait(30)

@@ -313,7 +313,7 @@ class MLflowHook(BaseHook):
         self, model_name: str, source: str, run_id: str, tags: dict[str, Any], model_id: str | None = None
     ):
         """A new version of registered model ``model_name`` (created if missing), from
-        ``source`` (``models:/<model_id>`` for a logged model)."""
+        ``source`` (a logged model's artifact location, with its ``model_id``)."""
         client = self.get_client()
         if self._registered_model(model_name) is None:
             client.create_registered_model(model_name)
@@ -324,7 +324,7 @@ class MLflowHook(BaseHook):
     def log_model(self, run_id: str, name: str, local_dir: str | os.PathLike, params: dict[str, Any]):
         """An MLflow 3 ``LoggedModel`` of ``run_id``'s experiment holding the MLflow Model in
         ``local_dir``: created, its artifacts uploaded, then READY (FAILED if the upload
-        fails). Returns it; ``models:/<model_id>`` is its URI."""
+        fails). Returns it (``model_id``, ``artifact_location``)."""
         client = self.get_client()
         experiment_id = client.get_run(run_id).info.experiment_id
         model = client.create_logged_model(

@@ -7,14 +7,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.dags.conftest import DAYS
-from tests.support import RECPIPE, ROOT, free_port
+from tests.support import RECPIPE, ROOT, mlflow_server
 
 pytestmark = pytest.mark.slow
 ARTIFACTS = ROOT / "var" / "test-artifacts"
@@ -105,33 +103,12 @@ def test_mlflow_ui_compares_two_runs_in_chromium(daily_runs, tmp_path):
 
     trains = _train_runs(daily_runs)
     a, b = trains[DAYS[1]], trains[DAYS[2]]
-    port = free_port()
-    store = daily_runs["tracking_uri"]
-    cmd = [str(Path(sys.executable).with_name("mlflow")), "server", "--backend-store-uri", store]
-    cmd += ["--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
-    log = (tmp_path / "server.log").open("wb")
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        import urllib.request
-
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
-                break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, (
-                    tmp_path / "server.log"
-                ).read_text()[-2000:]
-                time.sleep(1)
+    artifacts = ("--artifacts-destination", str(tmp_path / "artifacts"))
+    with mlflow_server(tmp_path, daily_runs["tracking_uri"], *artifacts) as (uri, _):
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         shot = ARTIFACTS / "mlflow_compare_runs.png"
         runs = json.dumps([a.info.run_id, b.info.run_id])
-        url = f"http://127.0.0.1:{port}/#/compare-runs?runs={runs}&experiments={json.dumps([a.info.experiment_id])}"
+        url = f"{uri}/#/compare-runs?runs={runs}&experiments={json.dumps([a.info.experiment_id])}"
         text = screenshot(url, None, shot)
         assert shot.stat().st_size > 20_000
         assert "train_config.num_steps" in text, text[:3000]  # the params table of both runs
-    finally:
-        os.killpg(proc.pid, 15)
-        proc.wait(30)

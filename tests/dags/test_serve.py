@@ -30,9 +30,8 @@ def test_mlflow_models_serve_answers_with_the_champions_probabilities(daily_runs
     client = MlflowClient(uri, registry_uri=uri)
     champion = client.get_model_version_by_alias(MODEL, "champion")
     # the version comes from an MLflow 3 LoggedModel, its metrics linked to the evaluated day
-    logged = client.get_logged_model(champion.model_id)
-    assert logged.status == LoggedModelStatus.READY
-    assert champion.source == f"models:/{champion.model_id}"
+    logged = client.get_logged_model(champion.tags["model_id"])
+    assert logged.status == LoggedModelStatus.READY and champion.source == logged.artifact_location
     linked = {m.key: m for m in logged.metrics or []}
     assert (
         0.5 < linked["auc"].value <= 1 and linked["auc"].dataset_name == f"ds={champion.tags['ds']} held-out"

@@ -4,55 +4,23 @@ alias), and the clear failure when the server is down."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import time
-import urllib.request
-from pathlib import Path
 
 import pytest
 
 from operators.hooks.mlflow import MLflowHook, TrackingUnavailableError, flatten
-from tests.support import ROOT, free_port
+from tests import support
+from tests.support import ROOT
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
 def mlflow_server(tmp_path):
-    port = free_port()
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    args = [
-        Path(sys.executable).with_name("mlflow"),
-        "server",
-        "--backend-store-uri",
-        f"sqlite:///{tmp_path / 'mlflow.db'}",
-        "--artifacts-destination",
-        str(tmp_path / "artifacts"),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--workers",
-        "1",
-    ]
-    log = (tmp_path / "server.log").open("wb")
-    proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    uri = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            urllib.request.urlopen(uri + "/health", timeout=2)
-            break
-        except OSError:
-            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "server.log").read_text()[
-                -2000:
-            ]
-            time.sleep(1)
-    yield uri, proc
-    if proc.poll() is None:
-        os.killpg(proc.pid, 15)
-        proc.wait(30)
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with support.mlflow_server(
+        tmp_path, store, "--artifacts-destination", str(tmp_path / "artifacts")
+    ) as server:
+        yield server
 
 
 def test_runs_metrics_and_registry_through_the_server(mlflow_server, tmp_path, monkeypatch):
@@ -104,32 +72,14 @@ def test_the_deployments_basic_auth_server_refuses_strangers_and_serves_the_hook
     ini = ini.replace("sqlite:////var/lib/recpipe/mlflow/basic_auth.db", f"sqlite:///{tmp_path / 'auth.db'}")
     assert str(tmp_path) in ini
     (tmp_path / "auth.ini").write_text(ini)
-    port = free_port()
     env = {
-        **os.environ,
-        "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
         "MLFLOW_AUTH_CONFIG_PATH": str(tmp_path / "auth.ini"),
         "MLFLOW_AUTH_ADMIN_PASSWORD": "s3cret-for-the-test",
         "MLFLOW_FLASK_SERVER_SECRET_KEY": "csrf-key-for-the-test",
-        "MLFLOW_BACKEND_STORE_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
     }
-    args = [Path(sys.executable).with_name("mlflow"), "server", "--app-name", "basic-auth"]
-    args += ["--artifacts-destination", str(tmp_path / "artifacts"), "--host", "127.0.0.1"]
-    args += ["--port", str(port), "--workers", "1"]
-    log = (tmp_path / "server.log").open("wb")
-    proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    uri = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(uri + "/health", timeout=2)  # unprotected: the hook's probe
-                break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, (
-                    tmp_path / "server.log"
-                ).read_text()[-2000:]
-                time.sleep(1)
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    args = ("--app-name", "basic-auth", "--artifacts-destination", str(tmp_path / "artifacts"))
+    with support.mlflow_server(tmp_path, store, *args, env=env) as (uri, _):
         search = uri + "/api/2.0/mlflow/registered-models/search"
         assert requests.get(search, timeout=10).status_code == 401
         assert requests.get(search, auth=("admin", "wrong"), timeout=10).status_code == 401
@@ -141,7 +91,3 @@ def test_the_deployments_basic_auth_server_refuses_strangers_and_serves_the_hook
         version = hook.register("m", hook.artifact_uri(run, "model"), run, {"ds": "1997-09-22"})
         hook.set_alias("m", version.version)
         assert hook.champion("m").version == version.version
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, 15)
-        proc.wait(30)

@@ -19,7 +19,7 @@ import yaml
 
 from operators.hooks.mlflow import MLflowHook, jsonl_metrics
 from recpipe.layout import parse_ds_range
-from tests.support import EARLY, ROOT, with_edits
+from tests.support import EARLY, ROOT, train_args, with_edits
 from trainer.loop import DivergedError, Trainer, TrainJob
 
 DAYS = parse_ds_range(":".join(EARLY))
@@ -28,18 +28,7 @@ DAYS = parse_ds_range(":".join(EARLY))
 def _train_cmd(config, model_dir: Path, tmp_path: Path, *extra: str) -> list[str]:
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(config.to_dict()))
-    return [
-        sys.executable,
-        "-m",
-        "trainer.train_eval",
-        "--pipeline_config_path",
-        str(path),
-        "--model_dir",
-        str(model_dir),
-        f"--train_ds={EARLY[0]}:{EARLY[1]}",
-        "--skip_eval",
-        *extra,
-    ]
+    return [sys.executable, "-m", "trainer.train_eval", *train_args(path, model_dir, {}, *extra)]
 
 
 def test_a_diverged_loss_stops_training_before_its_checkpoint(ml_early, tmp_path):
