@@ -58,7 +58,12 @@ def test_mlflow_models_serve_answers_with_the_champions_probabilities(daily_runs
     log = (tmp_path / "serve.log").open("wb")
     proc = subprocess.Popen(
         cmd,
-        env={**os.environ, "MLFLOW_TRACKING_URI": uri},
+        # as a user with the venv active: the scoring server is `uvicorn` from the venv's bin/
+        env={
+            **os.environ,
+            "MLFLOW_TRACKING_URI": uri,
+            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        },
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
