@@ -135,6 +135,8 @@ class Trainer:
             holdout=holdout,
         )
         keras.utils.set_random_seed(tc.random_seed)
+        if tc.op_determinism:
+            tf.config.experimental.enable_op_determinism()
         self.state = build_state(self.config, self.dist.sharding, self.strategy, self.dist.key_union)
         st = self.state
         for line in placement(st.model):

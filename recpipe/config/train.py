@@ -151,6 +151,10 @@ class TrainConfig(Section):
     # seeds initialisation and the input order: the same seed, config and data give the same
     # model, except asynchronous parameter-server training (its step order is the servers')
     random_seed: int = Field(0, ge=0)
+    # TensorFlow's op determinism (tf.config.experimental.enable_op_determinism): ops that
+    # would add in thread order take a fixed order instead; on CPU it costs little (bench/
+    # determinism.py), on GPU more. Process-wide: once on, it stays on in that process.
+    op_determinism: bool = True
 
     @model_validator(mode="after")
     def _checkpoint_cadence(self) -> TrainConfig:

@@ -21,9 +21,13 @@ MODEL = "movielens_test"
 @pytest.fixture(scope="session")
 def stack(movielens_raw, tmp_path_factory) -> dict:
     """Env (Airflow home, var dir, retrain config, MLflow URI) of a fresh local deployment."""
+    return new_stack(movielens_raw, tmp_path_factory.mktemp("stack"))
+
+
+def new_stack(movielens_raw, base) -> dict:
+    """A fresh local deployment in ``base`` over a copy of the raw logs; its env and paths."""
     from recpipe.localenv import airflow_env
 
-    base = tmp_path_factory.mktemp("stack")
     var = base / "var"
     shutil.copytree(movielens_raw, var / "raw")
     retrain = {
