@@ -9,7 +9,7 @@ from typing import Any
 
 from operators.base import JobOperator
 from operators.paths import confine
-from recpipe.layout import ModelDir
+from recpipe.layout import ModelDir, ds_partition, parse_ds_range
 
 log = logging.getLogger(__name__)
 METRIC_KEYS = ("auc", "gauc", "logloss", "accuracy", "precision", "recall")
@@ -77,7 +77,7 @@ class EvalOperator(JobOperator):
             log.info("nothing to evaluate: %s", what)
             return {"metrics": None, "reason": what}
         edits = {"eval_ds": self.eval_ds, **({"train_ds": self.train_ds} if self.train_ds else {})}
-        self.load_config(edits)
+        config = self.load_config(edits)
         out = ModelDir(model_dir)
         result_path = out.result(self.result_name)
         predictions = out.predictions(self.result_name)
@@ -103,6 +103,7 @@ class EvalOperator(JobOperator):
             "num_examples": result["num_examples"],
             "predictions": str(predictions),
             "reason": what,
+            "dataset": eval_dataset(config, self.eval_ds, predictions),
         }
         out["mlflow_run_id"] = self._track(context, result_path, out)
         return out
@@ -119,4 +120,27 @@ class EvalOperator(JobOperator):
             ],
             parent_metrics=[(f"{self.step}.{k}", v, 0) for k, v in out["metrics"].items()],
             artifacts=[(result_path, None)],
+            datasets=[out["dataset"]],
         )
+
+
+def eval_dataset(config, eval_ds: str, predictions: Path) -> dict[str, str]:
+    """The evaluated rows as an MLflow dataset: ``name`` ``ds=<eval_ds> held-out`` when the
+    days are also trained on (their ``holdout_percent`` rows), else ``ds=<eval_ds>``;
+    ``digest``: the first 16 hex digits of the SHA-256 of the rows' labels in file order
+    (``float32``; the same rows give the same digest for champion and candidate); ``source``:
+    the features partition (one day) or the features root (a range)."""
+    import hashlib
+
+    import pyarrow.parquet as pq
+
+    labels = pq.read_table(predictions, columns=["label"]).column("label").to_numpy().astype("float32")
+    days = parse_ds_range(eval_ds, "eval_ds")
+    trained = set(parse_ds_range(config.train_ds, "train_ds")) if config.train_ds else set()
+    held_out = bool(trained & set(days)) and config.data_config.holdout_percent > 0
+    root = Path(config.train_input_path)
+    return {
+        "name": f"ds={eval_ds}" + (" held-out" if held_out else ""),
+        "digest": hashlib.sha256(labels.tobytes()).hexdigest()[:16],
+        "source": str(ds_partition(root, days[0]) if len(days) == 1 else root),
+    }

@@ -119,7 +119,7 @@ class RegisterModelOperator(RecpipeOperator):
                 model_id=export.get("model_id"),
             )
             if export.get("model_id") and evaluation and candidate:
-                self._link_metrics(export["model_id"], evaluation, context.get("ds") or "")
+                self._link_metrics(export["model_id"], evaluation)
         promoted = decision.promote and self.promote
         outcome = decision.outcome if self.promote else "registered"
         reason = decision.reason if self.promote else f"promotion not requested ({decision.reason})"
@@ -167,19 +167,11 @@ class RegisterModelOperator(RecpipeOperator):
         title = f"{self.model_name}: the last {len(days)} days"
         client.log_figure(parent, day_figure(days, title), "history/days.png")
 
-    def _link_metrics(self, model_id: str, evaluation: dict, ds: str) -> None:
-        """The new model's metrics on the day's held-out rows, linked to its LoggedModel and to
-        that evaluation set (named by the day, digested by its labels), on the eval run."""
-        import hashlib
-        from pathlib import Path
-
-        import pyarrow.parquet as pq
-
-        predictions = Path(evaluation.get("predictions") or "")
-        digest = ""
-        if predictions.is_file():  # the rows' labels: the same for champion and candidate
-            labels = pq.read_table(predictions, columns=["label"]).column("label").to_numpy()
-            digest = hashlib.sha256(labels.tobytes()).hexdigest()[:16]
+    def _link_metrics(self, model_id: str, evaluation: dict) -> None:
+        """The new model's metrics linked to its LoggedModel and to the evaluated rows (the
+        dataset input the evaluate task logged, ``EvalOperator``'s ``eval_dataset``), on the
+        eval run."""
+        dataset = evaluation.get("dataset") or {}
         client = self.hook.get_client()
         for key, value in evaluation["metrics"].items():
             client.log_metric(
@@ -188,6 +180,6 @@ class RegisterModelOperator(RecpipeOperator):
                 value,
                 step=evaluation.get("global_step") or 0,
                 model_id=model_id,
-                dataset_name=f"ds={ds} held-out",
-                dataset_digest=digest,
+                dataset_name=dataset.get("name"),
+                dataset_digest=dataset.get("digest"),
             )

@@ -219,14 +219,18 @@ class MLflowHook(BaseHook):
         parent_metrics: Iterable[tuple[str, float, int]] = (),
         parent_tags: dict[str, Any] | None = None,
         artifacts: Iterable[tuple[str | os.PathLike, str | None]] = (),
+        datasets: Iterable[dict[str, str]] = (),
     ) -> str:
         """One task attempt's nested run under ``parent_run_id``, ended FINISHED (FAILED if
-        logging raises): its tags, params, ``(key, value, step)`` metrics and artifacts
-        (``(path, artifact_path)``; paths that do not exist are skipped), and what the task
-        adds to the parent run. Returns the nested run's id."""
+        logging raises): its tags, params, ``(key, value, step)`` metrics, dataset inputs
+        (``{"name", "digest", "source"}``, see ``log_dataset``) and artifacts (``(path,
+        artifact_path)``; paths that do not exist are skipped), and what the task adds to the
+        parent run. Returns the nested run's id."""
         with self.nested_run(parent_run_id, step, {k: str(v) for k, v in (tags or {}).items()}) as run:
             if params:
                 self.log_params(run, params)
+            for dataset in datasets:
+                self.log_dataset(run, dataset["name"], dataset["digest"], dataset["source"])
             self.log_metrics(run, metrics)
             self.log_metrics(parent_run_id, parent_metrics)
             if parent_tags:
@@ -259,6 +263,23 @@ class MLflowHook(BaseHook):
         for i in range(0, len(items), 1000):
             self.get_client().log_batch(run_id, metrics=items[i : i + 1000])
         return len(items)
+
+    def log_dataset(
+        self, run_id: str, name: str, digest: str, source_uri: str, context: str = "evaluation"
+    ) -> None:
+        """Log a dataset as an input of ``run_id`` (the run's Datasets in the UI): ``name`` and
+        ``digest`` are what metrics logged with ``dataset_name`` / ``dataset_digest`` link to;
+        the source is the local path ``source_uri`` (source type ``local``, as ``mlflow.data``
+        records a local file); ``context`` is the ``mlflow.data.context`` input tag. Logging
+        the same dataset twice keeps one input."""
+        import json
+
+        from mlflow.entities import Dataset, DatasetInput, InputTag
+
+        source = json.dumps({"uri": source_uri})
+        dataset = Dataset(name=name, digest=digest, source_type="local", source=source)
+        tags = [InputTag("mlflow.data.context", context)]
+        self.get_client().log_inputs(run_id, [DatasetInput(dataset, tags)])
 
     def set_tags(self, run_id: str, tags: dict[str, Any]) -> None:
         for key, value in tags.items():

@@ -78,6 +78,34 @@ def test_mlflow_holds_parent_and_nested_runs_with_metrics(daily_runs):
     assert "pipeline.yaml" in artifacts
 
 
+def test_evaluations_log_the_scored_rows_as_a_dataset_the_models_metrics_link_to(daily_runs):
+    client = _client(daily_runs)
+    parent = _runs(daily_runs, "parent")[1]
+    inputs = {}
+    for step in ("eval", "evaluate_champion"):
+        (run,) = [
+            r for r in _runs(daily_runs, step) if r.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        ]
+        (entry,) = run.inputs.dataset_inputs
+        assert [(t.key, t.value) for t in entry.tags] == [("mlflow.data.context", "evaluation")]
+        inputs[step] = entry.dataset
+    candidate, champion = inputs["eval"], inputs["evaluate_champion"]
+    assert candidate.name == f"ds={DAYS[1]} held-out" and candidate.source_type == "local"
+    source = json.loads(candidate.source)["uri"]
+    assert (
+        source.endswith(f"features/ds={DAYS[1]}")
+        and (daily_runs["var"] / "features" / f"ds={DAYS[1]}").is_dir()
+    )
+    # the same rows scored by both models: one dataset
+    assert (champion.name, champion.digest) == (candidate.name, candidate.digest) and len(
+        candidate.digest
+    ) == 16
+    version = next(v for v in client.search_model_versions(f"name = '{MODEL}'") if v.tags["ds"] == DAYS[1])
+    linked = {m.key: m for m in client.get_logged_model(version.tags["model_id"]).metrics}
+    assert (linked["auc"].dataset_name, linked["auc"].dataset_digest) == (candidate.name, candidate.digest)
+    assert linked["auc"].value == parent.data.metrics["eval.auc"]
+
+
 def test_champion_alias_and_the_gate(daily_runs):
     client = _client(daily_runs)
     versions = {v.tags["ds"]: v for v in client.search_model_versions(f"name = '{MODEL}'")}

@@ -51,6 +51,13 @@ def test_runs_metrics_and_registry_through_the_server(mlflow_server, tmp_path, m
     assert [v.version for v in hook.versions("m", {"ds": "1997-09-22"})] == [version.version]
     assert hook.versions("m", {"ds": "1997-09-23"}) == [] and hook.versions("other") == []
 
+    # the evaluated rows as a dataset input; a retried task logging it again adds no second one
+    for _ in range(2):
+        hook.log_dataset(child, "ds=1997-09-22 held-out", "0123456789abcdef", "/data/features/ds=1997-09-22")
+    (entry,) = client.get_run(child).inputs.dataset_inputs
+    assert (entry.dataset.name, entry.dataset.digest) == ("ds=1997-09-22 held-out", "0123456789abcdef")
+    assert entry.dataset.source == '{"uri": "/data/features/ds=1997-09-22"}'
+
     os.killpg(proc.pid, 15)
     proc.wait(30)
     # a registry that cannot be read is an error, never "no champion" (which promotes anything)
