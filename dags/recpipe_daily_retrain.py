@@ -100,6 +100,7 @@ with DAG(
             str(HOME / RETRAIN.pipeline_config_path),
             "--ds",
             "{{ ds }}",
+            "--confine_paths",
             EDITS_ARG,
         ],
         name="recpipe-prepare-{{ ds }}",

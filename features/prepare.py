@@ -50,6 +50,7 @@ from recpipe.config.pipeline import PipelineConfig
 from recpipe.errors import PipelineError, run_command
 from recpipe.ids import HOLDOUT
 from recpipe.layout import FeaturePartition, ds_partition, is_finished, parse_ds_range
+from recpipe.paths import confine_config
 
 log = logging.getLogger(__name__)
 
@@ -267,6 +268,11 @@ def main(argv: list[str] | None = None) -> int:
     add_config_args(parser)
     parser.add_argument("--ds", action="append", required=True, help="YYYY-MM-DD or START:END (repeatable)")
     parser.add_argument("--master", default=None, help="Spark master (default local[*])")
+    parser.add_argument(
+        "--confine_paths",
+        action="store_true",
+        help="refuse a config whose paths leave the project's conf/, data/, var/ (the DAGs pass it)",
+    )
     args, extra = parser.parse_known_args(argv)
 
     def run() -> int:
@@ -275,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
         days = [d for text in args.ds for d in parse_ds_range(text, "--ds")]  # bad dates fail first
         home = Path(os.environ.get("RECPIPE_HOME") or Path.cwd())
         config = config_from_args(args, extra).resolved(home)
+        if args.confine_paths:  # a DAG run's edit_config_json may name any path
+            confine_config(config)
         from features.session import get_spark
 
         spark = get_spark(master=args.master)

@@ -15,7 +15,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from operators.hooks.mlflow import MLflowHook, git_commit
-from operators.paths import confine, project_home
+from operators.paths import confine, confine_config, project_home
 from recpipe.launch import JobSpec, LocalLauncher, command_job, launcher_for, run_job
 
 
@@ -90,7 +90,12 @@ class RecpipeOperator(BaseOperator):
         return confine(self.pipeline_config_path, "pipeline_config_path")
 
     def config_args(self, extra: dict[str, Any] | None = None) -> list[str]:
-        """``--pipeline_config_path P --edit_config_json J`` for a trainer entry point."""
+        """``--pipeline_config_path P --edit_config_json J`` for a trainer entry point.
+
+        Raises:
+            ConfigError, PathNotAllowedError: as ``load_config``.
+        """
+        self.load_config(extra)  # nothing reaches a job unchecked
         return [
             "--pipeline_config_path",
             str(self.config_path()),
@@ -103,10 +108,13 @@ class RecpipeOperator(BaseOperator):
 
         Raises:
             ConfigError: the file or an override is invalid (file and field named).
+            PathNotAllowedError: a path of the config leaves the project's data roots.
         """
         from recpipe.config import load_pipeline_config
 
-        return load_pipeline_config(self.config_path(), self.edits(extra))
+        config = load_pipeline_config(self.config_path(), self.edits(extra))
+        confine_config(config)  # a run's edit_config_json may name any path
+        return config
 
     def experiment_name(self) -> str:
         return self.experiment or Path(self.pipeline_config_path).stem

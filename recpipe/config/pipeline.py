@@ -88,6 +88,28 @@ class PipelineConfig(Section):
         update = {f: str(Path(home) / getattr(self, f)) for f in fields if getattr(self, f)}
         return self.model_copy(update=update)
 
+    def named_paths(self) -> dict[str, str]:
+        """Every filesystem path the config names, keyed by its field (as overrides spell
+        it): model_dir, the input, eval and quarantine paths, ``train_config``'s
+        fine_tune_checkpoint and fine_tune_ckpt_var_map, and each dimension table's file
+        (joined to ``raw_input_path`` when relative, as the Spark job reads it). Unset
+        fields are left out."""
+        tc = self.train_config
+        out = {
+            "model_dir": self.model_dir,
+            "raw_input_path": self.raw_input_path,
+            "train_input_path": self.train_input_path,
+            "eval_input_path": self.eval_input_path,
+            "quarantine_path": self.effective_quarantine_path,
+            "train_config.fine_tune_checkpoint": tc.fine_tune_checkpoint,
+            "train_config.fine_tune_ckpt_var_map": tc.fine_tune_ckpt_var_map,
+        }
+        for table in self.data_config.dimension_tables:
+            out[f"data_config.dimension_tables[name={table.name}].path"] = str(
+                Path(self.raw_input_path) / table.path
+            )
+        return {k: v for k, v in out.items() if v}
+
     @property
     def model(self) -> ModelConfig | None:
         """``model_config`` (named so because pydantic reserves ``model_config``)."""

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
+
 import pytest
 
 from operators.gate import GateRules, gate
@@ -16,6 +20,73 @@ def test_confine_keeps_paths_inside_the_roots():
     for bad in ("conf/../../etc/passwd", "/etc/passwd", "recpipe/cli.py", "var/../.."):
         with pytest.raises(PathNotAllowedError, match="outside the project's data roots"):
             confine(bad, "model_dir")
+
+
+PATH_FIELDS = [
+    "model_dir",
+    "raw_input_path",
+    "train_input_path",
+    "eval_input_path",
+    "quarantine_path",
+    "train_config.fine_tune_checkpoint",
+    "train_config.fine_tune_ckpt_var_map",
+    "data_config.dimension_tables[name=users].path",
+]
+
+
+@pytest.mark.parametrize("field", PATH_FIELDS)
+def test_every_config_path_a_run_can_override_is_confined(field, tmp_path):
+    """A manual run's ``edit_config_json`` reaches the jobs only through ``load_config`` /
+    ``config_args``, which refuse any path of the effective config outside the roots; a
+    symlink inside ``var/`` that leads out is resolved first, and refused too."""
+    from operators.evaluate import EvalOperator
+
+    link = project_home() / "var" / "pytest-escape"
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.unlink(missing_ok=True)
+    link.symlink_to(tmp_path)
+    try:
+        for value in ("/root", str(project_home() / "data/../.."), str(link / "x")):
+            op = EvalOperator(
+                task_id="evaluate",
+                pipeline_config_path="conf/movielens_deepfm.yaml",
+                model_dir="var/runs/m",
+                eval_ds="1997-09-22",
+                edit_config_json={field: value},
+            )
+            with pytest.raises(PathNotAllowedError, match=f"^{re.escape(field)}="):
+                op.config_args()
+    finally:
+        link.unlink()
+    ok = EvalOperator(
+        task_id="evaluate",
+        pipeline_config_path="conf/movielens_deepfm.yaml",
+        model_dir="var/runs/m",
+        eval_ds="1997-09-22",
+        edit_config_json={field: "var/inside"},
+    )
+    assert "--edit_config_json" in ok.config_args()
+
+
+def test_the_spark_job_refuses_a_path_outside_the_roots_before_starting_spark():
+    done = subprocess.run(
+        [
+            sys.executable,
+            "features/prepare.py",
+            "--pipeline_config_path",
+            "conf/movielens_deepfm.yaml",
+            "--ds",
+            "1997-09-22",
+            "--confine_paths",
+            '--edit_config_json={"raw_input_path": "/root"}',
+        ],
+        cwd=project_home(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "config error: raw_input_path='/root' resolves to /root, outside" in done.stderr
 
 
 def _gate(candidate, champion, metric="auc", tolerance=0.002, **rules):
