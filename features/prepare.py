@@ -34,6 +34,7 @@ from features.schema import (
     parse,
     quarantined,
     read_dimension,
+    read_parquet_strings,
     read_strings,
 )
 from features.transform import (
@@ -63,9 +64,14 @@ def _read_day(spark: SparkSession, config: PipelineConfig, ds: str) -> tuple[Dat
     """Parsed rows of day ``ds`` (see ``features.schema.parse``) with the dimension columns joined."""
     dc = config.data_config
     files = data_files(ds_partition(config.raw_input_path, ds))
-    for path in files:
-        check_header(path, dc.input_fields, dc.separator)
-    rows = parse(read_strings(spark, files, dc.input_fields, dc.separator), dc.input_fields, dc.label_fields)
+    if dc.input_format == "parquet":
+        strings = read_parquet_strings(spark, files, dc.input_fields)
+    else:
+        if dc.with_header:
+            for path in files:
+                check_header(path, dc.input_fields, dc.separator)
+        strings = read_strings(spark, files, dc.input_fields, dc.separator, dc.with_header)
+    rows = parse(strings, dc.input_fields, dc.label_fields)
     for table in dc.dimension_tables:
         path = Path(table.path)
         if not path.is_absolute():

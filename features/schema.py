@@ -7,8 +7,11 @@ values of feature columns are missing values (filled later), not errors.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -62,24 +65,90 @@ def check_header(path: Path, fields: list[InputField], separator: str) -> None:
     got = [h.strip().strip('"') for h in header.split(separator)]
     want = [f.input_name for f in fields]
     if got != want:
-        raise RawInputError(f"{path}: header {got} does not match data_config.input_fields {want}")
+        raise RawInputError(
+            f"{path}: header {got} does not match data_config.input_fields {want} "
+            "(files without a header line: set data_config.with_header: false)"
+        )
 
 
 def read_strings(
-    spark: SparkSession, files: list[Path], fields: list[InputField], separator: str
+    spark: SparkSession, files: list[Path], fields: list[InputField], separator: str, with_header: bool = True
 ) -> DataFrame:
-    """Read delimited files with a header as all-string columns plus the source file name."""
+    """Read delimited files as all-string columns, matched to ``fields`` by position, plus
+    ``_extra_columns`` (a value beyond the declared ones) and the source file name. With
+    ``with_header`` the first line of each file is skipped (``check_header`` checks it)."""
     schema = T.StructType(
         [T.StructField(f.input_name, T.StringType()) for f in fields] + [T.StructField(EXTRA, T.StringType())]
     )
     df = (
-        spark.read.option("header", True)
+        spark.read.option("header", with_header)
         .option("sep", separator)
         .option("mode", "PERMISSIVE")
         .schema(schema)
         .csv([str(p) for p in files])
     )
     return df.withColumn(SOURCE, F.input_file_name())
+
+
+# the Parquet types each input_type accepts (pyarrow's predicates); a string column always is:
+# its values are parsed like text, and those that do not parse are quarantined
+_PARQUET_TYPES = {
+    InputType.STRING: (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean),
+    InputType.INT32: (pa.types.is_integer,),
+    InputType.INT64: (pa.types.is_integer,),
+    InputType.FLOAT: (pa.types.is_integer, pa.types.is_floating),
+    InputType.DOUBLE: (pa.types.is_integer, pa.types.is_floating),
+    InputType.BOOL: (pa.types.is_boolean,),
+}
+
+
+def check_parquet_schema(path: Path, fields: list[InputField]) -> tuple[str, ...]:
+    """Check that a Parquet file holds every declared column with a type its ``input_type``
+    accepts: integers for INT32 / INT64, integers or floats for FLOAT / DOUBLE, booleans for
+    BOOL, and strings or any of those for STRING (other columns are ignored).
+
+    Returns:
+        The declared columns' types in the file (Arrow's names), in ``fields`` order.
+
+    Raises:
+        RawInputError: unreadable file, missing columns, or a column of another type (names
+            the file, the column, its type and the declared one).
+    """
+    try:
+        schema = pq.read_schema(path)
+    except (OSError, pa.ArrowInvalid) as err:
+        raise RawInputError(f"cannot read raw file {path}: {err}") from err
+    missing = [f.input_name for f in fields if f.input_name not in schema.names]
+    if missing:
+        raise RawInputError(f"{path}: columns {missing} of data_config.input_fields are missing")
+    for field in fields:
+        kind = schema.field(field.input_name).type
+        if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+            continue
+        if not any(accepts(kind) for accepts in _PARQUET_TYPES[field.input_type]):
+            raise RawInputError(
+                f"{path}: column {field.input_name!r} is {kind} in the file, "
+                f"data_config.input_fields declares {field.input_type.value}"
+            )
+    return tuple(str(schema.field(f.input_name).type) for f in fields)
+
+
+def read_parquet_strings(spark: SparkSession, files: list[Path], fields: list[InputField]) -> DataFrame:
+    """Read the declared columns of Parquet files (checked with ``check_parquet_schema``) as
+    strings, in the shape ``read_strings`` gives, so that ``parse`` types them and quarantines
+    what does not parse, as for text. Files whose column types differ (a day written by two
+    producers) are read apart, each with its own schema, and united."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for path in files:
+        groups.setdefault(check_parquet_schema(path, fields), []).append(str(path))
+    parts = [
+        spark.read.parquet(*paths).select(
+            *[F.col(f.input_name).cast(T.StringType()).alias(f.input_name) for f in fields],
+            F.lit(None).cast(T.StringType()).alias(EXTRA),
+        )
+        for paths in groups.values()
+    ]
+    return functools.reduce(DataFrame.unionByName, parts).withColumn(SOURCE, F.input_file_name())
 
 
 def _blank(col: Column) -> Column:

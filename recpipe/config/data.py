@@ -49,8 +49,13 @@ class DimensionTable(Section):
 class DataConfig(Section):
     """Raw log format and the input pipeline's batching (EasyRec ``data_config``)."""
 
-    input_format: str = Field("csv", pattern="^csv$")
+    # csv: delimited text (any single-character separator, "\t" included); parquet: columns
+    # by name, their types checked against input_fields
+    input_format: str = Field("csv", pattern="^(csv|parquet)$")
     separator: str = ","
+    # EasyRec's name. true: each file's first line names input_fields, in order (checked);
+    # false: columns are matched to input_fields by position (raw Criteo logs). Text only.
+    with_header: bool = True
     input_fields: list[InputField]
     label_fields: list[str] = Field(default_factory=lambda: ["label"])
     dimension_tables: list[DimensionTable] = Field(default_factory=list)

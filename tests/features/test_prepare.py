@@ -295,3 +295,108 @@ def test_recpipe_features_exit_codes():
         timeout=300,
     )
     assert missing.returncode == 1 and "RawInputError" in missing.stderr and "/nowhere" in missing.stderr
+
+
+def _criteo(tmp_path, name: str, edits: dict, text: str, suffix: str):
+    """A one-day raw tree holding ``text`` and the Criteo config pointed at it."""
+    from recpipe.config import load_pipeline_config
+
+    day = tmp_path / name / "raw" / "ds=2024-01-01"
+    day.mkdir(parents=True)
+    (day / f"part-00000.{suffix}").write_text(text)
+    return load_pipeline_config(
+        ROOT / "conf/criteo_deepfm.yaml",
+        {"raw_input_path": str(day.parent), "train_input_path": str(tmp_path / name / "features"), **edits},
+    )
+
+
+def test_headerless_tab_separated_logs_match_the_csv_by_position(spark, tmp_path):
+    """Real Criteo logs are headerless TSV: ``with_header: false`` matches the columns to
+    ``input_fields`` by position, and a row with a column too many is quarantined."""
+    src = (ROOT.parent / "shared/data/format-samples/criteo_sample.txt").read_text().splitlines()
+    csv = _criteo(tmp_path, "csv", {}, "\n".join(src) + "\n", "csv")
+    rows = [line.replace(",", "\t") for line in src[1:]]
+    extra = rows[0] + "\tsurplus"
+    tsv = _criteo(
+        tmp_path,
+        "tsv",
+        {"data_config.with_header": False, "data_config.separator": "\t"},
+        "\n".join([*rows, extra]) + "\n",
+        "txt",
+    )
+    want, got = prepare_day(spark, csv, "2024-01-01"), prepare_day(spark, tsv, "2024-01-01")
+    assert got["rows"] == want["rows"] == len(rows) and got["rows_quarantined"] == 1
+    assert got["quarantine_reasons"] == {"more columns than data_config.input_fields": 1}
+    assert got["dense_moments"] == want["dense_moments"] and got["nulls"] == want["nulls"]
+    a, b = (pq.read_table(Path(c.train_input_path) / "ds=2024-01-01") for c in (csv, tsv))
+    assert a.equals(b)
+    # with a header expected, the same file is refused, naming its first line
+    with_header = tsv.data_config.model_copy(update={"with_header": True})
+    with pytest.raises(
+        RawInputError, match=r"part-00000.txt: header \['0', '', '3', .*set data_config.with_header: false"
+    ):
+        prepare_day(spark, tsv.model_copy(update={"data_config": with_header}), "2024-01-01")
+
+
+def test_parquet_days_read_columns_by_name_check_types_and_quarantine(spark, movielens_config, tmp_path):
+    import pyarrow as pa
+
+    from recpipe.config.data import InputType
+
+    ds = "1997-09-20"  # the first day: no earlier days in either window of dense statistics
+    csv_day = Path(movielens_config.raw_input_path) / f"ds={ds}"
+    types = {InputType.STRING: pa.string(), InputType.INT32: pa.int32(), InputType.INT64: pa.int64()}
+    types[InputType.DOUBLE] = pa.float64()
+    columns = {f.input_name: types[f.input_type] for f in movielens_config.data_config.input_fields}
+    table = pacsv.read_csv(
+        csv_day / "part-00000.csv", convert_options=pacsv.ConvertOptions(column_types=columns)
+    )
+    raw = tmp_path / "pq" / "events"
+    shutil.copytree(Path(movielens_config.raw_input_path).parent / "dims", raw.parent / "dims")
+    day = raw / f"ds={ds}"
+    day.mkdir(parents=True)
+    # columns in another order, plus one the config does not declare: matched by name
+    pq.write_table(
+        table.select(list(reversed(table.column_names))).append_column("extra", table["label"]),
+        day / "a.parquet",
+    )
+    config = movielens_config.model_copy(
+        update={
+            "raw_input_path": str(raw),
+            "train_input_path": str(tmp_path / "pq" / "features"),
+            "data_config": movielens_config.data_config.model_copy(update={"input_format": "parquet"}),
+        }
+    )
+    want, got = prepare_day(spark, movielens_config, ds), prepare_day(spark, config, ds)
+    assert got["rows"] == want["rows"] == table.num_rows and got["rows_quarantined"] == 0
+    assert got["dense_moments"] == want["dense_moments"]
+    assert _output(config, ds).equals(_output(movielens_config, ds))
+
+    # a string column is parsed like text: a value that is no INT64 is quarantined
+    bad = table.slice(0, 1).set_column(3, "timestamp", pa.array(["soon"]))
+    pq.write_table(bad, day / "b.parquet")
+    stats = prepare_day(
+        spark,
+        config.model_copy(
+            update={"data_config": config.data_config.model_copy(update={"max_bad_row_fraction": 0.5})}
+        ),
+        ds,
+    )
+    assert stats["quarantine_reasons"] == {"timestamp: cannot parse 'soon' as INT64": 1}
+    (kept,) = [
+        json.loads(line)
+        for f in (tmp_path / "pq" / "features_quarantine" / f"ds={ds}").glob("*.json")
+        for line in f.read_text().splitlines()
+    ]
+    assert kept["timestamp"] == "soon" and kept["_source_file"].endswith("b.parquet")
+    # a column of a type the field cannot take, or a missing column, names the file
+    pq.write_table(table.set_column(4, "label", table["label"].cast(pa.float64())), day / "b.parquet")
+    with pytest.raises(
+        RawInputError, match=r"b.parquet: column 'label' is double in the file, .* declares INT32"
+    ):
+        prepare_day(spark, config, ds)
+    pq.write_table(table.drop(["rating"]), day / "b.parquet")
+    with pytest.raises(
+        RawInputError, match=r"b.parquet: columns \['rating'\] of data_config.input_fields are missing"
+    ):
+        prepare_day(spark, config, ds)
