@@ -6,7 +6,6 @@ import os
 import re
 import sys
 
-from pyspark import SparkConf
 from pyspark.sql import SparkSession
 
 
@@ -43,14 +42,15 @@ def get_spark(app_name: str = "recpipe-features", master: str | None = None) -> 
         .config("spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs", "false")
         .config("spark.hadoop.parquet.block.size", str(16 << 20))
     )
-    submitted = SparkConf().get("spark.master", None)
-    if master is not None or submitted is None:
-        master = master or os.environ.get("RECPIPE_SPARK_MASTER", "local[*]")
-        builder = builder.master(master)
-    threads = local_threads(master or submitted)
-    if threads is not None:
-        builder = builder.config("spark.sql.shuffle.partitions", str(threads))
+    # spark-submit starts the JVM first, with its --master, and tells PySpark where it listens;
+    # a Python-side SparkConf cannot see that master before the session exists
+    submitted = "PYSPARK_GATEWAY_PORT" in os.environ
+    if master is not None or not submitted:
+        builder = builder.master(master or os.environ.get("RECPIPE_SPARK_MASTER", "local[*]"))
     spark = builder.getOrCreate()
+    threads = local_threads(spark.sparkContext.master)
+    if threads is not None:
+        spark.conf.set("spark.sql.shuffle.partitions", str(threads))
     spark.sparkContext.setLogLevel(os.environ.get("RECPIPE_SPARK_LOG_LEVEL", "WARN"))
     _quiet_header_checker(spark)
     return spark

@@ -87,8 +87,16 @@ class Api:
 
 
 @contextmanager
-def deployment(env: dict, airflow_home: Path, database_url: str | None = None):
-    """Migrate the metadata DB and run the four components; yield an ``Api``; stop them all."""
+def deployment(
+    env: dict,
+    airflow_home: Path,
+    database_url: str | None = None,
+    extra_env: dict | None = None,
+    workers: tuple[tuple[str, ...], ...] = (),
+):
+    """Migrate the metadata DB and run the four components (and ``workers``: further
+    ``airflow`` commands, e.g. a Celery worker, with ``extra_env`` on top); yield an ``Api``;
+    stop them all."""
     port = free_port()
     env = {
         **env,
@@ -104,17 +112,19 @@ def deployment(env: dict, airflow_home: Path, database_url: str | None = None):
         "AIRFLOW__CORE__FERNET_KEY": "",
     }
     env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = database_url or f"sqlite:///{airflow_home / 'airflow.db'}"
+    env.update(extra_env or {})
     airflow_home.mkdir(parents=True, exist_ok=True)
     subprocess.run(
         [sys.executable, "-m", "airflow", "db", "migrate"], env=env, check=True, capture_output=True
     )
     procs = []
     try:
-        for name in COMPONENTS:
-            log = (airflow_home / f"{name}.log").open("wb")
-            args = [sys.executable, "-m", "airflow", name] + (
-                ["--port", str(port)] if name == "api-server" else []
+        commands = [(name, *(["--port", str(port)] if name == "api-server" else [])) for name in COMPONENTS]
+        for command in [*commands, *workers]:
+            log = (airflow_home / f"{'-'.join(c for c in command[:2] if not c.startswith('-'))}.log").open(
+                "wb"
             )
+            args = [sys.executable, "-m", "airflow", *command]
             procs.append(
                 subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             )

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import uuid
 
 import pytest
 import yaml
@@ -24,8 +25,9 @@ def stack(movielens_raw, tmp_path_factory) -> dict:
     return new_stack(movielens_raw, tmp_path_factory.mktemp("stack"))
 
 
-def new_stack(movielens_raw, base) -> dict:
-    """A fresh local deployment in ``base`` over a copy of the raw logs; its env and paths."""
+def new_stack(movielens_raw, base, **overrides) -> dict:
+    """A fresh local deployment in ``base`` over a copy of the raw logs; its env and paths.
+    ``overrides`` replace top-level fields of the retrain config."""
     from recpipe.localenv import airflow_env
 
     var = base / "var"
@@ -62,6 +64,7 @@ def new_stack(movielens_raw, base) -> dict:
         "tracking": {"retries": 0},
         "timeouts": {"default_s": 1800, "tasks": {"train": 3600}},
     }
+    retrain.update(overrides)
     (base / "retrain.yaml").write_text(yaml.safe_dump(retrain))
     env = {
         **os.environ,
@@ -103,3 +106,13 @@ def daily_runs(stack) -> dict:
     proc = airflow(env, "dags", "test", "recpipe_daily_retrain", DAYS[3])
     logs[DAYS[3]] = proc.stdout + proc.stderr
     return {**stack, "logs": logs, "runs": stack["var"] / "runs" / MODEL}
+
+
+@pytest.fixture
+def postgres_db():
+    """A fresh database on the PostgreSQL server at 127.0.0.1 (SQLAlchemy URL), dropped after."""
+    name = f"recpipe_airflow_{uuid.uuid4().hex[:8]}"
+    psql = ["psql", "-h", "127.0.0.1", "-U", "postgres", "-v", "ON_ERROR_STOP=1", "-c"]
+    subprocess.run([*psql, f"CREATE DATABASE {name}"], check=True, capture_output=True)
+    yield f"postgresql+psycopg2://postgres@127.0.0.1:5432/{name}"
+    subprocess.run([*psql, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"], capture_output=True)

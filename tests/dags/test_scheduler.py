@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import uuid
 from pathlib import Path
 
 import pytest
@@ -69,15 +67,6 @@ def test_trigger_through_rest_api_on_sqlite_and_screenshot_the_grid(daily_runs, 
         # the grid drew this DAG's run: every task id is on the page
         for task_id in ("train", "evaluate", "export", "register"):
             assert task_id in text.split(), (task_id, text[:2000])
-
-
-@pytest.fixture
-def postgres_db():
-    name = f"recpipe_airflow_{uuid.uuid4().hex[:8]}"
-    psql = ["psql", "-h", "127.0.0.1", "-U", "postgres", "-v", "ON_ERROR_STOP=1", "-c"]
-    subprocess.run([*psql, f"CREATE DATABASE {name}"], check=True, capture_output=True)
-    yield f"postgresql+psycopg2://postgres@127.0.0.1:5432/{name}"
-    subprocess.run([*psql, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"], capture_output=True)
 
 
 def test_trigger_through_rest_api_on_postgresql_as_a_two_rank_horovod_job(daily_runs, tmp_path, postgres_db):

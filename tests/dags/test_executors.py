@@ -1,0 +1,158 @@
+"""The production shapes of execution: ``recpipe_daily_retrain`` scheduled and run by the
+CeleryExecutor (a real Celery worker, Redis on 127.0.0.1 as the broker, PostgreSQL as the
+metadata database and the result backend), and ``prepare_features`` submitted to a Spark
+standalone master and worker on 127.0.0.1 through ``spark_default``."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from tests.dags.airflow_server import deployment
+from tests.dags.conftest import DAYS, airflow, new_stack
+from tests.support import free_port
+
+pytestmark = pytest.mark.slow
+
+
+def _wait_for_a_run(api, dag_id: str, timeout: float = 900) -> dict:
+    """The DAG's first run, once it has finished (the scheduler creates it)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        runs = api.get(f"/api/v2/dags/{dag_id}/dagRuns")["dag_runs"]
+        if runs and runs[0]["state"] in ("success", "failed"):
+            return runs[0]
+        time.sleep(5)
+    raise AssertionError(f"no finished run of {dag_id} after {timeout} s: {runs}")
+
+
+def test_the_daily_dag_runs_on_a_celery_worker_with_redis_and_postgresql(
+    movielens_raw, tmp_path_factory, postgres_db
+):
+    # end_date = start_date: the scheduler creates exactly one run, for that day
+    stack = new_stack(movielens_raw, tmp_path_factory.mktemp("celery"), end_date=DAYS[0])
+    queue = f"recpipe-{uuid.uuid4().hex[:8]}"  # other Celery users of this Redis never take it
+    backend = postgres_db.replace("postgresql+psycopg2://", "db+postgresql://")
+    celery = {
+        "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
+        "AIRFLOW__CELERY__BROKER_URL": "redis://127.0.0.1:6379/0",
+        "AIRFLOW__CELERY__RESULT_BACKEND": backend,
+        "AIRFLOW__OPERATORS__DEFAULT_QUEUE": queue,
+    }
+    # the worker's log server stays off: the API server reads the shared log folder
+    worker = ("celery", "worker", "--queues", queue, "--concurrency", "2", "--skip-serve-logs")
+    home = stack["base"] / "airflow-celery"
+    with deployment(stack["env"], home, database_url=postgres_db, extra_env=celery, workers=(worker,)) as api:
+        api.wait_for_dag("recpipe_daily_retrain")
+        api.patch("/api/v2/dags/recpipe_daily_retrain", {"is_paused": False})
+        run = _wait_for_a_run(api, "recpipe_daily_retrain")
+        base = (
+            f"/api/v2/dags/recpipe_daily_retrain/dagRuns/{urllib.request.quote(run['dag_run_id'], safe='')}"
+        )
+        tasks = api.get(f"{base}/taskInstances")["task_instances"]
+        states = {t["task_id"]: t["state"] for t in tasks}
+        assert run["state"] == "success" and run["logical_date"].startswith(DAYS[0]), states
+        assert set(states.values()) == {"success"} and len(states) >= 9, states
+        assert {t["queue"] for t in tasks} == {queue}
+        log = api.get(f"{base}/taskInstances/train/logs/1?full_content=true")
+        text = json.dumps(log)
+        assert "warm start from nothing" in text
+    worker_log = (home / "celery-worker.log").read_text()
+    assert "Connected to redis://127.0.0.1:6379/0" in worker_log
+    assert "recpipe_daily_retrain" in worker_log or "execute_workload" in worker_log
+    # the result backend holds the tasks' Celery results
+    name = postgres_db.rsplit("/", 1)[1]
+    done = subprocess.run(
+        [
+            "psql",
+            "-h",
+            "127.0.0.1",
+            "-U",
+            "postgres",
+            "-d",
+            name,
+            "-tAc",
+            "SELECT count(*) FROM celery_taskmeta",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert int(done.stdout.strip()) >= len(states)
+
+
+@contextmanager
+def spark_standalone(logs: Path):
+    """A Spark standalone master and one worker (1 core, 1 GiB) from pyspark's own
+    distribution, bound to 127.0.0.1 on free ports; yields the master URL."""
+    import pyspark
+
+    spark_class = Path(pyspark.__file__).parent / "bin" / "spark-class"
+    port = free_port()
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
+    logs.mkdir(parents=True, exist_ok=True)
+    master = ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port)]
+    master += ["--webui-port", str(free_port())]
+    url = f"spark://127.0.0.1:{port}"
+    worker = ["org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1", "--cores", "1"]
+    worker += ["--memory", "1g", "--webui-port", str(free_port()), "--work-dir", str(logs / "work")]
+    procs = []
+    try:
+        for name, args in (("master", master), ("worker", worker)):
+            out = (logs / f"{name}.log").open("wb")
+            procs.append(
+                subprocess.Popen(
+                    [str(spark_class), *args],
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+            text, deadline = "", time.monotonic() + 120
+            ready = (
+                "Successfully registered with master" if name == "worker" else "I have been elected leader"
+            )
+            while ready not in text:
+                assert time.monotonic() < deadline, f"spark {name} did not start:\n{text[-3000:]}"
+                time.sleep(1)
+                text = (logs / f"{name}.log").read_text(errors="replace")
+        yield url
+    finally:
+        for p in procs:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for p in procs:
+            p.wait(timeout=60)
+
+
+def test_prepare_features_runs_on_a_spark_standalone_cluster(movielens_raw, tmp_path_factory):
+    stack = new_stack(movielens_raw, tmp_path_factory.mktemp("spark-cluster"))
+    base = stack["base"]
+    with spark_standalone(base / "spark") as master:
+        env = {
+            **stack["env"],
+            "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": master}),
+        }
+        proc = airflow(env, "tasks", "test", "recpipe_daily_retrain", "prepare_features", DAYS[0])
+        # the application ran on the cluster's executor, not in local mode
+        apps = list((base / "spark" / "work").glob("app-*"))
+    out = proc.stdout + proc.stderr
+    assert f"spark-submit --master {master}" in out
+    assert len(apps) == 1 and list(apps[0].glob("*/stderr")), apps
+    day = stack["var"] / "features" / f"ds={DAYS[0]}"
+    assert (day / "_SUCCESS").exists()
+    stats = json.loads((day / "_stats.json").read_text())
+    assert stats["rows"] > 100 and stats["rows_quarantined"] == 0
