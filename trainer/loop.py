@@ -112,6 +112,18 @@ def _l2_on_rows(grads: list, variables: list, tables: set, reg: float) -> tuple[
     return out, reg_loss
 
 
+def eta_text(steps_left: float, steps_per_sec: float) -> str:
+    """``steps_left`` at ``steps_per_sec`` as ``1h02m``, ``3m05s`` or ``12s``; ``?`` when unknown."""
+    if not math.isfinite(steps_left) or steps_left < 0 or steps_per_sec <= 0:
+        return "?"
+    seconds = round(steps_left / steps_per_sec)
+    hours, rest = divmod(seconds, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"
+
+
 class Trainer:
     """Builds model, optimizers and checkpoint for a job, then runs ``train()``."""
 
@@ -260,6 +272,9 @@ class Trainer:
                 lambda: self.reader.flat_dataset(epoch, skip_steps * per_step, dc.prefetch_size, pad_to)
             )
 
+        # the job's planned steps, for the ETA in the log (rows / batch per epoch, or num_steps)
+        epoch_steps = pad_to or math.ceil(self.reader.num_rows / (dc.batch_size * per_step))
+        planned = min(epoch_steps * dc.num_epochs, tc.num_steps or math.inf)
         # kept for inspection: one trace per job (pinned signature, short last batch included)
         train_step = None
         summaries = str(self.files.summaries)
@@ -288,9 +303,19 @@ class Trainer:
                 if step % tc.log_step_count_steps == 0:
                     loss = dist.fetch(loss_t)
                     check_finite(loss, step, last_save_step)
-                    rate = window_examples / max(time.time() - window_start, 1e-9)
+                    elapsed = max(time.time() - window_start, 1e-9)
+                    rate = window_examples / elapsed
                     lr = self._learning_rate()
-                    log.info("step %d loss %.5f lr %.6g examples/s %.0f", step, loss, lr, rate)
+                    eta = eta_text(planned - step, tc.log_step_count_steps / elapsed)
+                    log.info(
+                        "step %d/%d loss %.5f lr %.6g examples/s %.0f eta %s",
+                        step,
+                        planned,
+                        loss,
+                        lr,
+                        rate,
+                        eta,
+                    )
                     online = self._online_metrics(online_start)
                     if on_log:
                         on_log(step, {"loss": loss, "learning_rate": lr, "examples_per_sec": rate, **online})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -222,6 +223,13 @@ def test_every_model_class_learns(ml_early, tmp_path, model_class):
     assert evaluate(trainer.config, tmp_path, EVAL)["auc"] > 0.55
 
 
+def test_eta_text():
+    from trainer.loop import eta_text
+
+    assert [eta_text(50, 10), eta_text(1850, 10), eta_text(3660, 1)] == ["5s", "3m05s", "1h01m"]
+    assert eta_text(float("inf"), 1) == eta_text(5, 0) == "?"
+
+
 def test_train_eval_cli(ml_early, tmp_path):
     import yaml
 
@@ -238,12 +246,16 @@ def test_train_eval_cli(ml_early, tmp_path):
         f"--train_ds={EARLY[0]}:{EARLY[1]}",
         "--eval_ds=1997-10-15",
         "--edit_config_json",
-        '{"train_config.num_steps": 15}',
+        '{"train_config.num_steps": 15, "train_config.log_step_count_steps": 5}',
     ]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["global_step"] == 15 and summary["eval"]["eval_days"] == ["1997-10-15"]
+    # progress a person can read: step of the planned steps (num_steps here) and an ETA
+    assert re.search(r"step 10/15 loss [\d.]+ lr \S+ examples/s \d+ eta \d+s", done.stderr), done.stderr[
+        -2000:
+    ]
     assert yaml.safe_load((tmp_path / "m/pipeline.yaml").read_text())["train_config"]["num_steps"] == 15
     again = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     assert again.returncode == 2 and "already holds checkpoints" in again.stderr
