@@ -12,7 +12,8 @@ data: setup
 	$(VENV)/recpipe data fetch movielens-100k
 	$(VENV)/recpipe data replay movielens-100k --out data/raw/movielens
 
-# The main job: recpipe_daily_retrain for 7 consecutive days, then a table of the results.
+# The main job: recpipe_daily_retrain for 7 consecutive days, an Airflow backfill under the
+# scheduler (LocalExecutor), each task printed as it ends, then a table of the results.
 demo: data
 	$(VENV)/python scripts/demo.py --days $(DEMO_DAYS)
 

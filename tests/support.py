@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from recpipe.local_airflow import free_port  # noqa: F401 (shared with the tests)
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -28,13 +29,6 @@ def with_edits(config, edits: dict):
     from recpipe.config.pipeline import PipelineConfig
 
     return validate(PipelineConfig, apply_edits(config.to_dict(), edits), "test config")
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def train_args(config_path: Path, model_dir: Path, edits: dict, *extra: str) -> list[str]:

@@ -14,7 +14,7 @@ import copy, json, sys
 from airflow.dag_processing.dagbag import DagBag
 bag = DagBag()
 out = {"errors": {k: str(v) for k, v in bag.import_errors.items()}, "dags": sorted(bag.dags),
-       "heavy": [m for m in ("tensorflow", "pyspark", "mlflow", "torch") if m in sys.modules]}
+       "heavy": [m for m in ("tensorflow", "pyspark", "mlflow", "torch", "scipy") if m in sys.modules]}
 daily = bag.dags["recpipe_daily_retrain"]
 out["daily_upstream"] = {t: sorted(daily.task_dict[t].upstream_task_ids) for t in daily.task_dict}
 out["schedule"] = daily.timetable.expression

@@ -1,0 +1,278 @@
+"""A real Airflow deployment on 127.0.0.1 and a small client of its REST API v2.
+
+``deployment()`` migrates the metadata database and starts the api-server, scheduler,
+dag-processor and triggerer (and any further ``airflow`` commands, e.g. a Celery worker) as
+process groups; ``Api`` logs in through the simple auth manager and calls ``/api/v2``. Used by
+``make demo`` (a backfill under the scheduler) and by the tests that run the scheduler.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+TERMINAL = ("success", "failed", "skipped", "upstream_failed", "removed")
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Api:
+    """A tiny REST API v2 client; its token comes from the simple auth manager's user ``admin``.
+
+    Args:
+        base: the api-server's URL, e.g. ``http://127.0.0.1:8080``.
+        airflow_home: where the simple auth manager writes its generated passwords.
+    """
+
+    def __init__(self, base: str, airflow_home: Path):
+        self.base = base
+        self.home = Path(airflow_home)
+        self.token: str | None = None
+
+    def login(self, timeout: float = 180) -> str:
+        """Wait up to ``timeout`` seconds for the api-server and get a token.
+
+        Raises:
+            urllib.error.URLError, KeyError, FileNotFoundError: still failing at the deadline.
+        """
+        passwords = self.home / "simple_auth_manager_passwords.json.generated"
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                password = json.loads(passwords.read_text())["admin"]
+                self.token = self._call(
+                    "POST", "/auth/token", {"username": "admin", "password": password}, auth=False
+                )["access_token"]
+                return self.token
+            except (
+                FileNotFoundError,
+                urllib.error.URLError,
+                ConnectionError,
+                KeyError,
+                json.JSONDecodeError,
+            ):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(2)
+
+    def _call(self, method: str, path: str, body=None, auth: bool = True):
+        req = urllib.request.Request(self.base + path, method=method)
+        req.add_header("Content-Type", "application/json")
+        if auth:
+            req.add_header("Authorization", f"Bearer {self.token}")
+        data = json.dumps(body).encode() if body is not None else None
+        with urllib.request.urlopen(req, data=data, timeout=30) as resp:
+            text = resp.read().decode()
+            return json.loads(text) if text else None
+
+    def get(self, path):
+        return self._call("GET", path)
+
+    def post(self, path, body):
+        return self._call("POST", path, body)
+
+    def patch(self, path, body):
+        return self._call("PATCH", path, body)
+
+    def wait_for_dag(self, dag_id: str, timeout: float = 240) -> dict:
+        """The DAG once the dag-processor has serialised it (HTTP 404 until then)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return self.get(f"/api/v2/dags/{dag_id}")
+            except urllib.error.HTTPError as err:
+                if err.code != 404 or time.monotonic() > deadline:
+                    raise
+                time.sleep(3)
+
+    def wait_for_run(self, dag_id: str, run_id: str, timeout: float = 900) -> dict:
+        """The DAG run once it succeeded or failed, or as it is at the deadline."""
+        deadline = time.monotonic() + timeout
+        while True:
+            run = self.get(f"/api/v2/dags/{dag_id}/dagRuns/{urllib.parse.quote(run_id, safe='')}")
+            if run["state"] in ("success", "failed") or time.monotonic() > deadline:
+                return run
+            time.sleep(5)
+
+    def task_instances(self, dag_id: str, run_id: str) -> list[dict]:
+        """The run's task instances (``task_id``, ``state``, ``start_date``, ``duration`` in s, ...)."""
+        path = f"/api/v2/dags/{dag_id}/dagRuns/{urllib.parse.quote(run_id, safe='')}/taskInstances"
+        return self.get(path + "?limit=1000")["task_instances"]
+
+
+@contextmanager
+def deployment(
+    env: dict,
+    airflow_home: Path,
+    database_url: str | None = None,
+    extra_env: dict | None = None,
+    workers: tuple[tuple[str, ...], ...] = (),
+    port: int | None = None,
+) -> Iterator[Api]:
+    """Migrate the metadata DB and run the four components (and ``workers``: further
+    ``airflow`` commands with their arguments), logged to ``<airflow_home>/<command>.log``;
+    yield a logged-in ``Api``; stop them all (SIGTERM, then SIGKILL after 30 s).
+
+    Args:
+        env: the environment (``recpipe.localenv.airflow_env``); ``extra_env`` goes on top.
+        database_url: metadata DB (default SQLite in ``airflow_home``).
+        port: the api-server's port (default: a free one).
+    """
+    port = port or free_port()
+    airflow_home = Path(airflow_home)
+    env = {
+        **env,
+        "AIRFLOW_HOME": str(airflow_home),
+        "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(airflow_home / "logs"),
+        "AIRFLOW__API__PORT": str(port),
+        "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
+        "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
+        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
+        # one secret for every component: the api-server checks the tokens tasks get
+        "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(16),
+        "AIRFLOW__CORE__FERNET_KEY": "",
+    }
+    env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = database_url or f"sqlite:///{airflow_home / 'airflow.db'}"
+    env.update(extra_env or {})
+    airflow_home.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        [sys.executable, "-m", "airflow", "db", "migrate"], env=env, check=True, capture_output=True
+    )
+    procs = []
+    try:
+        commands = [(name, *(["--port", str(port)] if name == "api-server" else [])) for name in COMPONENTS]
+        for command in [*commands, *workers]:
+            name = "-".join(c for c in command[:2] if not c.startswith("-"))
+            with (airflow_home / f"{name}.log").open("wb") as log:
+                procs.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "airflow", *command],
+                        env=env,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )
+        api = Api(f"http://127.0.0.1:{port}", airflow_home)
+        api.login()
+        yield api
+    finally:
+        for p in procs:
+            _killpg(p.pid, signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                _killpg(p.pid, signal.SIGKILL)
+                p.wait(timeout=10)
+
+
+def _killpg(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def run_backfill(
+    env: dict, airflow_home: Path, dag_id: str, days: list[str], timeout: float = 7200, echo=print
+) -> dict[str, str]:
+    """Run ``days`` of ``dag_id`` as an Airflow backfill under a real scheduler.
+
+    Starts a ``deployment`` (the scheduler creating no scheduled runs of its own:
+    ``[scheduler] use_job_schedule = False``; the DAG file parsed once), unpauses the DAG, creates the backfill with
+    ``airflow backfill create`` (one active run at a time, every day re-run), calls ``echo``
+    with a line per task instance and per run as each ends, and pauses the DAG again if it was
+    paused.
+
+    Args:
+        env: the Airflow environment (``recpipe.localenv.airflow_env``).
+        days: ``YYYY-MM-DD`` logical dates, consecutive, oldest first.
+        timeout: seconds for all the days.
+
+    Returns:
+        ``{ds: run state}``; stops following at the first failed run ("failed") or at the
+        deadline (the unfinished days' states as they were).
+    """
+    airflow_home = Path(airflow_home)
+    extra = {
+        "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",
+        # the DAG file does not change during a backfill: parse it once, not every 30 s (each
+        # parse is a few CPU-seconds that the tasks on a small machine would wait for)
+        "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "3600",
+    }
+    echo(f"starting Airflow (logs: {airflow_home}/<component>.log)")
+    with deployment(env, airflow_home, extra_env=extra) as api:
+        was_paused = api.wait_for_dag(dag_id)["is_paused"]
+        api.patch(f"/api/v2/dags/{dag_id}", {"is_paused": False})
+        try:
+            command = [
+                "airflow", "backfill", "create", "--dag-id", dag_id, "--from-date", days[0],
+                "--to-date", days[-1], "--max-active-runs", "1", "--reprocess-behavior", "completed",
+            ]  # fmt: skip
+            echo(" ".join(command))
+            proc = subprocess.run(
+                [sys.executable, "-m", *command], env={**env, **extra}, capture_output=True, text=True
+            )
+            if proc.returncode:
+                raise RuntimeError(f"{' '.join(command)} exited {proc.returncode}: {proc.stderr[-2000:]}")
+            return follow_runs(api, dag_id, days, timeout, echo)
+        finally:
+            if was_paused:
+                api.patch(f"/api/v2/dags/{dag_id}", {"is_paused": True})
+
+
+def follow_runs(api: Api, dag_id: str, days: list[str], timeout: float, echo=print) -> dict[str, str]:
+    """Poll the runs of ``days`` every 2 s and ``echo`` each task instance once it ends, then
+    each run. Returns ``{ds: state}`` once every run ended, at the first failed run, or at
+    the deadline."""
+    query = f"?logical_date_gte={days[0]}T00:00:00Z&logical_date_lte={days[-1]}T00:00:00Z&limit=1000"
+    printed: set[tuple[str, str]] = set()
+    states: dict[str, str] = {}
+    deadline = time.monotonic() + timeout
+    while True:
+        done = 0
+        for run in api.get(f"/api/v2/dags/{dag_id}/dagRuns{query}")["dag_runs"]:
+            ds = run["logical_date"][:10]
+            states[ds] = run["state"]
+            if (ds, "") in printed or run["state"] not in ("running", "success", "failed"):
+                done += (ds, "") in printed
+                continue
+            tis = api.task_instances(dag_id, run["dag_run_id"])
+            for ti in sorted(tis, key=lambda t: t["end_date"] or "~"):
+                if ti["state"] in TERMINAL and (ds, ti["task_id"]) not in printed:
+                    printed.add((ds, ti["task_id"]))
+                    echo(f"  ds={ds}  {ti['task_id']:<20} {ti['state']:<8} {ti['duration'] or 0:6.1f} s")
+            if run["state"] in ("success", "failed"):
+                printed.add((ds, ""))
+                done += 1
+                echo(f"ds={ds}: {run['state']} in {run['duration'] or 0:.0f} s")
+                if run["state"] == "failed":
+                    echo(f"task logs: {api.home}/logs/dag_id={dag_id}/run_id={run['dag_run_id']}/")
+                    return states
+        if done == len(days):
+            return states
+        if time.monotonic() > deadline:
+            echo(f"not finished after {timeout:.0f} s; task logs under {api.home}/logs")
+            return states
+        time.sleep(2)
