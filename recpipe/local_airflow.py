@@ -200,10 +200,10 @@ def run_backfill(
     """Run ``days`` of ``dag_id`` as an Airflow backfill under a real scheduler.
 
     Starts a ``deployment`` (the scheduler creating no scheduled runs of its own:
-    ``[scheduler] use_job_schedule = False``; the DAG file parsed once), unpauses the DAG, creates the backfill with
-    ``airflow backfill create`` (one active run at a time, every day re-run), calls ``echo``
-    with a line per task instance and per run as each ends, and pauses the DAG again if it was
-    paused.
+    ``[scheduler] use_job_schedule = False``; the DAG file parsed once), unpauses the DAG,
+    creates the backfill with ``airflow backfill create`` (one active run at a time, every day
+    re-run), calls ``echo`` with a line per task instance and per run as each ends, and pauses
+    the DAG again if it was paused.
 
     Args:
         env: the Airflow environment (``recpipe.localenv.airflow_env``).
