@@ -26,9 +26,9 @@ def _data(args: argparse.Namespace) -> int:
         from recpipe.data.movielens import fetch_movielens
         from recpipe.data.replay import replay_movielens
 
-        counts = replay_movielens(fetch_movielens(args.cache_dir), args.out)
+        counts = replay_movielens(fetch_movielens(args.cache_dir), args.out, args.granularity)
         print(
-            f"{len(counts)} days, {sum(counts.values())} events -> {args.out} "
+            f"{len(counts)} {args.granularity}s, {sum(counts.values())} events -> {args.out} "
             f"({min(counts)} .. {max(counts)})"
         )
     elif args.dataset == "drift":
@@ -57,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     replay = dsub.add_parser("replay", help="write a data set as daily raw event logs")
     replay.add_argument("dataset", choices=["movielens-100k"])
     replay.add_argument("--out", default="data/raw/movielens")
+    replay.add_argument(
+        "--granularity", choices=["day", "hour"], default="day", help="a partition per day, or per hour"
+    )
     synth = dsub.add_parser("synth", help="synthetic logs for benchmarks")
     # drift: ids that enter and fade day by day (bench/online_tables.py)
     synth.add_argument("dataset", choices=["criteo", "drift"])

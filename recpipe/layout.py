@@ -38,6 +38,14 @@ def ds_partition(root: str | os.PathLike, ds: str) -> Path:
     return Path(root) / f"ds={ds}"
 
 
+def hour_partition(root: str | os.PathLike, ds: str, hh: str | int) -> Path:
+    """``<root>/ds=<ds>/hh=<HH>``: one hour of a day (PaddleRec's pass), ``hh`` 0-23."""
+    hour = int(hh)
+    if not 0 <= hour <= 23:
+        raise ValueError(f"hh must be 00..23, got {hh!r}")
+    return ds_partition(root, ds) / f"hh={hour:02d}"
+
+
 def partition_ds(path: str | os.PathLike) -> str:
     """``.../ds=1997-09-22`` -> ``1997-09-22``."""
     return Path(path).name.removeprefix("ds=")

@@ -12,6 +12,7 @@ from recpipe.layout import (
     ds_window,
     finished_model_dirs,
     finished_partitions,
+    hour_partition,
     parse_ds_range,
 )
 
@@ -24,6 +25,9 @@ def test_ds_ranges_and_windows():
     with pytest.raises(ConfigError, match="expected YYYY-MM-DD"):
         parse_ds_range("yesterday")
     assert ds_window("1997-09-23", 7) == "1997-09-17:1997-09-23"
+    assert hour_partition("/raw", "1997-09-23", 7).as_posix() == "/raw/ds=1997-09-23/hh=07"
+    with pytest.raises(ValueError, match="hh must be 00..23"):
+        hour_partition("/raw", "1997-09-23", "24")
 
 
 def test_only_finished_partitions_and_model_dirs_are_taken(tmp_path):
