@@ -92,6 +92,9 @@ class Api:
     def patch(self, path, body):
         return self._call("PATCH", path, body)
 
+    def put(self, path, body=None):
+        return self._call("PUT", path, body)
+
     def wait_for_dag(self, dag_id: str, timeout: float = 240) -> dict:
         """The DAG once the dag-processor has serialised it (HTTP 404 until then)."""
         deadline = time.monotonic() + timeout
@@ -212,7 +215,8 @@ def run_backfill(
 
     Returns:
         ``{ds: run state}``; stops following at the first failed run ("failed") or at the
-        deadline (the unfinished days' states as they were).
+        deadline (the unfinished days' states as they were), and then cancels the backfill,
+        so that the next scheduler to start does not carry on with it.
     """
     airflow_home = Path(airflow_home)
     extra = {
@@ -225,6 +229,7 @@ def run_backfill(
     with deployment(env, airflow_home, extra_env=extra) as api:
         was_paused = api.wait_for_dag(dag_id)["is_paused"]
         api.patch(f"/api/v2/dags/{dag_id}", {"is_paused": False})
+        states: dict[str, str] = {}
         try:
             command = [
                 "airflow", "backfill", "create", "--dag-id", dag_id, "--from-date", days[0],
@@ -236,10 +241,29 @@ def run_backfill(
             )
             if proc.returncode:
                 raise RuntimeError(f"{' '.join(command)} exited {proc.returncode}: {proc.stderr[-2000:]}")
-            return follow_runs(api, dag_id, days, timeout, echo)
+            states = follow_runs(api, dag_id, days, timeout, echo)
+            return states
         finally:
+            if any(states.get(ds) != "success" for ds in days):
+                # else the next scheduler to start (make airflow) would carry on with it
+                cancel_backfills(api, dag_id, echo)
             if was_paused:
                 api.patch(f"/api/v2/dags/{dag_id}", {"is_paused": True})
+
+
+def cancel_backfills(api: Api, dag_id: str, echo=print) -> list[int]:
+    """Cancel every unfinished backfill of ``dag_id`` (its queued runs are not started; a
+    running one finishes). Returns their ids; an API error is reported, not raised."""
+    cancelled = []
+    try:
+        for backfill in api.get(f"/api/v2/backfills?dag_id={dag_id}&limit=100")["backfills"]:
+            if backfill["completed_at"] is None:
+                api.put(f"/api/v2/backfills/{backfill['id']}/cancel")
+                cancelled.append(backfill["id"])
+                echo(f"cancelled backfill {backfill['id']} of {dag_id}")
+    except (urllib.error.URLError, ConnectionError, KeyError) as err:
+        echo(f"could not cancel the backfills of {dag_id}: {err}")
+    return cancelled
 
 
 def follow_runs(api: Api, dag_id: str, days: list[str], timeout: float, echo=print) -> dict[str, str]:
