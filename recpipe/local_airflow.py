@@ -12,7 +12,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,15 +22,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from recpipe.launch.topology import free_ports
+
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 TERMINAL = ("success", "failed", "skipped", "upstream_failed", "removed")
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Api:
@@ -139,7 +133,7 @@ def deployment(
         database_url: metadata DB (default SQLite in ``airflow_home``).
         port: the api-server's port (default: a free one).
     """
-    port = port or free_port()
+    port = port or free_ports(1)[0]
     airflow_home = Path(airflow_home)
     env = {
         **env,

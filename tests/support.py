@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from recpipe.local_airflow import free_port  # noqa: F401 (shared with the tests)
+from recpipe.launch.topology import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -20,6 +20,11 @@ SHARED = ROOT.parent / "shared"
 EARLY = ("1997-09-20", "1997-10-20")
 # the recpipe command of this checkout (its console script may point at another install)
 RECPIPE = [sys.executable, "-m", "recpipe.cli"]
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    return free_ports(1)[0]
 
 
 def with_edits(config, edits: dict):

@@ -1,13 +1,9 @@
-"""A real Airflow deployment for a test (``recpipe.local_airflow``) and a headless-browser
-screenshot of its UI."""
+"""A headless-browser screenshot of a running Airflow's UI (the deployment itself:
+``recpipe.local_airflow``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-
-from recpipe.local_airflow import Api, deployment
-
-__all__ = ["Api", "deployment", "screenshot"]
 
 
 def screenshot(url: str, token: str | None, path: Path) -> str:

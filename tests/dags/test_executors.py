@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.dags.airflow_server import deployment
+from recpipe.local_airflow import deployment
 from tests.dags.conftest import DAYS, airflow, new_stack
 from tests.support import free_port
 

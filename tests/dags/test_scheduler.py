@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.dags.airflow_server import deployment, screenshot
+from recpipe.local_airflow import deployment
+from tests.dags.airflow_server import screenshot
 from tests.support import ROOT
 
 pytestmark = pytest.mark.slow
