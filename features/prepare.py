@@ -2,6 +2,8 @@
 
 Run it as ``recpipe features --pipeline_config_path conf/X.yaml --ds YYYY-MM-DD`` or
 ``spark-submit features/prepare.py --pipeline_config_path conf/X.yaml --ds YYYY-MM-DD``.
+A pass (one hour of an hourly raw layout, ``ds=D/hh=HH``) is prepared the same way with
+``--ds YYYY-MM-DD/HH`` or ``--ds YYYY-MM-DD --hh HH``, into ``ds=YYYY-MM-DD/hh=HH/``.
 
 Output, replaced whole on a re-run (temporary directory, then rename)::
 
@@ -47,10 +49,11 @@ from features.transform import (
 from recpipe import atomic
 from recpipe.config.args import add_config_args, config_from_args
 from recpipe.config.data import FeatureType
+from recpipe.config.errors import ConfigError
 from recpipe.config.pipeline import PipelineConfig
 from recpipe.errors import PipelineError, run_command
 from recpipe.ids import HOLDOUT
-from recpipe.layout import FeaturePartition, ds_partition, is_finished, parse_ds_range
+from recpipe.layout import FeaturePartition, ds_partition, is_finished, parse_ds_range, split_ds
 from recpipe.paths import confine_config
 
 log = logging.getLogger(__name__)
@@ -82,32 +85,54 @@ def _read_day(spark: SparkSession, config: PipelineConfig, ds: str) -> tuple[Dat
     return rows, files
 
 
+def _stored_moments(config: PipelineConfig, ds: str, needed: set[str]) -> dict | None:
+    """The dense moments a prepared day or pass stored in its ``_stats.json``, or None."""
+    stats_file = FeaturePartition.of(config.train_input_path, ds).stats
+    if not stats_file.exists():
+        return None
+    stored = json.loads(stats_file.read_text()).get("dense_moments", {})
+    return stored if set(stored) >= needed else None
+
+
 def _window_moments(spark: SparkSession, config: PipelineConfig, ds: str) -> tuple[list[str], list[dict]]:
-    """Per-day dense moments of the window's earlier days: from their ``_stats.json`` when the
-    day was prepared, else from their raw data (one pass each)."""
+    """Dense moments of the window's earlier days (``normalization_window_days``), and for a pass
+    ``D/HH`` also of the day's earlier passes: (their names, their moments), oldest first.
+
+    An earlier day's come from its ``_stats.json`` when it was prepared whole, else from its
+    prepared passes' (for a pass), else from its raw data (one read; for a day only: a pass's
+    window never reads raw data, so an hour's job stays an hour's work); a day with none of
+    these is left out. The day's earlier passes count when they were prepared."""
     window = config.feature_config.normalization_window_days
-    day = date.fromisoformat(ds)
-    days, moments = [], []
+    day, hour = split_ds(ds)
+    names, moments = [], []
     features = config.feature_config.features
     needed = {f.name for f in features if f.feature_type == FeatureType.RawFeature}
     if not needed:
         return [], []
+
+    def stored_passes(d: str, hours: range) -> None:
+        for h in hours:
+            found = _stored_moments(config, f"{d}/{h:02d}", needed)
+            if found is not None:
+                names.append(f"{d}/{h:02d}")
+                moments.append(found)
+
     for k in range(window - 1, 0, -1):
-        d = (day - timedelta(days=k)).isoformat()
-        stats_file = FeaturePartition.of(config.train_input_path, d).stats
-        if stats_file.exists():
-            stored = json.loads(stats_file.read_text()).get("dense_moments", {})
-            if set(stored) >= needed:
-                days.append(d)
-                moments.append(stored)
-                continue
-        if not is_finished(ds_partition(config.raw_input_path, d)):
-            continue
-        rows, _ = _read_day(spark, config, d)
-        row = rows.agg(*moment_aggs(features, F.col(REASON) == "")).collect()[0]
-        days.append(d)
-        moments.append(moments_from_row(row.asDict(), features))
-    return days, moments
+        d = (date.fromisoformat(day) - timedelta(days=k)).isoformat()
+        found = _stored_moments(config, d, needed)
+        if found is not None:
+            names.append(d)
+            moments.append(found)
+        elif hour is not None:
+            stored_passes(d, range(24))
+        elif is_finished(ds_partition(config.raw_input_path, d)):
+            rows, _ = _read_day(spark, config, d)
+            row = rows.agg(*moment_aggs(features, F.col(REASON) == "")).collect()[0]
+            names.append(d)
+            moments.append(moments_from_row(row.asDict(), features))
+    if hour is not None:
+        stored_passes(day, range(hour))
+    return names, moments
 
 
 def _quarantine(bad: DataFrame, bad_count: int, root: Path, ds: str) -> None:
@@ -191,6 +216,8 @@ def _write_features(
 
 def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
     """Prepare the features of day ``ds`` and return its stats (also in ``_stats.json``).
+    ``ds`` may be a pass, ``YYYY-MM-DD/HH``: one hour's raw partition (``ds=D/hh=HH``) to the
+    hour's feature partition, quarantine and side files, by the same rules.
 
     The day is parsed in full once, by the write: its figures (counts, nulls, the good rows'
     dense moments) are observed as it runs (``DataFrame.observe``). The dense normalisation
@@ -203,10 +230,11 @@ def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
     Raises:
         RawInputError: the raw partition or a dimension table is missing or unreadable.
         BadRowsError: the share of quarantined rows exceeds ``max_bad_row_fraction``.
-        In both cases no output partition is written for ``ds``.
+        ValueError: ``ds`` is neither ``YYYY-MM-DD`` nor ``YYYY-MM-DD/HH``.
+        In all cases no output partition is written for ``ds``.
     """
     dc, fc = config.data_config, config.feature_config
-    date.fromisoformat(ds)  # a malformed ds fails before any work
+    split_ds(ds)  # a malformed ds fails before any work
     rows, files = _read_day(spark, config, ds)
     dense = moment_aggs(fc.features)
     try:
@@ -231,9 +259,9 @@ def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
         bad = quarantined(rows, dc.input_fields)
         quarantine_root = Path(config.effective_quarantine_path)
         _quarantine(bad, bad_count, quarantine_root, ds)
-        if total == 0:
+        if total == 0 and "/" not in ds:  # a quiet hour is a pass with no rows; a day is not
             raise RawInputError(f"raw partition {files[0].parent} holds no rows")
-        if bad_count / total > dc.max_bad_row_fraction:
+        if bad_count / max(total, 1) > dc.max_bad_row_fraction:
             where = ds_partition(quarantine_root, ds)
             raise BadRowsError(_bad_row_message(bad, bad_count, total, ds, dc.max_bad_row_fraction, where))
         reasons = {}
@@ -264,6 +292,21 @@ def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
     return stats
 
 
+def _with_hours(days: list[str], hh: str) -> list[str]:
+    """Each day of ``days`` -> its passes ``hh`` (``HH`` or ``HH:HH``), in order.
+
+    Raises:
+        ConfigError: a day that is already a pass, or malformed hours (names ``--hh``).
+    """
+    start, _, end = hh.partition(":")
+    out = []
+    for day in days:
+        if "/" in day:
+            raise ConfigError(f"--hh={hh!r} with --ds {day}: give the hour once")
+        out += parse_ds_range(f"{day}/{start}:{day}/{end or start}", "--hh")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """``spark-submit features/prepare.py`` / ``recpipe features``: prepare one or more days.
 
@@ -272,7 +315,15 @@ def main(argv: list[str] | None = None) -> int:
     """
     parser = argparse.ArgumentParser(prog="recpipe features", description="Spark feature preparation")
     add_config_args(parser)
-    parser.add_argument("--ds", action="append", required=True, help="YYYY-MM-DD or START:END (repeatable)")
+    parser.add_argument(
+        "--ds",
+        action="append",
+        required=True,
+        help="YYYY-MM-DD or START:END (repeatable); passes as YYYY-MM-DD/HH[:YYYY-MM-DD/HH]",
+    )
+    parser.add_argument(
+        "--hh", default=None, help="HH or HH:HH: prepare these hours (passes) of each --ds day"
+    )
     parser.add_argument("--master", default=None, help="Spark master (default local[*])")
     parser.add_argument(
         "--confine_paths",
@@ -285,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         logging.getLogger("py4j").setLevel(logging.WARNING)
         days = [d for text in args.ds for d in parse_ds_range(text, "--ds")]  # bad dates fail first
+        if args.hh is not None:
+            days = _with_hours(days, args.hh)
         home = Path(os.environ.get("RECPIPE_HOME") or Path.cwd())
         config = config_from_args(args, extra).resolved(home)
         if args.confine_paths:  # a DAG run's edit_config_json may name any path

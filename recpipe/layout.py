@@ -4,8 +4,10 @@ and ``ds`` ranges. Every file name another process reads is defined here and now
 ::
 
     <raw_input_path>/ds=YYYY-MM-DD/*.csv, _SUCCESS          one raw day (written by the logs)
-    <train_input_path>/ds=YYYY-MM-DD/part-*.parquet          one feature day (features.prepare)
+    <raw_input_path>/ds=YYYY-MM-DD/hh=HH/*.csv, _SUCCESS    or one raw hour: a pass
+    <train_input_path>/ds=YYYY-MM-DD[/hh=HH]/part-*.parquet  one feature day or pass (features.prepare)
                                     _stats.json, _normalization.json, _SUCCESS
+    <runs_dir>/<model_name>/ds=YYYY-MM-DD[/hh=HH]/            a day's or a pass's model dir:
     <model_dir>/model.ckpt-<step>.*, checkpoint              checkpoints (TensorFlow's names)
                train/                                        TensorBoard summaries
                train_metrics.jsonl, eval_history.jsonl       one line per logged step / evaluation
@@ -32,10 +34,40 @@ from recpipe.config.errors import ConfigError
 SUCCESS = "_SUCCESS"  # written last into a directory that is complete
 CHECKPOINT_PREFIX = "model.ckpt"
 
+# A ``ds`` names a day (``YYYY-MM-DD``) or one hour of it, a pass (``YYYY-MM-DD/HH``, PaddleRec's
+# pass of the online trainer): every function below that takes a ``ds`` takes either.
+
+
+def split_ds(ds: str) -> tuple[str, int | None]:
+    """``1997-09-20/05`` -> (``1997-09-20``, 5); ``1997-09-20`` -> (``1997-09-20``, None).
+
+    Raises:
+        ValueError: a malformed day or an hour outside 00..23.
+    """
+    day, sep, hh = ds.partition("/")
+    date.fromisoformat(day)
+    if not sep:
+        return day, None
+    if len(hh) != 2 or not hh.isdigit() or not 0 <= int(hh) <= 23:
+        raise ValueError(f"{ds!r}: the hour after '/' must be 00..23")
+    return day, int(hh)
+
+
+def day_of(ds: str) -> str:
+    """The day of a ``ds``: ``1997-09-20/05`` -> ``1997-09-20``."""
+    return ds.partition("/")[0]
+
+
+def hours_of(ds: str) -> set[str]:
+    """The passes a ``ds`` covers: a day's 24 hours, or the pass itself."""
+    day, hour = split_ds(ds)
+    return {f"{day}/{h:02d}" for h in range(24)} if hour is None else {f"{day}/{hour:02d}"}
+
 
 def ds_partition(root: str | os.PathLike, ds: str) -> Path:
-    """``<root>/ds=<ds>``."""
-    return Path(root) / f"ds={ds}"
+    """``<root>/ds=<day>``, or ``<root>/ds=<day>/hh=<HH>`` for a pass ``<day>/<HH>``."""
+    day, sep, hh = ds.partition("/")
+    return hour_partition(root, day, hh) if sep else Path(root) / f"ds={day}"
 
 
 def hour_partition(root: str | os.PathLike, ds: str, hh: str | int) -> Path:
@@ -43,12 +75,15 @@ def hour_partition(root: str | os.PathLike, ds: str, hh: str | int) -> Path:
     hour = int(hh)
     if not 0 <= hour <= 23:
         raise ValueError(f"hh must be 00..23, got {hh!r}")
-    return ds_partition(root, ds) / f"hh={hour:02d}"
+    return Path(root) / f"ds={ds}" / f"hh={hour:02d}"
 
 
 def partition_ds(path: str | os.PathLike) -> str:
-    """``.../ds=1997-09-22`` -> ``1997-09-22``."""
-    return Path(path).name.removeprefix("ds=")
+    """``.../ds=1997-09-22`` -> ``1997-09-22``; ``.../ds=1997-09-22/hh=05`` -> ``1997-09-22/05``."""
+    path = Path(path)
+    if path.name.startswith("hh="):
+        return f"{path.parent.name.removeprefix('ds=')}/{path.name.removeprefix('hh=')}"
+    return path.name.removeprefix("ds=")
 
 
 def is_finished(directory: str | os.PathLike) -> bool:
@@ -57,19 +92,30 @@ def is_finished(directory: str | os.PathLike) -> bool:
 
 
 def parse_ds_range(text: str, field: str = "ds") -> list[str]:
-    """``YYYY-MM-DD`` or ``START:END`` (inclusive) -> the days in it.
+    """``YYYY-MM-DD`` or ``START:END`` (inclusive) -> the days in it; with hours,
+    ``YYYY-MM-DD/HH[:YYYY-MM-DD/HH]`` -> the passes in it (``1997-09-20/22:1997-09-21/01`` ->
+    ``1997-09-20/22``, ``/23``, ``1997-09-21/00``, ``/01``).
 
     Raises:
-        ConfigError: malformed dates, or END before START (names ``field``).
+        ConfigError: malformed dates or hours, one end with an hour and the other without, or
+            END before START (names ``field``).
     """
     start, _, end = text.partition(":")
+    end = end or start
     try:
-        first, last = date.fromisoformat(start), date.fromisoformat(end or start)
+        (first, h0), (last, h1) = split_ds(start), split_ds(end)
     except ValueError as err:
-        raise ConfigError(f"{field}={text!r}: expected YYYY-MM-DD[:YYYY-MM-DD] ({err})") from None
-    if last < first:
+        raise ConfigError(f"{field}={text!r}: expected YYYY-MM-DD[/HH][:YYYY-MM-DD[/HH]] ({err})") from None
+    if (h0 is None) != (h1 is None):
+        raise ConfigError(f"{field}={text!r}: give both ends as days or both as YYYY-MM-DD/HH passes")
+    if (last, h1 or 0) < (first, h0 or 0):
         raise ConfigError(f"{field}={text!r}: end before start")
-    return [(first + timedelta(days=k)).isoformat() for k in range((last - first).days + 1)]
+    d0, d1 = date.fromisoformat(first), date.fromisoformat(last)
+    days = [(d0 + timedelta(days=k)).isoformat() for k in range((d1 - d0).days + 1)]
+    if h0 is None:
+        return days
+    hours = [f"{d}/{h:02d}" for d in days for h in range(24)]
+    return hours[h0 : len(hours) - (23 - h1)]
 
 
 def ds_window(ds: str, days: int) -> str:
@@ -151,10 +197,12 @@ class ModelDir:
 
 
 def finished_model_dirs(runs_root: str | os.PathLike, before: str | None = None) -> list[Path]:
-    """The ``ds=`` model dirs under ``runs_root`` whose training finished (``_SUCCESS``),
-    oldest first; with ``before``, only those dated before that day."""
+    """The model dirs under ``runs_root`` whose training finished (``_SUCCESS``), oldest first:
+    days (``ds=D``) and passes (``ds=D/hh=HH``); with ``before`` (a day or a pass), only those
+    dated before it."""
+    root = Path(runs_root)
+    found = [*root.glob("ds=*"), *root.glob("ds=*/hh=*")]
     return sorted(
-        p
-        for p in Path(runs_root).glob("ds=*")
-        if (before is None or partition_ds(p) < before) and is_finished(p)
+        (p for p in found if (before is None or partition_ds(p) < before) and is_finished(p)),
+        key=partition_ds,
     )

@@ -35,6 +35,16 @@ def movielens_raw(movielens_src, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def movielens_hourly_raw(movielens_src, tmp_path_factory) -> Path:
+    """MovieLens replayed as hourly raw logs (events/ds=*/hh=*, dims/): the passes."""
+    from recpipe.data.replay import replay_movielens
+
+    out = tmp_path_factory.mktemp("raw") / "movielens_hourly"
+    replay_movielens(movielens_src, out, granularity="hour")
+    return out
+
+
+@pytest.fixture(scope="session")
 def spark():
     from features.session import get_spark
 
@@ -58,3 +68,28 @@ def movielens_config(movielens_raw, tmp_path):
             "model_dir": str(tmp_path / "model"),
         },
     )
+
+
+# the passes of the hourly tests: 1997-09-20, 15:00 (quiet) to 22:00 UTC, 0 to 225 ratings each
+PASSES = "1997-09-20/15:1997-09-20/22"
+
+
+@pytest.fixture(scope="session")
+def ml_passes(spark, movielens_hourly_raw, tmp_path_factory):
+    """The MovieLens config over hourly raw logs, with PASSES prepared by the Spark job."""
+    from features.prepare import prepare_day
+    from recpipe.config import load_pipeline_config
+    from recpipe.layout import parse_ds_range
+
+    root = tmp_path_factory.mktemp("passes")
+    config = load_pipeline_config(
+        ROOT / "conf/movielens_deepfm.yaml",
+        {
+            "raw_input_path": str(movielens_hourly_raw / "events"),
+            "train_input_path": str(root / "features"),
+            "model_dir": str(root / "model"),
+        },
+    )
+    for ds in parse_ds_range(PASSES):
+        prepare_day(spark, config, ds)
+    return config

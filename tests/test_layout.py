@@ -13,7 +13,9 @@ from recpipe.layout import (
     finished_model_dirs,
     finished_partitions,
     hour_partition,
+    hours_of,
     parse_ds_range,
+    partition_ds,
 )
 
 
@@ -56,3 +58,24 @@ def test_atomic_writes_leave_the_old_file_or_directory_when_the_writer_fails(tmp
     assert (final / "part-0").read_text() == "1"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "ds=1997-09-22"]  # no temporary left
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["result.json"]
+
+
+def test_a_ds_may_name_a_pass_an_hour_of_a_day():
+    assert parse_ds_range("1997-09-20/22:1997-09-21/01") == [
+        "1997-09-20/22",
+        "1997-09-20/23",
+        "1997-09-21/00",
+        "1997-09-21/01",
+    ]
+    assert parse_ds_range("1997-09-20/05") == ["1997-09-20/05"]
+    assert len(parse_ds_range("1997-09-20/00:1997-09-26/23")) == 7 * 24
+    with pytest.raises(ConfigError, match="train_ds='1997-09-20/05:1997-09-21': give both ends"):
+        parse_ds_range("1997-09-20/05:1997-09-21", "train_ds")
+    with pytest.raises(ConfigError, match="00..23"):
+        parse_ds_range("1997-09-20/24")
+    with pytest.raises(ConfigError, match="end before start"):
+        parse_ds_range("1997-09-20/05:1997-09-20/04")
+    part = ds_partition("/f", "1997-09-20/05")
+    assert part.as_posix() == "/f/ds=1997-09-20/hh=05"
+    assert partition_ds(part) == "1997-09-20/05" and partition_ds("/f/ds=1997-09-20") == "1997-09-20"
+    assert hours_of("1997-09-20/05") == {"1997-09-20/05"} and len(hours_of("1997-09-20")) == 24

@@ -11,13 +11,17 @@ from recpipe.config.data import DataConfig, FeatureConfig, FeatureType, InputTyp
 from recpipe.config.model import EvalConfig, ExportConfig, ModelConfig
 from recpipe.config.train import TrainConfig
 
+# a day or a pass (an hour), then optionally ":" and the range's last one
+DS_RANGE = r"^\d{4}-\d{2}-\d{2}(/\d{2})?(:\d{4}-\d{2}-\d{2}(/\d{2})?)?$"
+
 
 class PipelineConfig(Section):
     """One pipeline: where data lives and every section EasyRec names.
 
     Paths are relative to the working directory unless absolute. Day partitions below
     ``raw_input_path`` and ``train_input_path`` are ``ds=YYYY-MM-DD`` directories;
-    ``train_ds`` / ``eval_ds`` select them (``YYYY-MM-DD`` or ``START:END``, inclusive).
+    ``train_ds`` / ``eval_ds`` select them (``YYYY-MM-DD`` or ``START:END``, inclusive). Passes
+    (hours, ``ds=YYYY-MM-DD/hh=HH``) are selected as ``YYYY-MM-DD/HH[:YYYY-MM-DD/HH]``.
     """
 
     model_dir: str
@@ -25,8 +29,8 @@ class PipelineConfig(Section):
     train_input_path: str
     eval_input_path: str | None = None
     quarantine_path: str | None = None
-    train_ds: str | None = Field(None, pattern=r"^\d{4}-\d{2}-\d{2}(:\d{4}-\d{2}-\d{2})?$")
-    eval_ds: str | None = Field(None, pattern=r"^\d{4}-\d{2}-\d{2}(:\d{4}-\d{2}-\d{2})?$")
+    train_ds: str | None = Field(None, pattern=DS_RANGE)
+    eval_ds: str | None = Field(None, pattern=DS_RANGE)
     data_config: DataConfig
     feature_config: FeatureConfig
     model_config_: ModelConfig | None = Field(None, alias="model_config")

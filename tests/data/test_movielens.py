@@ -63,27 +63,25 @@ def test_replay_matches_the_source_exactly(movielens_src, movielens_raw):
     assert items[0]["genres"] == "Animation Children's Comedy"
 
 
-def test_hourly_replay_puts_every_rating_in_exactly_one_hour(movielens_src, tmp_path):
+def test_hourly_replay_puts_every_rating_in_exactly_one_hour(movielens_src, movielens_hourly_raw, tmp_path):
     from recpipe.data.replay import replay_movielens
 
-    counts = replay_movielens(movielens_src, tmp_path, granularity="hour")
-    assert len(counts) == 213 * 24 and sum(counts.values()) == 100_000
-    hours = sorted((tmp_path / "events").glob("ds=*/hh=*"))
+    hours = sorted((movielens_hourly_raw / "events").glob("ds=*/hh=*"))
     assert len(hours) == 213 * 24
-    seen = 0
+    seen, quiet = 0, []
     for hour in hours:
         assert (hour / "_SUCCESS").exists()
         ds, hh = hour.parent.name.removeprefix("ds="), hour.name.removeprefix("hh=")
         with open(hour / "part-00000.csv") as f:
             rows = list(csv.DictReader(f))
-        assert len(rows) == counts[f"{ds}/{hh}"]
         for row in rows:
             at = datetime.fromtimestamp(int(row["timestamp"]), UTC)
             assert (at.date().isoformat(), f"{at.hour:02d}") == (ds, hh)
         seen += len(rows)
+        if not rows:
+            quiet.append(hour)
     assert seen == 100_000
     # a quiet hour is delivered too: header only, and finished
-    quiet = [h for h in hours if counts[f"{h.parent.name[3:]}/{h.name[3:]}"] == 0]
     assert quiet and (quiet[0] / "part-00000.csv").read_text().startswith('"user_id"')
     with pytest.raises(ValueError, match="granularity"):
         replay_movielens(movielens_src, tmp_path / "x", granularity="minute")

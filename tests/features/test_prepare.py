@@ -400,3 +400,46 @@ def test_parquet_days_read_columns_by_name_check_types_and_quarantine(spark, mov
         RawInputError, match=r"b.parquet: columns \['rating'\] of data_config.input_fields are missing"
     ):
         prepare_day(spark, config, ds)
+
+
+def test_passes_are_prepared_hour_by_hour_with_the_days_earlier_hours_in_the_window(ml_passes):
+    from recpipe.layout import parse_ds_range
+    from tests.conftest import PASSES
+
+    root = Path(ml_passes.train_input_path)
+    raw = Path(ml_passes.raw_input_path)
+    passes = parse_ds_range(PASSES)
+    for ds in passes:
+        day, hh = ds.split("/")
+        out = root / f"ds={day}" / f"hh={hh}"
+        assert (out / "_SUCCESS").exists()
+        stats = json.loads((out / "_stats.json").read_text())
+        rows = pacsv.read_csv(raw / f"ds={day}" / f"hh={hh}" / "part-00000.csv").num_rows
+        assert stats["ds"] == ds and stats["rows"] == rows == pq.read_table(out).num_rows
+    # 15:00 had no rating: a finished, empty pass, not an error
+    assert json.loads((root / "ds=1997-09-20/hh=15/_stats.json").read_text())["rows"] == 0
+    # the window of a pass: the day's passes prepared before it (no earlier day has features)
+    norm = json.loads((root / "ds=1997-09-20/hh=22/_normalization.json").read_text())
+    assert norm["window"] == passes
+    counts = sum(
+        json.loads((root / f"ds=1997-09-20/hh={h}/_stats.json").read_text())["rows"] for h in range(15, 23)
+    )
+    assert norm["statistics"]["age"]["count"] == counts
+    # a pyarrow reader of a day sees its passes, hh as a partition column
+    assert pads.dataset(root / "ds=1997-09-20", partitioning="hive").count_rows() == counts
+
+
+def test_the_command_line_takes_passes_as_ds_slash_hh_or_with_hh(ml_passes, tmp_path):
+    from features.prepare import _with_hours
+    from recpipe.config import ConfigError
+
+    assert _with_hours(["1997-09-20", "1997-09-21"], "22:23") == [
+        "1997-09-20/22",
+        "1997-09-20/23",
+        "1997-09-21/22",
+        "1997-09-21/23",
+    ]
+    with pytest.raises(ConfigError, match="--hh"):
+        _with_hours(["1997-09-20"], "24")
+    with pytest.raises(ConfigError, match="give the hour once"):
+        _with_hours(["1997-09-20/05"], "05")

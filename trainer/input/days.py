@@ -7,7 +7,7 @@ from pathlib import Path
 
 from recpipe.config.pipeline import PipelineConfig
 from recpipe.errors import PipelineError
-from recpipe.layout import finished_partitions, parse_ds_range, partition_ds
+from recpipe.layout import finished_partitions, hours_of, parse_ds_range, partition_ds
 
 
 class InputError(PipelineError):
@@ -15,8 +15,9 @@ class InputError(PipelineError):
 
 
 def holdout_split(config: PipelineConfig, days: list[str], role: str) -> tuple[list[Path], dict[Path, bool]]:
-    """The finished partitions of ``days`` for ``role`` ("train" or "eval") and, for the days in
-    both ``train_ds`` and ``eval_ds``, which rows to keep: ``{partition: is_holdout}``.
+    """The finished partitions of ``days`` (days or ``YYYY-MM-DD/HH`` passes) for ``role``
+    ("train" or "eval") and, for the days in both ``train_ds`` and ``eval_ds``, which rows to
+    keep: ``{partition: is_holdout}``.
 
     A day in both ranges is split by the Spark job's ``_holdout`` column (``data_config.
     holdout_percent``): training reads its other rows, evaluation only the held-out ones, so no
@@ -32,12 +33,14 @@ def holdout_split(config: PipelineConfig, days: list[str], role: str) -> tuple[l
         raise InputError(f"no finished feature partition under {root} for ds {days[0]}..{days[-1]}")
     if not (config.train_ds and config.eval_ds):
         return partitions, {}
-    shared = set(parse_ds_range(config.train_ds)) & set(parse_ds_range(config.eval_ds))
+    # compared hour by hour, so that a day in one range and its passes in the other overlap
+    train = {h for d in parse_ds_range(config.train_ds) for h in hours_of(d)}
+    shared = train & {h for d in parse_ds_range(config.eval_ds) for h in hours_of(d)}
     if shared and config.eval_input_path not in (None, config.train_input_path):
         shared = set()  # separate eval data: nothing to split
     keep = {}
     for part in partitions:
-        if partition_ds(part) in shared:
+        if hours_of(partition_ds(part)) & shared:
             if not config.data_config.holdout_percent:
                 raise InputError(
                     f"{part.name} is in both train_ds and eval_ds but data_config.holdout_percent "
