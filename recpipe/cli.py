@@ -1,7 +1,8 @@
 """``recpipe``: the project's command-line tool.
 
 Subcommands: ``data fetch``, ``data replay``, ``data synth``, ``features``, ``config``,
-``train``, ``eval``, ``export``, ``ckpt list``, ``runs compare``.
+``train``, ``eval``, ``export``, ``serve apply-delta`` / ``serve push``, ``ckpt list``,
+``runs compare``.
 Commands that read a pipeline config take EasyRec's ``--edit_config_json`` and
 ``--section.field=value`` overrides. Exit codes (every command): 2 for usage and config
 errors, 1 for pipeline errors (``recpipe.errors``).
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     check = sub.add_parser("config", help="validate a pipeline config and print it with overrides applied")
     add_config_args(check)
 
-    for name in ("train", "eval", "export", "ckpt"):
+    for name in ("train", "eval", "export", "serve", "ckpt"):
         sub.add_parser(name, help=f"see python -m trainer.{name} --help", add_help=False)
     sub.add_parser("runs", help="compare MLflow runs (recpipe runs compare --help)", add_help=False)
     if argv and argv[0] == "runs":
@@ -86,13 +87,14 @@ def main(argv: list[str] | None = None) -> int:
         from features.prepare import main as features_main
 
         return features_main(argv[1:])
-    if argv and argv[0] in ("train", "eval", "export", "ckpt"):
+    if argv and argv[0] in ("train", "eval", "export", "serve", "ckpt"):
         from trainer import entry
 
         fn = {
             "train": entry.train_eval_main,
             "eval": entry.eval_main,
             "export": entry.export_main,
+            "serve": entry.serve_main,
             "ckpt": entry.ckpt_main,
         }[argv[0]]
         return fn(argv[1:])

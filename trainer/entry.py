@@ -20,7 +20,7 @@ from pathlib import Path
 
 from recpipe import atomic, jsonl, locks
 from recpipe.config.args import add_config_args, config_from_args
-from recpipe.errors import run_command
+from recpipe.errors import UsageError, run_command
 from recpipe.layout import ModelDir, parse_ds_range
 
 # TensorFlow's C++ start-up chatter hides the log lines users need.
@@ -215,6 +215,14 @@ def export_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model_dir", default=None)
     parser.add_argument("--export_dir", required=True)
     parser.add_argument("--checkpoint_path", default=None, help="default: model_dir's latest checkpoint")
+    online = parser.add_mutually_exclusive_group()
+    online.add_argument("--base", metavar="DAY", default=None, help="write the base: <export_dir>/DAY/base/")
+    online.add_argument(
+        "--delta",
+        metavar="DAY/HH",
+        default=None,
+        help="write the pass's delta since the day's previous export: <export_dir>/DAY/delta-HH/",
+    )
     args, extra = parser.parse_known_args(argv)
 
     def run() -> int:
@@ -225,6 +233,9 @@ def export_main(argv: list[str] | None = None) -> int:
 
         model_dir = args.model_dir or config.model_dir
         model, step = load_model(config, args.checkpoint_path or model_dir)
+        if args.base or args.delta:
+            print(json.dumps(_export_online(config, model, model_dir, step, args)))
+            return 0
         export = find_export(args.export_dir, model_dir, step)
         if export is not None:  # a retry after the export was published, before it was recorded
             logging.getLogger(__name__).info("reusing %s, exported from model_dir at step %d", export, step)
@@ -242,6 +253,65 @@ def export_main(argv: list[str] | None = None) -> int:
         return 0
 
     return run_command(run, "recpipe export")
+
+
+def _export_online(config, model, model_dir, step: int, args) -> dict:
+    """``recpipe export --base DAY`` / ``--delta DAY/HH``: the manifest's summary."""
+    from recpipe.layout import split_ds
+    from recpipe.params import read_manifest
+    from trainer.delta import export_base, export_delta
+    from trainer.serving import read_normalization
+
+    normalization = read_normalization(model_dir)
+    if args.base:
+        day, hour = split_ds(args.base)
+        if hour is not None:
+            raise UsageError(f"--base {args.base}: a base is a day's, give YYYY-MM-DD")
+        out = export_base(config, model, normalization, Path(args.export_dir) / day, day, step)
+    else:
+        day, hour = split_ds(args.delta)
+        if hour is None:
+            raise UsageError(f"--delta {args.delta}: give the pass, YYYY-MM-DD/HH")
+        out = export_delta(config, model, normalization, Path(args.export_dir) / day, f"{hour:02d}", step)
+    manifest = read_manifest(out)
+    size = sum(f["bytes"] for f in manifest["files"].values())
+    return {"export": str(out), "global_step": step, "bytes": size, "tables": manifest["tables"]}
+
+
+def serve_main(argv: list[str] | None = None) -> int:
+    """``recpipe serve apply-delta BASE DELTA... --out DIR``: a SavedModel from a base and its
+    deltas; ``recpipe serve push EXPORT --model NAME [--redis_url URL]``: an export's rows to
+    the online store (``recpipe.online_store``)."""
+    parser = argparse.ArgumentParser(prog="recpipe serve", description="build or push what serving reads")
+    sub = parser.add_subparsers(dest="action", required=True)
+    apply = sub.add_parser("apply-delta", help="a SavedModel from a base export and its deltas, in order")
+    apply.add_argument("base")
+    apply.add_argument("deltas", nargs="*")
+    apply.add_argument("--out", required=True)
+    push = sub.add_parser("push", help="write a base or delta export's rows to Redis")
+    push.add_argument("exports", nargs="+", help="base / delta directories, pushed in the order given")
+    push.add_argument("--model", required=True, help="the model's name in the store")
+    push.add_argument("--redis_url", default=os.environ.get("RECPIPE_REDIS_URL", "redis://127.0.0.1:6379/0"))
+    args = parser.parse_args(argv)
+
+    def run() -> int:
+        _setup_logging()
+        if args.action == "apply-delta":
+            from trainer.delta import build_saved_model
+
+            out = build_saved_model(Path(args.base), [Path(d) for d in args.deltas], Path(args.out))
+            print(json.dumps({"saved_model": str(out), "deltas": len(args.deltas)}))
+            return 0
+        import redis
+
+        from recpipe.online_store import push as push_export
+
+        client = redis.Redis.from_url(args.redis_url)
+        for export in args.exports:
+            print(json.dumps({"export": export, **push_export(client, args.model, Path(export))}))
+        return 0
+
+    return run_command(run, "recpipe serve")
 
 
 def ckpt_main(argv: list[str] | None = None) -> int:

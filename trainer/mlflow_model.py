@@ -23,6 +23,7 @@ import pyarrow.csv as pacsv
 from recpipe import atomic
 from recpipe.config.data import InputType
 from recpipe.config.pipeline import PipelineConfig
+from recpipe.layout import ds_partition
 
 log = logging.getLogger(__name__)
 
@@ -91,10 +92,10 @@ def signature(config: PipelineConfig):
 
 
 def raw_rows(config: PipelineConfig, ds: str, limit: int = 5):
-    """The first ``limit`` rows of raw day ``ds`` with the dimension tables joined (left, on
+    """The first ``limit`` rows of raw day (or pass) ``ds`` with the dimension tables joined (left, on
     each table's key), as the serving inputs (a pandas DataFrame), or None without the day."""
     dc = config.data_config
-    files = sorted((Path(config.raw_input_path) / f"ds={ds}").glob("*.csv"))
+    files = sorted(ds_partition(config.raw_input_path, ds).glob("*.csv"))
     if not files:
         return None
 

@@ -87,6 +87,28 @@ class ServingModule(tf.Module):
 EXPORT_RECORD = "recpipe_export.json"  # in assets.extra/: which model dir and step it holds
 
 
+def write_saved_model(
+    config: PipelineConfig, model: RankingModel, normalization: dict, directory: Path
+) -> None:
+    """Save ``model``'s serving module (``serving_default``) and the effective config
+    (``assets.extra/pipeline.json``) into ``directory`` (new or empty: the caller writes to a
+    temporary path and renames)."""
+    # a copy: tf.Module swaps the nested dicts of an attribute for trackable wrappers in place
+    module = ServingModule(config, model, json.loads(json.dumps(normalization)))
+    tf.saved_model.save(
+        module, str(directory), signatures={"serving_default": module.serve.get_concrete_function()}
+    )
+    (directory / "assets.extra").mkdir(exist_ok=True)
+    (directory / "assets.extra" / "pipeline.json").write_text(json.dumps(config.to_dict(), indent=2))
+
+
+def read_normalization(model_dir: str | Path) -> dict:
+    """The dense normalisation constants serving applies (``<model_dir>/normalization.json``'s
+    ``features``; empty when the model has no dense feature)."""
+    norm_file = ModelDir(model_dir).normalization
+    return json.loads(norm_file.read_text()).get("features", {}) if norm_file.exists() else {}
+
+
 def export_saved_model(
     config: PipelineConfig,
     model: RankingModel,
@@ -103,18 +125,11 @@ def export_saved_model(
     Returns:
         The final version directory.
     """
-    norm_file = ModelDir(model_dir).normalization
-    normalization = json.loads(norm_file.read_text()).get("features", {}) if norm_file.exists() else {}
-    module = ServingModule(config, model, normalization)
     export_dir = Path(export_dir)
     export_dir.mkdir(parents=True, exist_ok=True)
     tmp = atomic.temp_dir_beside(export_dir / "export")
     try:
-        tf.saved_model.save(
-            module, str(tmp), signatures={"serving_default": module.serve.get_concrete_function()}
-        )
-        (tmp / "assets.extra").mkdir(exist_ok=True)
-        (tmp / "assets.extra" / "pipeline.json").write_text(json.dumps(config.to_dict(), indent=2))
+        write_saved_model(config, model, read_normalization(model_dir), tmp)
         record = {"model_dir": str(Path(model_dir).resolve()), "global_step": global_step}
         (tmp / "assets.extra" / EXPORT_RECORD).write_text(json.dumps(record))
         return atomic.publish_numbered(tmp, export_dir, int(time.time()))

@@ -59,8 +59,9 @@ _EPOCH = datetime.date(1970, 1, 1).toordinal()
 
 
 def day_number(ds: str) -> int:
-    """``YYYY-MM-DD`` -> days since 1970-01-01 (what ``ev_days`` holds)."""
-    return datetime.date.fromisoformat(ds).toordinal() - _EPOCH
+    """``YYYY-MM-DD`` (or a pass, ``YYYY-MM-DD/HH``) -> days since 1970-01-01 (what
+    ``ev_days`` holds)."""
+    return datetime.date.fromisoformat(ds.partition("/")[0]).toordinal() - _EPOCH
 
 
 class EVClock(keras.layers.Layer):
@@ -486,8 +487,9 @@ def model_clock(model) -> EVClock | None:
 
 
 def start_day(model, ds: str) -> int:
-    """The day boundary before training ``ds``: each table's ``new_day`` when ``ds`` is later
-    than the day the model last trained on, then the clock moves to it. Returns rows evicted."""
+    """The day boundary before training ``ds`` (a day or a pass): each table's ``new_day`` when
+    ``ds`` is later than the day the model last trained on, then the clock moves to it.
+    Returns rows evicted."""
     clock = model_clock(model)
     if clock is None:
         return 0

@@ -1,0 +1,123 @@
+"""A pass's delta export against a full export, with a given share of the rows touched.
+
+The MovieLens stream model (``conf/retrain/movielens_stream.yaml``'s online tables) is built
+with ``--rows`` admitted ids in each of its id tables, then:
+
+  (a) the full SavedModel export the daily pipeline ships (``export_saved_model``);
+  (b) the day's base (``trainer.delta.export_base``: that SavedModel plus every row as files);
+  (c) after ``--touched`` of the rows are moved and looked up (their ``ev_versions`` stamped)
+      and ``--evicted`` of them freed, the pass's delta (``export_delta``).
+
+Each is timed ``--repeats`` times (best wall time, and its CPU-seconds) and measured on disk.
+Goal (issue 17): (c) <= 1/10 of (a)'s bytes and time at ~10 % touched.
+
+    python bench/delta_export.py [--rows 200000] [--touched 0.1] [--evicted 0.01] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def _size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def _timed(fn, repeats: int):
+    best = None
+    for _ in range(repeats):
+        wall, cpu = time.perf_counter(), time.process_time()
+        out = fn()
+        figures = (time.perf_counter() - wall, time.process_time() - cpu, out)
+        if best is None or figures[0] < best[0]:
+            best = figures
+    return best
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=200_000, help="admitted ids per id table")
+    parser.add_argument("--touched", type=float, default=0.1)
+    parser.add_argument("--evicted", type=float, default=0.01)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+
+    import numpy as np
+    import yaml
+
+    from recpipe.config import load_pipeline_config
+    from trainer.delta import export_base, export_delta
+    from trainer.input import sample_inputs
+    from trainer.layers.embedding_variable import FREE, embedding_variables, refresh
+    from trainer.models.builders import build_model
+    from trainer.serving import export_saved_model
+
+    stream = yaml.safe_load((ROOT / "conf/retrain/movielens_stream.yaml").read_text())
+    edits = dict(stream["edit_config_json"])
+    edits["model_config.ev_params"] = {**edits["model_config.ev_params"], "max_capacity": args.rows}
+    config = load_pipeline_config(ROOT / stream["pipeline_config_path"], edits)
+    model = build_model(config)
+    model(sample_inputs(config))
+    rng = np.random.default_rng(0)
+    evs = embedding_variables(model)
+    for ev in evs:
+        keys = rng.choice(2**62, size=args.rows, replace=False).astype(np.int64)
+        ev.keys.assign(keys)
+        ev.versions.assign(np.full(args.rows, 50, np.int64))
+        for view in ev.views:
+            view.weights.assign(rng.normal(0, 0.01, view.weights.shape).astype(np.float32))
+    model.ev_clock.step.assign(50)
+    refresh(model)
+    work = Path(tempfile.mkdtemp(prefix="recpipe-delta-"))
+    day = "1997-09-22"
+    try:
+        exports = work / "exports" / day
+        full = _timed(lambda: export_saved_model(config, model, work / "m", work / "full", 1), args.repeats)
+        base = _timed(lambda: export_base(config, model, {}, exports, day, 1), args.repeats)
+        # a pass: some rows looked up and moved, some evicted
+        for ev in evs:
+            n = args.rows
+            touched = rng.choice(n, size=int(n * args.touched), replace=False)
+            versions = ev.versions.numpy()
+            versions[touched] = 100
+            ev.versions.assign(versions)
+            for view in ev.views:
+                w = view.weights.numpy()
+                w[touched] += 0.001
+                view.weights.assign(w)
+            keys = ev.keys.numpy()
+            keys[rng.choice(n, size=int(n * args.evicted), replace=False)] = FREE
+            ev.keys.assign(keys)
+        model.ev_clock.step.assign(100)
+        refresh(model)
+        delta = _timed(lambda: export_delta(config, model, {}, exports, "09", 2), args.repeats)
+        rows = {
+            "(a) full SavedModel": (full, _size(full[2])),
+            "(b) base (SavedModel + rows)": (base, _size(base[2])),
+            f"(c) delta, {args.touched:.0%} touched, {args.evicted:.0%} evicted": (delta, _size(delta[2])),
+        }
+        ids = len(evs) * args.rows
+        print(f"{len(evs)} online tables x {args.rows:,} ids ({ids:,} rows); best of {args.repeats}")
+        print(f"{'export':<40} {'MiB':>8} {'wall s':>8} {'CPU s':>8} {'bytes/(a)':>10} {'wall/(a)':>9}")
+        for name, ((wall, cpu, _), size) in rows.items():
+            print(
+                f"{name:<40} {size / 2**20:8.1f} {wall:8.2f} {cpu:8.2f} "
+                f"{size / rows['(a) full SavedModel'][1]:10.3f} {wall / full[0]:9.3f}"
+            )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

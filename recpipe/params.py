@@ -1,0 +1,226 @@
+"""The parameter files of base and delta exports (``trainer.delta`` writes them from a model):
+their format, their manifests, a day's chain of exports, and applying a delta to parameters.
+No TensorFlow here: an online store or another language's server reads these files alone.
+
+::
+
+    <day_dir>/base/                     a SavedModel (saved_model.pb, variables/, assets.extra/)
+              base/params/              every admitted row, in the format below
+              delta-<pass>/params/      the rows looked up in training since the previous export,
+                                        the ids evicted since then, every other weight
+              */manifest.json, _SUCCESS manifest (below), then the marker, written last
+
+    params/tables/<table>.parquet       id (int64) + one fixed_size_list<float32>[dim] column
+                                        per layer reading the table (named by its variable)
+    params/tombstones/<table>.parquet   id (int64): evicted since the previous export
+    params/dense.npz                    every other model variable by name (MLP, hashed tables)
+    params/normalization.json           the dense constants serving applies
+
+``manifest.json``: ``kind`` (base / delta), ``day``, ``name`` (``base``, ``delta-<HH>``),
+``sequence`` (0 for the base, then 1, 2, ...), ``follows`` and ``follows_ev_step`` (the previous
+export's name and ``ev_step``: a delta applies to that export only),
+``global_step``, ``ev_step`` (the online tables' clock at the export), per table ``rows`` /
+``tombstones`` / ``rows_used``, and each file's ``bytes`` and ``sha256``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from recpipe.errors import PipelineError
+from recpipe.layout import SUCCESS, is_finished
+
+BASE = "base"
+DELTA_PREFIX = "delta-"
+MANIFEST = "manifest.json"
+ID = "id"
+
+
+class DeltaError(PipelineError):
+    """A delta cannot be exported or applied (names the directory, table or file)."""
+
+
+@dataclass
+class TableRows:
+    """Some rows of one online table: ids ``int64 [n]``, each view's rows ``float32 [n, dim]``
+    by variable name, and ``tombstones`` (ids ``int64 [m]`` no longer in the table)."""
+
+    ids: np.ndarray
+    views: dict[str, np.ndarray]
+    tombstones: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+
+@dataclass
+class Params:
+    """What serving needs of a model: its online tables' rows, every other model variable
+    (``dense``, by name) and the dense normalisation constants."""
+
+    tables: dict[str, TableRows]
+    dense: dict[str, np.ndarray]
+    normalization: dict
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_params(params: Params, directory: Path) -> dict[str, dict]:
+    """Write ``params`` under ``directory`` (see the module docstring). Returns each file's
+    ``{bytes, sha256}`` by path relative to ``directory``'s parent."""
+    (directory / "tables").mkdir(parents=True)
+    (directory / "tombstones").mkdir()
+    for table, rows in params.tables.items():
+        columns = {ID: pa.array(rows.ids, pa.int64())}
+        for name, values in rows.views.items():
+            dim = values.shape[1]
+            flat = pa.array(np.ascontiguousarray(values, np.float32).reshape(-1), pa.float32())
+            columns[name] = pa.FixedSizeListArray.from_arrays(flat, dim)
+        pq.write_table(pa.table(columns), directory / "tables" / f"{table}.parquet")
+        pq.write_table(
+            pa.table({ID: pa.array(rows.tombstones, pa.int64())}),
+            directory / "tombstones" / f"{table}.parquet",
+        )
+    np.savez(directory / "dense.npz", **params.dense)
+    (directory / "normalization.json").write_text(json.dumps(params.normalization, sort_keys=True))
+    root = directory.parent
+    return {
+        str(p.relative_to(root)): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
+
+
+def read_params(export: Path, verify: bool = True) -> Params:
+    """The ``params/`` of a base or delta directory.
+
+    Raises:
+        DeltaError: the export is unfinished, or (``verify``) a file's checksum differs from
+            its manifest's.
+    """
+    manifest = read_manifest(export)
+    if verify:
+        for rel, want in manifest["files"].items():
+            if _sha256(export / rel) != want["sha256"]:
+                raise DeltaError(f"{export / rel}: checksum differs from {export / MANIFEST}")
+    directory = export / "params"
+    tables = {}
+    for path in sorted((directory / "tables").glob("*.parquet")):
+        data = pq.read_table(path)
+        views = {
+            name: np.asarray(data[name].combine_chunks().flatten(), np.float32).reshape(
+                data.num_rows, data.schema.field(name).type.list_size
+            )
+            for name in data.column_names
+            if name != ID
+        }
+        tombstones = pq.read_table(directory / "tombstones" / path.name)[ID].to_numpy()
+        tables[path.stem] = TableRows(data[ID].to_numpy(), views, tombstones)
+    with np.load(directory / "dense.npz") as dense:
+        values = {k: dense[k] for k in dense.files}
+    normalization = json.loads((directory / "normalization.json").read_text())
+    return Params(tables, values, normalization)
+
+
+def read_manifest(export: Path) -> dict:
+    """An export's ``manifest.json``.
+
+    Raises:
+        DeltaError: the directory is not a finished export (no ``_SUCCESS``).
+    """
+    if not is_finished(export):
+        raise DeltaError(f"{export} is not a finished export (no {SUCCESS})")
+    return json.loads((export / MANIFEST).read_text())
+
+
+def chain(day_dir: Path) -> list[Path]:
+    """The finished exports of a day, base first, then its deltas in ``sequence`` order.
+
+    Raises:
+        DeltaError: no finished base.
+    """
+    base = day_dir / BASE
+    if not is_finished(base):
+        raise DeltaError(f"{day_dir}: no finished {BASE}/ to apply deltas to")
+    deltas = [p for p in day_dir.glob(f"{DELTA_PREFIX}*") if is_finished(p)]
+    return [base, *sorted(deltas, key=lambda p: read_manifest(p)["sequence"])]
+
+
+def apply(params: Params, delta: Params) -> Params:
+    """``params`` with ``delta`` applied: its rows replace or add, its tombstones delete, its
+    dense weights and normalisation replace.
+
+    Raises:
+        DeltaError: the delta names a table or view ``params`` lacks.
+    """
+    tables = {}
+    for table, rows in params.tables.items():
+        change = delta.tables.get(table)
+        if change is None:
+            tables[table] = rows
+            continue
+        if set(change.views) != set(rows.views):
+            raise DeltaError(f"table {table}: delta views {sorted(change.views)} != {sorted(rows.views)}")
+        gone = np.isin(rows.ids, np.concatenate([change.ids, change.tombstones]))
+        ids = np.concatenate([rows.ids[~gone], change.ids])
+        views = {n: np.concatenate([v[~gone], change.views[n]]) for n, v in rows.views.items()}
+        tables[table] = TableRows(ids, views)
+    extra = set(delta.tables) - set(params.tables)
+    if extra:
+        raise DeltaError(f"delta has tables {sorted(extra)} the base lacks")
+    return Params(tables, {**params.dense, **delta.dense}, delta.normalization)
+
+
+def alive_ids(exports: list[Path]) -> dict[str, np.ndarray]:
+    """Each table's ids after a chain of exports (base ids, plus each delta's rows, less its
+    tombstones), read from the id columns alone."""
+    alive: dict[str, set] = {}
+    for export in exports:
+        for path in (export / "params" / "tables").glob("*.parquet"):
+            ids = alive.setdefault(path.stem, set())
+            ids.update(pq.read_table(path, columns=[ID])[ID].to_numpy().tolist())
+            ids.difference_update(
+                pq.read_table(export / "params" / "tombstones" / path.name)[ID].to_numpy().tolist()
+            )
+    return {t: np.fromiter(ids, np.int64, len(ids)) for t, ids in alive.items()}
+
+
+def follows(manifest: dict, previous: dict) -> bool:
+    """The export of ``manifest`` comes right after the one of ``previous`` (same day, its name
+    and its ``ev_step``)."""
+    return (
+        manifest["day"] == previous["day"]
+        and manifest["follows"] == previous["name"]
+        and manifest["follows_ev_step"] == previous["ev_step"]
+    )
+
+
+def new_manifest(
+    kind: str, day: str, name: str, sequence: int, previous, global_step, ev_step, params, files
+):
+    """A ``manifest.json`` document (see the module docstring); ``rows_used`` filled by the caller."""
+    return {
+        "kind": kind,
+        "day": day,
+        "name": name,
+        "sequence": sequence,
+        "follows": previous["name"] if previous else None,
+        "follows_ev_step": previous["ev_step"] if previous else None,
+        "global_step": global_step,
+        "ev_step": ev_step,
+        "tables": {
+            t: {"rows": len(r.ids), "tombstones": len(r.tombstones), "rows_used": None}
+            for t, r in params.tables.items()
+        },
+        "files": files,
+    }

@@ -1,0 +1,213 @@
+"""Base and delta exports of a model with online tables (``ev_params``): once a day a base (the
+full SavedModel plus every parameter), after every pass a delta (only what changed since the
+previous export), and the reverse: a SavedModel rebuilt from a base and its deltas. The files
+are ``recpipe.params``'.
+
+A row's ``ev_versions`` entry is the ``EVClock`` step it was last looked up in training, so the
+rows touched since the previous export are those with a later version than that export's
+``ev_step``: a touched set that costs no state beyond what the table keeps (Monolith's
+``TouchedKeySet``, PaddleRec's delta save). The ids alive at the previous export are the
+chain's own (the base's ids, plus each delta's rows, less its tombstones), so tombstones come
+from the exports, not from state in the trainer (TorchEasyRec added tombstones after evicted
+rows kept serving). A delta is exact only when the tables' optimizer moves just the rows in
+the batch (``sgd``, ``adagrad``, ``lazy_adam``, ``ftrl``): ``adam`` decays every row.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from recpipe import atomic
+from recpipe.config.pipeline import PipelineConfig
+from recpipe.layout import SUCCESS
+from recpipe.params import (
+    BASE,
+    DELTA_PREFIX,
+    MANIFEST,
+    DeltaError,
+    Params,
+    TableRows,
+    alive_ids,
+    apply,
+    chain,
+    follows,
+    new_manifest,
+    read_manifest,
+    read_params,
+    write_params,
+)
+from trainer.embedding_tables import ev_names, variable_name
+from trainer.layers.embedding_variable import FREE, embedding_variables, refresh
+from trainer.optimizers import split_variables
+
+ROW_WISE = frozenset({"sgd_optimizer", "adagrad_optimizer", "lazy_adam_optimizer", "ftrl_optimizer"})
+
+
+def check_row_wise(config: PipelineConfig, model) -> None:
+    """Raise ``DeltaError`` unless each optimizer updating an online table is row-wise."""
+    names = {variable_name(v.weights) for ev in embedding_variables(model) for v in ev.views}
+    entries = config.train_config.optimizer_config
+    split = split_variables(model.variable_groups(), len(entries), config.model.model_class)
+    for i, (entry, part) in enumerate(zip(entries, split, strict=True)):
+        if entry.which() not in ROW_WISE and any(variable_name(v) in names for v in part):
+            raise DeltaError(
+                f"train_config.optimizer_config[{i}]: {entry.which()} moves every row of the online "
+                f"tables at each step, so a delta cannot hold only the touched rows; use one of "
+                f"{sorted(ROW_WISE)} for the tables"
+            )
+
+
+def snapshot(model, normalization: dict, since_step: int | None = None) -> tuple[Params, int]:
+    """The model's parameters: every admitted row, or (``since_step``) those looked up in
+    training after that ``EVClock`` step; and the clock's step now. Tombstones are left empty."""
+    clock = model.ev_clock
+    skip = ev_names(model)
+    tables = {}
+    for ev in embedding_variables(model):
+        keys = ev.keys.numpy()
+        keep = keys != FREE
+        if since_step is not None:
+            keep &= ev.versions.numpy() > since_step
+        index = np.flatnonzero(keep)
+        views = {variable_name(v.weights): v.weights.numpy()[index] for v in ev.views}
+        tables[ev.table] = TableRows(keys[index], views)
+    dense = {variable_name(v): v.numpy() for v in model.variables if variable_name(v) not in skip}
+    return Params(tables, dense, normalization), int(clock.step.numpy())
+
+
+def export_base(
+    config: PipelineConfig, model, normalization: dict, day_dir: Path, day: str, global_step: int
+) -> Path:
+    """Write ``<day_dir>/base/``: the SavedModel and every admitted row (replaced whole, with
+    the day's deltas removed: they applied to the old base).
+
+    Raises:
+        DeltaError: the tables' optimizer is not row-wise (``check_row_wise``).
+    """
+    from trainer.serving import write_saved_model
+
+    check_row_wise(config, model)
+    params, ev_step = snapshot(model, normalization)
+    for old in day_dir.glob(f"{DELTA_PREFIX}*"):  # they applied to the old base: never to this one
+        shutil.rmtree(old)
+    with atomic.directory(day_dir / BASE) as tmp:
+        write_saved_model(config, model, normalization, tmp)
+        files = write_params(params, tmp / "params")
+        doc = new_manifest("base", day, BASE, 0, None, global_step, ev_step, params, files)
+        for t, rows in params.tables.items():
+            doc["tables"][t]["rows_used"] = len(rows.ids)
+        (tmp / MANIFEST).write_text(json.dumps(doc, indent=2, sort_keys=True))
+        (tmp / SUCCESS).touch()
+    return day_dir / BASE
+
+
+def export_delta(
+    config: PipelineConfig, model, normalization: dict, day_dir: Path, name: str, global_step: int
+) -> Path:
+    """Write ``<day_dir>/delta-<name>/``: the rows looked up in training since the day's
+    previous export, the ids evicted since then, every other model variable. A re-run for
+    the same ``name`` (a retried pass) replaces that delta and diffs against the exports
+    before it.
+
+    Raises:
+        DeltaError: no finished base for the day, or the optimizer is not row-wise.
+    """
+    check_row_wise(config, model)
+    target = day_dir / f"{DELTA_PREFIX}{name}"
+    exports = [p for p in chain(day_dir) if p != target]
+    previous = read_manifest(exports[-1])
+    params, ev_step = snapshot(model, normalization, since_step=previous["ev_step"])
+    now = {ev.table: ev.keys.numpy() for ev in embedding_variables(model)}
+    for table, ids in alive_ids(exports).items():
+        current = now.get(table, np.zeros(0, np.int64))
+        params.tables[table].tombstones = np.sort(ids[~np.isin(ids, current[current != FREE])])
+    with atomic.directory(target) as tmp:
+        files = write_params(params, tmp / "params")
+        doc = new_manifest(
+            "delta",
+            read_manifest(exports[0])["day"],
+            target.name,
+            previous["sequence"] + 1,
+            previous,
+            global_step,
+            ev_step,
+            params,
+            files,
+        )
+        for t, keys in now.items():
+            doc["tables"][t]["rows_used"] = int((keys != FREE).sum())
+        (tmp / MANIFEST).write_text(json.dumps(doc, indent=2, sort_keys=True))
+        (tmp / SUCCESS).touch()
+    return target
+
+
+def load_params(model, params: Params) -> None:
+    """Set ``model``'s variables (built, fresh) to ``params``: dense ones by name, each online
+    table's ids and rows (then its id -> row map).
+
+    Raises:
+        DeltaError: a model variable or table ``params`` lacks, or a table with more ids than
+            its ``max_capacity``.
+    """
+    skip = ev_names(model)
+    for var in model.variables:
+        name = variable_name(var)
+        if name in skip:
+            continue
+        if name not in params.dense:
+            raise DeltaError(f"the exports lack model variable {name!r}")
+        var.assign(params.dense[name])
+    for ev in embedding_variables(model):
+        rows = params.tables.get(ev.table)
+        if rows is None:
+            raise DeltaError(f"the exports lack online table {ev.table!r}")
+        n = len(rows.ids)
+        if n > ev.rows:
+            raise DeltaError(f"table {ev.table}: {n} ids over max_capacity {ev.rows}")
+        keys = np.full(ev.rows, FREE, np.int64)
+        keys[:n] = rows.ids
+        ev.keys.assign(keys)
+        for view in ev.views:
+            values = np.zeros(view.weights.shape, np.float32)
+            values[:n] = rows.views[variable_name(view.weights)]
+            view.weights.assign(values)
+    refresh(model)
+
+
+def build_saved_model(base: Path, deltas: list[Path], out: Path) -> Path:
+    """``recpipe serve apply-delta``: the SavedModel of ``base`` with ``deltas`` applied in
+    order, written to ``out`` (temporary directory, then rename). Its ``serving_default``
+    equals, to float tolerance, a full export at the last delta's step.
+
+    Raises:
+        DeltaError: an unfinished export or a checksum mismatch, deltas out of order or from
+            another day (each must follow the previous one's directory).
+    """
+    from recpipe.config.loader import validate
+    from trainer.input import sample_inputs
+    from trainer.models.builders import build_model
+    from trainer.serving import write_saved_model
+
+    params = read_params(base)
+    previous = read_manifest(base)
+    for delta in deltas:
+        manifest = read_manifest(delta)
+        if not follows(manifest, previous):
+            raise DeltaError(
+                f"{delta} follows {manifest['follows']!r} of day {manifest['day']}, not {previous['name']!r} "
+                f"of day {previous['day']} at ev_step {previous['ev_step']}: give the deltas in order"
+            )
+        params = apply(params, read_params(delta))
+        previous = manifest
+    source = base / "assets.extra" / "pipeline.json"
+    config = validate(PipelineConfig, json.loads(source.read_text()), str(source))
+    model = build_model(config)
+    model(sample_inputs(config))
+    load_params(model, params)
+    with atomic.directory(out) as tmp:
+        write_saved_model(config, model, params.normalization, tmp)
+    return Path(out)
