@@ -8,19 +8,16 @@ file imports neither TensorFlow nor Spark.
 
 from __future__ import annotations
 
-import os
-import sys
 from datetime import UTC, datetime, timedelta
 
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import DAG, Param
 
 from operators.evaluate import EvalOperator
 from operators.export import ExportOperator, export_asset
+from operators.feature_job import feature_job, raw_partition_sensor
 from operators.paths import project_home
 from operators.register import RegisterModelOperator
 from operators.retention import RetentionOperator
-from operators.sensors import RawPartitionSensor
 from operators.tracking import fail_parent_run
 from operators.train import DistributedTrainOperator
 from operators.validate import ValidateFeaturesOperator
@@ -80,39 +77,10 @@ with DAG(
     tags=["recpipe", RETRAIN.model_name],
     doc_md=__doc__,
 ) as dag:
-    wait_for_raw = RawPartitionSensor(
-        task_id="wait_for_raw",
-        execution_timeout=RETRAIN.timeouts.of("wait_for_raw"),
-        filepath=f"{PIPELINE.raw_input_path}/ds={{{{ ds }}}}/_SUCCESS",
-        mode=RETRAIN.sensor.mode,
-        deferrable=RETRAIN.sensor.deferrable,
-        poke_interval=RETRAIN.sensor.poke_interval_s,
-        timeout=RETRAIN.sensor.timeout_s,
-        retries=0,
+    wait_for_raw = raw_partition_sensor(
+        "wait_for_raw", f"{PIPELINE.raw_input_path}/ds={{{{ ds }}}}/_SUCCESS", RETRAIN
     )
-    prepare = SparkSubmitOperator(
-        task_id="prepare_features",
-        execution_timeout=RETRAIN.timeouts.of("prepare_features"),
-        conn_id=RETRAIN.spark_conn_id,
-        application=str(HOME / "features" / "prepare.py"),
-        application_args=[
-            "--pipeline_config_path",
-            str(HOME / RETRAIN.pipeline_config_path),
-            "--ds",
-            "{{ ds }}",
-            "--confine_paths",
-            EDITS_ARG,
-        ],
-        name="recpipe-prepare-{{ ds }}",
-        env_vars={
-            "PYSPARK_PYTHON": sys.executable,
-            "PYSPARK_DRIVER_PYTHON": sys.executable,
-            "PYTHONPATH": str(HOME),
-            "RECPIPE_HOME": str(HOME),
-            "SPARK_LOCAL_IP": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"),
-        },
-        conf={"spark.ui.enabled": "false", "spark.driver.host": "127.0.0.1"},
-    )
+    prepare = feature_job(HOME, RETRAIN, "{{ ds }}", EDITS_ARG, "recpipe-prepare-{{ ds }}")
     validate = ValidateFeaturesOperator(
         task_id="validate_features",
         execution_timeout=RETRAIN.timeouts.of("validate_features"),

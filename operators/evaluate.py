@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +96,12 @@ class EvalOperator(JobOperator):
         log.info("evaluating %s (%s) on eval_ds=%s", checkpoint, what, self.eval_ds)
         self.run_command(self.step, "trainer.eval", args, out.logs)
         result = json.loads(result_path.read_text())
-        metrics = {k: result[k] for k in METRIC_KEYS if isinstance(result.get(k), (int, float))}
+        # an undefined metric (NaN: GAUC with no user holding both labels) is None: XCom is JSON
+        metrics = {
+            k: result[k] if math.isfinite(result[k]) else None
+            for k in METRIC_KEYS
+            if isinstance(result.get(k), (int, float))
+        }
         out = {
             "metrics": metrics,
             "checkpoint": result["checkpoint"],
@@ -115,10 +121,10 @@ class EvalOperator(JobOperator):
             self.step,
             tags={"checkpoint": out["checkpoint"], "evaluated": out["reason"]},
             metrics=[
-                *((k, v, step) for k, v in out["metrics"].items()),
+                *((k, v, step) for k, v in out["metrics"].items() if v is not None),
                 ("num_examples", out["num_examples"], step),
             ],
-            parent_metrics=[(f"{self.step}.{k}", v, 0) for k, v in out["metrics"].items()],
+            parent_metrics=[(f"{self.step}.{k}", v, 0) for k, v in out["metrics"].items() if v is not None],
             artifacts=[(result_path, None)],
             datasets=[out["dataset"]],
         )

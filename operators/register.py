@@ -174,6 +174,8 @@ class RegisterModelOperator(RecpipeOperator):
         dataset = evaluation.get("dataset") or {}
         client = self.hook.get_client()
         for key, value in evaluation["metrics"].items():
+            if value is None:  # undefined on these rows (EvalOperator)
+                continue
             client.log_metric(
                 evaluation["mlflow_run_id"],
                 key,

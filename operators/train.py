@@ -47,6 +47,8 @@ class DistributedTrainOperator(JobOperator):
         train_ds: days to train on, ``START:END`` (templated; default: the window ending on ds).
         eval_ds: the day(s) evaluated later; their held-out rows are kept out of training
             (templated; default ``ds``).
+        holdout: False: train on every row of ``train_ds``, no ``eval_ds`` (progressive
+            validation scored the pass before it trains on it).
         training_window_days: window length when ``train_ds`` is not given.
         warm_start_root: where earlier days' model dirs are (``ds=YYYY-MM-DD``) (templated).
         full_retrain: train from scratch (templated; a bool under native rendering).
@@ -87,9 +89,11 @@ class DistributedTrainOperator(JobOperator):
         alias: str = "champion",
         train_distribute: str | None = None,
         num_workers: int | None = None,
+        holdout: bool = True,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        self.holdout = holdout
         self.model_dir = model_dir
         self.ds = ds
         self.train_ds = train_ds
@@ -107,7 +111,7 @@ class DistributedTrainOperator(JobOperator):
         and the strategy."""
         edits: dict[str, Any] = {
             "train_ds": self.train_ds or ds_window(self.ds, self.training_window_days),
-            "eval_ds": self.eval_ds or self.ds,
+            "eval_ds": (self.eval_ds or self.ds) if self.holdout else None,
         }
         if self.train_distribute:
             edits["train_config.train_distribute"] = self.train_distribute

@@ -186,6 +186,24 @@ class MLflowHook(BaseHook):
         )
         return run.info.run_id
 
+    def day_run(self, experiment: str, dag_id: str, day: str) -> str:
+        """The run holding a day's per-pass series of a DAG (tags ``airflow.dag_id``,
+        ``recpipe.step`` = ``day``, ``ds``): found or created. Its metrics are logged with the
+        pass's hour as step, so the UI draws one curve a day."""
+        client = self.get_client()
+        exp_id = self.experiment_id(experiment)
+        found = client.search_runs(
+            [exp_id],
+            filter_string=(
+                f"tags.`airflow.dag_id` = '{dag_id}' and tags.`recpipe.step` = 'day' and tags.ds = '{day}'"
+            ),
+            max_results=1,
+        )
+        if found:
+            return found[0].info.run_id
+        tags = {"airflow.dag_id": dag_id, "recpipe.step": "day", "ds": day}
+        return client.create_run(exp_id, run_name=f"{dag_id} day {day}", tags=tags).info.run_id
+
     def child_run(self, parent_run_id: str, step: str, tags: dict[str, str] | None = None) -> str:
         """A new nested run (one per task attempt, so a failed attempt stays visible)."""
         client = self.get_client()

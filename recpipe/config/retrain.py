@@ -99,6 +99,17 @@ class TrackingConfig(Section):
     retry_delay_s: float = Field(60, ge=0)
 
 
+class StreamConfig(Section):
+    """The intraday retrain (``recpipe_stream_retrain``): one pass an hour, a base export at the
+    day's first trained pass, a delta after every other one, pushed to the online store.
+
+    ``redis_url``: the Redis embedding store the exports are pushed to (``recpipe.
+    online_store``), or null for no push.
+    """
+
+    redis_url: str | None = "redis://127.0.0.1:6379/0"
+
+
 class RetrainConfig(Section):
     """One daily retrain: which pipeline, from when, with which window and rules.
 
@@ -124,6 +135,7 @@ class RetrainConfig(Section):
     gate: GateConfig = Field(default_factory=GateConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     timeouts: TimeoutConfig = Field(default_factory=TimeoutConfig)
+    stream: StreamConfig = Field(default_factory=StreamConfig)
 
     def with_run_edits(self, run_edits: dict | None) -> dict:
         """``edit_config_json`` of a run: this config's overrides (where data live, the daily

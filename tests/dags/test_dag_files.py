@@ -18,6 +18,9 @@ out = {"errors": {k: str(v) for k, v in bag.import_errors.items()}, "dags": sort
 daily = bag.dags["recpipe_daily_retrain"]
 out["daily_upstream"] = {t: sorted(daily.task_dict[t].upstream_task_ids) for t in daily.task_dict}
 out["schedule"] = daily.timetable.expression
+stream = bag.dags["recpipe_stream_retrain"]
+out["stream_upstream"] = {t: sorted(stream.task_dict[t].upstream_task_ids) for t in stream.task_dict}
+out["stream_schedule"] = [stream.timetable.expression, stream.max_active_runs]
 out["max_active_runs"] = daily.max_active_runs
 out["timeouts"] = {
     d.dag_id: {t.task_id: t.execution_timeout and t.execution_timeout.total_seconds() for t in d.tasks}
@@ -70,7 +73,7 @@ def probe(stack):
 
 def test_dags_import_without_errors_or_heavy_imports(probe):
     assert probe["errors"] == {}
-    assert probe["dags"] == ["recpipe_daily_retrain", "recpipe_train"]
+    assert probe["dags"] == ["recpipe_daily_retrain", "recpipe_stream_retrain", "recpipe_train"]
     assert probe["heavy"] == []
 
 
@@ -147,3 +150,19 @@ def test_the_sensor_as_the_daily_dag_runs_it_names_the_missing_partition(stack):
     out = proc.stdout + proc.stderr
     assert "raw partition not complete after 3 s:" in out and "ds=1999-01-01/_SUCCESS is missing" in out
     assert "prepare_features" not in [line.split()[-1] for line in out.splitlines() if "success" in line]
+
+
+def test_stream_dag_wiring(probe):
+    up = probe["stream_upstream"]
+    chain = [
+        "wait_for_pass",
+        "prepare_features",
+        "has_rows",
+        "evaluate_pass",
+        "train",
+        "export",
+        "push",
+        "retention",
+    ]
+    assert up == {task: [chain[i - 1]] if i else [] for i, task in enumerate(chain)}
+    assert probe["stream_schedule"] == ["0 * * * *", 1]

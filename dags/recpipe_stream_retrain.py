@@ -1,0 +1,133 @@
+"""``recpipe_stream_retrain``: every hour one pass (PaddleRec's online trainer): prepare the
+hour's features, score the model as it stands on them (progressive validation), train on
+them from the previous pass, export the day's base at its first trained pass and a delta
+after every other, push it to the Redis embedding store, keep the newest days' pass dirs.
+
+Settings come from ``$RECPIPE_STREAM_CONFIG`` (default ``conf/retrain/movielens_stream.yaml``).
+A quiet hour (no rows) skips everything after its preparation. Wiring only: the work is in
+``operators/``. Parsing this file imports neither TensorFlow nor Spark.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime, timedelta
+
+from airflow.providers.standard.operators.python import ShortCircuitOperator
+from airflow.sdk import DAG, Param
+
+from operators.feature_job import feature_job, raw_partition_sensor
+from operators.paths import project_home
+from operators.retention import RetentionOperator
+from operators.stream import (
+    OnlineStorePushOperator,
+    PassExportOperator,
+    ProgressiveEvalOperator,
+    pass_has_rows,
+)
+from operators.tracking import fail_parent_run
+from operators.train import DistributedTrainOperator
+from recpipe.config import load_pipeline_config
+from recpipe.config.retrain import load_retrain_config
+
+HOME = project_home()
+STREAM = load_retrain_config(
+    HOME / os.environ.get("RECPIPE_STREAM_CONFIG", "conf/retrain/movielens_stream.yaml")
+)
+PIPELINE = load_pipeline_config(HOME / STREAM.pipeline_config_path, STREAM.edit_config_json).resolved(HOME)
+HH = "{{ logical_date.strftime('%H') }}"
+PASS = "{{ ds }}/" + HH  # the pass: YYYY-MM-DD/HH
+RUNS = f"{STREAM.runs_dir}/{STREAM.model_name}"
+MODEL_DIR = RUNS + "/ds={{ ds }}/hh=" + HH
+EXPORTS = f"{STREAM.export_dir}/{STREAM.model_name}"
+# the deployment's store wins over the config's (docker-compose.yaml sets it)
+REDIS_URL = os.environ.get("RECPIPE_REDIS_URL") or STREAM.stream.redis_url
+EDITS = "{{ stream.with_run_edits(params.edit_config_json) }}"
+EDITS_ARG = "--edit_config_json={{ stream.with_run_edits(params.edit_config_json) | tojson }}"
+
+common = {
+    "pipeline_config_path": STREAM.pipeline_config_path,
+    "edit_config_json": EDITS,
+    "experiment": STREAM.experiment,
+    "mlflow_conn_id": STREAM.tracking.mlflow_conn_id,
+}
+job = {**common, "cluster_config_path": STREAM.cluster_config_path}
+
+with DAG(
+    dag_id="recpipe_stream_retrain",
+    description=f"hourly passes of {STREAM.model_name} ({STREAM.pipeline_config_path})",
+    schedule="@hourly",
+    start_date=datetime(*STREAM.start_date.timetuple()[:3], tzinfo=UTC),
+    catchup=STREAM.catchup,
+    max_active_runs=1,  # a pass continues from the one before
+    render_template_as_native_obj=True,
+    default_args={
+        "retries": STREAM.tracking.retries,
+        "retry_delay": timedelta(seconds=STREAM.tracking.retry_delay_s),
+        "on_failure_callback": fail_parent_run(STREAM.experiment, STREAM.tracking.mlflow_conn_id),
+    },
+    params={
+        "edit_config_json": Param(
+            {},
+            type="object",
+            description="EasyRec overrides (dotted path -> value) on top of the stream config's",
+        ),
+    },
+    user_defined_macros={"stream": STREAM},
+    tags=["recpipe", STREAM.model_name, "stream"],
+    doc_md=__doc__,
+) as dag:
+    marker = f"{PIPELINE.raw_input_path}/ds={{{{ ds }}}}/hh={HH}/_SUCCESS"
+    wait_for_pass = raw_partition_sensor("wait_for_pass", marker, STREAM)
+    prepare = feature_job(HOME, STREAM, PASS, EDITS_ARG, "recpipe-prepare-{{ ds }}-" + HH)
+    has_rows = ShortCircuitOperator(
+        task_id="has_rows",
+        python_callable=pass_has_rows,
+        op_args=[PIPELINE.train_input_path, PASS],
+    )
+    evaluate = ProgressiveEvalOperator(
+        task_id="evaluate_pass",
+        execution_timeout=STREAM.timeouts.of("evaluate_pass"),
+        model_dir=MODEL_DIR,
+        eval_ds=PASS,
+        previous_in=RUNS,
+        result_name="pass_eval_result.json",
+        step="evaluate_pass",
+        **job,
+    )
+    train = DistributedTrainOperator(
+        task_id="train",
+        execution_timeout=STREAM.timeouts.of("train"),
+        model_dir=MODEL_DIR,
+        ds=PASS,
+        train_ds=PASS,
+        holdout=False,
+        warm_start_root=RUNS,  # the previous pass, whatever day it was
+        **job,
+    )
+    export = PassExportOperator(
+        task_id="export",
+        execution_timeout=STREAM.timeouts.of("export"),
+        model_dir=MODEL_DIR,
+        export_dir=EXPORTS,
+        ds=PASS,
+        **job,
+    )
+    retention = RetentionOperator(
+        task_id="retention",
+        execution_timeout=STREAM.timeouts.of("retention"),
+        runs_root=RUNS,
+        keep_days=STREAM.retention_days,  # whole days of pass dirs
+        model_name=STREAM.model_name,
+        **common,
+    )
+    last = wait_for_pass >> prepare >> has_rows >> evaluate >> train >> export
+    if REDIS_URL:
+        last = last >> OnlineStorePushOperator(
+            task_id="push",
+            execution_timeout=STREAM.timeouts.of("push"),
+            export_path="{{ ti.xcom_pull(task_ids='export')['export'] }}",
+            model_name=STREAM.model_name,
+            redis_url=REDIS_URL,
+        )
+    last >> retention

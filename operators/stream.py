@@ -1,0 +1,179 @@
+"""The intraday retrain's operators (``recpipe_stream_retrain``): progressive validation of a
+pass, its base or delta export, the push to the online store, and the check that a pass has
+rows at all."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from airflow.sdk import BaseOperator
+
+from operators.base import JobOperator
+from operators.evaluate import EvalOperator
+from operators.paths import confine
+from recpipe import atomic
+from recpipe.layout import (
+    FeaturePartition,
+    ModelDir,
+    finished_model_dirs,
+    is_finished,
+    partition_ds,
+    split_ds,
+)
+
+log = logging.getLogger(__name__)
+
+
+def pass_has_rows(features_root: str, pass_ds: str) -> bool:
+    """The prepared pass ``pass_ds`` holds rows (a quiet hour holds none: nothing to score, train
+    or export). For Airflow's ``ShortCircuitOperator`` (whose context reserves the name ``ds``).
+
+    Raises:
+        FileNotFoundError: the pass was not prepared (no ``_stats.json``).
+    """
+    stats = json.loads(FeaturePartition.of(features_root, pass_ds).stats.read_text())
+    log.info("pass %s: %d rows", pass_ds, stats["rows"])
+    return stats["rows"] > 0
+
+
+class ProgressiveEvalOperator(EvalOperator):
+    """Progressive validation (PaddleRec's per-pass metric): score the model as it was before
+    this pass, the newest finished model dir under ``previous_in`` dated before ``eval_ds``,
+    on every row of the pass, before training on them. Besides the nested run, AUC, logloss and
+    rows go to the day's run (``MLflowHook.day_run``) as ``pass_auc`` / ``pass_logloss`` /
+    ``pass_rows`` with the hour as step: one curve a day. A pass that trained already (a
+    re-run) keeps the score it had.
+
+    Args:
+        previous_in: the runs root holding the passes' model dirs (templated).
+        The rest as ``EvalOperator`` (``eval_ds``: the pass, ``YYYY-MM-DD/HH``).
+    """
+
+    template_fields = (*EvalOperator.template_fields, "previous_in")
+
+    def __init__(self, *, previous_in: str, **kwargs):
+        super().__init__(**kwargs)
+        self.previous_in = previous_in
+
+    def execute(self, context) -> dict[str, Any]:
+        out = ModelDir(confine(self.model_dir, "model_dir"))
+        scored = out.result(self.result_name)
+        if out.success.exists() and scored.exists():
+            # the pass trained already (a re-run): its score was taken before, and logged
+            log.info("pass %s trained already: keeping its score %s", self.eval_ds, scored)
+            return {"metrics": json.loads(scored.read_text()), "reason": "scored before training"}
+        return super().execute(context)
+
+    def _checkpoint(self) -> tuple[str | None, str]:
+        found = finished_model_dirs(confine(self.previous_in, "previous_in"), before=str(self.eval_ds))
+        if not found:
+            return None, f"no model trained before {self.eval_ds}"
+        return str(found[-1]), f"the model of pass {partition_ds(found[-1])}"
+
+    def _track(self, context, result_path: Path, out: dict) -> str:
+        run = super()._track(context, result_path, out)
+        day, hour = split_ds(str(self.eval_ds))
+        series = self.hook.day_run(self.experiment_name(), context["dag"].dag_id, day)
+        hour = hour or 0
+        metrics = out["metrics"]
+        rows = [(f"pass_{k}", metrics[k], hour) for k in ("auc", "logloss") if metrics.get(k) is not None]
+        self.hook.log_metrics(series, [*rows, ("pass_rows", out["num_examples"], hour)])
+        return run
+
+
+class PassExportOperator(JobOperator):
+    """Export a pass's model: the day's base (``<export_dir>/<day>/base/``, a SavedModel and
+    every row) when the day has none yet, else the pass's delta (``delta-<HH>/``, the rows
+    touched since the day's previous export, tombstones, dense weights); see
+    ``trainer.delta``. A retry reuses what an earlier attempt recorded.
+
+    Args:
+        model_dir: the pass's trained model dir (templated).
+        export_dir: the model's export root, ``<export_dir>/<model_name>`` (templated).
+        ds: the pass, ``YYYY-MM-DD/HH`` (templated).
+
+    Returns (XCom): ``{"export", "kind", "global_step", "bytes", "tables", "mlflow_run_id"}``.
+    """
+
+    template_fields = (*JobOperator.template_fields, "model_dir", "export_dir", "ds")
+    ui_color = "#f7ecd4"
+
+    def __init__(self, *, model_dir: str, export_dir: str, ds: str, **kwargs):
+        super().__init__(**kwargs)
+        self.model_dir, self.export_dir, self.ds = model_dir, export_dir, ds
+
+    def execute(self, context) -> dict[str, Any]:
+        out = ModelDir(confine(self.model_dir, "model_dir"))
+        export_dir = confine(self.export_dir, "export_dir")
+        from recpipe.params import BASE
+
+        day, _ = split_ds(str(self.ds))
+        done = json.loads(out.export_record.read_text()) if out.export_record.exists() else None
+        if done and is_finished(done["export"]):
+            log.info("reusing the export %s of an earlier attempt", done["export"])
+        else:
+            kind = "delta" if is_finished(Path(export_dir) / day / BASE) else "base"
+            target = ["--delta", str(self.ds)] if kind == "delta" else ["--base", day]
+            args = [*self.config_args(), "--model_dir", str(out.path), "--export_dir", str(export_dir)]
+            args += target
+            done = {**self.run_command("export", "trainer.export", args, out.logs), "kind": kind}
+            atomic.write_text(out.export_record, json.dumps(done))
+        step = done["global_step"]
+        metrics = [("export_bytes", done["bytes"], step)]
+        for table, figures in done["tables"].items():
+            metrics += [(f"{table}.{k}", v, step) for k, v in figures.items() if v is not None]
+        run = self.hook.log_task_run(
+            self.parent_run_id(context),
+            "export",
+            tags={"export_path": done["export"], "kind": done["kind"]},
+            metrics=metrics,
+            parent_metrics=[("export_bytes", done["bytes"], 0)],
+        )
+        return {**done, "mlflow_run_id": run}
+
+
+class OnlineStorePushOperator(BaseOperator):
+    """Push a base or delta export's rows to the Redis embedding store
+    (``recpipe.online_store.push``). When the store does not hold the export before a delta
+    (a flushed or new store, or a push lost earlier), the day's chain up to the delta is
+    pushed in order instead.
+
+    Args:
+        export_path: the export directory (templated; the export task's XCom).
+        model_name: the model's name in the store (templated).
+        redis_url: ``redis://host:port/db`` (templated).
+
+    Returns (XCom): ``{"rows", "deleted", "pushed"}`` (``pushed``: the exports written).
+    """
+
+    template_fields = ("export_path", "model_name", "redis_url")
+    ui_color = "#f7d4d4"
+
+    def __init__(self, *, export_path: str, model_name: str, redis_url: str, **kwargs):
+        super().__init__(**kwargs)
+        self.export_path, self.model_name, self.redis_url = export_path, model_name, redis_url
+
+    def execute(self, context) -> dict[str, Any]:
+        import redis
+
+        from recpipe.online_store import StoreError, push
+        from recpipe.params import chain
+
+        export = Path(confine(self.export_path, "export_path"))
+        client = redis.Redis.from_url(self.redis_url)
+        try:
+            exports = [export]
+            totals = push(client, self.model_name, export)
+        except StoreError as err:
+            log.warning("%s; pushing the day's exports up to it", err)
+            exports = chain(export.parent)
+            exports = exports[: [p.name for p in exports].index(export.name) + 1]
+            totals = {"rows": 0, "deleted": 0}
+            for item in exports:
+                for key, value in push(client, self.model_name, item).items():
+                    totals[key] += value
+        log.info("pushed %s to %s: %s", [p.name for p in exports], self.redis_url, totals)
+        return {**totals, "pushed": [str(p) for p in exports]}
