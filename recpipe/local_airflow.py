@@ -20,9 +20,11 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 
 from recpipe.launch.topology import free_ports
+from recpipe.localenv import database_env
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 TERMINAL = ("success", "failed", "skipped", "upstream_failed", "removed")
@@ -149,7 +151,8 @@ def deployment(
         "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(16),
         "AIRFLOW__CORE__FERNET_KEY": "",
     }
-    env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = database_url or f"sqlite:///{airflow_home / 'airflow.db'}"
+    env.pop("AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS", None)  # the URL's own, below
+    env.update(database_env(database_url or f"sqlite:///{airflow_home / 'airflow.db'}"))
     env.update(extra_env or {})
     airflow_home.mkdir(parents=True, exist_ok=True)
     subprocess.run(
@@ -192,20 +195,31 @@ def _killpg(pid: int, sig: int) -> None:
 
 
 def run_backfill(
-    env: dict, airflow_home: Path, dag_id: str, days: list[str], timeout: float = 7200, echo=print
+    env: dict,
+    airflow_home: Path,
+    dag_id: str,
+    days: list[str],
+    timeout: float = 7200,
+    echo=print,
+    durations: dict | None = None,
+    chunk: int | None = None,
 ) -> dict[str, str]:
     """Run ``days`` of ``dag_id`` as an Airflow backfill under a real scheduler.
 
     Starts a ``deployment`` (the scheduler creating no scheduled runs of its own:
-    ``[scheduler] use_job_schedule = False``; the DAG file parsed once), unpauses the DAG,
-    creates the backfill with ``airflow backfill create`` (one active run at a time, every day
-    re-run), calls ``echo`` with a line per task instance and per run as each ends, and pauses
-    the DAG again if it was paused.
+    ``[scheduler] use_job_schedule = False``; the DAG file parsed once), creates the backfill
+    with ``airflow backfill create`` (one active run at a time, every day re-run;
+    ``_create_backfill``), unpauses the DAG, calls ``echo`` with a line per task instance and
+    per run as each ends, and pauses the DAG again if it was paused.
 
     Args:
         env: the Airflow environment (``recpipe.localenv.airflow_env``).
-        days: ``YYYY-MM-DD`` logical dates, consecutive, oldest first.
-        timeout: seconds for all the days.
+        days: logical dates, consecutive, oldest first: ``YYYY-MM-DD`` for a daily DAG,
+            ``YYYY-MM-DDTHH:MM`` (UTC) for an hourly one.
+        timeout: seconds for each backfill.
+        durations: gets ``{(ds, task_id): seconds}`` (``follow_runs``).
+        chunk: days per backfill (one after the other; default: all in one). SQLite refused
+            the insert of 24 hourly runs at once while the scheduler was writing.
 
     Returns:
         ``{ds: run state}``; stops following at the first failed run ("failed") or at the
@@ -222,27 +236,76 @@ def run_backfill(
     echo(f"starting Airflow (logs: {airflow_home}/<component>.log)")
     with deployment(env, airflow_home, extra_env=extra) as api:
         was_paused = api.wait_for_dag(dag_id)["is_paused"]
-        api.patch(f"/api/v2/dags/{dag_id}", {"is_paused": False})
         states: dict[str, str] = {}
         try:
-            command = [
-                "airflow", "backfill", "create", "--dag-id", dag_id, "--from-date", days[0],
-                "--to-date", days[-1], "--max-active-runs", "1", "--reprocess-behavior", "completed",
-            ]  # fmt: skip
-            echo(" ".join(command))
-            proc = subprocess.run(
-                [sys.executable, "-m", *command], env={**env, **extra}, capture_output=True, text=True
-            )
-            if proc.returncode:
-                raise RuntimeError(f"{' '.join(command)} exited {proc.returncode}: {proc.stderr[-2000:]}")
-            states = follow_runs(api, dag_id, days, timeout, echo)
+            # left by a demo whose deployment was stopped: they would hold the one active run
+            cancel_backfills(api, dag_id, echo)
+            fail_stale_runs(api, dag_id, days, echo)
+            size = chunk or len(days)
+            for part in [days[i : i + size] for i in range(0, len(days), size)]:
+                since = datetime.now(UTC).isoformat()  # runs queued earlier are not this backfill's
+                _create_backfill(api, env, extra, dag_id, part, echo)
+                states.update(follow_runs(api, dag_id, part, timeout, echo, durations, since))
+                if any(states.get(ds) != "success" for ds in part):
+                    break
             return states
         finally:
             if any(states.get(ds) != "success" for ds in days):
                 # else the next scheduler to start (make airflow) would carry on with it
                 cancel_backfills(api, dag_id, echo)
-            if was_paused:
-                api.patch(f"/api/v2/dags/{dag_id}", {"is_paused": True})
+            api.patch(f"/api/v2/dags/{dag_id}", {"is_paused": was_paused})
+
+
+def _create_backfill(api: Api, env: dict, extra: dict, dag_id: str, days: list[str], echo) -> None:
+    """``airflow backfill create`` of ``days`` while the DAG is paused (the scheduler leaves its
+    runs alone while they are inserted), then unpause it. SQLite may still refuse the write
+    ("database is locked"): what was committed is cancelled and the create tried again.
+
+    Raises:
+        RuntimeError: the command failed otherwise, or four times.
+    """
+    command = [
+        "airflow", "backfill", "create", "--dag-id", dag_id, "--from-date", days[0],
+        "--to-date", days[-1], "--max-active-runs", "1", "--reprocess-behavior", "completed",
+    ]  # fmt: skip
+    echo(" ".join(command))
+    # the scheduler marks the previous chunk's backfill completed a little after its last run
+    deadline = time.monotonic() + 120
+    while _unfinished_backfills(api, dag_id) and time.monotonic() < deadline:
+        time.sleep(2)
+    api.patch(f"/api/v2/dags/{dag_id}", {"is_paused": True})
+    for attempt in range(4):
+        proc = subprocess.run(
+            [sys.executable, "-m", *command], env={**env, **extra}, capture_output=True, text=True
+        )
+        if proc.returncode == 0 or "database is locked" not in proc.stderr or attempt == 3:
+            break
+        cancel_backfills(api, dag_id, echo)
+        fail_stale_runs(api, dag_id, days, echo)
+        echo("the metadata database was locked; creating the backfill again in 5 s")
+        time.sleep(5)
+    api.patch(f"/api/v2/dags/{dag_id}", {"is_paused": False})
+    if proc.returncode:
+        raise RuntimeError(f"{' '.join(command)} exited {proc.returncode}: {proc.stderr[-2000:]}")
+
+
+def _unfinished_backfills(api: Api, dag_id: str) -> list[dict]:
+    backfills = api.get(f"/api/v2/backfills?dag_id={dag_id}&limit=100")["backfills"]
+    return [b for b in backfills if b["completed_at"] is None]
+
+
+def fail_stale_runs(api: Api, dag_id: str, days: list[str], echo=print) -> list[str]:
+    """Mark the queued or running runs of ``days`` failed: with a deployment just started, they
+    are a stopped one's, and no task of theirs runs any more. Returns their run ids."""
+    failed = []
+    for state in ("running", "queued"):
+        query = f"?state={state}&limit=1000"
+        for run in api.get(f"/api/v2/dags/{dag_id}/dagRuns{query}")["dag_runs"]:
+            if run["logical_date"][: len(days[0])] in days:
+                api.patch(f"/api/v2/dags/{dag_id}/dagRuns/{run['dag_run_id']}", {"state": "failed"})
+                failed.append(run["dag_run_id"])
+                echo(f"marked the stale run {run['dag_run_id']} failed")
+    return failed
 
 
 def cancel_backfills(api: Api, dag_id: str, echo=print) -> list[int]:
@@ -250,28 +313,44 @@ def cancel_backfills(api: Api, dag_id: str, echo=print) -> list[int]:
     running one finishes). Returns their ids; an API error is reported, not raised."""
     cancelled = []
     try:
-        for backfill in api.get(f"/api/v2/backfills?dag_id={dag_id}&limit=100")["backfills"]:
-            if backfill["completed_at"] is None:
-                api.put(f"/api/v2/backfills/{backfill['id']}/cancel")
-                cancelled.append(backfill["id"])
-                echo(f"cancelled backfill {backfill['id']} of {dag_id}")
+        for backfill in _unfinished_backfills(api, dag_id):
+            api.put(f"/api/v2/backfills/{backfill['id']}/cancel")
+            cancelled.append(backfill["id"])
+            echo(f"cancelled backfill {backfill['id']} of {dag_id}")
     except (urllib.error.URLError, ConnectionError, KeyError) as err:
         echo(f"could not cancel the backfills of {dag_id}: {err}")
     return cancelled
 
 
-def follow_runs(api: Api, dag_id: str, days: list[str], timeout: float, echo=print) -> dict[str, str]:
-    """Poll the runs of ``days`` every 2 s and ``echo`` each task instance once it ends, then
-    each run. Returns ``{ds: state}`` once every run ended, at the first failed run, or at
-    the deadline."""
-    query = f"?logical_date_gte={days[0]}T00:00:00Z&logical_date_lte={days[-1]}T00:00:00Z&limit=1000"
+def follow_runs(
+    api: Api,
+    dag_id: str,
+    days: list[str],
+    timeout: float,
+    echo=print,
+    durations: dict | None = None,
+    since: str = "",
+) -> dict[str, str]:
+    """Poll the runs of ``days`` (``YYYY-MM-DD``, or ``YYYY-MM-DDTHH:MM`` for hourly runs)
+    every 2 s and ``echo`` each task instance once it ends, then each run; ``durations`` gets
+    ``{(ds, task_id): seconds}``. A run last queued before ``since`` (ISO time) is an earlier
+    run of that date that the backfill has not re-run yet: it counts as pending. Returns
+    ``{ds: state}`` once every run ended, at the first failed run, or at the deadline."""
+
+    def utc(d: str) -> str:
+        return f"{d}:00Z" if "T" in d else f"{d}T00:00:00Z"
+
+    query = f"?logical_date_gte={utc(days[0])}&logical_date_lte={utc(days[-1])}&limit=1000"
+    durations = {} if durations is None else durations
     printed: set[tuple[str, str]] = set()
     states: dict[str, str] = {}
     deadline = time.monotonic() + timeout
     while True:
         done = 0
         for run in api.get(f"/api/v2/dags/{dag_id}/dagRuns{query}")["dag_runs"]:
-            ds = run["logical_date"][:10]
+            ds = run["logical_date"][: len(days[0])]
+            if (run.get("queued_at") or "") < since:
+                continue
             states[ds] = run["state"]
             if (ds, "") in printed or run["state"] not in ("running", "success", "failed"):
                 done += (ds, "") in printed
@@ -280,6 +359,7 @@ def follow_runs(api: Api, dag_id: str, days: list[str], timeout: float, echo=pri
             for ti in sorted(tis, key=lambda t: t["end_date"] or "~"):
                 if ti["state"] in TERMINAL and (ds, ti["task_id"]) not in printed:
                     printed.add((ds, ti["task_id"]))
+                    durations[(ds, ti["task_id"])] = ti["duration"] or 0.0
                     echo(f"  ds={ds}  {ti['task_id']:<20} {ti['state']:<8} {ti['duration'] or 0:6.1f} s")
             if run["state"] in ("success", "failed"):
                 printed.add((ds, ""))

@@ -16,6 +16,18 @@ from pathlib import Path
 
 AIRFLOW_PORT = 8080
 MLFLOW_PORT = 5000
+# SQLite's default busy timeout (5 s) is short for four Airflow components writing at once:
+# a backfill's runs were left half created ("database is locked"). Airflow imports this dict.
+SQLITE_CONNECT_ARGS = {"timeout": 60}
+
+
+def database_env(url: str) -> dict[str, str]:
+    """Airflow's metadata database settings for ``url``: the URL, and for SQLite the connect
+    arguments above (for another database they must be absent: psycopg2 refuses ``timeout``)."""
+    env = {"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": url}
+    if url.startswith("sqlite"):
+        env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS"] = "recpipe.localenv.SQLITE_CONNECT_ARGS"
+    return env
 
 
 def airflow_env(
@@ -39,7 +51,7 @@ def airflow_env(
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
         "AIRFLOW__CORE__PARALLELISM": "4",
         "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": database_url or f"sqlite:///{ah / 'airflow.db'}",
+        **database_env(database_url or f"sqlite:///{ah / 'airflow.db'}"),
         "AIRFLOW__API__HOST": "127.0.0.1",
         "AIRFLOW__API__PORT": str(AIRFLOW_PORT),
         "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{AIRFLOW_PORT}",
