@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV := .venv/bin
 DEMO_DAYS ?= 7
 
-.PHONY: setup test demo data lock lint bench airflow mlflow
+.PHONY: setup test demo demo-stream data data-hourly lock lint bench airflow mlflow
 
 setup:
 	@scripts/setup.sh
@@ -12,10 +12,17 @@ data: setup
 	$(VENV)/recpipe data fetch movielens-100k
 	$(VENV)/recpipe data replay movielens-100k --out data/raw/movielens
 
+data-hourly: data
+	$(VENV)/recpipe data replay movielens-100k --granularity hour --out data/raw/movielens_hourly
+
 # The main job: recpipe_daily_retrain for 7 consecutive days, an Airflow backfill under the
 # scheduler (LocalExecutor), each task printed as it ends, then a table of the results.
 demo: data
 	$(VENV)/python scripts/demo.py --days $(DEMO_DAYS)
+
+# One replayed day of hourly passes through recpipe_stream_retrain (needs Redis on 127.0.0.1)
+demo-stream: data-hourly
+	$(VENV)/python scripts/demo_stream.py
 
 airflow: setup
 	@scripts/airflow_up.sh
