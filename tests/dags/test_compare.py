@@ -109,6 +109,6 @@ def test_mlflow_ui_compares_two_runs_in_chromium(daily_runs, tmp_path):
         shot = ARTIFACTS / "mlflow_compare_runs.png"
         runs = json.dumps([a.info.run_id, b.info.run_id])
         url = f"{uri}/#/compare-runs?runs={runs}&experiments={json.dumps([a.info.experiment_id])}"
-        text = screenshot(url, None, shot)
+        text = screenshot(url, None, shot, expect="train_config.num_steps")
         assert shot.stat().st_size > 20_000
         assert "train_config.num_steps" in text, text[:3000]  # the params table of both runs

@@ -63,7 +63,8 @@ def test_trigger_through_rest_api_on_sqlite_and_screenshot_the_grid(daily_runs, 
             pytest.skip("no /usr/bin/chromium: the grid is not rendered")
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         shot = ARTIFACTS / "recpipe_train_grid.png"
-        text = screenshot(f"{api.base}/dags/recpipe_train/runs/{run['dag_run_id']}", api.token, shot)
+        url = f"{api.base}/dags/recpipe_train/runs/{run['dag_run_id']}"
+        text = screenshot(url, api.token, shot, expect="register")
         assert shot.stat().st_size > 20_000
         # the grid drew this DAG's run: every task id is on the page
         for task_id in ("train", "evaluate", "export", "register"):
