@@ -3,6 +3,12 @@ hour's features, score the model as it stands on them (progressive validation), 
 them from the previous pass, export the day's base at its first trained pass and a delta
 after every other, push it to the Redis embedding store, keep the newest days' pass dirs.
 
+The pass at ``stream.close_hour`` (23) closes the day as ``recpipe_daily_retrain`` does: the
+day's last model is exported (SavedModel, TF Serving layout, and an MLflow Model), registered,
+and gated against the ``champion`` on the day's rows, which the day's progressive scores
+(``evaluate_day``) and the champion's (``evaluate_champion``) both predicted before training
+on them.
+
 Settings come from ``$RECPIPE_STREAM_CONFIG`` (default ``conf/retrain/movielens_stream.yaml``).
 A quiet hour (no rows) skips everything after its preparation. Wiring only: the work is in
 ``operators/``. Parsing this file imports neither TensorFlow nor Spark.
@@ -16,13 +22,18 @@ from datetime import UTC, datetime, timedelta
 from airflow.providers.standard.operators.python import ShortCircuitOperator
 from airflow.sdk import DAG, Param
 
+from operators.evaluate import EvalOperator
+from operators.export import ExportOperator, export_asset
 from operators.feature_job import feature_job, raw_partition_sensor
 from operators.paths import project_home
+from operators.register import RegisterModelOperator
 from operators.retention import RetentionOperator
 from operators.stream import (
+    DayEvalOperator,
     OnlineStorePushOperator,
     PassExportOperator,
     ProgressiveEvalOperator,
+    closes_day,
     pass_has_rows,
 )
 from operators.tracking import fail_parent_run
@@ -84,6 +95,7 @@ with DAG(
         task_id="has_rows",
         python_callable=pass_has_rows,
         op_args=[PIPELINE.train_input_path, PASS],
+        ignore_downstream_trigger_rules=False,  # a quiet close_hour still closes the day
     )
     evaluate = ProgressiveEvalOperator(
         task_id="evaluate_pass",
@@ -117,8 +129,10 @@ with DAG(
         task_id="retention",
         execution_timeout=STREAM.timeouts.of("retention"),
         runs_root=RUNS,
-        keep_days=STREAM.retention_days,  # whole days of pass dirs
+        keep_days=STREAM.retention_days,  # whole days of pass dirs, and the champion's
         model_name=STREAM.model_name,
+        alias=STREAM.gate.alias,
+        trigger_rule="none_failed",
         **common,
     )
     last = wait_for_pass >> prepare >> has_rows >> evaluate >> train >> export
@@ -130,4 +144,61 @@ with DAG(
             model_name=STREAM.model_name,
             redis_url=REDIS_URL,
         )
-    last >> retention
+
+    # the day boundary
+    close = ShortCircuitOperator(
+        task_id="closes_day",
+        python_callable=closes_day,
+        op_kwargs={"close_hour": STREAM.stream.close_hour},
+        trigger_rule="none_failed",  # after the pass, trained or quiet
+        ignore_downstream_trigger_rules=False,  # retention runs either way
+    )
+    day_eval = "{{ ti.xcom_pull(task_ids='evaluate_day')"
+    evaluate_day = DayEvalOperator(
+        task_id="evaluate_day",
+        execution_timeout=STREAM.timeouts.of("evaluate_day"),
+        runs_root=RUNS,
+        day="{{ ds }}",
+        **common,
+    )
+    evaluate_champion = EvalOperator(
+        task_id="evaluate_champion",
+        execution_timeout=STREAM.timeouts.of("evaluate_champion"),
+        model_dir=day_eval + "['model_dir'] }}",
+        eval_ds=day_eval + "['eval_ds'] }}",
+        champion_of=STREAM.model_name,
+        alias=STREAM.gate.alias,
+        result_name="champion_eval_result.json",
+        step="evaluate_champion",
+        **job,
+    )
+    export_saved_model = ExportOperator(
+        task_id="export_saved_model",
+        execution_timeout=STREAM.timeouts.of("export_saved_model"),
+        model_dir=day_eval + "['model_dir'] }}",
+        export_dir=EXPORTS,  # <version>/ beside the <day>/ dirs: TF Serving reads numbers only
+        record_name="serving_export.json",
+        outlets=[export_asset(STREAM.model_name)],
+        **job,
+    )
+    gate = STREAM.gate
+    register = RegisterModelOperator(
+        task_id="register_and_gate",
+        execution_timeout=STREAM.timeouts.of("register_and_gate"),
+        model_name=STREAM.model_name,
+        metric="auc",  # progressive scores carry no user ids for gAUC
+        tolerance=gate.tolerance,
+        min_metric=gate.min_metric,
+        min_positives=gate.min_positives,
+        min_negatives=gate.min_negatives,
+        confidence=gate.confidence,
+        inconclusive=gate.inconclusive,
+        alias=gate.alias,
+        history_days=0,
+        train_task_id="evaluate_day",
+        eval_task_id="evaluate_day",
+        export_task_id="export_saved_model",
+        **common,
+    )
+    last >> close >> evaluate_day >> evaluate_champion >> export_saved_model >> register
+    [close, register] >> retention

@@ -136,17 +136,23 @@ def eval_dataset(config, eval_ds: str, predictions: Path) -> dict[str, str]:
     ``digest``: the first 16 hex digits of the SHA-256 of the rows' labels in file order
     (``float32``; the same rows give the same digest for champion and candidate); ``source``:
     the features partition (one day) or the features root (a range)."""
-    import hashlib
-
     import pyarrow.parquet as pq
 
-    labels = pq.read_table(predictions, columns=["label"]).column("label").to_numpy().astype("float32")
+    labels = pq.read_table(predictions, columns=["label"]).column("label").to_numpy()
     days = parse_ds_range(eval_ds, "eval_ds")
     trained = set(parse_ds_range(config.train_ds, "train_ds")) if config.train_ds else set()
     held_out = bool(trained & set(days)) and config.data_config.holdout_percent > 0
     root = Path(config.train_input_path)
-    return {
-        "name": f"ds={eval_ds}" + (" held-out" if held_out else ""),
-        "digest": hashlib.sha256(labels.tobytes()).hexdigest()[:16],
-        "source": str(ds_partition(root, days[0]) if len(days) == 1 else root),
-    }
+    name = f"ds={eval_ds}" + (" held-out" if held_out else "")
+    return eval_dataset_of(name, labels, ds_partition(root, days[0]) if len(days) == 1 else root)
+
+
+def eval_dataset_of(name: str, labels, source: str | Path) -> dict[str, str]:
+    """An MLflow dataset ``{"name", "digest", "source"}`` of scored rows: ``digest``, the
+    first 16 hex digits of the SHA-256 of ``labels`` (``[N]``, as float32) in row order."""
+    import hashlib
+
+    import numpy as np
+
+    digest = hashlib.sha256(np.asarray(labels, dtype="float32").tobytes()).hexdigest()[:16]
+    return {"name": name, "digest": digest, "source": str(source)}

@@ -31,6 +31,7 @@ class ExportOperator(JobOperator):
     Args:
         model_dir: the trained model dir (templated).
         export_dir: the model's export root, e.g. ``var/exports/<model_name>`` (templated).
+        record_name: the file in ``model_dir`` recording the export, for a retry.
 
     Returns (XCom): ``{"export_path", "global_step", "mlflow_model", "model_id", "artifact_uri"
     (the logged model's artifact location), "mlflow_run_id"}``.
@@ -39,15 +40,17 @@ class ExportOperator(JobOperator):
     template_fields = (*JobOperator.template_fields, "model_dir", "export_dir")
     ui_color = "#f7ecd4"
 
-    def __init__(self, *, model_dir: str, export_dir: str, **kwargs):
+    def __init__(self, *, model_dir: str, export_dir: str, record_name: str = "export.json", **kwargs):
         super().__init__(**kwargs)
         self.model_dir = model_dir
         self.export_dir = export_dir
+        self.record_name = record_name
 
     def execute(self, context) -> dict:
         out = ModelDir(confine(self.model_dir, "model_dir"))
         export_dir = confine(self.export_dir, "export_dir")
-        done = json.loads(out.export_record.read_text()) if out.export_record.exists() else None
+        record = out.path / self.record_name
+        done = json.loads(record.read_text()) if record.exists() else None
         if done and Path(done["export_path"]).is_dir():
             log.info("reusing the export %s of an earlier attempt", done["export_path"])
         else:
@@ -59,7 +62,7 @@ class ExportOperator(JobOperator):
                 "global_step": summary["global_step"],
                 "mlflow_model": summary["mlflow_model"],
             }
-            atomic.write_text(out.export_record, json.dumps(done))
+            atomic.write_text(record, json.dumps(done))
         run = self.hook.log_task_run(
             self.parent_run_id(context), "export", tags={"export_path": done["export_path"]}
         )

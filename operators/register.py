@@ -18,8 +18,8 @@ class RegisterModelOperator(RecpipeOperator):
     hold the day, checkpoint, model dir, export path and metrics; the decision goes to the
     log, to the version (``promotion``, ``promotion_reason``) and to the parent run. A
     rejected candidate does not fail the DAG run. The parent run is ended here. A retry finds
-    the version its DAG run registered (tag ``dag_run``) and gates it again: one version per
-    DAG run.
+    the version its DAG run registered (tag ``dag_run``), and a re-run the version of the same
+    checkpoint (tag ``checkpoint``), and gates it again: one version per trained model.
 
     Args:
         model_name: the registered model (templated).
@@ -98,10 +98,18 @@ class RegisterModelOperator(RecpipeOperator):
                 log.info("gate without a paired test: %s", why)
             decision = gate(candidate, champion, rules, paired)
         dag_run = f"{context['dag'].dag_id}/{context['run_id']}"
-        earlier = hook.versions(self.model_name, {"dag_run": dag_run})
-        if earlier:  # a retry: the version an earlier attempt registered, not a second one
+        # a retry, or a re-run of a model already registered (the same checkpoint): the version
+        # registered then, not a second one
+        earlier = hook.versions(self.model_name, {"dag_run": dag_run}) or hook.versions(
+            self.model_name, {"checkpoint": train["checkpoint"]}
+        )
+        if earlier:
             version = earlier[0]
-            log.info("reusing version %s, registered by an earlier attempt of %s", version.version, dag_run)
+            log.info(
+                "reusing version %s, registered by an earlier attempt of %s",
+                version.version,
+                version.tags.get("dag_run"),
+            )
         else:
             version = hook.register(
                 self.model_name,
@@ -120,6 +128,20 @@ class RegisterModelOperator(RecpipeOperator):
             )
             if export.get("model_id") and evaluation and candidate:
                 self._link_metrics(export["model_id"], evaluation)
+        if earlier and current is not None and current.version == version.version:
+            # a re-run of the champion itself: a gate against itself says nothing, and its tags
+            # keep the decision that promoted it
+            reason = f"version {version.version} is the {self.alias} already"
+            log.info("%s: %s", self.model_name, reason)
+            self.hook.end_run(self.parent_run_id(context))
+            return {
+                "model_name": self.model_name,
+                "version": version.version,
+                "promoted": True,
+                "outcome": PROMOTED,
+                "reason": reason,
+                "gate": {},
+            }
         promoted = decision.promote and self.promote
         outcome = decision.outcome if self.promote else "registered"
         reason = decision.reason if self.promote else f"promotion not requested ({decision.reason})"

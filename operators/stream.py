@@ -11,7 +11,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
-from operators.base import JobOperator
+from operators.base import JobOperator, RecpipeOperator
 from operators.evaluate import EvalOperator
 from operators.paths import confine
 from recpipe import atomic
@@ -177,3 +177,99 @@ class OnlineStorePushOperator(BaseOperator):
                     totals[key] += value
         log.info("pushed %s to %s: %s", [p.name for p in exports], self.redis_url, totals)
         return {**totals, "pushed": [str(p) for p in exports]}
+
+
+def closes_day(logical_date, close_hour: int) -> bool:
+    """The pass at ``close_hour`` closes its day: register the day's model and gate it. For
+    Airflow's ``ShortCircuitOperator`` (``logical_date``: the run's, a datetime)."""
+    return logical_date.hour == close_hour
+
+
+class DayEvalOperator(RecpipeOperator):
+    """The day's progressive validation as one evaluation, for the day-end gate: every pass of
+    ``day`` was scored by the model of the pass before it (``ProgressiveEvalOperator``), so
+    their per-row scores joined in pass order are the day's out-of-sample predictions of the
+    model as it was served through the day (PaddleRec's pass AUC, taken over the whole day).
+    The champion, scored on the same passes (``eval_ds``, the range this returns), is the
+    other side of the gate's paired test.
+
+    Args:
+        runs_root: the runs root holding the passes' model dirs (templated).
+        day: ``YYYY-MM-DD`` (templated).
+        pass_result_name: the progressive evaluation's result file in each pass dir.
+
+    Returns (XCom): as ``EvalOperator``'s, plus ``model_dir`` (the day's last trained pass: the
+    candidate), ``checkpoint`` (its latest) and ``eval_ds`` (``D/HH:D/HH``: the scored passes).
+
+    Raises:
+        AirflowSkipException: no pass of the day was trained and scored.
+    """
+
+    template_fields = (*RecpipeOperator.template_fields, "runs_root", "day")
+    ui_color = "#d4f0f7"
+
+    def __init__(
+        self, *, runs_root: str, day: str, pass_result_name: str = "pass_eval_result.json", **kwargs
+    ):
+        super().__init__(**kwargs)
+        self.runs_root, self.day, self.pass_result_name = runs_root, day, pass_result_name
+
+    def execute(self, context) -> dict[str, Any]:
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        from operators.evaluate import eval_dataset_of
+        from trainer.metrics import auc, logloss
+
+        day = str(self.day)
+        runs = finished_model_dirs(confine(self.runs_root, "runs_root"))
+        passes = [p for p in runs if p.parent.name == f"ds={day}" and p.name.startswith("hh=")]
+        scored = [p for p in passes if ModelDir(p).predictions(self.pass_result_name).exists()]
+        if not scored:
+            raise AirflowSkipException(f"no pass of {day} was trained and scored: nothing to register")
+        last = ModelDir(passes[-1])
+        columns = ["label", "probability"]
+        joined = pa.concat_tables(
+            [pq.read_table(ModelDir(p).predictions(self.pass_result_name), columns=columns) for p in scored]
+        )
+        labels = joined.column("label").to_numpy()
+        probs = joined.column("probability").to_numpy()
+        metrics = {"auc": auc(labels, probs), "logloss": logloss(labels, probs)}
+        metrics = {k: v if np.isfinite(v) else None for k, v in metrics.items()}
+        result_name = "day_eval_result.json"
+        predictions = last.predictions(result_name)
+        with atomic.file(predictions) as tmp:
+            pq.write_table(joined, tmp)
+        train = json.loads(last.train_result.read_text())
+        eval_ds = f"{partition_ds(scored[0])}:{partition_ds(scored[-1])}"
+        out = {
+            "metrics": metrics,
+            "model_dir": str(last.path),
+            "checkpoint": train["checkpoint"],
+            "global_step": train["global_step"],
+            "num_examples": int(len(labels)),
+            "predictions": str(predictions),
+            "eval_ds": eval_ds,
+            "passes": [partition_ds(p) for p in scored],
+            "reason": f"the progressive scores of {len(scored)} passes",
+            # the champion's evaluation of the same passes logs the same name and digest
+            "dataset": eval_dataset_of(f"ds={eval_ds}", labels, self.load_config().train_input_path),
+        }
+        atomic.write_text(last.result(result_name), json.dumps(out, indent=2))
+        step = out["global_step"]
+        out["mlflow_run_id"] = self.hook.log_task_run(
+            self.parent_run_id(context),
+            "evaluate_day",
+            tags={"checkpoint": out["checkpoint"], "evaluated": out["reason"]},
+            metrics=[
+                *((k, v, step) for k, v in metrics.items() if v is not None),
+                ("num_examples", out["num_examples"], step),
+            ],
+            parent_metrics=[(f"evaluate_day.{k}", v, 0) for k, v in metrics.items() if v is not None],
+            artifacts=[(last.result(result_name), None)],
+            datasets=[out["dataset"]],
+        )
+        log.info("day %s, passes %s: %s over %d rows", day, eval_ds, metrics, len(labels))
+        return out

@@ -104,10 +104,12 @@ class StreamConfig(Section):
     day's first trained pass, a delta after every other one, pushed to the online store.
 
     ``redis_url``: the Redis embedding store the exports are pushed to (``recpipe.
-    online_store``), or null for no push.
+    online_store``), or null for no push. ``close_hour``: the pass (UTC hour) after which the
+    day's model is exported whole, registered and gated (``gate``); 23: the day's last.
     """
 
     redis_url: str | None = "redis://127.0.0.1:6379/0"
+    close_hour: int = Field(23, ge=0, le=23)
 
 
 class RetrainConfig(Section):

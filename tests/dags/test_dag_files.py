@@ -154,15 +154,11 @@ def test_the_sensor_as_the_daily_dag_runs_it_names_the_missing_partition(stack):
 
 def test_stream_dag_wiring(probe):
     up = probe["stream_upstream"]
-    chain = [
-        "wait_for_pass",
-        "prepare_features",
-        "has_rows",
-        "evaluate_pass",
-        "train",
-        "export",
-        "push",
-        "retention",
-    ]
-    assert up == {task: [chain[i - 1]] if i else [] for i, task in enumerate(chain)}
+    chain = ["wait_for_pass", "prepare_features", "has_rows", "evaluate_pass", "train", "export", "push"]
+    close = ["closes_day", "evaluate_day", "evaluate_champion", "export_saved_model", "register_and_gate"]
+    want = {task: [chain[i - 1]] if i else [] for i, task in enumerate(chain)}
+    want |= {task: [close[i - 1]] if i else ["push"] for i, task in enumerate(close)}
+    # retention after the pass, or after the day's close when it closes one
+    want["retention"] = ["closes_day", "register_and_gate"]
+    assert up == want
     assert probe["stream_schedule"] == ["0 * * * *", 1]

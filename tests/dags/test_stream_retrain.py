@@ -1,6 +1,7 @@
 """The intraday DAG ``recpipe_stream_retrain`` for real (``airflow dags test``) on three
 MovieLens hours of 1997-09-20: 15:00 (no rating: a quiet pass), 16:00 (the day's base) and
-17:00 (a delta), pushed to the Redis server on 127.0.0.1."""
+17:00 (a delta), pushed to the Redis server on 127.0.0.1. 17:00 is made the day's close
+(``stream.close_hour``): it registers and gates the day's model."""
 
 from __future__ import annotations
 
@@ -37,7 +38,10 @@ def stream(movielens_hourly_raw, tmp_path_factory) -> dict:
         export_dir=str(var / "exports"),
         sensor={"mode": "reschedule", "poke_interval_s": 1, "timeout_s": 3},
         tracking={"retries": 0},
+        # the first day has no champion: any finite AUC is promoted, whatever 88 rows give
+        gate={"min_metric": 0.0},
     )
+    config["stream"]["close_hour"] = 17
     config["edit_config_json"].update(
         raw_input_path=str(var / "raw" / "events"),
         train_input_path=str(var / "features"),
@@ -62,8 +66,16 @@ def stream(movielens_hourly_raw, tmp_path_factory) -> dict:
     # 17:00 once more (a second run of the pass, as a cleared or retried run would be)
     pass_dir = var / "runs" / model / f"ds={DAY}" / "hh=17"
     before = _state(pass_dir, var / "exports" / model / DAY, client, model)
+    from mlflow.tracking import MlflowClient
+
+    registry = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    first = [dict(v.tags) for v in registry.search_model_versions(f"name='{model}'")]
     proc = airflow(env, "dags", "test", "recpipe_stream_retrain", f"{DAY}T17:00:00+00:00")
-    rerun = {"before": before, "after": _state(pass_dir, var / "exports" / model / DAY, client, model)}
+    rerun = {
+        "before": before,
+        "after": _state(pass_dir, var / "exports" / model / DAY, client, model),
+        "versions": first,
+    }
     yield {"env": env, "var": var, "model": model, "logs": logs, "redis": client, "rerun": rerun}
     for key in client.scan_iter(match=f"recpipe:{model}:*"):
         client.delete(key)
@@ -137,3 +149,37 @@ def test_progressive_validation_draws_one_curve_a_day_in_mlflow(stream):
     assert [m.step for m in history] == [17] and 0.0 <= history[0].value <= 1.0
     rows = client.get_metric_history(day_runs[0].info.run_id, "pass_rows")
     assert [(m.step, m.value) for m in rows] == [(17, 88.0)]
+
+
+def test_the_close_hour_exports_registers_and_gates_the_days_model(stream):
+    import pyarrow.parquet as pq
+    from mlflow.tracking import MlflowClient
+
+    from trainer.metrics import auc
+
+    client = MlflowClient(stream["env"]["MLFLOW_TRACKING_URI"])
+    model, var = stream["model"], stream["var"]
+    pass_dir = var / "runs" / model / f"ds={DAY}" / "hh=17"
+    versions = client.search_model_versions(f"name='{model}'")
+    assert len(versions) == 1  # the re-run of 17:00 gated the version it had registered
+    version = versions[0]
+    assert client.get_model_version_by_alias(model, "champion").version == version.version
+    first = stream["rerun"]["versions"][0]
+    assert first["promotion"] == "promoted" and first["ds"] == DAY
+    assert first["model_dir"] == str(pass_dir)
+    assert (pass_dir / (first["checkpoint"].rsplit("/", 1)[1] + ".index")).exists()
+    # the SavedModel in TF Serving's layout, a numbered version beside the day dirs
+    numbered = [p for p in (var / "exports" / model).iterdir() if p.name.isdigit()]
+    assert len(numbered) == 1 and (numbered[0] / "saved_model.pb").exists()
+    assert first["export_path"] == str(numbered[0])
+    # the day's score: the progressive one, 16:00's model on 17:00's 88 ratings
+    scored = pq.read_table(pass_dir / "day_eval_predictions.parquet").to_pydict()
+    assert len(scored["label"]) == 88
+    assert float(first["eval.auc"]) == pytest.approx(
+        auc(np.array(scored["label"]), np.array(scored["probability"]))
+    )
+    # the re-run scored the champion (the version itself) on the same rows, the other side of
+    # the gate's paired test, and kept it without gating it against itself
+    champion_rows = pq.read_table(pass_dir / "champion_eval_predictions.parquet").to_pydict()
+    assert champion_rows["label"] == scored["label"]
+    assert dict(version.tags) == first
