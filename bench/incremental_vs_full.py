@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -97,7 +98,13 @@ def main() -> int:
     wall_a, wall_b = sum(r[1]["wall_s"] for r in rows), sum(r[2]["wall_s"] for r in rows)
     cpu_a, cpu_b = sum(r[1]["cpu_seconds"] for r in rows), sum(r[2]["cpu_seconds"] for r in rows)
     diff = auc_a - auc_b
-    print(f"mean next-day AUC: (a) {auc_a:.4f}, (b) {auc_b:.4f}, (a) - (b) = {diff:+.4f} (goal >= -0.003)")
+    per_day = [r[1]["eval"]["auc"] - r[2]["eval"]["auc"] for r in rows]
+    # the days' spread: how far the mean difference is from noise on days this small
+    se = statistics.stdev(per_day) / len(per_day) ** 0.5 if len(per_day) > 1 else float("nan")
+    print(
+        f"mean next-day AUC: (a) {auc_a:.4f}, (b) {auc_b:.4f}, (a) - (b) = {diff:+.4f} "
+        f"(standard error over days {se:.4f}; goal >= -0.003)"
+    )
     print(
         f"time: (a) / (b) = {wall_a / wall_b:.3f} by process wall ({wall_a:.0f} s / {wall_b:.0f} s), "
         f"{cpu_a / cpu_b:.3f} by training-loop CPU ({cpu_a:.0f} / {cpu_b:.0f} CPU-s) (goal <= 0.1)"

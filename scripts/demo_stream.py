@@ -1,8 +1,9 @@
 """``make demo-stream``: one replayed MovieLens day of hourly passes through
 ``recpipe_stream_retrain``, as an Airflow backfill under the real scheduler, from a clean
-slate (the stream model's runs, exports, hourly features and Redis rows are removed first).
-Prints each task as it ends, then a table per pass (rows, progressive AUC, export, bytes) and
-the orchestration overhead: the day's wall time against the sum of its tasks' times.
+slate (the stream model's runs, exports, hourly features, Redis rows and registered model are
+removed first). Prints each task as it ends, then a table per pass (rows, progressive AUC,
+export, bytes), the day's close (the registered version and the gate's decision) and the
+orchestration overhead: the day's wall time against the sum of its tasks' times.
 
 Usage: ``python scripts/demo_stream.py [--day YYYY-MM-DD] [--hours N] [--timeout S]``.
 """
@@ -59,6 +60,7 @@ def main() -> int:
             client.delete(key)
     passes = [f"{args.day}T{h:02d}:00" for h in range(args.hours)]
     env = {**os.environ, **airflow_env(HOME)}
+    forget_registered_model(env["MLFLOW_TRACKING_URI"], stream.model_name)
     Path(env["AIRFLOW_HOME"]).mkdir(parents=True, exist_ok=True)
     durations: dict = {}
     start = time.monotonic()
@@ -71,6 +73,7 @@ def main() -> int:
     print_table(
         args.day, passes, runs, exports, pipeline.train_input_path, env["MLFLOW_TRACKING_URI"], stream
     )
+    print_close(env["MLFLOW_TRACKING_URI"], stream.model_name, args.day)
     tasks = sum(durations.values())
     jobs = sum(
         v
@@ -84,6 +87,32 @@ def main() -> int:
     )
     print(f"exports: {exports / args.day}; model dirs: {runs / ('ds=' + args.day)}")
     return 0
+
+
+def forget_registered_model(tracking_uri: str, name: str) -> None:
+    """Delete the registered model: its champion's model dir is gone with the runs."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    try:
+        MlflowClient(tracking_uri).delete_registered_model(name)
+    except MlflowException:
+        pass  # none yet
+
+
+def print_close(tracking_uri: str, name: str, day: str) -> None:
+    """The day's close: the version registered for ``day`` and the gate's decision."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    for version in client.search_model_versions(f"name = '{name}'"):
+        tags = version.tags
+        if tags.get("ds") == day:
+            print(
+                f"\nthe day's close: {name} version {version.version} ({tags.get('export_path')}), "
+                f"day AUC {float(tags.get('eval.auc', 'nan')):.4f}: {tags.get('promotion')}, "
+                f"{tags.get('promotion_reason')}"
+            )
 
 
 def print_table(day, passes, runs, exports, features, tracking_uri, stream) -> None:
