@@ -132,6 +132,7 @@ with DAG(
         keep_days=STREAM.retention_days,  # whole days of pass dirs, and the champion's
         model_name=STREAM.model_name,
         alias=STREAM.gate.alias,
+        end_parent_run=True,  # a pass that does not close the day registers nothing
         trigger_rule="none_failed",
         **common,
     )
@@ -151,7 +152,7 @@ with DAG(
         python_callable=closes_day,
         op_kwargs={"close_hour": STREAM.stream.close_hour},
         trigger_rule="none_failed",  # after the pass, trained or quiet
-        ignore_downstream_trigger_rules=False,  # retention runs either way
+        ignore_downstream_trigger_rules=False,  # a skip reaches retention by trigger rules only
     )
     day_eval = "{{ ti.xcom_pull(task_ids='evaluate_day')"
     evaluate_day = DayEvalOperator(
@@ -201,4 +202,6 @@ with DAG(
         **common,
     )
     last >> close >> evaluate_day >> evaluate_champion >> export_saved_model >> register
-    [close, register] >> retention
+    # not downstream of closes_day: a short circuit skips its direct downstream tasks whatever
+    # their trigger rule, and retention must run after every pass
+    [last, register] >> retention

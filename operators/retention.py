@@ -31,14 +31,26 @@ class RetentionOperator(RecpipeOperator):
         runs_root: ``<runs_dir>/<model_name>`` (templated).
         keep_days: how many day dirs to keep.
         model_name, alias: whose champion is protected.
+        end_parent_run: end the DAG run's MLflow parent run, if a task created one (the last
+            task of a DAG whose runs do not all register: ``recpipe_stream_retrain``).
 
     Returns (XCom): the deleted paths.
     """
 
     template_fields = (*RecpipeOperator.template_fields, "runs_root", "model_name")
 
-    def __init__(self, *, runs_root: str, keep_days: int, model_name: str, alias: str = "champion", **kwargs):
+    def __init__(
+        self,
+        *,
+        runs_root: str,
+        keep_days: int,
+        model_name: str,
+        alias: str = "champion",
+        end_parent_run: bool = False,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
+        self.end_parent_run = end_parent_run
         self.runs_root = runs_root
         self.keep_days = keep_days
         self.model_name = model_name
@@ -67,4 +79,10 @@ class RetentionOperator(RecpipeOperator):
             self.keep_days,
             sorted(map(str, protected)) or "no champion",
         )
+        if self.end_parent_run:
+            parent = self.hook.parent_run(
+                self.experiment_name(), context["dag"].dag_id, context["run_id"], {}, create=False
+            )
+            if parent is not None:  # a quiet pass logged nothing
+                self.hook.end_run(parent)
         return deleted

@@ -165,8 +165,11 @@ class MLflowHook(BaseHook):
         location = f"{root}/{name}" if root else None
         return client.create_experiment(name, artifact_location=location)
 
-    def parent_run(self, experiment: str, dag_id: str, run_id: str, tags: dict[str, str]) -> str:
-        """The parent run of a DAG run: found by its (dag_id, run_id) tags or created."""
+    def parent_run(
+        self, experiment: str, dag_id: str, run_id: str, tags: dict[str, str], create: bool = True
+    ) -> str | None:
+        """The parent run of a DAG run: found by its (dag_id, run_id) tags, or created (None
+        when none exists and not ``create``)."""
         client = self.get_client()
         exp_id = self.experiment_id(experiment)
         found = client.search_runs(
@@ -179,6 +182,8 @@ class MLflowHook(BaseHook):
         )
         if found:
             return found[0].info.run_id
+        if not create:
+            return None
         run = client.create_run(
             exp_id,
             run_name=f"{dag_id} {run_id}",

@@ -158,7 +158,7 @@ def test_stream_dag_wiring(probe):
     close = ["closes_day", "evaluate_day", "evaluate_champion", "export_saved_model", "register_and_gate"]
     want = {task: [chain[i - 1]] if i else [] for i, task in enumerate(chain)}
     want |= {task: [close[i - 1]] if i else ["push"] for i, task in enumerate(close)}
-    # retention after the pass, or after the day's close when it closes one
-    want["retention"] = ["closes_day", "register_and_gate"]
+    # retention after the pass, and after the day's close when it closes one
+    want["retention"] = ["push", "register_and_gate"]
     assert up == want
     assert probe["stream_schedule"] == ["0 * * * *", 1]

@@ -149,6 +149,14 @@ def test_progressive_validation_draws_one_curve_a_day_in_mlflow(stream):
     assert [m.step for m in history] == [17] and 0.0 <= history[0].value <= 1.0
     rows = client.get_metric_history(day_runs[0].info.run_id, "pass_rows")
     assert [(m.step, m.value) for m in rows] == [(17, 88.0)]
+    # each trained pass's parent run (16:00, 17:00 and its re-run) is ended by retention, the
+    # passes that do not close the day too; the quiet 15:00 logged nothing
+    parents = client.search_runs(
+        [exp.experiment_id],
+        "tags.`recpipe.step` = 'parent' and tags.`airflow.dag_id` = 'recpipe_stream_retrain'",
+    )
+    assert len(parents) == 3, [r.data.tags["airflow.run_id"] for r in parents]
+    assert {r.info.status for r in parents} == {"FINISHED"}
 
 
 def test_the_close_hour_exports_registers_and_gates_the_days_model(stream):
