@@ -28,6 +28,7 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from features.schema import (
+    BAD,
     REASON,
     SOURCE,
     RawInputError,
@@ -44,6 +45,7 @@ from features.transform import (
     merge_moments,
     moment_aggs,
     moments_from_row,
+    needs_statistics,
     normalization_params,
 )
 from recpipe import atomic
@@ -127,7 +129,7 @@ def _window_moments(spark: SparkSession, config: PipelineConfig, ds: str) -> tup
             stored_passes(d, range(24))
         elif is_finished(ds_partition(config.raw_input_path, d)):
             rows, _ = _read_day(spark, config, d)
-            row = rows.agg(*moment_aggs(features, F.col(REASON) == "")).collect()[0]
+            row = rows.agg(*moment_aggs(features, ~F.col(BAD))).collect()[0]
             names.append(d)
             moments.append(moments_from_row(row.asDict(), features))
     if hour is not None:
@@ -163,10 +165,10 @@ def _day_metrics(config: PipelineConfig) -> list[Column]:
     """The day's figures as aggregates: row counts, positive rate, nulls per input column and
     dense moments, of the good rows."""
     dc, fc = config.data_config, config.feature_config
-    good = F.col(REASON) == ""
+    good = ~F.col(BAD)
     return [
         F.count(F.lit(1)).alias("__total"),
-        F.sum((~good).cast("long")).alias("__bad"),
+        F.sum(F.col(BAD).cast("long")).alias("__bad"),
         F.mean(F.when(good, F.col(dc.label_fields[0]).cast("double"))).alias("__positive_rate"),
         *[
             F.sum((good & F.col(c).isNull()).cast("long")).alias(f"__null__{c}")
@@ -196,22 +198,32 @@ def _read_error(err: Exception, files: list[Path]) -> RawInputError:
     return RawInputError(f"cannot read raw partition {files[0].parent}: {str(err).splitlines()[0]}")
 
 
-def _write_features(
-    rows: DataFrame, config: PipelineConfig, out: Path, day_moments: dict, earlier: list[dict]
+def _window_normalization(
+    config: PipelineConfig, earlier: list[dict], day_moments: dict
 ) -> tuple[dict, dict]:
-    """Write the good rows' features to ``out`` (Parquet), normalised with the window's
-    statistics (``earlier`` days' moments and ``day_moments``). Returns (window statistics,
-    normalisation constants)."""
+    """(window statistics, normalisation constants per RawFeature) from the ``earlier`` days'
+    moments and ``day_moments`` (empty: the day's are not known yet, which only a config
+    without ``needs_statistics`` can be written with)."""
+    fc = config.feature_config
+    parts = [*earlier, day_moments] if day_moments else earlier
+    dense_stats = merge_moments(parts) if parts else {}
+    normalization = {
+        f.name: normalization_params(f, dense_stats.get(f.name, {}))
+        for f in fc.features
+        if f.feature_type == FeatureType.RawFeature
+    }
+    return dense_stats, normalization
+
+
+def _write_features(rows: DataFrame, config: PipelineConfig, out: Path, normalization: dict) -> None:
+    """Write the good rows' features to ``out`` (Parquet), normalised by ``normalization``."""
     dc, fc = config.data_config, config.feature_config
-    dense_stats = merge_moments([*earlier, day_moments]) if day_moments else {}
-    normalization = {name: normalization_params(fc.feature(name), st) for name, st in dense_stats.items()}
     columns = [*[F.col(c) for c in dc.label_fields], *feature_columns(fc, dc.all_fields(), normalization)]
     if dc.holdout_percent:
         # a function of the raw row, so a re-run of the day holds out the same rows
         raw = F.xxhash64(*[F.col(f.input_name) for f in dc.input_fields])
         columns.append((F.pmod(raw, F.lit(100)) < dc.holdout_percent).alias(HOLDOUT))
-    rows.filter(F.col(REASON) == "").select(*columns).write.mode("overwrite").parquet(str(out))
-    return dense_stats, normalization
+    rows.filter(~F.col(BAD)).select(*columns).write.mode("overwrite").parquet(str(out))
 
 
 def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
@@ -220,12 +232,12 @@ def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
     hour's feature partition, quarantine and side files, by the same rules.
 
     The day is parsed in full once, by the write: its figures (counts, nulls, the good rows'
-    dense moments) are observed as it runs (``DataFrame.observe``). The dense normalisation
-    must be known before the write, so a first pass reads the dense columns alone (Spark
-    parses no other column) for their moments over every row: when no row is quarantined
-    these are the good rows' moments. When some are, the features are written again with
-    the observed moments. Dense statistics of the window's earlier days come from their
-    stored moments.
+    dense moments) are observed as it runs (``DataFrame.observe``). When a dense feature's
+    fill or normaliser depends on the window's statistics (``needs_statistics``), they must
+    be known before the write, so a first pass reads the dense columns alone (Spark parses
+    no other column) for their moments over every row: when no row is quarantined these are
+    the good rows' moments; when some are, the features are written again with the observed
+    moments. Dense statistics of the window's earlier days come from their stored moments.
 
     Raises:
         RawInputError: the raw partition or a dimension table is missing or unreadable.
@@ -236,9 +248,13 @@ def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
     dc, fc = config.data_config, config.feature_config
     split_ds(ds)  # a malformed ds fails before any work
     rows, files = _read_day(spark, config, ds)
-    dense = moment_aggs(fc.features)
+    first_pass = needs_statistics(fc.features)
     try:
-        guess = moments_from_row(rows.agg(*dense).collect()[0].asDict(), fc.features) if dense else {}
+        guess = (
+            moments_from_row(rows.agg(*moment_aggs(fc.features)).collect()[0].asDict(), fc.features)
+            if first_pass
+            else {}
+        )
     except Exception as err:
         raise _read_error(err, files) from err
     window, earlier = _window_moments(spark, config, ds)
@@ -246,12 +262,11 @@ def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
     observation = Observation("recpipe_day")
     final = ds_partition(config.train_input_path, ds)
     with atomic.directory(final) as tmp:
+        _, normalization = _window_normalization(config, earlier, guess)
         try:
-            dense_stats, normalization = _write_features(
-                rows.observe(observation, *_day_metrics(config)), config, tmp, guess, earlier
-            )
+            _write_features(rows.observe(observation, *_day_metrics(config)), config, tmp, normalization)
         except Exception as err:
-            if dense:  # the first pass read the files: a failure here is not theirs
+            if first_pass:  # the first pass read the files: a failure here is not theirs
                 raise
             raise _read_error(err, files) from err
         day = _day_figures(observation.get, config)
@@ -267,10 +282,11 @@ def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
         reasons = {}
         if bad_count:
             reasons = {r[REASON]: r["count"] for r in bad.groupBy(REASON).count().collect()}
-            if dense:  # the quarantined rows' dense values were in the first pass's moments
-                dense_stats, normalization = _write_features(rows, config, tmp, day["dense_moments"], earlier)
-        else:
+        elif first_pass:
             day["dense_moments"] = guess  # the same rows; one pass's sums for both files
+        dense_stats, observed = _window_normalization(config, earlier, day["dense_moments"])
+        if observed != normalization:  # quarantined rows' dense values were in the first pass's
+            _write_features(rows, config, tmp, observed)
         stats = {
             "ds": ds,
             "rows_in": total,
@@ -285,7 +301,7 @@ def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
         }
         written = FeaturePartition(tmp)
         written.stats.write_text(json.dumps(stats, indent=2, sort_keys=True))
-        norm_doc = {"window": window, "statistics": dense_stats, "features": normalization}
+        norm_doc = {"window": window, "statistics": dense_stats, "features": observed}
         written.normalization.write_text(json.dumps(norm_doc, indent=2, sort_keys=True))
         written.success.touch()  # last: the partition is complete
     log.info("ds=%s: %d rows -> %s (%d quarantined)", ds, stats["rows"], final, bad_count)

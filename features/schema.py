@@ -30,6 +30,7 @@ SPARK_TYPES = {
 EXTRA = "_extra_columns"
 SOURCE = "_source_file"
 REASON = "_reason"
+BAD = "_bad"
 RAW_PREFIX = "_raw_"
 
 
@@ -160,9 +161,13 @@ def parse(df: DataFrame, fields: list[InputField], labels: list[str]) -> DataFra
 
     Returns:
         The declared columns, typed; each raw string as ``_raw_<name>``; ``_source_file``;
-        ``_reason``, empty for a good row, else every problem of the row joined by "; ".
+        ``_bad`` (boolean), true when the row is quarantined; ``_reason``, empty for a good
+        row, else every problem of the row joined by "; ". Select rows by ``_bad``: Spark
+        compiles a filter on the joined reasons of a wide schema past its code-generation
+        limit and runs it interpreted, at twice the cost of the whole parse.
     """
-    reasons = [F.when(F.col(EXTRA).isNotNull(), F.lit("more columns than data_config.input_fields"))]
+    extra = F.col(EXTRA).isNotNull()
+    problems = [(extra, F.lit("more columns than data_config.input_fields"))]
     typed = []
     for field in fields:
         raw = F.col(field.input_name)
@@ -172,22 +177,24 @@ def parse(df: DataFrame, fields: list[InputField], labels: list[str]) -> DataFra
             problem = F.concat(
                 F.lit(f"{field.input_name}: cannot parse '"), raw, F.lit(f"' as {field.input_type.value}")
             )
-            reasons.append(F.when(~_blank(raw) & value.isNull(), problem))
+            problems.append((~_blank(raw) & value.isNull(), problem))
         typed.append(value.alias(field.input_name))
     for label in labels:
-        reasons.append(F.when(_blank(F.col(label)), F.lit(f"{label}: missing label")))
+        problems.append((_blank(F.col(label)), F.lit(f"{label}: missing label")))
+    bad = functools.reduce(lambda a, b: a | b, [cond for cond, _ in problems])
     return df.select(
         *typed,
         *[F.col(f.input_name).alias(RAW_PREFIX + f.input_name) for f in fields],
         F.col(EXTRA).alias(RAW_PREFIX + EXTRA),
         F.col(SOURCE),
-        F.concat_ws("; ", *reasons).alias(REASON),
+        bad.alias(BAD),
+        F.concat_ws("; ", *[F.when(cond, text) for cond, text in problems]).alias(REASON),
     )
 
 
 def quarantined(parsed: DataFrame, fields: list[InputField]) -> DataFrame:
     """The rejected rows of ``parse``'s output as their raw strings, with reason and file."""
-    return parsed.filter(F.col(REASON) != "").select(
+    return parsed.filter(F.col(BAD)).select(
         *[F.col(RAW_PREFIX + f.input_name).alias(f.input_name) for f in fields],
         F.col(RAW_PREFIX + EXTRA).alias(EXTRA),
         F.col(SOURCE),

@@ -109,6 +109,17 @@ def normalization_params(feature: FeatureSpec, stats: dict[str, float | None]) -
     return params
 
 
+def needs_statistics(features: list[FeatureSpec]) -> bool:
+    """Whether any RawFeature's fill or normaliser depends on the window's statistics: a
+    ``standard`` or ``min_max`` normaliser, or no ``default_val`` (filled with the mean).
+    When none does, the features can be written before the day's moments are known."""
+    return any(
+        f.feature_type == FeatureType.RawFeature
+        and (f.default_val is None or f.normalizer in (Normalizer.standard, Normalizer.min_max))
+        for f in features
+    )
+
+
 def normalize(col: Column, params: dict[str, float | str]) -> Column:
     """Fill and normalise a dense column (float)."""
     x = F.coalesce(col.cast(T.DoubleType()), F.lit(params["fill"]))
