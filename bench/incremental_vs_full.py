@@ -36,9 +36,26 @@ EDITS = {
 }
 
 
-def train(config: Path, model_dir: Path, train_ds: str, eval_ds: str, previous: Path | None) -> dict:
+def constant_lr(rate: float) -> dict:
+    """Edits that train with Adam at a constant learning ``rate`` (the config's decays)."""
+    lr = {"constant_learning_rate": {"learning_rate": rate}}
+    return {"train_config.optimizer_config": [{"adam_optimizer": {"learning_rate": lr}}]}
+
+
+def train(
+    config: Path,
+    model_dir: Path,
+    train_ds: str,
+    eval_ds: str,
+    previous: Path | None,
+    extra: dict | None = None,
+) -> dict:
     """One ``recpipe train`` process; its result line with the process's wall seconds."""
-    edits = {**EDITS, **({"train_config.fine_tune_checkpoint": str(previous)} if previous else {})}
+    edits = {
+        **EDITS,
+        **(extra or {}),
+        **({"train_config.fine_tune_checkpoint": str(previous)} if previous else {}),
+    }
     argv = [
         *RECPIPE, "train", "--pipeline_config_path", str(config), "--model_dir", str(model_dir),
         f"--train_ds={train_ds}", f"--eval_ds={eval_ds}", "--edit_config_json", json.dumps(edits),
@@ -59,6 +76,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--days", type=int, default=30)
     parser.add_argument("--out", default="var/bench/incremental")
+    parser.add_argument(
+        "--incremental-lr",
+        type=float,
+        help="also run (a'): (a) at this constant Adam learning rate. The config's rate decays "
+        "with the global step, which fine-tuning carries from day to day",
+    )
     args = parser.parse_args()
     out = ROOT / args.out
     days = [(FIRST + timedelta(days=k)).isoformat() for k in range(args.days + 1)]
@@ -82,17 +105,29 @@ def main() -> int:
         )
     side = f"{'AUC':>8s} {'wall s':>7s} {'loop CPU-s':>10s}"
     print(f"{'day':10s} (a) {side}   (b) {side}")
-    rows = []
+    rows, constant = [], []
     for i, ds in enumerate(days[:-1]):
         previous = out / "incremental" / days[i - 1] if i else None
         a = train(path, out / "incremental" / ds, ds, days[i + 1], previous)
         b = train(path, out / "full" / ds, f"{days[0]}:{ds}", days[i + 1], None)
         rows.append((ds, a, b))
-        print(
+        line = (
             f"{ds:10s}     {a['eval']['auc']:8.4f} {a['wall_s']:7.1f} {a['cpu_seconds']:10.2f}       "
-            f"{b['eval']['auc']:8.4f} {b['wall_s']:7.1f} {b['cpu_seconds']:10.2f}",
-            flush=True,
+            f"{b['eval']['auc']:8.4f} {b['wall_s']:7.1f} {b['cpu_seconds']:10.2f}"
         )
+        if args.incremental_lr:
+            prev_c = out / "incremental_constant" / days[i - 1] if i else None
+            c = train(
+                path,
+                out / "incremental_constant" / ds,
+                ds,
+                days[i + 1],
+                prev_c,
+                constant_lr(args.incremental_lr),
+            )
+            constant.append(c)
+            line += f"   (a') {c['eval']['auc']:8.4f} {c['wall_s']:7.1f} {c['cpu_seconds']:10.2f}"
+        print(line, flush=True)
     auc_a = sum(r[1]["eval"]["auc"] for r in rows) / len(rows)
     auc_b = sum(r[2]["eval"]["auc"] for r in rows) / len(rows)
     wall_a, wall_b = sum(r[1]["wall_s"] for r in rows), sum(r[2]["wall_s"] for r in rows)
@@ -109,6 +144,16 @@ def main() -> int:
         f"time: (a) / (b) = {wall_a / wall_b:.3f} by process wall ({wall_a:.0f} s / {wall_b:.0f} s), "
         f"{cpu_a / cpu_b:.3f} by training-loop CPU ({cpu_a:.0f} / {cpu_b:.0f} CPU-s) (goal <= 0.1)"
     )
+    if constant:
+        auc_c = sum(c["eval"]["auc"] for c in constant) / len(constant)
+        diffs = [c["eval"]["auc"] - r[2]["eval"]["auc"] for c, r in zip(constant, rows, strict=True)]
+        se_c = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else float("nan")
+        cpu_c = sum(c["cpu_seconds"] for c in constant)
+        print(
+            f"(a') constant learning rate {args.incremental_lr:g}: mean next-day AUC {auc_c:.4f}, "
+            f"(a') - (b) = {auc_c - auc_b:+.4f} (standard error {se_c:.4f}); "
+            f"loop CPU (a') / (b) = {cpu_c / cpu_b:.3f}"
+        )
     (out / "results.json").write_text(json.dumps([{"ds": d, "a": a, "b": b} for d, a, b in rows], indent=2))
     return 0
 
