@@ -152,6 +152,7 @@ with DAG(
         python_callable=closes_day,
         op_kwargs={"close_hour": STREAM.stream.close_hour},
         trigger_rule="none_failed",  # after the pass, trained or quiet
+        ignore_downstream_trigger_rules=False,  # a skip reaches retention by trigger rules only
     )
     day_eval = "{{ ti.xcom_pull(task_ids='evaluate_day')"
     evaluate_day = DayEvalOperator(

@@ -166,7 +166,8 @@ def parse(df: DataFrame, fields: list[InputField], labels: list[str]) -> DataFra
         compiles a filter on the joined reasons of a wide schema past its code-generation
         limit and runs it interpreted, at twice the cost of the whole parse.
     """
-    problems = [(F.col(EXTRA).isNotNull(), F.lit("more columns than data_config.input_fields"))]
+    extra = F.col(EXTRA).isNotNull()
+    problems = [(extra, F.lit("more columns than data_config.input_fields"))]
     typed = []
     for field in fields:
         raw = F.col(field.input_name)
