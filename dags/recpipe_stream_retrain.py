@@ -152,7 +152,9 @@ with DAG(
         python_callable=closes_day,
         op_kwargs={"close_hour": STREAM.stream.close_hour},
         trigger_rule="none_failed",  # after the pass, trained or quiet
-        ignore_downstream_trigger_rules=False,  # a skip reaches retention by trigger rules only
+        # False: skip only the close chain; retention, downstream through register_and_gate,
+        # then runs by its none_failed trigger rule (True would skip it on every pass)
+        ignore_downstream_trigger_rules=False,
     )
     day_eval = "{{ ti.xcom_pull(task_ids='evaluate_day')"
     evaluate_day = DayEvalOperator(
