@@ -163,9 +163,11 @@ def _bad_row_message(bad: DataFrame, bad_count: int, total: int, ds: str, limit:
 
 def _day_metrics(config: PipelineConfig) -> list[Column]:
     """The day's figures as aggregates: row counts, positive rate, nulls per input column and
-    dense moments, of the good rows."""
+    dense moments, of the good rows. A dense input's nulls are not counted apart: its
+    moments' count already gives them (the observed aggregates cost ~1 us a row)."""
     dc, fc = config.data_config, config.feature_config
     good = ~F.col(BAD)
+    dense = _dense_inputs(config)
     return [
         F.count(F.lit(1)).alias("__total"),
         F.sum(F.col(BAD).cast("long")).alias("__bad"),
@@ -173,6 +175,7 @@ def _day_metrics(config: PipelineConfig) -> list[Column]:
         *[
             F.sum((good & F.col(c).isNull()).cast("long")).alias(f"__null__{c}")
             for c in _input_columns(config)
+            if c not in dense
         ],
         *moment_aggs(fc.features, good),
     ]
@@ -182,13 +185,28 @@ def _input_columns(config: PipelineConfig) -> list[str]:
     return list(dict.fromkeys(f.input_names[0] for f in config.feature_config.features))
 
 
+def _dense_inputs(config: PipelineConfig) -> dict[str, str]:
+    """Input column -> the first RawFeature reading it (whose moments count its values)."""
+    out: dict[str, str] = {}
+    for f in config.feature_config.features:
+        if f.feature_type == FeatureType.RawFeature:
+            out.setdefault(f.input_names[0], f.name)
+    return out
+
+
 def _day_figures(row: dict, config: PipelineConfig) -> dict:
     """``_day_metrics``' values, collected, as the stats name them."""
+    total, bad = row["__total"], row["__bad"] or 0
+    dense = _dense_inputs(config)
+    nulls = {
+        c: total - bad - row[f"{dense[c]}__count"] if c in dense else row[f"__null__{c}"] or 0
+        for c in _input_columns(config)
+    }
     return {
-        "total": row["__total"],
-        "bad": row["__bad"] or 0,
+        "total": total,
+        "bad": bad,
         "positive_rate": row["__positive_rate"],
-        "nulls": {c: row[f"__null__{c}"] or 0 for c in _input_columns(config)},
+        "nulls": nulls,
         "dense_moments": moments_from_row(row, config.feature_config.features),
     }
 

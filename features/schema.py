@@ -174,6 +174,11 @@ def parse(df: DataFrame, fields: list[InputField], labels: list[str]) -> DataFra
         value = raw
         if field.input_type != InputType.STRING:
             value = F.trim(raw).try_cast(SPARK_TYPES[field.input_type])
+            if field.input_type in (InputType.FLOAT, InputType.DOUBLE):
+                # integral text (most counts) is cast as a long first: that cast reads the
+                # bytes, a float cast decodes a Java String for parseDouble. "-0" reads as 0.0
+                whole = F.trim(raw).try_cast(T.LongType()).cast(SPARK_TYPES[field.input_type])
+                value = F.coalesce(whole, value)
             problem = F.concat(
                 F.lit(f"{field.input_name}: cannot parse '"), raw, F.lit(f"' as {field.input_type.value}")
             )
