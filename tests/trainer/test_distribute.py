@@ -17,6 +17,7 @@ import tensorflow as tf
 from recpipe.config import ClusterConfig
 from recpipe.config.train import TrainDistribute
 from recpipe.launch import JobFailedError, JobSpec, LocalLauncher, job_result, training_job
+from recpipe.launch.local import tail
 from recpipe.launch.topology import training_processes
 from tests.support import EARLY, RECPIPE, ROOT, train_args
 
@@ -189,7 +190,12 @@ def _kill_after_checkpoint_20(job, model_dir: Path, index: int, join_s: float) -
             time.sleep(0.2)
         os.kill(launcher._procs[index].pid, signal.SIGKILL)  # dies mid-training
         thread.join(join_s)
-        assert not thread.is_alive(), f"the job did not end within {join_s} s"
+        if thread.is_alive():  # say where each process stood: a rare hang is seen in CI only
+            tails = "\n".join(
+                f"--- {job.role(i)}:\n{tail(model_dir / 'logs' / f'{job.name}-{i}.log', 15)}"
+                for i in range(len(job.argv))
+            )
+            raise AssertionError(f"the job did not end within {join_s} s; its logs end:\n{tails}")
     finally:
         if thread.is_alive():
             launcher.kill()  # leave no process behind for the tests that follow
