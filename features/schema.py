@@ -173,11 +173,12 @@ def parse(df: DataFrame, fields: list[InputField], labels: list[str]) -> DataFra
         raw = F.col(field.input_name)
         value = raw
         if field.input_type != InputType.STRING:
-            value = F.trim(raw).try_cast(SPARK_TYPES[field.input_type])
+            text = F.trim(raw)
+            value = text.try_cast(SPARK_TYPES[field.input_type])
             if field.input_type in (InputType.FLOAT, InputType.DOUBLE):
                 # integral text (most counts) is cast as a long first: that cast reads the
                 # bytes, a float cast decodes a Java String for parseDouble. "-0" reads as 0.0
-                whole = F.trim(raw).try_cast(T.LongType()).cast(SPARK_TYPES[field.input_type])
+                whole = text.try_cast(T.LongType()).cast(SPARK_TYPES[field.input_type])
                 value = F.coalesce(whole, value)
             problem = F.concat(
                 F.lit(f"{field.input_name}: cannot parse '"), raw, F.lit(f"' as {field.input_type.value}")

@@ -192,7 +192,7 @@ def _kill_after_checkpoint_20(job, model_dir: Path, index: int, join_s: float) -
         thread.join(join_s)
         if thread.is_alive():  # say where each process stood: a rare hang is seen in CI only
             tails = "\n".join(
-                f"--- {job.role(i)}:\n{tail(model_dir / 'logs' / f'{job.name}-{i}.log', 15)}"
+                f"--- {job.role(i)}:\n{tail(launcher.log_dir / f'{job.name}-{i}.log', 15)}"
                 for i in range(len(job.argv))
             )
             raise AssertionError(f"the job did not end within {join_s} s; its logs end:\n{tails}")
