@@ -173,17 +173,18 @@ def parse(df: DataFrame, fields: list[InputField], labels: list[str]) -> DataFra
         raw = F.col(field.input_name)
         value = raw
         if field.input_type != InputType.STRING:
-            text = F.trim(raw)
-            value = text.try_cast(SPARK_TYPES[field.input_type])
+            # the casts strip surrounding whitespace themselves (a trim first costs ~0.1 us a value)
+            value = raw.try_cast(SPARK_TYPES[field.input_type])
             if field.input_type in (InputType.FLOAT, InputType.DOUBLE):
                 # integral text (most counts) is cast as a long first: that cast reads the
                 # bytes, a float cast decodes a Java String for parseDouble. "-0" reads as 0.0
-                whole = text.try_cast(T.LongType()).cast(SPARK_TYPES[field.input_type])
+                whole = raw.try_cast(T.LongType()).cast(SPARK_TYPES[field.input_type])
                 value = F.coalesce(whole, value)
             problem = F.concat(
                 F.lit(f"{field.input_name}: cannot parse '"), raw, F.lit(f"' as {field.input_type.value}")
             )
-            problems.append((~_blank(raw) & value.isNull(), problem))
+            # blankness (a trim) is checked only for the values that did not parse
+            problems.append((value.isNull() & ~_blank(raw), problem))
         typed.append(value.alias(field.input_name))
     for label in labels:
         problems.append((_blank(F.col(label)), F.lit(f"{label}: missing label")))
