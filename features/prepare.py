@@ -129,9 +129,8 @@ def _window_moments(spark: SparkSession, config: PipelineConfig, ds: str) -> tup
             stored_passes(d, range(24))
         elif is_finished(ds_partition(config.raw_input_path, d)):
             rows, _ = _read_day(spark, config, d)
-            row = rows.agg(*moment_aggs(features, ~F.col(BAD))).collect()[0]
             names.append(d)
-            moments.append(moments_from_row(row.asDict(), features))
+            moments.append(_dense_moments(rows, config, ~F.col(BAD)))
     if hour is not None:
         stored_passes(day, range(hour))
     return names, moments
@@ -161,10 +160,10 @@ def _bad_row_message(bad: DataFrame, bad_count: int, total: int, ds: str, limit:
     )
 
 
-def _day_metrics(config: PipelineConfig) -> list[Column]:
-    """The day's figures as aggregates: row counts, positive rate, nulls per input column and
-    dense moments, of the good rows. A dense input's nulls are not counted apart: its
-    moments' count already gives them (the observed aggregates cost ~1 us a row)."""
+def _day_metrics(config: PipelineConfig, moments: bool) -> list[Column]:
+    """The day's figures as aggregates: row counts, positive rate, nulls per input column and,
+    with ``moments``, dense moments, of the good rows. A dense input's nulls are not counted
+    apart: its moments' count gives them (the observed aggregates cost ~0.1 us each a row)."""
     dc, fc = config.data_config, config.feature_config
     good = ~F.col(BAD)
     dense = _dense_inputs(config)
@@ -177,7 +176,7 @@ def _day_metrics(config: PipelineConfig) -> list[Column]:
             for c in _input_columns(config)
             if c not in dense
         ],
-        *moment_aggs(fc.features, good),
+        *(moment_aggs(fc.features, good) if moments else []),
     ]
 
 
@@ -194,12 +193,13 @@ def _dense_inputs(config: PipelineConfig) -> dict[str, str]:
     return out
 
 
-def _day_figures(row: dict, config: PipelineConfig) -> dict:
-    """``_day_metrics``' values, collected, as the stats name them."""
+def _day_figures(row: dict, config: PipelineConfig, moments: dict) -> dict:
+    """``_day_metrics``' values, collected, and the good rows' dense ``moments``, as the stats
+    name them."""
     total, bad = row["__total"], row["__bad"] or 0
     dense = _dense_inputs(config)
     nulls = {
-        c: total - bad - row[f"{dense[c]}__count"] if c in dense else row[f"__null__{c}"] or 0
+        c: total - bad - moments[dense[c]]["count"] if c in dense else row[f"__null__{c}"] or 0
         for c in _input_columns(config)
     }
     return {
@@ -207,8 +207,14 @@ def _day_figures(row: dict, config: PipelineConfig) -> dict:
         "bad": bad,
         "positive_rate": row["__positive_rate"],
         "nulls": nulls,
-        "dense_moments": moments_from_row(row, config.feature_config.features),
+        "dense_moments": moments,
     }
+
+
+def _dense_moments(rows: DataFrame, config: PipelineConfig, keep: Column | None = None) -> dict:
+    """The dense moments (``moment_aggs``) of ``rows`` where ``keep``, in one aggregation."""
+    features = config.feature_config.features
+    return moments_from_row(rows.agg(*moment_aggs(features, keep)).collect()[0].asDict(), features)
 
 
 def _read_error(err: Exception, files: list[Path]) -> RawInputError:
@@ -253,9 +259,11 @@ def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
     dense moments) are observed as it runs (``DataFrame.observe``). When a dense feature's
     fill or normaliser depends on the window's statistics (``needs_statistics``), they must
     be known before the write, so a first pass reads the dense columns alone (Spark parses
-    no other column) for their moments over every row: when no row is quarantined these are
-    the good rows' moments; when some are, the features are written again with the observed
-    moments. Dense statistics of the window's earlier days come from their stored moments.
+    no other column) for their moments over every row, and the write observes no moments:
+    when no row is quarantined these are the good rows' moments; when some are, an
+    aggregation takes the good rows' and the features are written again if their
+    normalisation changes. Dense statistics of the window's earlier days come from their
+    stored moments.
 
     Raises:
         RawInputError: the raw partition or a dimension table is missing or unreadable.
@@ -263,16 +271,12 @@ def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
         ValueError: ``ds`` is neither ``YYYY-MM-DD`` nor ``YYYY-MM-DD/HH``.
         In all cases no output partition is written for ``ds``.
     """
-    dc, fc = config.data_config, config.feature_config
+    dc = config.data_config
     split_ds(ds)  # a malformed ds fails before any work
     rows, files = _read_day(spark, config, ds)
-    first_pass = needs_statistics(fc.features)
+    first_pass = needs_statistics(config.feature_config.features)
     try:
-        guess = (
-            moments_from_row(rows.agg(*moment_aggs(fc.features)).collect()[0].asDict(), fc.features)
-            if first_pass
-            else {}
-        )
+        every_row = _dense_moments(rows, config) if first_pass else {}
     except Exception as err:
         raise _read_error(err, files) from err
     window, earlier = _window_moments(spark, config, ds)
@@ -280,15 +284,16 @@ def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
     observation = Observation("recpipe_day")
     final = ds_partition(config.train_input_path, ds)
     with atomic.directory(final) as tmp:
-        _, normalization = _window_normalization(config, earlier, guess)
+        _, normalization = _window_normalization(config, earlier, every_row)
+        metrics = _day_metrics(config, moments=not first_pass)
         try:
-            _write_features(rows.observe(observation, *_day_metrics(config)), config, tmp, normalization)
+            _write_features(rows.observe(observation, *metrics), config, tmp, normalization)
         except Exception as err:
             if first_pass:  # the first pass read the files: a failure here is not theirs
                 raise
             raise _read_error(err, files) from err
-        day = _day_figures(observation.get, config)
-        total, bad_count = day["total"], day["bad"]
+        figures = observation.get
+        total, bad_count = figures["__total"], figures["__bad"] or 0
         bad = quarantined(rows, dc.input_fields)
         quarantine_root = Path(config.effective_quarantine_path)
         _quarantine(bad, bad_count, quarantine_root, ds)
@@ -300,10 +305,15 @@ def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
         reasons = {}
         if bad_count:
             reasons = {r[REASON]: r["count"] for r in bad.groupBy(REASON).count().collect()}
-        elif first_pass:
-            day["dense_moments"] = guess  # the same rows; one pass's sums for both files
-        dense_stats, observed = _window_normalization(config, earlier, day["dense_moments"])
-        if observed != normalization:  # quarantined rows' dense values were in the first pass's
+        if not first_pass:
+            moments = moments_from_row(figures, config.feature_config.features)
+        elif bad_count:  # the first pass's moments counted the quarantined rows' dense values
+            moments = _dense_moments(rows, config, ~F.col(BAD))
+        else:
+            moments = every_row
+        day = _day_figures(figures, config, moments)
+        dense_stats, observed = _window_normalization(config, earlier, moments)
+        if observed != normalization:
             _write_features(rows, config, tmp, observed)
         stats = {
             "ds": ds,
