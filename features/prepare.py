@@ -193,21 +193,13 @@ def _dense_inputs(config: PipelineConfig) -> dict[str, str]:
     return out
 
 
-def _day_figures(row: dict, config: PipelineConfig, moments: dict) -> dict:
-    """``_day_metrics``' values, collected, and the good rows' dense ``moments``, as the stats
-    name them."""
-    total, bad = row["__total"], row["__bad"] or 0
+def _day_nulls(row: dict, config: PipelineConfig, moments: dict, good: int) -> dict[str, int]:
+    """Missing values per input column among the ``good`` rows: ``_day_metrics``' collected
+    counts, and for a dense input its good rows less its dense ``moments``' count."""
     dense = _dense_inputs(config)
-    nulls = {
-        c: total - bad - moments[dense[c]]["count"] if c in dense else row[f"__null__{c}"] or 0
-        for c in _input_columns(config)
-    }
     return {
-        "total": total,
-        "bad": bad,
-        "positive_rate": row["__positive_rate"],
-        "nulls": nulls,
-        "dense_moments": moments,
+        c: good - moments[dense[c]]["count"] if c in dense else row[f"__null__{c}"] or 0
+        for c in _input_columns(config)
     }
 
 
@@ -311,7 +303,6 @@ def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
             moments = _dense_moments(rows, config, ~F.col(BAD))
         else:
             moments = every_row
-        day = _day_figures(figures, config, moments)
         dense_stats, observed = _window_normalization(config, earlier, moments)
         if observed != normalization:
             _write_features(rows, config, tmp, observed)
@@ -321,9 +312,9 @@ def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
             "rows": total - bad_count,
             "rows_quarantined": bad_count,
             "quarantine_reasons": reasons,
-            "positive_rate": day["positive_rate"],
-            "nulls": day["nulls"],
-            "dense_moments": day["dense_moments"],
+            "positive_rate": figures["__positive_rate"],
+            "nulls": _day_nulls(figures, config, moments, total - bad_count),
+            "dense_moments": moments,
             "normalization_window": window,
             "raw_files": [str(p) for p in files],
         }
