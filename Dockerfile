@@ -1,10 +1,10 @@
-# The recpipe image: the pinned stack (requirements.lock), Horovod with Gloo, Java 17 for
-# Spark, and the project. Every Airflow component, the Celery worker and the MLflow server of
-# docker-compose.yaml run from it.
+# The recpipe image: the pinned stack (requirements.lock), Horovod with Gloo, a Java 17 JDK
+# (Spark, and javac for recpipe's Spark functions), and the project. Every Airflow component,
+# the Celery worker and the MLflow server of docker-compose.yaml run from it.
 FROM python:3.11.7-slim-bookworm
 
 RUN apt-get update \
- && apt-get install -y --no-install-recommends openjdk-17-jre-headless build-essential cmake git curl \
+ && apt-get install -y --no-install-recommends openjdk-17-jdk-headless build-essential cmake git curl \
     openssh-server openssh-client \
  && rm -rf /var/lib/apt/lists/*
 
@@ -17,7 +17,7 @@ RUN pip install --no-cache-dir -r requirements.lock \
     pip install --no-cache-dir --no-build-isolation horovod==0.28.1
 
 COPY . .
-RUN pip install --no-cache-dir --no-deps -e .
+RUN pip install --no-cache-dir --no-deps -e . && scripts/build_jvm.sh
 
 ARG GIT_COMMIT=unknown
 ENV RECPIPE_HOME=/opt/recpipe \

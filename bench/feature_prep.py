@@ -7,7 +7,9 @@ In one run, on the same CSV file (one day, ``local[*]``), wall and CPU seconds o
       costs to parse and write the rows;
   (c) the feature job, ``prepare_day``: parse, quarantine check, statistics, features, write;
   (c2) the same with a ``standard`` normaliser on the dense features, whose constants need the
-      day's moments before the write: a first pass reads the dense columns (MovieLens' case).
+      day's moments before the write: a first pass reads the dense columns (MovieLens' case);
+  (c3) (c) with Spark's own expressions instead of recpipe's JVM functions (``features.jvm``:
+      the ids' trim, the observed figures): what the job costs where ``javac`` was missing.
 
 CPU seconds are this process's plus the Spark JVM's (``/proc/<pid>/stat``). Each Spark
 variant runs once to warm up (JIT, caches, as in a long-lived job), then ``--repeats`` times,
@@ -61,6 +63,7 @@ def main() -> None:
 
     from pyspark.sql import types as T
 
+    from features import jvm
     from features.prepare import prepare_day
     from features.schema import SPARK_TYPES
     from features.session import get_spark
@@ -117,7 +120,11 @@ def main() -> None:
     def job_standard() -> None:
         assert prepare_day(spark, standard, ds)["rows"] == args.rows
 
-    variants = {"bare": bare, "job": job, "job_standard": job_standard}
+    def job_btrim() -> None:
+        with jvm.spark_expressions(spark):
+            job()
+
+    variants = {"bare": bare, "job": job, "job_standard": job_standard, "job_btrim": job_btrim}
     runs: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
     for fn in variants.values():  # warm-up
         fn()
@@ -130,17 +137,21 @@ def main() -> None:
         return statistics.median(w for w, _ in runs[name]), statistics.median(c for _, c in runs[name])
 
     (bare_w, bare_c), (job_w, job_c), (std_w, std_c) = median("bare"), median("job"), median("job_standard")
+    bt_w, bt_c = median("job_btrim")
     print(f"spark session start: {start_s:.1f}s (not counted); cores: {os.cpu_count()}")
-    print(f"{'':34s} {'wall s':>7s} {'CPU s':>7s} {'rows/s wall':>12s}")
+    print(f"recpipe's JVM functions: {'registered' if jvm.registered(spark) else 'not built'}")
+    print(f"{'':34s} {'wall s':>7s} {'CPU s':>7s} {'rows/s wall':>12s} {'rows/CPU-s':>12s}")
     for label, (w, c) in (
         ("(a) pyarrow read_csv (I/O floor)", floor),
         ("(b) Spark CSV -> Parquet, bare", (bare_w, bare_c)),
         ("(c) feature job (prepare_day)", (job_w, job_c)),
         ("(c2) feature job, standard", (std_w, std_c)),
+        ("(c3) feature job, Spark's own", (bt_w, bt_c)),
     ):
-        print(f"{label:34s} {w:7.2f} {c:7.2f} {args.rows / w:12,.0f}")
+        print(f"{label:34s} {w:7.2f} {c:7.2f} {args.rows / w:12,.0f} {args.rows / c:12,.0f}")
     print(f"(c) / (b): wall {job_w / bare_w:.2f}x, CPU {job_c / bare_c:.2f}x (goal <= 1.5x)")
     print(f"(c2) / (b): wall {std_w / bare_w:.2f}x, CPU {std_c / bare_c:.2f}x")
+    print(f"(c3) / (b): wall {bt_w / bare_w:.2f}x, CPU {bt_c / bare_c:.2f}x")
     print(f"(c) / (a): wall {job_w / floor[0]:.1f}x")
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
+from features import jvm
 from features.schema import (
     BAD,
     REASON,
@@ -41,6 +42,7 @@ from features.schema import (
     read_strings,
 )
 from features.transform import (
+    MOMENTS,
     feature_columns,
     merge_moments,
     moment_aggs,
@@ -59,6 +61,9 @@ from recpipe.layout import FeaturePartition, ds_partition, is_finished, parse_ds
 from recpipe.paths import confine_config
 
 log = logging.getLogger(__name__)
+
+
+FIGURES = "__figures"  # the observed metric of features.jvm.day_figures
 
 
 class BadRowsError(PipelineError):
@@ -163,21 +168,42 @@ def _bad_row_message(bad: DataFrame, bad_count: int, total: int, ds: str, limit:
 def _day_metrics(config: PipelineConfig, moments: bool) -> list[Column]:
     """The day's figures as aggregates: row counts, positive rate, nulls per input column and,
     with ``moments``, dense moments, of the good rows. A dense input's nulls are not counted
-    apart: its moments' count gives them (the observed aggregates cost ~0.1 us each a row)."""
+    apart: its moments' count gives them (the observed aggregates cost ~0.1 us each a row).
+    Where recpipe's JVM functions are registered, one aggregate of them all
+    (``features.jvm.day_figures``); ``_day_figures`` names its fields."""
     dc, fc = config.data_config, config.feature_config
     good = ~F.col(BAD)
     dense = _dense_inputs(config)
+    null_counted = [c for c in _input_columns(config) if c not in dense]
+    raw = [f for f in fc.features if f.feature_type == FeatureType.RawFeature] if moments else []
+    if jvm.registered():
+        values = [F.col(f.input_names[0]).cast("double") for f in raw]
+        label = F.col(dc.label_fields[0]).cast("double")
+        return [jvm.day_figures(F.col(BAD), label, [F.col(c) for c in null_counted], values).alias(FIGURES)]
     return [
         F.count(F.lit(1)).alias("__total"),
         F.sum(F.col(BAD).cast("long")).alias("__bad"),
         F.mean(F.when(good, F.col(dc.label_fields[0]).cast("double"))).alias("__positive_rate"),
-        *[
-            F.sum((good & F.col(c).isNull()).cast("long")).alias(f"__null__{c}")
-            for c in _input_columns(config)
-            if c not in dense
-        ],
-        *(moment_aggs(fc.features, good) if moments else []),
+        *[F.sum((good & F.col(c).isNull()).cast("long")).alias(f"__null__{c}") for c in null_counted],
+        *(moment_aggs(raw, good) if moments else []),
     ]
+
+
+def _day_figures(observed: dict, config: PipelineConfig, moments: bool) -> dict:
+    """``_day_metrics``' observed values by their names (``__total``, ``__bad``,
+    ``__positive_rate``, ``__null__<column>``, ``<feature>__<moment>``)."""
+    if FIGURES not in observed:
+        return observed
+    dense = _dense_inputs(config)
+    raw = [f for f in config.feature_config.features if f.feature_type == FeatureType.RawFeature]
+    names = [
+        "__total",
+        "__bad",
+        "__positive_rate",
+        *[f"__null__{c}" for c in _input_columns(config) if c not in dense],
+        *[f"{f.name}__{m}" for f in (raw if moments else []) for m in MOMENTS],
+    ]
+    return dict(zip(names, observed[FIGURES], strict=True))
 
 
 def _input_columns(config: PipelineConfig) -> list[str]:
@@ -284,7 +310,7 @@ def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
             if first_pass:  # the first pass read the files: a failure here is not theirs
                 raise
             raise _read_error(err, files) from err
-        figures = observation.get
+        figures = _day_figures(observation.get, config, moments=not first_pass)
         total, bad_count = figures["__total"], figures["__bad"] or 0
         bad = quarantined(rows, dc.input_fields)
         quarantine_root = Path(config.effective_quarantine_path)

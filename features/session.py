@@ -8,6 +8,8 @@ import sys
 
 from pyspark.sql import SparkSession
 
+from features.jvm import session_conf
+
 
 def local_threads(master: str) -> int | None:
     """Worker threads of a ``local``, ``local[N]`` or ``local[*]`` master (None: a cluster)."""
@@ -48,6 +50,9 @@ def get_spark(app_name: str = "recpipe-features", master: str | None = None) -> 
     # spark-submit starts the JVM first, with its --master, and tells PySpark where it listens;
     # a Python-side SparkConf cannot see that master before the session exists
     submitted = "PYSPARK_GATEWAY_PORT" in os.environ
+    if not submitted:  # recpipe's JVM functions, when built; spark-submit is given them itself
+        for key, value in session_conf().items():
+            builder = builder.config(key, value)
     if master is not None or not submitted:
         builder = builder.master(master or os.environ.get("RECPIPE_SPARK_MASTER", "local[*]"))
     spark = builder.getOrCreate()

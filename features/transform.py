@@ -14,21 +14,21 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from features.jvm import trim_whitespace
 from recpipe.config.data import FeatureConfig, FeatureSpec, FeatureType, InputType, Normalizer
-from recpipe.ids import WHITESPACE_CHARS
 
 
 def clean_id(col: Column, input_type: InputType) -> Column:
     """Clean an id value to its canonical string (``recpipe.ids`` step 1)."""
     if input_type in (InputType.INT32, InputType.INT64):
         return F.coalesce(col.cast(T.LongType()).cast(T.StringType()), F.lit(""))
-    return F.coalesce(F.btrim(col, F.lit(WHITESPACE_CHARS)), F.lit(""))
+    return F.coalesce(trim_whitespace(col), F.lit(""))
 
 
 def split_tags(col: Column, separator: str) -> Column:
     """Split a tag string into cleaned, non-empty tokens (array<string>, empty when missing)."""
     tokens = F.split(F.coalesce(col, F.lit("")), _regex_literal(separator))
-    cleaned = F.transform(tokens, lambda t: F.btrim(t, F.lit(WHITESPACE_CHARS)))
+    cleaned = F.transform(tokens, trim_whitespace)
     return F.filter(cleaned, lambda t: t != "")
 
 

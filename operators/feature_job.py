@@ -10,6 +10,7 @@ from pathlib import Path
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
+from features.jvm import session_conf
 from operators.sensors import RawPartitionSensor
 
 
@@ -53,5 +54,6 @@ def feature_job(home: Path, retrain, ds: str, edits_arg: str, name: str) -> Spar
             "RECPIPE_HOME": str(home),
             "SPARK_LOCAL_IP": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"),
         },
-        conf={"spark.ui.enabled": "false", "spark.driver.host": "127.0.0.1"},
+        # recpipe's JVM functions load with the driver's JVM, before the job's Python starts
+        conf={"spark.ui.enabled": "false", "spark.driver.host": "127.0.0.1", **session_conf()},
     )

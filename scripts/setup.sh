@@ -26,6 +26,7 @@ fi
 stamp=.venv/.recpipe-setup
 want=$(cat requirements.lock pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  scripts/build_jvm.sh
   exit 0
 fi
 
@@ -55,5 +56,6 @@ if ! .venv/bin/python -c 'import horovod.tensorflow' >/dev/null 2>&1; then
 fi
 
 pip install --no-deps --no-build-isolation -e .
+scripts/build_jvm.sh
 echo "$want" > "$stamp"
 say "ready: $(.venv/bin/python --version), .venv/bin/recpipe"

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from features.jvm import session_conf
 from recpipe.local_airflow import deployment
 from tests.dags.conftest import DAYS, airflow, new_stack
 from tests.support import free_port
@@ -146,6 +147,10 @@ def test_prepare_features_runs_on_a_spark_standalone_cluster(movielens_raw, tmp_
     out = proc.stdout + proc.stderr
     assert f"spark-submit --master {master}" in out
     assert len(apps) == 1 and list(apps[0].glob("*/stderr")), apps
+    if session_conf():  # recpipe's JVM functions were shipped to the executor and used
+        assert "JVM functions are not loaded" not in out
+        executor_log = "".join(p.read_text() for p in apps[0].glob("*/stderr"))
+        assert "recpipe-spark.jar" in executor_log, executor_log[-2000:]
     day = stack["var"] / "features" / f"ds={DAYS[0]}"
     assert (day / "_SUCCESS").exists()
     stats = json.loads((day / "_stats.json").read_text())

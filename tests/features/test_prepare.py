@@ -16,6 +16,7 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
 
+from features.jvm import session_conf
 from features.prepare import BadRowsError, prepare_day
 from features.schema import RawInputError
 from tests.support import ROOT
@@ -254,6 +255,7 @@ def test_spark_submit_runs_the_job(movielens_config, tmp_path):
             str(spark_submit),
             "--master",
             "local[1]",
+            *[arg for key, value in session_conf().items() for arg in ("--conf", f"{key}={value}")],
             str(ROOT / "features/prepare.py"),
             "--pipeline_config_path",
             str(config_path),
@@ -268,6 +270,7 @@ def test_spark_submit_runs_the_job(movielens_config, tmp_path):
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    assert session_conf() == {} or "JVM functions are not loaded" not in done.stderr
     printed = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert printed[-1]["rows"] == _rows(movielens_config, DAYS[0])
     assert (Path(movielens_config.train_input_path) / f"ds={DAYS[0]}" / "_SUCCESS").exists()
