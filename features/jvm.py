@@ -13,11 +13,12 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-
-from pyspark.sql import Column, SparkSession
-from pyspark.sql import functions as F
+from typing import TYPE_CHECKING
 
 from recpipe.ids import WHITESPACE_CHARS
+
+if TYPE_CHECKING:  # pyspark is imported where a column is built: DAG files import session_conf
+    from pyspark.sql import Column, SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,8 @@ def session_conf() -> dict[str, str]:
 
 def registered(spark: SparkSession | None = None) -> bool:
     """Whether ``spark`` (default: the active session) has recpipe's functions."""
+    from pyspark.sql import SparkSession
+
     spark = spark or SparkSession.getActiveSession()
     if spark is None:
         return False
@@ -71,6 +74,8 @@ def trim_whitespace(col: Column) -> Column:
     examines (Spark 4.3): ``recpipe.spark.Ids.trimWhitespace`` returns a value with no such
     character at either end as it is, and is compiled into the stage as a static call.
     """
+    from pyspark.sql import functions as F
+
     if registered():
         return F.call_function(TRIM_WHITESPACE, col)
     return F.btrim(col, F.lit(WHITESPACE_CHARS))
@@ -87,4 +92,6 @@ def day_figures(bad: Column, label: Column, null_counted: list[Column], dense: l
     (``features.prepare._day_metrics``) at one update a row instead of one per aggregate;
     only where ``registered()``.
     """
+    from pyspark.sql import functions as F
+
     return F.call_function(DAY_FIGURES, F.lit(len(null_counted)), bad, label, *null_counted, *dense)
