@@ -171,11 +171,9 @@ def _day_metrics(config: PipelineConfig, moments: bool) -> list[Column]:
     apart: its moments' count gives them (the observed aggregates cost ~0.1 us each a row).
     Where recpipe's JVM functions are registered, one aggregate of them all
     (``features.jvm.day_figures``); ``_day_figures`` names its fields."""
-    dc, fc = config.data_config, config.feature_config
+    dc = config.data_config
     good = ~F.col(BAD)
-    dense = _dense_inputs(config)
-    null_counted = [c for c in _input_columns(config) if c not in dense]
-    raw = [f for f in fc.features if f.feature_type == FeatureType.RawFeature] if moments else []
+    null_counted, raw = _figure_inputs(config, moments)
     if jvm.registered():
         values = [F.col(f.input_names[0]).cast("double") for f in raw]
         label = F.col(dc.label_fields[0]).cast("double")
@@ -185,8 +183,17 @@ def _day_metrics(config: PipelineConfig, moments: bool) -> list[Column]:
         F.sum(F.col(BAD).cast("long")).alias("__bad"),
         F.mean(F.when(good, F.col(dc.label_fields[0]).cast("double"))).alias("__positive_rate"),
         *[F.sum((good & F.col(c).isNull()).cast("long")).alias(f"__null__{c}") for c in null_counted],
-        *(moment_aggs(raw, good) if moments else []),
+        *moment_aggs(raw, good),
     ]
+
+
+def _figure_inputs(config: PipelineConfig, moments: bool) -> tuple[list[str], list]:
+    """(the input columns whose nulls are counted, the RawFeatures whose moments are taken:
+    none without ``moments``), in the order of ``_day_metrics``' figures."""
+    dense = _dense_inputs(config)
+    null_counted = [c for c in _input_columns(config) if c not in dense]
+    raw = [f for f in config.feature_config.features if f.feature_type == FeatureType.RawFeature]
+    return null_counted, raw if moments else []
 
 
 def _day_figures(observed: dict, config: PipelineConfig, moments: bool) -> dict:
@@ -194,14 +201,13 @@ def _day_figures(observed: dict, config: PipelineConfig, moments: bool) -> dict:
     ``__positive_rate``, ``__null__<column>``, ``<feature>__<moment>``)."""
     if FIGURES not in observed:
         return observed
-    dense = _dense_inputs(config)
-    raw = [f for f in config.feature_config.features if f.feature_type == FeatureType.RawFeature]
+    null_counted, raw = _figure_inputs(config, moments)
     names = [
         "__total",
         "__bad",
         "__positive_rate",
-        *[f"__null__{c}" for c in _input_columns(config) if c not in dense],
-        *[f"{f.name}__{m}" for f in (raw if moments else []) for m in MOMENTS],
+        *[f"__null__{c}" for c in null_counted],
+        *[f"{f.name}__{m}" for f in raw for m in MOMENTS],
     ]
     return dict(zip(names, observed[FIGURES], strict=True))
 

@@ -13,7 +13,7 @@ if [ -f "$jar" ] && [ -z "$(find "$src" requirements.lock -newer "$jar" \( -name
   exit 0
 fi
 if ! command -v javac >/dev/null; then
-  say "javac is missing: the feature job trims ids with Spark's btrim (slower). Install a JDK:"
+  say "javac is missing: the feature job uses Spark's own expressions (slower). Install a JDK:"
   say "  sudo apt-get install -y openjdk-17-jdk-headless"
   exit 0
 fi
