@@ -12,8 +12,12 @@ Exit codes, one policy for every command (``recpipe ...``, ``python -m trainer.*
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
+import traceback
 from collections.abc import Callable
+from typing import NoReturn
 
 EXIT_USAGE = 2
 EXIT_PIPELINE = 1
@@ -43,10 +47,33 @@ def run_command(fn: Callable[[], int], prog: str = "recpipe") -> int:
 
     try:
         return fn()
-    except (ConfigError, UsageError) as err:
+    except (ConfigError, UsageError, PipelineError) as err:
+        return report(err, prog)
+
+
+def report(err: BaseException, prog: str = "recpipe") -> int:
+    """Print ``err`` as the policy above says (one line for the user's errors, the traceback
+    for anything else) and return its exit code."""
+    from recpipe.config.errors import ConfigError
+
+    if isinstance(err, (ConfigError, UsageError)):
         kind = "config error" if isinstance(err, ConfigError) else "usage error"
         print(f"{prog}: {kind}: {err}", file=sys.stderr)
         return EXIT_USAGE
-    except PipelineError as err:
+    if isinstance(err, PipelineError):
         print(f"{prog}: {type(err).__name__}: {err}", file=sys.stderr)
-        return EXIT_PIPELINE
+    else:
+        traceback.print_exception(err, file=sys.stderr)
+    return EXIT_PIPELINE
+
+
+def exit_now(err: BaseException, prog: str = "recpipe") -> NoReturn:
+    """Report ``err`` (see ``report``), flush the logs and end the process at once with its
+    exit code, skipping the interpreter's teardown: for a process whose libraries can block
+    in their finalizers after a failure (TensorFlow's ``ClusterCoordinator`` waits there on a
+    worker it lost), so that its launcher sees it fail instead of hang."""
+    code = report(err, prog)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

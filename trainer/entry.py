@@ -20,7 +20,7 @@ from pathlib import Path
 
 from recpipe import atomic, jsonl, locks
 from recpipe.config.args import add_config_args, config_from_args
-from recpipe.errors import UsageError, run_command
+from recpipe.errors import UsageError, exit_now, run_command
 from recpipe.layout import ModelDir, parse_ds_range
 
 # TensorFlow's C++ start-up chatter hides the log lines users need.
@@ -86,7 +86,13 @@ def _train_eval(args, extra) -> int:
             source = source if source.is_dir() else source.parent  # a dir or a checkpoint prefix
             if config.train_config.fine_tune_checkpoint and not args.continue_train and source.is_dir():
                 held.enter_context(locks.reading(source))
-        result = Trainer(job, dist).train(on_log=_metrics_log(model_dir))
+        try:
+            result = Trainer(job, dist).train(on_log=_metrics_log(model_dir))
+        except Exception as err:
+            if dist.exits_at_once_on_error:
+                held.close()  # release the model dir's locks first
+                exit_now(err, "recpipe train")
+            raise
     if not dist.is_chief:
         return 0  # the chief writes the config, evaluates and prints the result
     atomic.write_text(ModelDir(model_dir).pipeline_config, _yaml(config))

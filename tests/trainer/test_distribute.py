@@ -374,6 +374,20 @@ def test_asynchronous_parameter_server_training_goes_on_when_a_worker_dies(confi
     assert tf.train.latest_checkpoint(str(model_dir)).endswith(f"model.ckpt-{result['global_step']}")
 
 
+def test_a_failed_parameter_server_chief_exits_with_its_error_and_the_job_ends(config_path, tmp_path):
+    # the chief exits at once on an error (TensorFlow's ClusterCoordinator can block in its
+    # destructor after a failure); its error is the job's, and no server is left running
+    sgd = {"sgd_optimizer": {"learning_rate": {"constant_learning_rate": {"learning_rate": 1e30}}}}
+    edits = {**PS_EDITS, "train_config.optimizer_config": [sgd], "train_config.num_steps": 200}
+    job = _job(config_path, tmp_path / "model", "NoStrategy", 1, ps=1, **edits)
+    with pytest.raises(JobFailedError, match=r"train chief exited with code 1") as err:
+        LocalLauncher(tmp_path / "logs", grace_s=3).run(job)
+    assert "recpipe train: DivergedError: the loss is" in str(err.value)
+    # it did not wait on the coordinator's teardown
+    assert "ClusterCoordinator destructor" not in (tmp_path / "logs" / "train-0.log").read_text()
+    assert _processes_mentioning("trainer.distribute.server") == []
+
+
 def test_synchronous_parameter_server_equals_one_process_on_the_global_batch(config_path, tmp_path):
     # NoStrategy + sync_replicas with 2 workers and 2 ps (the item table partitioned): each
     # update sums one 128-row batch per worker, so it equals one process on 256 rows

@@ -57,3 +57,29 @@ def test_horovod_without_horovodrun_is_a_world_of_one():
     assert (dist.rank, dist.world_size, dist.is_chief, dist.synchronous) == (0, 1, True, True)
     grads = dist.reduce_gradients([tf.ones([2]), tf.IndexedSlices(tf.ones([1, 2]), tf.constant([3]))])
     assert grads[0].numpy().tolist() == [1.0, 1.0] and grads[1].indices.numpy().tolist() == [3]
+
+
+class _Value:
+    """A scheduled step's result as the coordinator hands it back: its loss, or the error a
+    fetch raises when the worker holding it died first."""
+
+    def __init__(self, loss: float | None):
+        self.loss = loss
+
+    def fetch(self):
+        if self.loss is None:
+            raise tf.errors.CancelledError(None, None, "RecvFromRemoteAsync is cancelled")
+        return self.loss
+
+
+def test_a_parameter_server_loss_lost_with_its_worker_is_stood_in_for_by_a_later_steps():
+    from trainer.distribute.parameter_server import ParameterServerDistribution
+
+    dist = ParameterServerDistribution.__new__(ParameterServerDistribution)  # no cluster needed
+    values = [_Value(0.5), _Value(None), _Value(None), _Value(0.25), _Value(0.125)]
+    dist._recent = list(values)
+    assert dist.fetch(values[0]) == 0.5
+    assert dist.fetch(values[1]) == 0.25  # the first later step whose loss is still there
+    dist._recent = values[:3]
+    with pytest.raises(tf.errors.CancelledError):  # no later step's loss either
+        dist.fetch(values[1])

@@ -80,6 +80,8 @@ class Distribution:
     key_union = None
     # whether online tables (ev_params) can train under this distribution
     holds_online_tables = True
+    # whether a process that failed must exit at once: its strategy's finalizers may block
+    exits_at_once_on_error = False
 
     def __init__(self, strategy: tf.distribute.Strategy | None = None):
         self.strategy = strategy or tf.distribute.get_strategy()

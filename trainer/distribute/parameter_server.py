@@ -23,6 +23,7 @@ applied exactly once.
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -39,6 +40,12 @@ log = logging.getLogger(__name__)
 MIN_SHARD_BYTES = 256 << 10
 # a gradient step whose result is lost with its worker is run again, at most this often
 FETCH_ATTEMPTS = 5
+# scheduled train steps whose losses stay fetchable: one lost with its worker is stood in for by a
+# later one (enough for the steps in flight between two logged steps)
+RECENT_STEPS = 64
+# the errors a fetch raises when the worker that ran the step went away before the chief copied
+# its result (the step itself is done, or run again by the coordinator)
+LOST_RESULT = (tf.errors.UnavailableError, tf.errors.CancelledError)
 
 
 def cluster_from_tf_config() -> dict:
@@ -72,7 +79,9 @@ class ParameterServerDistribution(Distribution):
     """The chief (coordinator) of an asynchronous parameter-server job.
 
     Steps are scheduled, not run: ``run_step`` returns a ``RemoteValue``, ``fetch`` waits
-    for one, ``sync`` for all (before a checkpoint).
+    for one, ``sync`` for all (before a checkpoint). A step's loss lives on the worker that
+    ran it until fetched; when that worker dies first, ``fetch`` returns the next step's loss
+    (a train step updates the ps, so it is not run again for its loss).
 
     Raises:
         StrategyError: see ``cluster_from_tf_config``.
@@ -80,6 +89,9 @@ class ParameterServerDistribution(Distribution):
 
     # an online table's id -> row map is a hash table, which TensorFlow cannot place on a ps
     holds_online_tables = False
+    # after an error, the ClusterCoordinator's destructor can wait forever on its worker-
+    # preemption thread (seen in CI: a chief that raised never exited, so the job never ended)
+    exits_at_once_on_error = True
 
     def __init__(self):
         self.cluster = cluster = cluster_from_tf_config()
@@ -94,12 +106,29 @@ class ParameterServerDistribution(Distribution):
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
         super().__init__(tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner))
         self.coordinator = tf.distribute.coordinator.ClusterCoordinator(self.strategy)
+        self._recent: collections.deque = collections.deque(maxlen=RECENT_STEPS)
 
     def run_step(self, train_step, element):
-        return self.coordinator.schedule(train_step, args=tuple(element))
+        value = self.coordinator.schedule(train_step, args=tuple(element))
+        self._recent.append(value)
+        return value
 
     def fetch(self, value) -> float:
-        return float(value.fetch())
+        """``value``'s loss (float), or, when its worker died before the chief copied it, the
+        loss of the first later step whose result is still there.
+
+        Raises:
+            tf.errors.UnavailableError, tf.errors.CancelledError: no later step's loss either.
+        """
+        recent = list(self._recent)
+        at = next((i for i, v in enumerate(recent) if v is value), len(recent))
+        for candidate in [value, *recent[at + 1 :]]:
+            try:
+                return float(candidate.fetch())
+            except LOST_RESULT as err:
+                lost = err
+                log.warning("a step's worker went away before its loss was fetched; taking a later step's")
+        raise lost
 
     def sync(self) -> None:
         self.coordinator.join()
