@@ -25,7 +25,8 @@ log = logging.getLogger(__name__)
 JAR = Path(__file__).resolve().parents[1] / "build" / "jvm" / "recpipe-spark.jar"
 EXTENSIONS = "recpipe.spark.Extensions"
 TRIM_WHITESPACE = "recpipe_trim_whitespace"
-DAY_FIGURES = "recpipe_day_figures"
+DAY_FIGURES_TAP = "recpipe_day_figures_tap"
+SIGNED_LOG1P = "recpipe_signed_log1p"
 
 _registered: dict[int, bool] = {}
 
@@ -81,17 +82,54 @@ def trim_whitespace(col: Column) -> Column:
     return F.btrim(col, F.lit(WHITESPACE_CHARS))
 
 
-def day_figures(bad: Column, label: Column, null_counted: list[Column], dense: list[Column]) -> Column:
-    """One aggregate of a day's figures (``recpipe.spark.DayFigures``), a struct of
-    ``3 + len(null_counted) + 5 * len(dense)`` fields: rows (long), bad rows (long, null over
-    no rows), mean label of the good rows (double), per ``null_counted`` column its nulls among
-    the good rows (long), per ``dense`` column the good rows' count (long), sum, sum of
-    squares, min and max (double) of its values cast to double.
+class DayFiguresTap:
+    """A day's figures gathered as a stage reads the rows (``recpipe.spark.DayFiguresTap``),
+    without a plan node of their own, so that the stage's parse, filter and features stay one
+    piece of generated code (an observed metric ends it: every row is copied there). Only
+    where ``registered()``.
 
-    The same values as Spark's ``count`` / ``sum`` / ``avg`` / ``min`` / ``max`` of those
-    (``features.prepare._day_metrics``) at one update a row instead of one per aggregate;
-    only where ``registered()``.
+    The figures (``figures()``, ``3 + n + 5 * m`` values for n null-counted and m dense
+    columns): rows (int), bad rows (int, None over no rows), mean label of the good rows
+    (float), per null-counted column its nulls among the good rows (int), per dense column the
+    good rows' count (int), sum, sum of squares, min and max (float) of its values as doubles:
+    the same values as Spark's ``count`` / ``sum`` / ``avg`` / ``min`` / ``max`` of those
+    (``features.prepare._day_metrics``), NaN and -0.0 included.
+
+    Use: ``rows.withColumn("_bad", tap.column(...))`` on the frame an action reads once, then
+    ``tap.figures()``. A tap belongs to one action: a second run of the frame adds its rows again.
+    """
+
+    def __init__(self, spark: SparkSession, null_columns: int, dense_columns: int):
+        sc = spark.sparkContext
+        self._accumulator = sc._jvm.recpipe.spark.DayFiguresAccumulator(null_columns, dense_columns)
+        sc._jsc.sc().register(self._accumulator, "recpipe_day_figures")
+        self._null_columns = null_columns
+
+    def column(self, bad: Column, label: Column, null_counted: list[Column], dense: list[Column]) -> Column:
+        """``bad`` (boolean) as it is; each row it is computed for adds to the figures.
+
+        Raises:
+            pyspark.errors.AnalysisException: the columns do not match the tap's counts.
+        """
+        from pyspark.sql import functions as F
+
+        args = [F.lit(self._accumulator.id()), F.lit(self._null_columns), bad, label, *null_counted, *dense]
+        return F.call_function(DAY_FIGURES_TAP, *args)
+
+    def figures(self) -> list[int | float | None]:
+        """The figures of the rows read so far, in ``day_figures``' order."""
+        return list(self._accumulator.figures())
+
+
+def signed_log1p(x: Column) -> Column:
+    """The ``log`` normaliser of a filled dense value: ``signum(x) * log1p(abs(x))`` as float.
+
+    ``recpipe.spark.Dense.signedLog1p`` computes it as Spark's expressions do (the same float for
+    every double), in one static call: a stage's generated code stays under HotSpot's limit.
     """
     from pyspark.sql import functions as F
+    from pyspark.sql import types as T
 
-    return F.call_function(DAY_FIGURES, F.lit(len(null_counted)), bad, label, *null_counted, *dense)
+    if registered():
+        return F.call_function(SIGNED_LOG1P, x)
+    return (F.signum(x) * F.log1p(F.abs(x))).cast(T.FloatType())

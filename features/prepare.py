@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from datetime import date, timedelta
 from pathlib import Path
 
@@ -63,7 +64,7 @@ from recpipe.paths import confine_config
 log = logging.getLogger(__name__)
 
 
-FIGURES = "__figures"  # the observed metric of features.jvm.day_figures
+FIGURES = "__figures"  # features.jvm.DayFiguresTap's figures, in _figure_inputs' order
 
 
 class BadRowsError(PipelineError):
@@ -165,19 +166,32 @@ def _bad_row_message(bad: DataFrame, bad_count: int, total: int, ds: str, limit:
     )
 
 
+def _gathering(rows: DataFrame, config: PipelineConfig, moments: bool) -> tuple[DataFrame, Callable]:
+    """(``rows`` gathering the day's figures as an action reads them, a function that returns
+    the figures by name once the action is done; see ``_day_figures``).
+
+    Where recpipe's JVM functions are registered, an expression in the stage gathers them
+    (``features.jvm.DayFiguresTap``); else Spark's observed metrics (``_day_metrics``), which
+    end the stage's generated code with a copy of every row."""
+    if jvm.registered():
+        null_counted, raw = _figure_inputs(config, moments)
+        tap = jvm.DayFiguresTap(rows.sparkSession, len(null_counted), len(raw))
+        label = F.col(config.data_config.label_fields[0])
+        values = [F.col(f.input_names[0]) for f in raw]
+        bad = tap.column(F.col(BAD), label, [F.col(c) for c in null_counted], values)
+        return rows.withColumn(BAD, bad), lambda: _day_figures({FIGURES: tap.figures()}, config, moments)
+    observation = Observation("recpipe_day")
+    observed = rows.observe(observation, *_day_metrics(config, moments))
+    return observed, lambda: _day_figures(observation.get, config, moments)
+
+
 def _day_metrics(config: PipelineConfig, moments: bool) -> list[Column]:
     """The day's figures as aggregates: row counts, positive rate, nulls per input column and,
     with ``moments``, dense moments, of the good rows. A dense input's nulls are not counted
-    apart: its moments' count gives them (the observed aggregates cost ~0.1 us each a row).
-    Where recpipe's JVM functions are registered, one aggregate of them all
-    (``features.jvm.day_figures``); ``_day_figures`` names its fields."""
+    apart: its moments' count gives them (the observed aggregates cost ~0.1 us each a row)."""
     dc = config.data_config
     good = ~F.col(BAD)
     null_counted, raw = _figure_inputs(config, moments)
-    if jvm.registered():
-        values = [F.col(f.input_names[0]).cast("double") for f in raw]
-        label = F.col(dc.label_fields[0]).cast("double")
-        return [jvm.day_figures(F.col(BAD), label, [F.col(c) for c in null_counted], values).alias(FIGURES)]
     return [
         F.count(F.lit(1)).alias("__total"),
         F.sum(F.col(BAD).cast("long")).alias("__bad"),
@@ -265,13 +279,18 @@ def _window_normalization(
 
 def _write_features(rows: DataFrame, config: PipelineConfig, out: Path, normalization: dict) -> None:
     """Write the good rows' features to ``out`` (Parquet), normalised by ``normalization``."""
+    _features(rows, config, normalization).write.mode("overwrite").parquet(str(out))
+
+
+def _features(rows: DataFrame, config: PipelineConfig, normalization: dict) -> DataFrame:
+    """The good rows' labels and features, normalised by ``normalization``."""
     dc, fc = config.data_config, config.feature_config
     columns = [*[F.col(c) for c in dc.label_fields], *feature_columns(fc, dc.all_fields(), normalization)]
     if dc.holdout_percent:
         # a function of the raw row, so a re-run of the day holds out the same rows
         raw = F.xxhash64(*[F.col(f.input_name) for f in dc.input_fields])
         columns.append((F.pmod(raw, F.lit(100)) < dc.holdout_percent).alias(HOLDOUT))
-    rows.filter(~F.col(BAD)).select(*columns).write.mode("overwrite").parquet(str(out))
+    return rows.filter(~F.col(BAD)).select(*columns)
 
 
 def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
@@ -305,18 +324,17 @@ def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
         raise _read_error(err, files) from err
     window, earlier = _window_moments(spark, config, ds)
     window.append(ds)
-    observation = Observation("recpipe_day")
     final = ds_partition(config.train_input_path, ds)
     with atomic.directory(final) as tmp:
         _, normalization = _window_normalization(config, earlier, every_row)
-        metrics = _day_metrics(config, moments=not first_pass)
+        gathering, day_figures = _gathering(rows, config, moments=not first_pass)
         try:
-            _write_features(rows.observe(observation, *metrics), config, tmp, normalization)
+            _write_features(gathering, config, tmp, normalization)
         except Exception as err:
             if first_pass:  # the first pass read the files: a failure here is not theirs
                 raise
             raise _read_error(err, files) from err
-        figures = _day_figures(observation.get, config, moments=not first_pass)
+        figures = day_figures()
         total, bad_count = figures["__total"], figures["__bad"] or 0
         bad = quarantined(rows, dc.input_fields)
         quarantine_root = Path(config.effective_quarantine_path)

@@ -14,7 +14,7 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from features.jvm import trim_whitespace
+from features.jvm import signed_log1p, trim_whitespace
 from recpipe.config.data import FeatureConfig, FeatureSpec, FeatureType, InputType, Normalizer
 
 
@@ -125,8 +125,8 @@ def normalize(col: Column, params: dict[str, float | str]) -> Column:
     x = F.coalesce(col.cast(T.DoubleType()), F.lit(params["fill"]))
     method = params["method"]
     if method == Normalizer.log.value:
-        x = F.signum(x) * F.log1p(F.abs(x))
-    elif method == Normalizer.min_max.value:
+        return signed_log1p(x)
+    if method == Normalizer.min_max.value:
         x = F.least(F.greatest((x - params["min"]) / (params["max"] - params["min"]), F.lit(0.0)), F.lit(1.0))
     elif method == Normalizer.standard.value:
         x = (x - params["mean"]) / params["std"]

@@ -92,7 +92,8 @@ def test_the_job_writes_the_same_features_and_stats_as_with_spark_s_expressions(
         assert {"a", "b", "c", "\x0bd\x0b", "\u00a0e\u00a0", "", "f g", "日本"} <= ids
 
 
-def test_day_figures_equal_spark_s_aggregates_on_edge_values(registered):
+@pytest.mark.parametrize("codegen", [True, False])
+def test_the_tap_s_figures_equal_spark_s_aggregates_on_edge_values(registered, codegen):
     from pyspark.sql import functions as F
 
     nan = float("nan")
@@ -107,7 +108,7 @@ def test_day_figures_equal_spark_s_aggregates_on_edge_values(registered):
     df = registered.createDataFrame(
         rows * 50, "bad boolean, label int, c1 string, c2 string, x double, y long"
     )
-    df = df.repartition(3)  # partial results merged
+    df = df.repartition(3)  # each task's figures merged on the driver
     good = ~F.col("bad")
     spark_aggs = [
         F.count(F.lit(1)),
@@ -118,17 +119,53 @@ def test_day_figures_equal_spark_s_aggregates_on_edge_values(registered):
     for c in ("x", "y"):
         x = F.when(good, F.col(c).cast("double"))
         spark_aggs += [F.count(x), F.sum(x), F.sum(x * x), F.min(x), F.max(x)]
-    figures = jvm.day_figures(
-        F.col("bad"),
-        F.col("label").cast("double"),
-        [F.col("c1"), F.col("c2")],
-        [F.col("x"), F.col("y").cast("double")],
+    conf = {"spark.sql.codegen.wholeStage": str(codegen).lower()}
+    conf["spark.sql.codegen.factoryMode"] = "FALLBACK" if codegen else "NO_CODEGEN"
+    saved = {k: registered.conf.get(k) for k in conf}
+    for k, v in conf.items():
+        registered.conf.set(k, v)
+    whole = []
+    try:
+        for part in (df, df.limit(0), df.filter("bad")):
+            expected = list(part.agg(*spark_aggs).collect()[0])
+            tap = jvm.DayFiguresTap(registered, 2, 2)
+            bad = tap.column(
+                F.col("bad"), F.col("label"), [F.col("c1"), F.col("c2")], [F.col("x"), F.col("y")]
+            )
+            kept = part.select(bad.alias("bad")).filter("bad is null or not bad").count()
+            assert kept == part.filter("bad is null or not bad").count()  # the flag as it was
+            assert repr(tap.figures()) == repr(expected)  # NaN and -0.0 as Spark gives them
+            whole.append(tap.figures())
+    finally:
+        for k, v in saved.items():
+            registered.conf.set(k, v)
+    assert repr(whole[0][:3]) == "[300, 50, 0.6666666666666666]"
+
+
+def test_the_criteo_write_is_one_compiled_stage(registered, tmp_path):
+    # parse, figures, quarantine filter and features in one piece of generated code that
+    # HotSpot compiles (no row copied between them): what keeps the job near a bare conversion
+    from features.prepare import _features, _gathering, _read_day, _window_normalization
+    from recpipe.config import load_pipeline_config
+
+    raw = tmp_path / "raw"
+    _edge_day(raw / f"ds={DS}")
+    config = load_pipeline_config(
+        ROOT / "conf/criteo_deepfm.yaml",
+        {"raw_input_path": str(raw), "train_input_path": str(tmp_path / "f")},
     )
-    for part in (df, df.limit(0), df.filter("bad")):
-        expected = list(part.agg(*spark_aggs).collect()[0])
-        got = list(part.agg(figures).collect()[0][0])
-        assert repr(got) == repr(expected)  # NaN and -0.0 as Spark gives them
-    assert repr(list(df.agg(figures).collect()[0][0])[:3]) == "[300, 50, 0.6666666666666666]"
+    rows, _ = _read_day(registered, config, DS)
+    gathering, figures = _gathering(rows, config, moments=True)
+    frame = _features(gathering, config, _window_normalization(config, [], {})[1])
+    plan = frame._jdf.queryExecution().executedPlan()
+    debug = registered.sparkContext._jvm.org.apache.spark.sql.execution.debug.package
+    seq = debug.codegenStringSeq(plan)  # a Scala Seq of (stage, code, byte-code stats)
+    stages = [seq.apply(i) for i in range(seq.size())]
+    limit = int(registered.conf.get("spark.sql.codegen.hugeMethodLimit"))
+    assert len(stages) == 1, plan.toString()
+    assert stages[0]._3().maxMethodCodeSize() <= limit <= 8000
+    assert "CollectMetrics" not in plan.toString()
+    assert frame.count() == figures()["__total"] - 1 == len(SAMPLE.read_text().splitlines()) - 1 + 10
 
 
 def test_trim_whitespace_equals_btrim(registered):
