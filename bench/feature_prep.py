@@ -9,7 +9,8 @@ In one run, on the same CSV file (one day, ``local[*]``), wall and CPU seconds o
   (c2) the same with a ``standard`` normaliser on the dense features, whose constants need the
       day's moments before the write: a first pass reads the dense columns (MovieLens' case);
   (c3) (c) with Spark's own expressions instead of recpipe's JVM functions (``features.jvm``:
-      the ids' trim, the observed figures): what the job costs where ``javac`` was missing.
+      the ids' trim, the figures gathered in the stage, the log normaliser): what the job
+      costs where ``javac`` was missing.
 
 CPU seconds are this process's plus the Spark JVM's (``/proc/<pid>/stat``). Each Spark
 variant runs once to warm up (JIT, caches, as in a long-lived job), then ``--repeats`` times,

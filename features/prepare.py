@@ -299,10 +299,10 @@ def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
     hour's feature partition, quarantine and side files, by the same rules.
 
     The day is parsed in full once, by the write: its figures (counts, nulls, the good rows'
-    dense moments) are observed as it runs (``DataFrame.observe``). When a dense feature's
+    dense moments) are gathered as it runs (``_gathering``). When a dense feature's
     fill or normaliser depends on the window's statistics (``needs_statistics``), they must
     be known before the write, so a first pass reads the dense columns alone (Spark parses
-    no other column) for their moments over every row, and the write observes no moments:
+    no other column) for their moments over every row, and the write gathers no moments:
     when no row is quarantined these are the good rows' moments; when some are, an
     aggregation takes the good rows' and the features are written again if their
     normalisation changes. Dense statistics of the window's earlier days come from their
