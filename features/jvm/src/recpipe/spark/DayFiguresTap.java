@@ -46,7 +46,8 @@ public final class DayFiguresTap extends Expression implements java.io.Serializa
    *     dense columns (numeric), as many as the accumulator was made for
    * @throws IllegalArgumentException the columns do not match the accumulator's
    */
-  public DayFiguresTap(DayFiguresAccumulator accumulator, int nullColumns, Seq<Expression> columns) {
+  public DayFiguresTap(
+      DayFiguresAccumulator accumulator, int nullColumns, Seq<Expression> columns) {
     this.accumulator = accumulator;
     this.nullColumns = nullColumns;
     this.columns = columns;

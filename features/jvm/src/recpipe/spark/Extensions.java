@@ -7,6 +7,7 @@ import org.apache.spark.sql.catalyst.expressions.ExpressionInfo;
 import org.apache.spark.sql.catalyst.expressions.Literal;
 import org.apache.spark.sql.catalyst.expressions.objects.StaticInvoke;
 import org.apache.spark.sql.types.AbstractDataType;
+import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.util.AccumulatorContext;
 import org.apache.spark.util.AccumulatorV2;
@@ -36,33 +37,43 @@ public final class Extensions implements Function1<SparkSessionExtensions, Boxed
 
   @Override
   public BoxedUnit apply(SparkSessionExtensions extensions) {
-    ExpressionInfo info =
-        new ExpressionInfo(
-            Ids.class.getName(),
-            TRIM_WHITESPACE,
-            TRIM_WHITESPACE + "(str) - str without ' ', tab, CR, LF and form feed at either end.");
-    Function1<Seq<Expression>, Expression> builder = Extensions::trimWhitespace;
-    extensions.injectFunction(new Tuple3<>(FunctionIdentifier.apply(TRIM_WHITESPACE), info, builder));
-    ExpressionInfo tap =
-        new ExpressionInfo(
-            DayFiguresTap.class.getName(),
-            DAY_FIGURES_TAP,
-            DAY_FIGURES_TAP + "(accumulator_id, n_nulls, bad, label, c_1..c_n, x_1..x_m) - bad;"
-                + " adds the row's figures to a DayFiguresAccumulator (see DayFiguresTap).");
-    Function1<Seq<Expression>, Expression> tapBuilder = Extensions::dayFiguresTap;
-    extensions.injectFunction(new Tuple3<>(FunctionIdentifier.apply(DAY_FIGURES_TAP), tap, tapBuilder));
-    ExpressionInfo log1p =
-        new ExpressionInfo(
-            Dense.class.getName(),
-            SIGNED_LOG1P,
-            SIGNED_LOG1P + "(x) - cast(signum(x) * log1p(abs(x)) as float) of a double x.");
-    Function1<Seq<Expression>, Expression> log1pBuilder = Extensions::signedLog1p;
-    extensions.injectFunction(new Tuple3<>(FunctionIdentifier.apply(SIGNED_LOG1P), log1p, log1pBuilder));
+    inject(
+        extensions,
+        TRIM_WHITESPACE,
+        Ids.class,
+        "(str) - str without ' ', tab, CR, LF and form feed at either end.",
+        Extensions::trimWhitespace);
+    inject(
+        extensions,
+        DAY_FIGURES_TAP,
+        DayFiguresTap.class,
+        "(accumulator_id, n_nulls, bad, label, c_1..c_n, x_1..x_m) - bad; adds the row's figures"
+            + " to a DayFiguresAccumulator (see DayFiguresTap).",
+        Extensions::dayFiguresTap);
+    inject(
+        extensions,
+        SIGNED_LOG1P,
+        Dense.class,
+        "(x) - cast(signum(x) * log1p(abs(x)) as float) of a double x.",
+        Extensions::signedLog1p);
     return BoxedUnit.UNIT;
   }
 
+  private static void inject(
+      SparkSessionExtensions extensions,
+      String name,
+      Class<?> implementation,
+      String usage,
+      Function1<Seq<Expression>, Expression> builder) {
+    ExpressionInfo info = new ExpressionInfo(implementation.getName(), name, name + usage);
+    extensions.injectFunction(new Tuple3<>(FunctionIdentifier.apply(name), info, builder));
+  }
+
   private static Object literal(Seq<Expression> args, int i) {
-    return args.size() <= i || !(args.apply(i) instanceof Literal) ? null : ((Literal) args.apply(i)).value();
+    if (args.size() <= i || !(args.apply(i) instanceof Literal)) {
+      return null;
+    }
+    return ((Literal) args.apply(i)).value();
   }
 
   @SuppressWarnings("unchecked")
@@ -83,44 +94,42 @@ public final class Extensions implements Function1<SparkSessionExtensions, Boxed
         (DayFiguresAccumulator) acc.get(), (Integer) n, (Seq<Expression>) args.drop(2));
   }
 
-  @SuppressWarnings("unchecked")
   private static Expression signedLog1p(Seq<Expression> args) {
-    if (args.size() != 1) {
-      throw new IllegalArgumentException(SIGNED_LOG1P + " takes one double argument, got " + args.size());
-    }
     // a non-double argument is cast to double by the analyzer (implicit input types)
-    Seq<AbstractDataType> inputTypes =
-        (Seq<AbstractDataType>)
-            (Seq<?>) scala.collection.immutable.List$.MODULE$.empty().$colon$colon(DataTypes.DoubleType);
-    return new StaticInvoke(
-        Dense.class,
-        DataTypes.FloatType,
-        "signedLog1p",
-        args,
-        inputTypes,
-        true, // propagateNull: null stays null
-        false,
-        true,
-        Option.empty());
+    return staticCall(
+        SIGNED_LOG1P, Dense.class, "signedLog1p", args, DataTypes.DoubleType, DataTypes.FloatType,
+        false);
   }
 
-  @SuppressWarnings("unchecked")
   private static Expression trimWhitespace(Seq<Expression> args) {
+    // a null id stays null (the caller fills it with "")
+    return staticCall(
+        TRIM_WHITESPACE, Ids.class, "trimWhitespace", args, null, DataTypes.StringType, true);
+  }
+
+  /**
+   * A static call of {@code method(arg)} in the generated code (Spark's {@code StaticInvoke}),
+   * null for a null argument.
+   *
+   * @param inputType the argument's type, which the analyzer casts to; null: taken as it is
+   * @throws IllegalArgumentException not exactly one argument
+   */
+  @SuppressWarnings("unchecked")
+  private static Expression staticCall(
+      String name,
+      Class<?> cls,
+      String method,
+      Seq<Expression> args,
+      DataType inputType,
+      DataType returnType,
+      boolean returnNullable) {
     if (args.size() != 1) {
-      throw new IllegalArgumentException(
-          TRIM_WHITESPACE + " takes one string argument, got " + args.size());
+      throw new IllegalArgumentException(name + " takes one argument, got " + args.size());
     }
+    scala.collection.immutable.List<Object> none = scala.collection.immutable.List$.MODULE$.empty();
     Seq<AbstractDataType> inputTypes =
-        (Seq<AbstractDataType>) (Seq<?>) scala.collection.immutable.List$.MODULE$.empty();
+        (Seq<AbstractDataType>) (Seq<?>) (inputType == null ? none : none.$colon$colon(inputType));
     return new StaticInvoke(
-        Ids.class,
-        DataTypes.StringType,
-        "trimWhitespace",
-        args,
-        inputTypes,
-        true, // propagateNull: a null id stays null (the caller fills it with "")
-        true,
-        true,
-        Option.empty());
+        cls, returnType, method, args, inputTypes, true, returnNullable, true, Option.empty());
   }
 }
