@@ -117,7 +117,7 @@ class DayFiguresTap:
         return F.call_function(DAY_FIGURES_TAP, *args)
 
     def figures(self) -> list[int | float | None]:
-        """The figures of the rows read so far, in ``day_figures``' order."""
+        """The figures of the rows read so far, in the order the class docstring gives."""
         return list(self._accumulator.figures())
 
 

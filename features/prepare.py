@@ -64,9 +64,6 @@ from recpipe.paths import confine_config
 log = logging.getLogger(__name__)
 
 
-FIGURES = "__figures"  # features.jvm.DayFiguresTap's figures, in _figure_inputs' order
-
-
 class BadRowsError(PipelineError):
     """Too many raw rows fail the schema; the message names the files and counts."""
 
@@ -168,7 +165,7 @@ def _bad_row_message(bad: DataFrame, bad_count: int, total: int, ds: str, limit:
 
 def _gathering(rows: DataFrame, config: PipelineConfig, moments: bool) -> tuple[DataFrame, Callable]:
     """(``rows`` gathering the day's figures as an action reads them, a function that returns
-    the figures by name once the action is done; see ``_day_figures``).
+    the figures by name once the action is done; see ``_figure_names``).
 
     Where recpipe's JVM functions are registered, an expression in the stage gathers them
     (``features.jvm.DayFiguresTap``); else Spark's observed metrics (``_day_metrics``), which
@@ -179,10 +176,10 @@ def _gathering(rows: DataFrame, config: PipelineConfig, moments: bool) -> tuple[
         label = F.col(config.data_config.label_fields[0])
         values = [F.col(f.input_names[0]) for f in raw]
         bad = tap.column(F.col(BAD), label, [F.col(c) for c in null_counted], values)
-        return rows.withColumn(BAD, bad), lambda: _day_figures({FIGURES: tap.figures()}, config, moments)
+        names = _figure_names(config, moments)
+        return rows.withColumn(BAD, bad), lambda: dict(zip(names, tap.figures(), strict=True))
     observation = Observation("recpipe_day")
-    observed = rows.observe(observation, *_day_metrics(config, moments))
-    return observed, lambda: _day_figures(observation.get, config, moments)
+    return rows.observe(observation, *_day_metrics(config, moments)), lambda: observation.get
 
 
 def _day_metrics(config: PipelineConfig, moments: bool) -> list[Column]:
@@ -210,20 +207,18 @@ def _figure_inputs(config: PipelineConfig, moments: bool) -> tuple[list[str], li
     return null_counted, raw if moments else []
 
 
-def _day_figures(observed: dict, config: PipelineConfig, moments: bool) -> dict:
-    """``_day_metrics``' observed values by their names (``__total``, ``__bad``,
-    ``__positive_rate``, ``__null__<column>``, ``<feature>__<moment>``)."""
-    if FIGURES not in observed:
-        return observed
+def _figure_names(config: PipelineConfig, moments: bool) -> list[str]:
+    """The day's figures' names, in ``_day_metrics``' (and ``features.jvm.DayFiguresTap``'s)
+    order: ``__total``, ``__bad``, ``__positive_rate``, ``__null__<column>``,
+    ``<feature>__<moment>``."""
     null_counted, raw = _figure_inputs(config, moments)
-    names = [
+    return [
         "__total",
         "__bad",
         "__positive_rate",
         *[f"__null__{c}" for c in null_counted],
         *[f"{f.name}__{m}" for f in raw for m in MOMENTS],
     ]
-    return dict(zip(names, observed[FIGURES], strict=True))
 
 
 def _input_columns(config: PipelineConfig) -> list[str]:
