@@ -102,21 +102,22 @@ def write_params(params: Params, directory: Path) -> dict[str, dict]:
 
 
 def read_params(export: Path, verify: bool = True) -> Params:
-    """The ``params/`` of a base or delta directory.
+    """The ``params/`` of a base or delta directory: the tables its manifest lists, no other
+    file that happens to lie there.
 
     Raises:
-        DeltaError: the export is unfinished, or (``verify``) a file's checksum differs from
-            its manifest's.
+        DeltaError: the export is unfinished, a listed file is missing, or (``verify``) a
+            file's checksum differs from its manifest's.
     """
     manifest = read_manifest(export)
     if verify:
-        for rel, want in manifest["files"].items():
-            if _sha256(export / rel) != want["sha256"]:
-                raise DeltaError(f"{export / rel}: checksum differs from {export / MANIFEST}")
+        for rel in manifest["files"]:
+            _check(export, manifest, rel)
     directory = export / "params"
     tables = {}
-    for path in sorted((directory / "tables").glob("*.parquet")):
-        data = pq.read_table(path)
+    for table in sorted(manifest["tables"]):
+        path = directory / "tables" / f"{table}.parquet"
+        data = _read_table(export, path)
         views = {
             name: np.asarray(data[name].combine_chunks().flatten(), np.float32).reshape(
                 data.num_rows, data.schema.field(name).type.list_size
@@ -124,12 +125,31 @@ def read_params(export: Path, verify: bool = True) -> Params:
             for name in data.column_names
             if name != ID
         }
-        tombstones = pq.read_table(directory / "tombstones" / path.name)[ID].to_numpy()
-        tables[path.stem] = TableRows(data[ID].to_numpy(), views, tombstones)
+        tombstones = _read_table(export, directory / "tombstones" / path.name)[ID].to_numpy()
+        tables[table] = TableRows(data[ID].to_numpy(), views, tombstones)
     with np.load(directory / "dense.npz") as dense:
         values = {k: dense[k] for k in dense.files}
     normalization = json.loads((directory / "normalization.json").read_text())
     return Params(tables, values, normalization)
+
+
+def _read_table(export: Path, path: Path, columns: list[str] | None = None) -> pa.Table:
+    try:
+        return pq.read_table(path, columns=columns)
+    except (OSError, pa.ArrowException) as err:
+        raise DeltaError(f"{path}: cannot read a file of {export / MANIFEST} ({err})") from None
+
+
+def _check(export: Path, manifest: dict, rel: str) -> None:
+    """Raise ``DeltaError`` unless ``export/rel`` exists with its manifest's checksum."""
+    path = export / rel
+    want = manifest["files"].get(rel)
+    if want is None:
+        raise DeltaError(f"{path}: not listed in {export / MANIFEST}")
+    if not path.is_file():
+        raise DeltaError(f"{path}: missing, though {export / MANIFEST} lists it")
+    if _sha256(path) != want["sha256"]:
+        raise DeltaError(f"{path}: checksum differs from {export / MANIFEST}")
 
 
 def read_manifest(export: Path) -> dict:
@@ -183,15 +203,22 @@ def apply(params: Params, delta: Params) -> Params:
 
 def alive_ids(exports: list[Path]) -> dict[str, np.ndarray]:
     """Each table's ids after a chain of exports (base ids, plus each delta's rows, less its
-    tombstones), read from the id columns alone."""
+    tombstones), read from the id columns of the files each manifest lists, checksums
+    verified.
+
+    Raises:
+        DeltaError: an unfinished export, or a missing or damaged file.
+    """
     alive: dict[str, set] = {}
     for export in exports:
-        for path in (export / "params" / "tables").glob("*.parquet"):
-            ids = alive.setdefault(path.stem, set())
-            ids.update(pq.read_table(path, columns=[ID])[ID].to_numpy().tolist())
-            ids.difference_update(
-                pq.read_table(export / "params" / "tombstones" / path.name)[ID].to_numpy().tolist()
-            )
+        manifest = read_manifest(export)
+        for table in sorted(manifest["tables"]):
+            rows, gone = f"params/tables/{table}.parquet", f"params/tombstones/{table}.parquet"
+            ids = alive.setdefault(table, set())
+            for rel in (rows, gone):
+                _check(export, manifest, rel)
+            ids.update(_read_table(export, export / rows, [ID])[ID].to_numpy().tolist())
+            ids.difference_update(_read_table(export, export / gone, [ID])[ID].to_numpy().tolist())
     return {t: np.fromiter(ids, np.int64, len(ids)) for t, ids in alive.items()}
 
 

@@ -3,7 +3,8 @@ full SavedModel plus every parameter), after every pass a delta (only what chang
 previous export), and the reverse: a SavedModel rebuilt from a base and its deltas. The files
 are ``recpipe.params``'.
 
-A row's ``ev_versions`` entry is the ``EVClock`` step it was last looked up in training, so the
+A row's ``ev_versions`` entry is the ``EVClock.stamp`` of the step it was last looked up in
+training, and an export records the clock's step, the newest stamp, as its ``ev_step``; so the
 rows touched since the previous export are those with a later version than that export's
 ``ev_step``: a touched set that costs no state beyond what the table keeps (Monolith's
 ``TouchedKeySet``, PaddleRec's delta save). The ids alive at the previous export are the
@@ -16,14 +17,13 @@ the batch (``sgd``, ``adagrad``, ``lazy_adam``, ``ftrl``): ``adam`` decays every
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
 
 from recpipe import atomic
 from recpipe.config.pipeline import PipelineConfig
-from recpipe.layout import SUCCESS
+from recpipe.layout import SUCCESS, is_finished
 from recpipe.params import (
     BASE,
     DELTA_PREFIX,
@@ -63,7 +63,8 @@ def check_row_wise(config: PipelineConfig, model) -> None:
 
 def snapshot(model, normalization: dict, since_step: int | None = None) -> tuple[Params, int]:
     """The model's parameters: every admitted row, or (``since_step``) those looked up in
-    training after that ``EVClock`` step; and the clock's step now. Tombstones are left empty."""
+    training after the export whose ``ev_step`` it is (``EVClock.stamp``: versions above it);
+    and the clock's step now (the newest version). Tombstones are left empty."""
     clock = model.ev_clock
     skip = ev_names(model)
     tables = {}
@@ -82,65 +83,91 @@ def snapshot(model, normalization: dict, since_step: int | None = None) -> tuple
 def export_base(
     config: PipelineConfig, model, normalization: dict, day_dir: Path, day: str, global_step: int
 ) -> Path:
-    """Write ``<day_dir>/base/``: the SavedModel and every admitted row (replaced whole, with
-    the day's deltas removed: they applied to the old base).
+    """Write ``<day_dir>/base/``: the SavedModel and every admitted row (``write_export``).
 
     Raises:
-        DeltaError: the tables' optimizer is not row-wise (``check_row_wise``).
+        DeltaError: the tables' optimizer is not row-wise (``check_row_wise``), or the day's
+            deltas follow a base already (a base re-exported under them would break the chain).
     """
     from trainer.serving import write_saved_model
 
     check_row_wise(config, model)
-    params, ev_step = snapshot(model, normalization)
-    for old in day_dir.glob(f"{DELTA_PREFIX}*"):  # they applied to the old base: never to this one
-        shutil.rmtree(old)
-    with atomic.directory(day_dir / BASE) as tmp:
-        write_saved_model(config, model, normalization, tmp)
-        files = write_params(params, tmp / "params")
-        doc = new_manifest("base", day, BASE, 0, None, global_step, ev_step, params, files)
-        for t, rows in params.tables.items():
-            doc["tables"][t]["rows_used"] = len(rows.ids)
-        (tmp / MANIFEST).write_text(json.dumps(doc, indent=2, sort_keys=True))
-        (tmp / SUCCESS).touch()
-    return day_dir / BASE
+    return write_export(
+        model,
+        normalization,
+        day_dir,
+        BASE,
+        global_step,
+        day=day,
+        saved_model=lambda tmp: write_saved_model(config, model, normalization, tmp),
+    )
 
 
 def export_delta(
     config: PipelineConfig, model, normalization: dict, day_dir: Path, name: str, global_step: int
 ) -> Path:
-    """Write ``<day_dir>/delta-<name>/``: the rows looked up in training since the day's
-    previous export, the ids evicted since then, every other model variable. A re-run for
-    the same ``name`` (a retried pass) replaces that delta and diffs against the exports
-    before it.
+    """Write ``<day_dir>/delta-<name>/`` (``write_export``).
 
     Raises:
-        DeltaError: no finished base for the day, or the optimizer is not row-wise.
+        DeltaError: no finished base for the day, later exports follow this one, or the
+            optimizer is not row-wise.
     """
     check_row_wise(config, model)
-    target = day_dir / f"{DELTA_PREFIX}{name}"
-    exports = [p for p in chain(day_dir) if p != target]
-    previous = read_manifest(exports[-1])
-    params, ev_step = snapshot(model, normalization, since_step=previous["ev_step"])
+    return write_export(model, normalization, day_dir, f"{DELTA_PREFIX}{name}", global_step)
+
+
+def write_export(
+    model,
+    normalization: dict,
+    day_dir: Path,
+    name: str,
+    global_step: int,
+    day: str | None = None,
+    saved_model=None,
+) -> Path:
+    """Write the export ``<day_dir>/<name>/`` of ``model`` (temporary directory, then rename):
+
+    - ``base`` (``day`` given): every admitted row, and ``saved_model(tmp)``'s SavedModel;
+    - ``delta-<pass>``: the rows looked up in training since the export before it in the
+      day's chain, the ids evicted since then (those alive after that chain, not now), every
+      other model variable.
+
+    A re-run for the same ``name`` (a retried pass) replaces it and diffs against the exports
+    before it, as long as no later export follows it: one that does would no longer follow
+    the replaced export, so the rest of the day's chain would not apply.
+
+    Raises:
+        DeltaError: a delta without a finished base for the day, or an export that later
+            exports follow (names them).
+    """
+    target = day_dir / name
+    exports = chain(day_dir) if name != BASE or is_finished(target) else []
+    if target in exports:
+        later = exports[exports.index(target) + 1 :]
+        if later:
+            raise DeltaError(
+                f"{target} is followed by {[p.name for p in later]}: re-exporting it would break "
+                f"the day's chain; export the next pass instead (or a new day's base)"
+            )
+        exports = exports[: exports.index(target)]
+    previous = read_manifest(exports[-1]) if exports else None
+    params, ev_step = snapshot(model, normalization, since_step=previous["ev_step"] if previous else None)
     now = {ev.table: ev.keys.numpy() for ev in embedding_variables(model)}
-    for table, ids in alive_ids(exports).items():
-        current = now.get(table, np.zeros(0, np.int64))
-        params.tables[table].tombstones = np.sort(ids[~np.isin(ids, current[current != FREE])])
+    if previous is not None:
+        for table, ids in alive_ids(exports).items():
+            current = now.get(table, np.zeros(0, np.int64))
+            params.tables[table].tombstones = np.sort(ids[~np.isin(ids, current[current != FREE])])
     with atomic.directory(target) as tmp:
+        if saved_model is not None:
+            saved_model(tmp)
         files = write_params(params, tmp / "params")
-        doc = new_manifest(
-            "delta",
-            read_manifest(exports[0])["day"],
-            target.name,
-            previous["sequence"] + 1,
-            previous,
-            global_step,
-            ev_step,
-            params,
-            files,
-        )
+        kind = "delta" if previous else "base"
+        day = day or read_manifest(exports[0])["day"]
+        sequence = previous["sequence"] + 1 if previous else 0
+        doc = new_manifest(kind, day, name, sequence, previous, global_step, ev_step, params, files)
         for t, keys in now.items():
             doc["tables"][t]["rows_used"] = int((keys != FREE).sum())
-        (tmp / MANIFEST).write_text(json.dumps(doc, indent=2, sort_keys=True))
+        atomic.write_text(tmp / MANIFEST, json.dumps(doc, indent=2, sort_keys=True))
         (tmp / SUCCESS).touch()
     return target
 

@@ -5,8 +5,8 @@ A table of ``max_capacity`` rows (``float32 [C, dim]``, named ``<table>/embeddin
 as the hashed tables are) is allocated up front; a ``tf.lookup.experimental.MutableHashTable``
 maps an id's full 64-bit fingerprint (``trainer.hashing`` without a modulo: no collisions
 beyond Fingerprint64's own) to its row. Per row, ``ev_keys`` (the id, -1 for a free row),
-``ev_freqs`` (sightings), ``ev_versions`` (the ``EVClock`` step it was last looked up in
-training) and ``ev_days`` (the last day it was seen) are variables, shared by the layers that
+``ev_freqs`` (sightings), ``ev_versions`` (the ``EVClock.stamp`` of the step it was last
+looked up in training) and ``ev_days`` (the last day it was seen) are variables, shared by the layers that
 look the table up (the deep and wide embeddings of a feature, each with its own weights).
 They are checkpointed with the weights, and the map is rebuilt from ``ev_keys`` after every
 restore (``refresh``), so checkpoints need no hash-table format and re-shard to any world size.
@@ -79,6 +79,14 @@ class EVClock(keras.layers.Layer):
         if name not in self._tables.by_name:
             self._tables.by_name[name] = create()
         return self._tables.by_name[name]
+
+    def stamp(self) -> tf.Tensor:
+        """The version (``int64`` scalar) a training step gives the rows it looks up: the
+        number of that step, counted from 1 (``step`` + 1; ``step`` moves to it when the step
+        ends). So after K steps ``step`` == K == the newest version, and an export that records
+        ``step`` as its ``ev_step`` holds every version up to it: the rows looked up after it
+        are exactly those with a version above it (``trainer.delta``)."""
+        return tf.convert_to_tensor(self.step) + 1
 
     def build(self, input_shape=None):
         def counter(name):
@@ -218,7 +226,7 @@ class EmbeddingVariable:
         """Update the table for one step's distinct ``keys`` (``int64 [U]``) seen
         ``occurrences`` (``int64 [U]``) times each: count, evict, admit (module docstring)."""
         p = self.params
-        step, day = tf.convert_to_tensor(self.clock.step), tf.convert_to_tensor(self.clock.day)
+        step, day = self.clock.stamp(), tf.convert_to_tensor(self.clock.day)
         slots = self.map.lookup(keys)
         # partition 0: ids without a row, 1: ids with one
         part = tf.cast(slots >= 0, tf.int32)
