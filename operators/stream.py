@@ -137,19 +137,23 @@ class PassExportOperator(JobOperator):
 
 class OnlineStorePushOperator(BaseOperator):
     """Push a base or delta export's rows to the Redis embedding store
-    (``recpipe.online_store.push``). When the store does not hold the export before a delta
-    (a flushed or new store, or a push lost earlier), the day's chain up to the delta is
-    pushed in order instead.
+    (``recpipe.online_store.push_chain``): when the store is behind the export (a flushed or
+    restarted store, a push lost earlier), the day's chain up to it is pushed in order
+    instead; when the store is ahead (this task cleared and re-run after later passes), the
+    push is a no-op with a warning, never a roll-back.
 
     Args:
         export_path: the export directory (templated; the export task's XCom).
         model_name: the model's name in the store (templated).
-        redis_url: ``redis://host:port/db`` (templated).
+        redis_url: ``redis://[:password@]host:port/db`` (its password is masked in the task's
+            log).
 
-    Returns (XCom): ``{"rows", "deleted", "pushed"}`` (``pushed``: the exports written).
+    Returns (XCom): ``{"rows", "deleted", "stale", "pushed"}`` (``pushed``: the exports
+    written).
     """
 
-    template_fields = ("export_path", "model_name", "redis_url")
+    # the URL is not templated: a rendered field is stored and shown in the UI as it is
+    template_fields = ("export_path", "model_name")
     ui_color = "#f7d4d4"
 
     def __init__(self, *, export_path: str, model_name: str, redis_url: str, **kwargs):
@@ -159,24 +163,29 @@ class OnlineStorePushOperator(BaseOperator):
     def execute(self, context) -> dict[str, Any]:
         import redis
 
-        from recpipe.online_store import StoreError, push
-        from recpipe.params import chain
+        from recpipe.online_store import push_chain
 
+        url = redact_url(self.redis_url)
         export = Path(confine(self.export_path, "export_path"))
         client = redis.Redis.from_url(self.redis_url)
-        try:
-            exports = [export]
-            totals = push(client, self.model_name, export)
-        except StoreError as err:
-            log.warning("%s; pushing the day's exports up to it", err)
-            exports = chain(export.parent)
-            exports = exports[: [p.name for p in exports].index(export.name) + 1]
-            totals = {"rows": 0, "deleted": 0}
-            for item in exports:
-                for key, value in push(client, self.model_name, item).items():
-                    totals[key] += value
-        log.info("pushed %s to %s: %s", [p.name for p in exports], self.redis_url, totals)
+        totals, exports = push_chain(client, self.model_name, export)
+        log.info("pushed %s to %s: %s", [p.name for p in exports], url, totals)
         return {**totals, "pushed": [str(p) for p in exports]}
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password replaced by ``***``, the password registered with Airflow's
+    secrets masker so that no log line shows it."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if not parts.password:
+        return url
+    from airflow.sdk.log import mask_secret
+
+    mask_secret(parts.password)
+    netloc = f"{parts.username or ''}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def closes_day(logical_date, close_hour: int) -> bool:

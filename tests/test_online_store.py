@@ -1,0 +1,187 @@
+"""The Redis embedding store over a day of exports, on the Redis server on 127.0.0.1: pushes in
+any order never move it backwards, a restarted store is rebuilt from the day's chain, readers
+never see a row missing while it is rewritten, and pushers of one model take turns. The
+exports are written by ``recpipe.params`` alone (no TensorFlow): a base and three deltas."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+import numpy as np
+import pytest
+
+from recpipe.params import DELTA_PREFIX, MANIFEST, Params, TableRows, new_manifest, write_params
+
+DAY = "2024-05-01"
+DIM = 4
+
+
+def _rows(ids, value: float) -> TableRows:
+    ids = np.asarray(ids, np.int64)
+    return TableRows(ids, {"t/embedding_weights": np.full((len(ids), DIM), value, np.float32)})
+
+
+def _export(day_dir, name: str, sequence: int, previous: dict | None, rows: TableRows) -> dict:
+    import json
+
+    from recpipe import atomic
+    from recpipe.layout import SUCCESS
+
+    params = Params({"t": rows}, {"dense/w": np.zeros(2, np.float32)}, {})
+    kind = "base" if previous is None else "delta"
+    with atomic.directory(day_dir / name) as tmp:
+        files = write_params(params, tmp / "params")
+        doc = new_manifest(kind, DAY, name, sequence, previous, 10 * sequence, 100 + sequence, params, files)
+        (tmp / MANIFEST).write_text(json.dumps(doc))
+        (tmp / SUCCESS).touch()
+    return doc
+
+
+@pytest.fixture
+def day(tmp_path):
+    """base: ids 0-9 = 0.0; delta-01: 10-11 = 1.0; delta-02: 0 = 2.0, 5 gone; delta-03: 12 = 3.0."""
+    d = tmp_path / DAY
+    base = _export(d, "base", 0, None, _rows(range(10), 0.0))
+    d1 = _export(d, f"{DELTA_PREFIX}01", 1, base, _rows([10, 11], 1.0))
+    gone = _rows([0], 2.0)
+    gone.tombstones = np.array([5], np.int64)
+    d2 = _export(d, f"{DELTA_PREFIX}02", 2, d1, gone)
+    _export(d, f"{DELTA_PREFIX}03", 3, d2, _rows([12], 3.0))
+    return d
+
+
+@pytest.fixture
+def store():
+    import redis
+
+    client = redis.Redis(host="127.0.0.1", port=6379, db=0)
+    model = f"store-{uuid.uuid4().hex[:8]}"
+    yield client, model
+    for key in client.scan_iter(match=f"recpipe:{model}:*"):
+        client.delete(key)
+
+
+def _held(client, model) -> dict[int, float]:
+    from recpipe.online_store import read_rows
+
+    return {k: float(v["t/embedding_weights"][0]) for k, v in read_rows(client, model, "t").items()}
+
+
+FINAL = {**{i: 0.0 for i in range(10) if i != 5}, 0: 2.0, 10: 1.0, 11: 1.0, 12: 3.0}
+
+
+def test_a_cleared_push_of_an_earlier_pass_leaves_the_store_where_it_was(day, store):
+    from recpipe.online_store import applied, push_chain
+
+    client, model = store
+    for name in ("base", "delta-01", "delta-02", "delta-03"):
+        push_chain(client, model, day / name)
+    assert _held(client, model) == FINAL
+    for name in ("delta-01", "base", "delta-02"):  # re-run after the later passes
+        totals, pushed = push_chain(client, model, day / name)
+        assert totals == {"rows": 0, "deleted": 0, "stale": 1} and pushed == [day / name]
+        assert _held(client, model) == FINAL and applied(client, model)["name"] == "delta-03"
+
+
+def test_a_restarted_store_is_rebuilt_from_the_days_chain(day, store):
+    from recpipe.online_store import StoreBehind, applied, push, push_chain
+
+    client, model = store
+    push_chain(client, model, day / "base")
+    with pytest.raises(StoreBehind, match="push the exports in order"):
+        push(client, model, day / "delta-02")
+    for key in client.scan_iter(match=f"recpipe:{model}:*"):  # Redis restarted: nothing kept
+        client.delete(key)
+    with pytest.raises(StoreBehind, match="the store holds nothing"):
+        push(client, model, day / "delta-03")
+    totals, pushed = push_chain(client, model, day / "delta-03")
+    assert [p.name for p in pushed] == ["base", "delta-01", "delta-02", "delta-03"]
+    assert _held(client, model) == FINAL and applied(client, model)["sequence"] == "3"
+    # a store one push behind takes the missing ones
+    push_chain(client, model, day / "base")  # stale: a no-op
+    assert _held(client, model) == FINAL
+
+
+def test_random_orders_of_pushes_end_where_the_newest_export_pushed_leaves_it(day, store):
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from recpipe.online_store import applied, push_chain
+    from recpipe.params import apply, chain, read_params
+
+    client, model = store
+    exports = chain(day)
+    expected = []
+    params = None
+    for item in exports:
+        params = read_params(item) if params is None else apply(params, read_params(item))
+        rows = params.tables["t"]
+        expected.append({int(k): float(v[0]) for k, v in zip(rows.ids, rows.views["t/embedding_weights"])})
+
+    @settings(max_examples=30, deadline=None, derandomize=True)
+    @given(st.lists(st.integers(0, len(exports) - 1), min_size=1, max_size=8), st.booleans())
+    def pushes(order, restart):
+        for key in client.scan_iter(match=f"recpipe:{model}:*"):
+            client.delete(key)
+        newest = -1
+        for k, i in enumerate(order):
+            if restart and k == len(order) // 2:
+                for key in client.scan_iter(match=f"recpipe:{model}:*"):
+                    client.delete(key)
+                newest = -1
+            push_chain(client, model, exports[i])
+            newest = max(newest, i)
+            assert _held(client, model) == expected[newest], (order, k)
+            assert applied(client, model)["name"] == exports[newest].name
+
+    pushes()
+
+
+def test_readers_never_see_a_row_missing_while_pushes_rewrite_it(tmp_path, store):
+    from recpipe.online_store import push, row_key
+
+    client, model = store
+    big = tmp_path / "big"
+    _export(big, "base", 0, None, _rows(range(2000), 0.5))
+    push(client, model, big / "base")
+    keys = [row_key(model, "t", k) for k in range(2000)]
+    missing, done = [], threading.Event()
+
+    def read():
+        import redis
+
+        reader = redis.Redis(host="127.0.0.1", port=6379, db=0)
+        while not done.is_set():
+            pipe = reader.pipeline(transaction=False)
+            for key in keys:
+                pipe.exists(key)
+            missing.extend(k for k, there in zip(keys, pipe.execute()) if not there)
+
+    thread = threading.Thread(target=read)
+    thread.start()
+    try:
+        for _ in range(10):  # the same base again: every row deleted and written each time
+            push(client, model, big / "base")
+    finally:
+        done.set()
+        thread.join(10)
+    assert not missing, f"{len(missing)} reads found no row, e.g. {missing[:3]}"
+
+
+def test_pushers_of_one_model_take_turns(day, store):
+    from recpipe.online_store import LOCK_WAIT_S, StoreError, push
+
+    client, model = store
+    held = client.lock(f"recpipe:{model}:push-lock", timeout=30)
+    assert held.acquire()
+    import recpipe.online_store as online_store
+
+    try:
+        online_store.LOCK_WAIT_S = 0.5
+        with pytest.raises(StoreError, match="another push held the store's lock"):
+            push(client, model, day / "base")
+    finally:
+        online_store.LOCK_WAIT_S = LOCK_WAIT_S
+        held.release()
+    assert push(client, model, day / "base")["rows"] == 10
