@@ -1,4 +1,5 @@
-"""``RetentionOperator``: delete old model dirs, keeping the last K days and the champion's."""
+"""``RetentionOperator``: delete old model dirs, keeping the last K days and the champion's
+(which dirs it may touch: ``recpipe.layout.expired_model_dirs``)."""
 
 from __future__ import annotations
 
@@ -8,21 +9,18 @@ from pathlib import Path
 
 from operators.base import RecpipeOperator
 from operators.paths import confine
-from recpipe import locks
-from recpipe.layout import ModelDir
+from recpipe import atomic, locks
+from recpipe.layout import ModelDir, expired_model_dirs
 
 log = logging.getLogger(__name__)
 
 
-def expired(runs_root: Path, keep_days: int, protected: set[Path]) -> list[Path]:
-    """The ``ds=`` model dirs beyond the newest ``keep_days``, except ``protected`` ones."""
-    days = sorted((p for p in runs_root.glob("ds=*") if p.is_dir()), reverse=True)
-    return [p for p in days[keep_days:] if p.resolve() not in protected]
-
-
 class RetentionOperator(RecpipeOperator):
-    """Keep the newest ``keep_days`` model dirs (checkpoints included) under ``runs_root``
-    and the model dir of every version holding ``alias``; delete the rest. A dir is first
+    """Keep the model dirs (checkpoints included) of the newest ``keep_days`` days under
+    ``runs_root``, in the daily layout (``ds=D``) and the hourly one (``ds=D/hh=HH``), and
+    the model dir and checkpoint of the version holding ``alias``; delete the rest, then day
+    dirs left empty and the leftovers of interrupted writes and deletions
+    (``atomic.sweep``). A dir is first
     stripped of its ``_SUCCESS`` marker and renamed aside, so a half-deleted one is never
     taken for a finished model by the next day's warm start. A dir a job trains or fine-tunes
     from right now (``recpipe.locks``) is kept until a later run.
@@ -60,20 +58,27 @@ class RetentionOperator(RecpipeOperator):
         root = confine(self.runs_root, "runs_root")
         protected = set()
         champion = self.hook.champion(self.model_name, self.alias)
-        if champion is not None and champion.tags.get("model_dir"):
-            protected.add(Path(champion.tags["model_dir"]).resolve())
+        if champion is not None:
+            for tag in ("model_dir", "checkpoint"):
+                if champion.tags.get(tag):
+                    protected.add(Path(champion.tags[tag]).resolve())
         deleted = []
-        for path in expired(root, self.keep_days, protected):
+        for path in expired_model_dirs(root, self.keep_days, protected):
             with locks.deleting(path) as free:
                 if not free:  # a job trains it or fine-tunes from it right now
                     log.info("retention: %s is in use; kept until the next run", path)
                     continue
                 ModelDir(path).success.unlink(missing_ok=True)
-                aside = path.with_name(f".deleting-{path.name}")
+                aside = path.with_name(f"{atomic.DELETING}{path.name}")
                 path.rename(aside)
                 shutil.rmtree(aside)
             deleted.append(str(path))
             log.info("retention: deleted %s", path)
+            day = path.parent
+            if path.name.startswith("hh=") and not [p for p in day.iterdir() if not p.name.startswith(".")]:
+                shutil.rmtree(day, ignore_errors=True)  # no pass left: the day goes too
+        for leftover in atomic.sweep(root) + [p for d in root.glob("ds=*") for p in atomic.sweep(d)]:
+            log.info("retention: removed the leftover %s", leftover)
         log.info(
             "retention: kept %d newest day(s) and %s",
             self.keep_days,

@@ -1,12 +1,15 @@
-"""Writes that readers see whole or not at all: a temporary path beside the target, then a
-rename (atomic on one filesystem). Every file or directory recpipe leaves for another process
-to read (feature partitions, results, markers, exports) is written through these."""
+"""Writes that readers see whole or not at all: a temporary path beside the target, flushed to
+disk (``fsync``), then a rename (atomic on one filesystem), then the parent directory flushed,
+so that a power loss never leaves an empty file behind a ``_SUCCESS``. Every file or directory
+recpipe leaves for another process to read (feature partitions, results, markers, exports) is
+written through these; ``sweep`` removes what interrupted writes and deletions leave."""
 
 from __future__ import annotations
 
 import errno
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,7 +18,65 @@ from pathlib import Path
 
 def _temp_name(final: Path) -> Path:
     # hidden, unique per writer: two attempts writing at once never share a temporary file
-    return final.parent / f".tmp-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    return final.parent / f"{TMP}{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+TMP, OLD, DELETING = ".tmp-", ".old-", ".deleting-"
+STALE_TMP_S = 3600  # a temporary path of a writer on another host is swept after this long
+
+
+def fsync_path(path: Path) -> None:
+    """Flush a file's or a directory's entries to disk (``fsync``; directories too, so that
+    a rename into them survives a power loss)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: Path) -> None:
+    """``fsync_path`` every file and directory under ``root``, ``root`` last."""
+    for dirpath, _, files in os.walk(root, topdown=False):
+        for name in files:
+            fsync_path(Path(dirpath) / name)
+        fsync_path(Path(dirpath))
+
+
+def sweep(parent: str | os.PathLike) -> list[Path]:
+    """Remove, directly under ``parent``, the leftovers of interrupted writes and deletions:
+    ``.old-*`` and ``.deleting-*`` directories, and ``.tmp-*`` paths whose writer is gone (its
+    pid not alive here) or older than ``STALE_TMP_S``. Returns what was removed."""
+    removed = []
+    for path in Path(parent).glob(".*"):
+        name = path.name
+        if name.startswith(TMP):
+            pid = name.rsplit("-", 2)[-2] if name.count("-") >= 3 else ""
+            alive = pid.isdigit() and _alive(int(pid))
+            try:
+                old = time.time() - path.lstat().st_mtime > STALE_TMP_S
+            except FileNotFoundError:
+                continue
+            if alive and not old:
+                continue
+        elif not name.startswith((OLD, DELETING)):
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 @contextmanager
@@ -27,7 +88,9 @@ def file(path: str | os.PathLike) -> Iterator[Path]:
     tmp = _temp_name(final)
     try:
         yield tmp
+        fsync_path(tmp)
         os.replace(tmp, final)
+        fsync_path(final.parent)
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -60,13 +123,16 @@ def replace_dir(tmp: Path, final: Path) -> None:
     The old directory is first renamed aside, so ``final`` is either the old or the new
     complete directory, or briefly absent; never a mix.
     """
+    fsync_tree(tmp)
     old = None
     if final.exists():
-        old = final.parent / f".old-{final.name}-{uuid.uuid4().hex[:8]}"
+        old = final.parent / f"{OLD}{final.name}-{uuid.uuid4().hex[:8]}"
         os.replace(final, old)
     os.replace(tmp, final)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    fsync_path(final.parent)
+    for leftover in [old, *final.parent.glob(f"{OLD}{final.name}-*")]:  # an earlier crash's too
+        if leftover is not None:
+            shutil.rmtree(leftover, ignore_errors=True)
 
 
 @contextmanager
@@ -98,7 +164,9 @@ def publish_numbered(tmp: Path, root: Path, first: int) -> Path:
         final = root / str(n)
         if not final.exists():
             try:
+                fsync_tree(tmp)
                 os.rename(tmp, final)
+                fsync_path(root)
                 return final
             except OSError as err:
                 if err.errno not in (errno.EEXIST, errno.ENOTEMPTY):

@@ -196,6 +196,43 @@ class ModelDir:
         return self.path / f"{stem}_predictions.parquet"
 
 
+def model_dirs(runs_root: str | os.PathLike) -> list[Path]:
+    """Every model dir under ``runs_root``, finished or not, oldest first: ``ds=D`` in the
+    daily layout, ``ds=D/hh=HH`` in the hourly one (a ``ds=D`` holding passes is no model dir)."""
+    found = []
+    for day in Path(runs_root).glob("ds=*"):
+        if day.is_dir():
+            passes = [p for p in day.glob("hh=*") if p.is_dir()]
+            found += passes or [day]
+    return sorted(found, key=partition_ds)
+
+
+def expired_model_dirs(runs_root: str | os.PathLike, keep_days: int, protected) -> list[Path]:
+    """The model dirs retention may delete, oldest first: those of the days before the newest
+    ``keep_days`` day dirs, except one that is, holds or lies in a ``protected`` path (the
+    champion's model dir or checkpoint, a day or a pass). One rule for both layouts: a pass's
+    dir is deleted (and locked, ``recpipe.locks``) as the unit trainers and readers lock.
+
+    Args:
+        runs_root: ``<runs_dir>/<model_name>``.
+        keep_days: how many of the newest days to keep whole (>= 0).
+        protected: paths (resolved or not) that must survive.
+    """
+    keep = {p.resolve() for p in protected}
+    days = sorted((p for p in Path(runs_root).glob("ds=*") if p.is_dir()), reverse=True)
+    old = {p.resolve() for p in days[keep_days:]}
+
+    def safe(path: Path) -> bool:
+        path = path.resolve()
+        return not any(path == k or k.is_relative_to(path) or path.is_relative_to(k) for k in keep)
+
+    return [
+        p
+        for p in model_dirs(runs_root)
+        if (p.parent if p.name.startswith("hh=") else p).resolve() in old and safe(p)
+    ]
+
+
 def finished_model_dirs(runs_root: str | os.PathLike, before: str | None = None) -> list[Path]:
     """The model dirs under ``runs_root`` whose training finished (``_SUCCESS``), oldest first:
     days (``ds=D``) and passes (``ds=D/hh=HH``); with ``before`` (a day or a pass), only those

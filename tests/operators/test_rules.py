@@ -10,7 +10,7 @@ import pytest
 
 from operators.gate import GateRules, gate
 from operators.paths import PathNotAllowedError, confine, project_home
-from operators.retention import expired
+from recpipe.layout import expired_model_dirs
 from operators.train import DistributedTrainOperator
 from operators.validate import drift
 
@@ -163,8 +163,8 @@ def test_retention_keeps_newest_days_and_protected(tmp_path):
     days = [tmp_path / f"ds=1997-09-{d}" for d in range(20, 26)]
     for p in days:
         p.mkdir()
-    gone = expired(tmp_path, 2, {days[1].resolve()})
-    assert [p.name for p in gone] == ["ds=1997-09-23", "ds=1997-09-22", "ds=1997-09-20"]
+    gone = expired_model_dirs(tmp_path, 2, {days[1]})
+    assert [p.name for p in gone] == ["ds=1997-09-20", "ds=1997-09-22", "ds=1997-09-23"]
 
 
 def test_kubernetes_job_names_differ_per_dag_run_and_stay_dns_names():
