@@ -1,7 +1,8 @@
 """``recpipe_stream_retrain``: every hour one pass (PaddleRec's online trainer): prepare the
 hour's features, score the model as it stands on them (progressive validation), train on
-them from the previous pass, export the day's base at its first trained pass and a delta
-after every other, push it to the Redis embedding store, keep the newest days' pass dirs.
+them from the day's previous pass (a day's first pass: from the champion), export the day's
+base at its first trained pass and a delta after every other, push it to the Redis embedding
+store, keep the newest days' pass dirs.
 
 The pass at ``stream.close_hour`` (23) closes the day as ``recpipe_daily_retrain`` does: the
 day's last model is exported (SavedModel, TF Serving layout, and an MLflow Model), registered,
@@ -78,6 +79,7 @@ with DAG(
         "on_failure_callback": fail_parent_run(STREAM.experiment, STREAM.tracking.mlflow_conn_id),
     },
     params={
+        "full_retrain": Param(False, type="boolean", description="train the pass from scratch"),
         "edit_config_json": Param(
             {},
             type="object",
@@ -93,6 +95,7 @@ with DAG(
     prepare = feature_job(HOME, STREAM, PASS, EDITS_ARG, "recpipe-prepare-{{ ds }}-" + HH)
     has_rows = ShortCircuitOperator(
         task_id="has_rows",
+        execution_timeout=STREAM.timeouts.of("has_rows"),
         python_callable=pass_has_rows,
         op_args=[PIPELINE.train_input_path, PASS],
         ignore_downstream_trigger_rules=False,  # a quiet close_hour still closes the day
@@ -103,6 +106,8 @@ with DAG(
         model_dir=MODEL_DIR,
         eval_ds=PASS,
         previous_in=RUNS,
+        model_name=STREAM.model_name,
+        alias=STREAM.gate.alias,
         result_name="pass_eval_result.json",
         step="evaluate_pass",
         **job,
@@ -114,7 +119,13 @@ with DAG(
         ds=PASS,
         train_ds=PASS,
         holdout=False,
-        warm_start_root=RUNS,  # the previous pass, whatever day it was
+        # the day's previous pass; a day's first pass the champion (or, before any close,
+        # the newest pass): never a model its day's close rejected
+        warm_start_root=RUNS,
+        previous_pass=True,
+        model_name=STREAM.model_name,
+        alias=STREAM.gate.alias,
+        full_retrain="{{ params.full_retrain }}",
         **job,
     )
     export = PassExportOperator(
@@ -149,6 +160,7 @@ with DAG(
     # the day boundary
     close = ShortCircuitOperator(
         task_id="closes_day",
+        execution_timeout=STREAM.timeouts.of("closes_day"),
         python_callable=closes_day,
         op_kwargs={"close_hour": STREAM.stream.close_hour},
         trigger_rule="none_failed",  # after the pass, trained or quiet
@@ -196,6 +208,7 @@ with DAG(
         min_negatives=gate.min_negatives,
         confidence=gate.confidence,
         inconclusive=gate.inconclusive,
+        max_inconclusive_days=gate.max_inconclusive_days,
         alias=gate.alias,
         history_days=0,
         train_task_id="evaluate_day",

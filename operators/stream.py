@@ -41,22 +41,26 @@ def pass_has_rows(features_root: str, pass_ds: str) -> bool:
 
 class ProgressiveEvalOperator(EvalOperator):
     """Progressive validation (PaddleRec's per-pass metric): score the model as it was before
-    this pass, the newest finished model dir under ``previous_in`` dated before ``eval_ds``,
-    on every row of the pass, before training on them. Besides the nested run, AUC, logloss and
+    this pass, the one the pass's training starts from (``operators.warm_start.source``: the
+    day's previous pass, a day's first pass the champion), on every row of the pass, before
+    training on them. Besides the nested run, AUC, logloss and
     rows go to the day's run (``MLflowHook.day_run``) as ``pass_auc`` / ``pass_logloss`` /
     ``pass_rows`` with the hour as step: one curve a day. A pass that trained already (a
     re-run) keeps the score it had.
 
     Args:
         previous_in: the runs root holding the passes' model dirs (templated).
+        model_name: the registered model whose champion a day's first pass starts from
+            (templated; None: the newest pass before it).
         The rest as ``EvalOperator`` (``eval_ds``: the pass, ``YYYY-MM-DD/HH``).
     """
 
-    template_fields = (*EvalOperator.template_fields, "previous_in")
+    template_fields = (*EvalOperator.template_fields, "previous_in", "model_name")
 
-    def __init__(self, *, previous_in: str, **kwargs):
+    def __init__(self, *, previous_in: str, model_name: str | None = None, **kwargs):
         super().__init__(**kwargs)
         self.previous_in = previous_in
+        self.model_name = model_name
 
     def execute(self, context) -> dict[str, Any]:
         out = ModelDir(confine(self.model_dir, "model_dir"))
@@ -68,10 +72,14 @@ class ProgressiveEvalOperator(EvalOperator):
         return super().execute(context)
 
     def _checkpoint(self) -> tuple[str | None, str]:
-        found = finished_model_dirs(confine(self.previous_in, "previous_in"), before=str(self.eval_ds))
-        if not found:
-            return None, f"no model trained before {self.eval_ds}"
-        return str(found[-1]), f"the model of pass {partition_ds(found[-1])}"
+        from operators.warm_start import source
+
+        root = confine(self.previous_in, "previous_in")
+        registered = self.model_name and (self.hook, self.model_name, self.alias)
+        found, why = source(root, str(self.eval_ds), None, registered, previous_pass=True)
+        if found is None:
+            return None, f"no model to start {self.eval_ds} from ({why})"
+        return str(found), f"the model of pass {partition_ds(found)} ({why})"
 
     def _track(self, context, result_path: Path, out: dict) -> str:
         run = super()._track(context, result_path, out)

@@ -11,10 +11,11 @@ from typing import Any
 from operators.base import JobOperator
 from operators.hooks.mlflow import flatten, jsonl_metrics
 from operators.paths import confine, project_home
+from operators.warm_start import source
 from recpipe import atomic
 from recpipe.config.model import EvalMethod
 from recpipe.launch import training_job
-from recpipe.layout import ModelDir, ds_window, finished_model_dirs, is_finished
+from recpipe.layout import ModelDir, ds_window
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,9 @@ class DistributedTrainOperator(JobOperator):
             (templated; default ``ds``).
         holdout: False: train on every row of ``train_ds``, no ``eval_ds`` (progressive
             validation scored the pass before it trains on it).
+        previous_pass: ``ds`` is a pass (``YYYY-MM-DD/HH``): fine-tune from the newest finished
+            pass of the same day before it; a day's first pass follows the rule above (the
+            champion, so that a day whose close was rejected is not built on).
         training_window_days: window length when ``train_ds`` is not given.
         warm_start_root: where earlier days' model dirs are (``ds=YYYY-MM-DD``) (templated).
         full_retrain: train from scratch (templated; a bool under native rendering).
@@ -90,10 +94,12 @@ class DistributedTrainOperator(JobOperator):
         train_distribute: str | None = None,
         num_workers: int | None = None,
         holdout: bool = True,
+        previous_pass: bool = False,
         **kwargs,
     ):
         super().__init__(**kwargs)
         self.holdout = holdout
+        self.previous_pass = previous_pass
         self.model_dir = model_dir
         self.ds = ds
         self.train_ds = train_ds
@@ -118,37 +124,17 @@ class DistributedTrainOperator(JobOperator):
         return edits
 
     def warm_start(self, model_dir: Path) -> tuple[Path | None, str]:
-        """The model dir to fine-tune from (or None: full retrain, or nothing promoted before
-        ``ds``) and where it comes from, for the log.
+        """The model dir to fine-tune from (``operators.warm_start.source``), or None: a full
+        retrain, no ``warm_start_root``, or nothing promoted before ``ds``.
 
         Raises:
-            MlflowException: the registry could not be read (the task fails and is retried; it
-                never falls back to an unvetted model dir).
+            MlflowException: the registry could not be read.
         """
         if self.full_retrain or not self.warm_start_root:
             return None, "full retrain" if self.full_retrain else "no warm_start_root"
         root = confine(self.warm_start_root, "warm_start_root")
-
-        def usable(version) -> Path | None:
-            path, ds = version.tags.get("model_dir"), version.tags.get("ds", "")
-            if not path or not ds or ds >= str(self.ds) or not is_finished(path):
-                return None
-            return None if Path(path).resolve() == model_dir else Path(path)
-
-        if self.model_name:
-            champion = self.hook.champion(self.model_name, self.alias)
-            if champion is not None and (source := usable(champion)):
-                return source, f"{self.alias} version {champion.version}"
-            versions = self.hook.versions(self.model_name)
-            if versions:
-                for version in versions:
-                    if version.tags.get("promotion") == "promoted" and (source := usable(version)):
-                        return source, f"newest promoted version {version.version}"
-                return None, f"no promoted version of {self.model_name} dated before {self.ds}"
-        found = finished_model_dirs(root, before=self.ds)
-        if not found or found[-1].resolve() == model_dir:
-            return None, "no earlier finished model dir"
-        return found[-1], "newest finished model dir (nothing registered yet)"
+        model = self.model_name and (self.hook, self.model_name, self.alias)
+        return source(root, str(self.ds), model_dir, model, self.previous_pass)
 
     def execute(self, context) -> dict:
         out = ModelDir(confine(self.model_dir, "model_dir"))

@@ -203,6 +203,8 @@ def run_backfill(
     echo=print,
     durations: dict | None = None,
     chunk: int | None = None,
+    confs: dict[str, dict] | None = None,
+    after_chunk=None,
 ) -> dict[str, str]:
     """Run ``days`` of ``dag_id`` as an Airflow backfill under a real scheduler.
 
@@ -220,6 +222,10 @@ def run_backfill(
         durations: gets ``{(ds, task_id): seconds}`` (``follow_runs``).
         chunk: days per backfill (one after the other; default: all in one). SQLite refused
             the insert of 24 hourly runs at once while the scheduler was writing.
+        confs: a DAG run conf by logical date: a chunk's runs take the conf of its first
+            day (``--dag-run-conf``).
+        after_chunk: called with the deployment's API client and the chunk's days after
+            each chunk that succeeded, before the next one starts (a test's checks).
 
     Returns:
         ``{ds: run state}``; stops following at the first failed run ("failed") or at the
@@ -244,10 +250,13 @@ def run_backfill(
             size = chunk or len(days)
             for part in [days[i : i + size] for i in range(0, len(days), size)]:
                 since = datetime.now(UTC).isoformat()  # runs queued earlier are not this backfill's
-                _create_backfill(api, env, extra, dag_id, part, echo)
+                conf = (confs or {}).get(part[0])
+                _create_backfill(api, env, extra, dag_id, part, echo, conf)
                 states.update(follow_runs(api, dag_id, part, timeout, echo, durations, since))
                 if any(states.get(ds) != "success" for ds in part):
                     break
+                if after_chunk is not None:
+                    after_chunk(api, part)
             return states
         finally:
             if any(states.get(ds) != "success" for ds in days):
@@ -256,7 +265,9 @@ def run_backfill(
             api.patch(f"/api/v2/dags/{dag_id}", {"is_paused": was_paused})
 
 
-def _create_backfill(api: Api, env: dict, extra: dict, dag_id: str, days: list[str], echo) -> None:
+def _create_backfill(
+    api: Api, env: dict, extra: dict, dag_id: str, days: list[str], echo, conf: dict | None = None
+) -> None:
     """``airflow backfill create`` of ``days`` while the DAG is paused (the scheduler leaves its
     runs alone while they are inserted), then unpause it. SQLite may still refuse the write
     ("database is locked"): what was committed is cancelled and the create tried again.
@@ -267,6 +278,7 @@ def _create_backfill(api: Api, env: dict, extra: dict, dag_id: str, days: list[s
     command = [
         "airflow", "backfill", "create", "--dag-id", dag_id, "--from-date", days[0],
         "--to-date", days[-1], "--max-active-runs", "1", "--reprocess-behavior", "completed",
+        *(["--dag-run-conf", json.dumps(conf)] if conf else []),
     ]  # fmt: skip
     echo(" ".join(command))
     # the scheduler marks the previous chunk's backfill completed a little after its last run

@@ -84,3 +84,47 @@ def mlflow_server(
         if proc.poll() is None:
             os.killpg(proc.pid, 15)
         proc.wait(30)
+
+
+def write_click_log(
+    movielens_raw: Path, out: Path, partitions: list[str], rows: int, p_student: float, p_other: float, seed=0
+) -> dict[str, int]:
+    """Raw click logs in the replay's layout (``events/ds=D[/hh=HH]/``, ``dims/`` copied from
+    ``movielens_raw``): ``rows`` uniform (user, item) pairs of MovieLens per partition (a day or
+    a pass), clicked with probability ``p_student`` by students and ``p_other`` by the other
+    users, so that the occupation alone carries the signal. Returns the clicks per partition."""
+    import shutil
+    from datetime import date
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    from recpipe.data.csv_files import write_csv_partition
+    from recpipe.layout import ds_partition, split_ds
+
+    if not (out / "dims").exists():
+        shutil.copytree(movielens_raw / "dims", out / "dims")
+    users = pacsv.read_csv(out / "dims" / "users.csv").to_pydict()
+    student = np.array([o == "student" for o in users["occupation"]])
+    ids = np.array(users["user_id"])
+    rng = np.random.default_rng(seed)
+    clicks = {}
+    for ds in partitions:
+        day, hour = split_ds(ds)
+        pick = rng.integers(0, len(ids), rows)
+        label = (rng.random(rows) < np.where(student[pick], p_student, p_other)).astype(np.int8)
+        start = (date.fromisoformat(day) - date(1970, 1, 1)).days * 86400 + 3600 * (hour or 0)
+        span = 3600 if hour is not None else 86400
+        table = pa.table(
+            {
+                "user_id": ids[pick],
+                "item_id": rng.integers(1, 1683, rows),
+                "rating": np.full(rows, 3.0),
+                "timestamp": np.sort(rng.integers(start, start + span, rows)),
+                "label": label,
+            }
+        )
+        write_csv_partition(table, ds_partition(out / "events", ds))
+        clicks[ds] = int(label.sum())
+    return clicks

@@ -117,7 +117,9 @@ def test_random_orders_of_pushes_end_where_the_newest_export_pushed_leaves_it(da
     for item in exports:
         params = read_params(item) if params is None else apply(params, read_params(item))
         rows = params.tables["t"]
-        expected.append({int(k): float(v[0]) for k, v in zip(rows.ids, rows.views["t/embedding_weights"])})
+        expected.append(
+            {int(k): float(v[0]) for k, v in zip(rows.ids, rows.views["t/embedding_weights"], strict=True)}
+        )
 
     @settings(max_examples=30, deadline=None, derandomize=True)
     @given(st.lists(st.integers(0, len(exports) - 1), min_size=1, max_size=8), st.booleans())
@@ -156,7 +158,7 @@ def test_readers_never_see_a_row_missing_while_pushes_rewrite_it(tmp_path, store
             pipe = reader.pipeline(transaction=False)
             for key in keys:
                 pipe.exists(key)
-            missing.extend(k for k, there in zip(keys, pipe.execute()) if not there)
+            missing.extend(k for k, there in zip(keys, pipe.execute(), strict=True) if not there)
 
     thread = threading.Thread(target=read)
     thread.start()

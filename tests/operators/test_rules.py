@@ -10,9 +10,9 @@ import pytest
 
 from operators.gate import GateRules, gate
 from operators.paths import PathNotAllowedError, confine, project_home
-from recpipe.layout import expired_model_dirs
 from operators.train import DistributedTrainOperator
 from operators.validate import drift
+from recpipe.layout import expired_model_dirs
 
 
 def test_confine_keeps_paths_inside_the_roots():

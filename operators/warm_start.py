@@ -1,0 +1,61 @@
+"""Which model a training job fine-tunes from, and so which model is "the model as it stands"
+before a pass: one rule for the train task and the stream's progressive evaluation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from recpipe.layout import day_of, finished_model_dirs, is_finished, partition_ds
+
+
+def source(
+    root: Path, ds: str, model_dir: Path | None, registered=None, previous_pass: bool = False
+) -> tuple[Path | None, str]:
+    """The model dir under ``root`` to start ``ds`` from, never a rejected model, and why.
+
+    In order:
+
+    1. ``previous_pass`` (``ds`` a pass, ``YYYY-MM-DD/HH``): the newest finished pass of the
+       same day before it;
+    2. with ``registered`` = ``(hook, model_name, alias)``: the model dir of the ``alias``
+       version, else of the newest version tagged ``promotion: promoted``, dated before ``ds``
+       and finished; None when versions exist but none qualifies (a rejected model is never
+       built on: a stream day after a rejected close starts again from the champion);
+    3. the newest finished model dir dated before ``ds`` (nothing registered yet).
+
+    Args:
+        root: the runs root (``<runs_dir>/<model_name>``).
+        ds: the day or pass to train (or score).
+        model_dir: the job's own model dir, never its own source (None: none).
+
+    Raises:
+        MlflowException: the registry could not be read (the task fails and is retried; it
+            never falls back to an unvetted model dir).
+    """
+    own = model_dir.resolve() if model_dir is not None else None
+    if previous_pass:
+        today = [p for p in finished_model_dirs(root, before=ds) if day_of(partition_ds(p)) == day_of(ds)]
+        if today and today[-1].resolve() != own:
+            return today[-1], "the day's previous pass"
+
+    def usable(version) -> Path | None:
+        path, day = version.tags.get("model_dir"), version.tags.get("ds", "")
+        if not path or not day or day >= ds or not is_finished(path):
+            return None
+        return None if Path(path).resolve() == own else Path(path)
+
+    if registered:
+        hook, model_name, alias = registered
+        champion = hook.champion(model_name, alias)
+        if champion is not None and (found := usable(champion)):
+            return found, f"{alias} version {champion.version}"
+        versions = hook.versions(model_name)
+        if versions:
+            for version in versions:
+                if version.tags.get("promotion") == "promoted" and (found := usable(version)):
+                    return found, f"newest promoted version {version.version}"
+            return None, f"no promoted version of {model_name} dated before {ds}"
+    found = finished_model_dirs(root, before=ds)
+    if not found or found[-1].resolve() == own:
+        return None, "no earlier finished model dir"
+    return found[-1], "newest finished model dir (nothing registered yet)"

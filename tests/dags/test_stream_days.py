@@ -1,0 +1,229 @@
+"""``recpipe_stream_retrain`` over three days of click logs, as the scheduler's backfill runs
+it (``make demo-stream``): two passes a day (19:00, and 20:00 which closes the day) of 400
+MovieLens (user, item) pairs whose clicks follow the user's occupation (a signal a few passes
+learn: a MovieLens hour's ratings are too few to tell a model from noise), ``retention_days:
+1``. Day 1's model becomes the champion; day 2 is trained badly on purpose
+(from scratch, one step a pass: the run's conf) and its close is rejected; day 3 starts again
+from the champion, is gated against it and promoted. After every pass the Redis rows equal the
+rows of the day's exports applied in order (what ``recpipe serve apply-delta`` builds the
+served SavedModel from) and the champion's model dir is on disk; at the end, the push of an
+earlier pass, cleared and run again, leaves the store where it was."""
+
+from __future__ import annotations
+
+import os
+import urllib.parse
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from tests.support import ROOT, write_click_log
+
+pytestmark = pytest.mark.slow
+
+DAYS = ["1997-11-12", "1997-11-13", "1997-11-14"]
+HOURS = ["19", "20"]
+ROWS = 400
+DAG_ID = "recpipe_stream_retrain"
+BAD = {"full_retrain": True, "edit_config_json": {"train_config.num_steps": 1}}
+
+
+def _rate(optimizer: str, rate: float) -> dict:
+    return {optimizer: {"learning_rate": {"constant_learning_rate": {"learning_rate": rate}}}}
+
+
+def _store_rows(client, model: str, tables) -> dict:
+    from recpipe.online_store import read_rows
+
+    return {t: read_rows(client, model, t) for t in tables}
+
+
+def _chain_rows(day_dir, upto: str) -> dict:
+    from recpipe.params import apply, chain, read_params
+
+    params = None
+    for export in chain(day_dir):
+        params = read_params(export) if params is None else apply(params, read_params(export))
+        if export.name == upto:
+            break
+    return {
+        t: {int(k): {v: rows.views[v][i] for v in rows.views} for i, k in enumerate(rows.ids)}
+        for t, rows in params.tables.items()
+    }
+
+
+def _same(store: dict, want: dict) -> None:
+    assert store.keys() == want.keys()
+    for table, rows in want.items():
+        assert store[table].keys() == rows.keys(), table
+        for key, views in rows.items():
+            for view, values in views.items():
+                np.testing.assert_array_equal(store[table][key][view], values, err_msg=f"{table} {key}")
+
+
+@pytest.fixture(scope="module")
+def days(movielens_hourly_raw, tmp_path_factory) -> dict:
+    import redis
+    from mlflow import MlflowClient
+
+    from recpipe.local_airflow import run_backfill
+    from recpipe.localenv import airflow_env
+    from recpipe.online_store import applied
+
+    base = tmp_path_factory.mktemp("stream_days")
+    var = base / "var"
+    passes = [f"{d}/{h}" for d in DAYS for h in HOURS]
+    write_click_log(movielens_hourly_raw, var / "raw", passes, ROWS, p_student=0.7, p_other=0.15)
+    model = f"stream_days_{uuid.uuid4().hex[:6]}"
+    config = yaml.safe_load((ROOT / "conf/retrain/movielens_stream.yaml").read_text())
+    config.update(
+        model_name=model,
+        start_date=DAYS[0],
+        runs_dir=str(var / "runs"),
+        export_dir=str(var / "exports"),
+        retention_days=1,
+        sensor={"mode": "reschedule", "poke_interval_s": 1, "timeout_s": 30},
+        tracking={"retries": 0},
+        # day 1 has no champion: any finite AUC; a day not significantly worse takes over
+        gate={"min_metric": 0.0, "inconclusive": "promote", "tolerance": 0.02},
+    )
+    config["stream"]["close_hour"] = int(HOURS[-1])
+    config["edit_config_json"].update(
+        {
+            "raw_input_path": str(var / "raw" / "events"),
+            "train_input_path": str(var / "features"),
+            "model_dir": str(var / "model"),
+            "data_config.num_epochs": 3,
+            "train_config.optimizer_config": [
+                {
+                    "lazy_adam_optimizer": {
+                        "learning_rate": {"constant_learning_rate": {"learning_rate": 0.05}}
+                    }
+                },
+                {"adam_optimizer": {"learning_rate": {"constant_learning_rate": {"learning_rate": 0.01}}}},
+            ],
+        }
+    )
+    (base / "stream.yaml").write_text(yaml.safe_dump(config))
+    env = {
+        **os.environ,
+        **airflow_env(ROOT, base / "airflow"),
+        "RECPIPE_VAR_DIR": str(var),
+        "RECPIPE_STREAM_CONFIG": str(base / "stream.yaml"),
+        "MLFLOW_TRACKING_URI": f"sqlite:///{var / 'mlflow' / 'mlflow.db'}",
+    }
+    client = redis.Redis(host="127.0.0.1", port=6379)
+    registry = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    runs, exports = var / "runs" / model, var / "exports" / model
+    checks: list[dict] = []
+    passes = [f"{d}T{h}:00" for d in DAYS for h in HOURS]
+
+    def after(api, part):
+        """After each pass: the store against the day's chain, the champion's dir on disk."""
+        (logical,) = part
+        day, hh = logical[:10], logical[11:13]
+        record = applied(client, model)
+        day_dir = exports / day
+        want = _chain_rows(day_dir, record["name"])
+        _same(_store_rows(client, model, want), want)
+        champion = None
+        try:
+            champion = registry.get_model_version_by_alias(model, "champion")
+        except Exception:  # no champion before the first close
+            pass
+        checks.append(
+            {
+                "pass": f"{day}/{hh}",
+                "applied": dict(record),
+                "champion": champion and dict(champion.tags),
+                "champion_dir_exists": champion is None or Path(champion.tags["model_dir"]).is_dir(),
+                "pass_dirs": sorted(str(p.relative_to(runs)) for p in runs.glob("ds=*/hh=*")),
+            }
+        )
+        if logical == passes[-1]:
+            # clear the push of the day's first pass after the later one: no roll-back
+            before = (dict(record), _store_rows(client, model, want))
+            run_id = next(
+                r["dag_run_id"]
+                for r in api.get(f"/api/v2/dags/{DAG_ID}/dagRuns?limit=100")["dag_runs"]
+                if r["logical_date"].startswith(f"{day}T{HOURS[0]}")
+            )
+            api.post(
+                f"/api/v2/dags/{DAG_ID}/clearTaskInstances",
+                {"dry_run": False, "task_ids": ["push"], "dag_run_id": run_id, "only_failed": False},
+            )
+            rerun = api.wait_for_run(DAG_ID, run_id, timeout=300)
+            quoted = urllib.parse.quote(run_id, safe="")
+            push = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{quoted}/taskInstances/push")
+            checks.append(
+                {
+                    "cleared": rerun["state"],
+                    "push": push["state"],
+                    "tries": push["try_number"],
+                    "same": before[0] == dict(applied(client, model)),
+                    "rows": (before[1], _store_rows(client, model, want)),
+                }
+            )
+
+    lines: list[str] = []
+    states = run_backfill(
+        env, base / "airflow", DAG_ID, passes, 1500, lines.append, chunk=1,
+        confs={f"{DAYS[1]}T{h}:00": BAD for h in HOURS}, after_chunk=after,
+    )  # fmt: skip
+    yield {
+        "states": states,
+        "checks": checks,
+        "lines": lines,
+        "registry": registry,
+        "model": model,
+        "runs": runs,
+        "exports": exports,
+        "redis": client,
+    }
+    for key in client.scan_iter(match=f"recpipe:{model}:*"):
+        client.delete(key)
+
+
+def test_every_pass_ran_and_the_store_followed_each_one(days):
+    states = days["states"]
+    assert states == {p: "success" for p in states} and len(states) == 6, days["lines"][-20:]
+    pushed = [c["applied"]["day"] + "/" + c["applied"]["name"] for c in days["checks"] if "applied" in c]
+    assert pushed == [f"{d}/{n}" for d in DAYS for n in ("base", "delta-20")]
+
+
+def test_day_two_is_rejected_and_day_three_promoted_against_day_ones_champion(days):
+    registry, model = days["registry"], days["model"]
+    versions = sorted(registry.search_model_versions(f"name='{model}'"), key=lambda v: int(v.version))
+    outcomes = [(v.tags["ds"], v.tags["promotion"]) for v in versions]
+    assert outcomes == [(DAYS[0], "promoted"), (DAYS[1], "rejected"), (DAYS[2], "promoted")], [
+        v.tags.get("promotion_reason") for v in versions
+    ]
+    champion = registry.get_model_version_by_alias(model, "champion")
+    assert champion.version == versions[2].version
+    # day 3's first pass fine-tuned from day 1's champion, not from day 2's rejected model
+    first = days["runs"] / f"ds={DAYS[2]}" / f"hh={HOURS[0]}"
+    import json
+
+    assert (
+        json.loads((first / "train_result.json").read_text())["fine_tune_checkpoint"]
+        == (versions[0].tags["model_dir"])
+    )
+
+
+def test_retention_never_deleted_the_champions_dir(days):
+    checks = [c for c in days["checks"] if "pass" in c]
+    assert all(c["champion_dir_exists"] for c in checks), checks
+    # after day 3's first pass: day 1's champion pass is kept, one day back beyond the window
+    day3 = next(c for c in checks if c["pass"] == f"{DAYS[2]}/{HOURS[0]}")
+    assert f"ds={DAYS[0]}/hh={HOURS[-1]}" in day3["pass_dirs"]
+    assert f"ds={DAYS[0]}/hh={HOURS[0]}" not in day3["pass_dirs"]
+
+
+def test_a_cleared_push_of_an_earlier_pass_leaves_the_store_where_it_was(days):
+    (cleared,) = [c for c in days["checks"] if "cleared" in c]
+    assert cleared["cleared"] == "success" and cleared["push"] == "success" and cleared["tries"] >= 2
+    assert cleared["same"]
+    _same(*reversed(cleared["rows"]))
