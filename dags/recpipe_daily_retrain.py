@@ -30,8 +30,11 @@ PIPELINE = load_pipeline_config(HOME / RETRAIN.pipeline_config_path, RETRAIN.edi
 RUNS = f"{RETRAIN.runs_dir}/{RETRAIN.model_name}"
 MODEL_DIR = RUNS + "/ds={{ ds }}"
 EXPORTS = f"{RETRAIN.export_dir}/{RETRAIN.model_name}"
-# the training window ending on ds (the evaluation tasks need it to pick the held-out rows)
-WINDOW = f"{{{{ macros.ds_add(ds, -{RETRAIN.training_window_days - 1}) }}}}:{{{{ ds }}}}"
+# the gate scores both models on the held-out rows of its window (gate.window_days); training
+# keeps them out, and the evaluations read only held-out rows of every day of either window
+GATE_WINDOW = f"{{{{ macros.ds_add(ds, -{RETRAIN.gate.window_days - 1}) }}}}:{{{{ ds }}}}"
+SPAN = max(RETRAIN.training_window_days, RETRAIN.gate.window_days)
+HELD_OUT = f"{{{{ macros.ds_add(ds, -{SPAN - 1}) }}}}:{{{{ ds }}}}"
 # the retrain config's overrides, then the run's (Params / trigger conf); a dict, rendered
 # natively. spark-submit takes it as one argument of JSON text (the "=" form keeps the native
 # renderer from turning the text back into a dict)
@@ -95,8 +98,8 @@ with DAG(
         task_id="evaluate_champion",
         execution_timeout=RETRAIN.timeouts.of("evaluate_champion"),
         model_dir=MODEL_DIR,
-        eval_ds="{{ ds }}",
-        train_ds=WINDOW,
+        eval_ds=GATE_WINDOW,
+        train_ds=HELD_OUT,
         champion_of=RETRAIN.model_name,
         alias=RETRAIN.gate.alias,
         result_name="champion_eval_result.json",
@@ -108,6 +111,7 @@ with DAG(
         execution_timeout=RETRAIN.timeouts.of("train"),
         model_dir=MODEL_DIR,
         training_window_days=RETRAIN.training_window_days,
+        eval_ds=GATE_WINDOW,
         warm_start_root=RUNS,
         model_name=RETRAIN.model_name,
         alias=RETRAIN.gate.alias,
@@ -118,8 +122,8 @@ with DAG(
         task_id="evaluate",
         execution_timeout=RETRAIN.timeouts.of("evaluate"),
         model_dir=MODEL_DIR,
-        eval_ds="{{ ds }}",
-        train_ds=WINDOW,
+        eval_ds=GATE_WINDOW,
+        train_ds=HELD_OUT,
         **job,
     )
     export = ExportOperator(
@@ -141,6 +145,7 @@ with DAG(
         min_negatives=RETRAIN.gate.min_negatives,
         confidence=RETRAIN.gate.confidence,
         inconclusive=RETRAIN.gate.inconclusive,
+        max_inconclusive_days=RETRAIN.gate.max_inconclusive_days,
         alias=RETRAIN.gate.alias,
         **common,
     )

@@ -6,9 +6,14 @@ from __future__ import annotations
 import logging
 
 from operators.base import RecpipeOperator
-from operators.gate import PROMOTED, REJECTED, GateDecision, GateRules, gate, paired_scores
+from operators.gate import INCONCLUSIVE, PROMOTED, REJECTED, GateDecision, GateRules, gate, paired_scores
+from recpipe.errors import PipelineError
 
 log = logging.getLogger(__name__)
+
+
+class GateStuckError(PipelineError):
+    """The gate was inconclusive ``max_inconclusive_days`` times in a row."""
 
 
 class RegisterModelOperator(RecpipeOperator):
@@ -25,13 +30,22 @@ class RegisterModelOperator(RecpipeOperator):
         model_name: the registered model (templated).
         metric, tolerance, min_metric, min_positives, min_negatives, confidence, inconclusive:
             the gate's rules (``operators.gate.GateRules``, the retrain config's ``gate``).
+        max_inconclusive_days: this many inconclusive gates in a row (this one and the
+            newest versions before it, tag ``promotion``) fail the task after the version is
+            registered and tagged (0: never): a champion that no test can displace is a
+            problem to see, not to keep for ever.
         promote: move the alias when the gate passes (manual runs may only register).
         history_days: the parent run gets a table (``history/days.json``) and a figure
             (``history/days.png``) of the DAG's last this-many days: AUC before / after, the
             gate's outcome, rows, positives (``recpipe.runs.compare``); 0 for none.
 
-    Returns (XCom): ``{"model_name", "version", "promoted", "outcome", "reason", "gate"}``
-    (``outcome``: promoted / rejected / inconclusive; ``gate``: the paired test's numbers).
+    Returns (XCom): ``{"model_name", "version", "promoted", "outcome", "reason", "gate",
+    "inconclusive_days"}`` (``outcome``: promoted / rejected / inconclusive; ``gate``: the
+    paired test's numbers; ``inconclusive_days``: inconclusive gates in a row, this one
+    included).
+
+    Raises:
+        GateStuckError: ``max_inconclusive_days`` inconclusive gates in a row.
     """
 
     template_fields = (*RecpipeOperator.template_fields, "model_name")
@@ -48,6 +62,7 @@ class RegisterModelOperator(RecpipeOperator):
         min_negatives: int = 0,
         confidence: float = 0.95,
         inconclusive: str = "keep_champion",
+        max_inconclusive_days: int = 0,
         alias: str = "champion",
         promote: bool = True,
         history_days: int = 14,
@@ -68,6 +83,7 @@ class RegisterModelOperator(RecpipeOperator):
             confidence=confidence,
             inconclusive=inconclusive,
         )
+        self.max_inconclusive_days = max_inconclusive_days
         self.alias = alias
         self.promote = promote
         self.history_days = history_days
@@ -151,10 +167,17 @@ class RegisterModelOperator(RecpipeOperator):
         else:
             log.warning("%s version %s not promoted: %s", self.model_name, version.version, reason)
         numbers = {f"gate.{k}": v for k, v in decision.numbers.items()}
+        streak = self._inconclusive_streak(version.version) + 1 if decision.outcome == INCONCLUSIVE else 0
         hook.set_version_tags(
             self.model_name,
             version.version,
-            {"promotion": PROMOTED if promoted else outcome, "promotion_reason": reason, **numbers},
+            {
+                "promotion": PROMOTED if promoted else outcome,
+                "gate_outcome": decision.outcome,
+                "promotion_reason": reason,
+                "inconclusive_days": streak,
+                **numbers,
+            },
         )
         parent = self.parent_run_id(context)
         hook.set_tags(
@@ -164,12 +187,21 @@ class RegisterModelOperator(RecpipeOperator):
                 "promotion": outcome,
                 "promotion_reason": reason,
                 "model_version": version.version,
+                "inconclusive_days": streak,
             },
         )
-        hook.log_metrics(parent, [(k, v, 0) for k, v in numbers.items() if v == v])  # NaN-free
+        metrics = [(k, v, 0) for k, v in numbers.items() if v == v]  # NaN-free
+        hook.log_metrics(parent, [*metrics, ("inconclusive_days", streak, 0)])
         if self.promote and self.history_days:
             self._log_history(context, parent)
         hook.end_run(parent)
+        if self.max_inconclusive_days and streak >= self.max_inconclusive_days:
+            raise GateStuckError(
+                f"{self.model_name}: the gate was inconclusive {streak} times in a row (version "
+                f"{version.version}: {decision.reason}); gate.max_inconclusive_days="
+                f"{self.max_inconclusive_days}. The champion cannot be tested on this few held-out "
+                "rows: raise gate.window_days or data_config.holdout_percent, or decide by hand"
+            )
         return {
             "model_name": self.model_name,
             "version": version.version,
@@ -177,7 +209,19 @@ class RegisterModelOperator(RecpipeOperator):
             "outcome": outcome,
             "reason": reason,
             "gate": decision.numbers,
+            "inconclusive_days": streak,
         }
+
+    def _inconclusive_streak(self, version: str) -> int:
+        """Inconclusive gates in a row before ``version``: the versions registered before it,
+        newest first, up to the first with another outcome (tag ``gate_outcome``)."""
+        earlier = [v for v in self.hook.versions(self.model_name) if int(v.version) < int(version)]
+        streak = 0
+        for v in sorted(earlier, key=lambda v: int(v.version), reverse=True):
+            if v.tags.get("gate_outcome") != INCONCLUSIVE:
+                break
+            streak += 1
+        return streak
 
     def _log_history(self, context, parent: str) -> None:
         from recpipe.runs.compare import day_figure, day_history

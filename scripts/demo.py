@@ -96,7 +96,8 @@ def print_table(retrain, days: list[str], tracking_uri: str) -> None:
     for run in parents:  # newest run of each day
         latest.setdefault(run.data.tags.get("ds"), run)
     print()
-    print(f"{'ds':<12}{'AUC before':>12}{'AUC after':>12}  {'promoted':<9}{'version':>8}  reason")
+    head = f"{'ds':<12}{'AUC before':>12}{'AUC after':>12}  {'promoted':<9}{'version':>8}{'incl. days':>11}"
+    print(f"{head}  reason")
     for ds in days:
         run = latest.get(ds)
         if run is None:
@@ -107,11 +108,12 @@ def print_table(retrain, days: list[str], tracking_uri: str) -> None:
         after = f"{m['eval.auc']:.4f}" if "eval.auc" in m else "-"
         print(
             f"{ds:<12}{before:>12}{after:>12}  {t.get('promoted', '-'):<9}{t.get('model_version', '-'):>8}"
-            f"  {t.get('promotion_reason', '')}"
+            f"{t.get('inconclusive_days', '-'):>11}  {t.get('promotion_reason', '')}"
         )
     champion = client.get_model_version_by_alias(retrain.model_name, retrain.gate.alias)
     print()
-    print("AUC before: yesterday's champion on the day's held-out rows; after: the new model, same rows.")
+    print("AUC before: yesterday's champion on the held-out rows of the gate's window; after: the new")
+    print("model, same rows. incl. days: inconclusive gates in a row (gate.max_inconclusive_days fails).")
     print(f"champion:    {retrain.model_name} version {champion.version} (ds={champion.tags.get('ds')})")
     print(f"model dirs:  {HOME / retrain.runs_dir / retrain.model_name}/ds=YYYY-MM-DD")
     print(f"exports:     {HOME / retrain.export_dir / retrain.model_name}/<version>/")

@@ -52,7 +52,13 @@ class GateConfig(Section):
     labels (``min_positives`` / ``min_negatives``) or no significant difference is
     inconclusive, and ``inconclusive`` decides (``keep_champion`` or ``promote``); a
     significant difference promotes unless the new model is worse by more than ``tolerance``.
-    ``gauc`` is compared by ``tolerance`` alone."""
+    ``gauc`` is compared by ``tolerance`` alone.
+
+    ``window_days``: both models are scored on the held-out rows of the last this-many days,
+    not the day's alone, so that days with few positives (rare clicks) pool into a test with
+    power; the daily DAG keeps every one of those rows out of training, so neither model
+    trained on them. ``max_inconclusive_days``: that many inconclusive days in a row fail
+    the gate's task loudly (0: never), instead of keeping a stale champion for ever."""
 
     metric: str = Field("auc", pattern="^(auc|gauc)$")
     tolerance: float = Field(0.002, ge=0.0)
@@ -62,6 +68,8 @@ class GateConfig(Section):
     confidence: float = Field(0.95, gt=0.0, lt=1.0)
     inconclusive: str = Field("keep_champion", pattern="^(keep_champion|promote)$")
     alias: str = "champion"
+    window_days: int = Field(1, ge=1)
+    max_inconclusive_days: int = Field(14, ge=0)
 
 
 class TimeoutConfig(Section):

@@ -15,6 +15,7 @@ DAY_COLUMNS = [
     "auc_before",
     "auc_after",
     "outcome",
+    "inconclusive_days",
     "promoted",
     "version",
     "rows",
@@ -29,7 +30,8 @@ def day_history(
     """The newest parent run of each of the last ``last`` days (up to ``until``, a
     ``YYYY-MM-DD``, if given) of ``dag_id`` in the experiment, oldest day first: ``ds``,
     ``auc_before`` (the champion on the day's held-out rows), ``auc_after`` (the new model,
-    same rows), the gate's ``outcome`` (promoted / rejected / inconclusive), ``promoted``
+    same rows), the gate's ``outcome`` (promoted / rejected / inconclusive),
+    ``inconclusive_days`` (inconclusive gates in a row up to that day), ``promoted``
     (whether the alias moved: an inconclusive day may move it), ``version``, ``rows`` and
     ``positives`` of the day, ``run_id``."""
     runs = client.search_runs(
@@ -55,6 +57,7 @@ def day_history(
                 "auc_before": m.get("evaluate_champion.auc"),
                 "auc_after": m.get("eval.auc"),
                 "outcome": outcome or ("failed" if run.info.status == "FAILED" else ""),
+                "inconclusive_days": int(t.get("inconclusive_days") or 0),
                 "promoted": t.get("promoted") == "True",
                 "version": t.get("model_version", ""),
                 "rows": None if n is None else int(n),
