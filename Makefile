@@ -2,6 +2,7 @@
 SHELL := /bin/bash
 VENV := .venv/bin
 DEMO_DAYS ?= 7
+STREAM_DAYS ?= 1
 
 .PHONY: setup test demo demo-stream data data-hourly lock lint bench airflow mlflow
 
@@ -20,9 +21,10 @@ data-hourly: data
 demo: data
 	$(VENV)/python scripts/demo.py --days $(DEMO_DAYS)
 
-# One replayed day of hourly passes through recpipe_stream_retrain (needs Redis on 127.0.0.1)
+# Replayed days of hourly passes through recpipe_stream_retrain (needs Redis on 127.0.0.1):
+# STREAM_DAYS=3 for the multi-day run (a table of each day's close at the end)
 demo-stream: data-hourly
-	$(VENV)/python scripts/demo_stream.py
+	$(VENV)/python scripts/demo_stream.py --days $(STREAM_DAYS)
 
 airflow: setup
 	@scripts/airflow_up.sh

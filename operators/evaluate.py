@@ -66,6 +66,8 @@ class EvalOperator(JobOperator):
             if version is None:
                 return None, f"registered model {self.champion_of!r} has no {self.alias!r} yet"
             ckpt = version.tags.get("checkpoint")
+            if ckpt:  # a registry tag is input like any other: it must stay in the data roots
+                ckpt = str(confine(ckpt, f"{self.alias} version {version.version}'s tag checkpoint"))
             if not ckpt or not Path(ckpt + ".index").exists():
                 return None, f"{self.alias} version {version.version} has no checkpoint on disk ({ckpt})"
             return ckpt, f"{self.alias} version {version.version}"

@@ -1,11 +1,14 @@
-"""``make demo-stream``: one replayed MovieLens day of hourly passes through
+"""``make demo-stream``: replayed MovieLens days of hourly passes through
 ``recpipe_stream_retrain``, as an Airflow backfill under the real scheduler, from a clean
 slate (the stream model's runs, exports, hourly features, Redis rows and registered model are
 removed first). Prints each task as it ends, then a table per pass (rows, progressive AUC,
-export, bytes), the day's close (the registered version and the gate's decision) and the
-orchestration overhead: the day's wall time against the sum of its tasks' times.
+export, bytes), each day's close (the registered version and the gate's decision), a table of
+the days' closes (AUC, the champion's AUC on the same rows, promoted, version, rows in the
+online tables, the day's delta bytes) and the orchestration overhead: the wall time against
+the sum of the tasks' times.
 
-Usage: ``python scripts/demo_stream.py [--day YYYY-MM-DD] [--hours N] [--timeout S]``.
+Usage: ``python scripts/demo_stream.py [--day YYYY-MM-DD] [--days N] [--hours N] [--timeout S]``
+(``make demo-stream STREAM_DAYS=3``).
 """
 
 from __future__ import annotations
@@ -36,8 +39,9 @@ JOBS = ("prepare_features", "evaluate_pass", "train", "export")
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--day", default="1997-09-22", help="the replayed day (default: a busy one)")
-    parser.add_argument("--hours", type=int, default=24)
-    parser.add_argument("--timeout", type=float, default=5400, help="seconds for all the passes")
+    parser.add_argument("--days", type=int, default=1, help="consecutive days from --day")
+    parser.add_argument("--hours", type=int, default=24, help="passes a day, from 00:00")
+    parser.add_argument("--timeout", type=float, default=5400, help="seconds for each 6 passes")
     args = parser.parse_args()
     stream = load_retrain_config(HOME / os.environ.get("RECPIPE_STREAM_CONFIG", CONFIG))
     pipeline = load_pipeline_config(HOME / stream.pipeline_config_path, stream.edit_config_json).resolved(
@@ -58,7 +62,11 @@ def main() -> int:
     if client is not None:
         for key in client.scan_iter(match=f"recpipe:{stream.model_name}:*"):
             client.delete(key)
-    passes = [f"{args.day}T{h:02d}:00" for h in range(args.hours)]
+    from datetime import date, timedelta
+
+    first = date.fromisoformat(args.day)
+    days = [(first + timedelta(days=d)).isoformat() for d in range(args.days)]
+    passes = [f"{d}T{h:02d}:00" for d in days for h in range(args.hours)]
     env = {**os.environ, **airflow_env(HOME)}
     forget_registered_model(env["MLFLOW_TRACKING_URI"], stream.model_name)
     Path(env["AIRFLOW_HOME"]).mkdir(parents=True, exist_ok=True)
@@ -70,10 +78,11 @@ def main() -> int:
     wall = time.monotonic() - start
     if any(states.get(p) != "success" for p in passes):
         return 1
-    print_table(
-        args.day, passes, runs, exports, pipeline.train_input_path, env["MLFLOW_TRACKING_URI"], stream
-    )
-    print_close(env["MLFLOW_TRACKING_URI"], stream.model_name, args.day)
+    for day in days:
+        mine = [p for p in passes if p.startswith(day)]
+        print_table(day, mine, runs, exports, pipeline.train_input_path, env["MLFLOW_TRACKING_URI"], stream)
+        print_close(env["MLFLOW_TRACKING_URI"], stream.model_name, day)
+    print_days(days, runs, exports, env["MLFLOW_TRACKING_URI"], stream.model_name)
     tasks = sum(durations.values())
     jobs = sum(
         v
@@ -85,7 +94,7 @@ def main() -> int:
         f"{tasks:.0f} s, the jobs' (prepare, evaluate, train, export) to {jobs:.0f} s: "
         f"wall / jobs = {wall / max(jobs, 1e-9):.2f}"
     )
-    print(f"exports: {exports / args.day}; model dirs: {runs / ('ds=' + args.day)}")
+    print(f"exports: {exports}/<day>/; model dirs: {runs}/ds=<day>/hh=<HH>/")
     return 0
 
 
@@ -113,6 +122,40 @@ def print_close(tracking_uri: str, name: str, day: str) -> None:
                 f"day AUC {float(tags.get('eval.auc', 'nan')):.4f}: {tags.get('promotion')}, "
                 f"{tags.get('promotion_reason')}"
             )
+
+
+DAY_ROW = "{:<12} {:>8} {:>10}  {:<12} {:>7} {:>11} {:>12}"
+
+
+def print_days(days, runs, exports, tracking_uri: str, name: str) -> None:
+    """One line per day's close: the day's AUC (its passes' progressive scores), the
+    champion's on the same rows, the gate's outcome, the version, the rows in the online
+    tables at the close, and the bytes of the day's deltas."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    versions = {v.tags.get("ds"): v for v in client.search_model_versions(f"name = '{name}'")}
+    print("\n" + DAY_ROW.format("day", "AUC", "champion", "outcome", "version", "table rows", "delta bytes"))
+    for day in days:
+        version = versions.get(day)
+        closes = sorted((runs / f"ds={day}").glob("hh=*/champion_eval_result.json"))
+        champion = json.loads(closes[-1].read_text()).get("metrics") if closes else None
+        deltas = sorted((exports / day).glob("delta-*/manifest.json"))
+        last = json.loads(deltas[-1].read_text()) if deltas else None
+        used = sum(t["rows_used"] or 0 for t in last["tables"].values()) if last else "-"
+        size = sum(f["bytes"] for m in deltas for f in json.loads(m.read_text())["files"].values())
+        tags = version.tags if version else {}
+        print(
+            DAY_ROW.format(
+                day,
+                f"{float(tags['eval.auc']):.4f}" if "eval.auc" in tags else "-",
+                f"{champion['auc']:.4f}" if champion and champion.get("auc") is not None else "-",
+                tags.get("promotion", "-"),
+                version.version if version else "-",
+                used,
+                f"{size:,}",
+            )
+        )
 
 
 def print_table(day, passes, runs, exports, features, tracking_uri, stream) -> None:

@@ -119,9 +119,14 @@ class MLflowHook(BaseHook):
     def _connection(self):
         if not self.mlflow_conn_id:
             return None
+        from airflow.sdk.exceptions import AirflowNotFoundException
+
+        # only "not defined" falls through to the next source: any other error (a secrets
+        # backend or the API server down) is raised, since falling back to the local registry
+        # then would register and promote into the wrong one
         try:
             return self.get_connection(self.mlflow_conn_id)
-        except Exception:  # not defined (AirflowNotFoundException) or no Airflow context
+        except AirflowNotFoundException:
             return None
 
     def get_client(self):
