@@ -87,12 +87,19 @@ def mlflow_server(
 
 
 def write_click_log(
-    movielens_raw: Path, out: Path, partitions: list[str], rows: int, p_student: float, p_other: float, seed=0
+    movielens_raw: Path,
+    out: Path,
+    partitions: list[str],
+    rows: int | dict[str, int],
+    p_student: float,
+    p_other: float,
+    seed=0,
 ) -> dict[str, int]:
     """Raw click logs in the replay's layout (``events/ds=D[/hh=HH]/``, ``dims/`` copied from
     ``movielens_raw``): ``rows`` uniform (user, item) pairs of MovieLens per partition (a day or
-    a pass), clicked with probability ``p_student`` by students and ``p_other`` by the other
-    users, so that the occupation alone carries the signal. Returns the clicks per partition."""
+    a pass; a dict: by partition, 0 for a quiet hour), clicked with probability ``p_student``
+    by students and ``p_other`` by the other users, so that the occupation alone carries the
+    signal. Returns the clicks per partition."""
     import shutil
     from datetime import date
 
@@ -112,16 +119,17 @@ def write_click_log(
     clicks = {}
     for ds in partitions:
         day, hour = split_ds(ds)
-        pick = rng.integers(0, len(ids), rows)
-        label = (rng.random(rows) < np.where(student[pick], p_student, p_other)).astype(np.int8)
+        n = rows[ds] if isinstance(rows, dict) else rows
+        pick = rng.integers(0, len(ids), n)
+        label = (rng.random(n) < np.where(student[pick], p_student, p_other)).astype(np.int8)
         start = (date.fromisoformat(day) - date(1970, 1, 1)).days * 86400 + 3600 * (hour or 0)
         span = 3600 if hour is not None else 86400
         table = pa.table(
             {
                 "user_id": ids[pick],
-                "item_id": rng.integers(1, 1683, rows),
-                "rating": np.full(rows, 3.0),
-                "timestamp": np.sort(rng.integers(start, start + span, rows)),
+                "item_id": rng.integers(1, 1683, n),
+                "rating": np.full(n, 3.0),
+                "timestamp": np.sort(rng.integers(start, start + span, n)),
                 "label": label,
             }
         )

@@ -1,16 +1,18 @@
 """``recpipe_stream_retrain`` over three days of click logs, as the scheduler's backfill runs
-it (``make demo-stream``): two passes a day (19:00, and 20:00 which closes the day) of 400
-MovieLens (user, item) pairs whose clicks follow the user's occupation (a signal a few passes
-learn: a MovieLens hour's ratings are too few to tell a model from noise), ``retention_days:
-1``. Day 1's model becomes the champion; day 2 is trained badly on purpose
+it (``make demo-stream``): two passes a day (19:00, and 20:00 which closes the day; day 1 also
+a quiet 18:00) of 400 MovieLens (user, item) pairs whose clicks follow the user's occupation
+(a signal a few passes learn: a MovieLens hour's ratings are too few to tell a model from
+noise), ``retention_days: 1``. Day 1's model becomes the champion; day 2 is trained badly on purpose
 (from scratch, one step a pass: the run's conf) and its close is rejected; day 3 starts again
 from the champion, is gated against it and promoted. After every pass the Redis rows equal the
 rows of the day's exports applied in order (what ``recpipe serve apply-delta`` builds the
 served SavedModel from) and the champion's model dir is on disk; at the end, the push of an
-earlier pass, cleared and run again, leaves the store where it was."""
+earlier pass, cleared and run again, leaves the store where it was, and a whole earlier pass
+run again trains, exports and pushes nothing twice."""
 
 from __future__ import annotations
 
+import json
 import os
 import urllib.parse
 import uuid
@@ -27,6 +29,7 @@ pytestmark = pytest.mark.slow
 DAYS = ["1997-11-12", "1997-11-13", "1997-11-14"]
 HOURS = ["19", "20"]
 ROWS = 400
+QUIET = f"{DAYS[0]}/18"  # a quiet hour: prepared, then everything after it skipped
 DAG_ID = "recpipe_stream_retrain"
 BAD = {"full_retrain": True, "edit_config_json": {"train_config.num_steps": 1}}
 
@@ -64,6 +67,40 @@ def _same(store: dict, want: dict) -> None:
                 np.testing.assert_array_equal(store[table][key][view], values, err_msg=f"{table} {key}")
 
 
+def _clear(api, client, model, day, want, task_ids, pass_dir=None) -> dict:
+    """Clear ``task_ids`` (None: every task) of the run of ``day``'s first pass, after the
+    later one; wait for it to run again; return the store (and ``pass_dir``) before and
+    after."""
+    from recpipe.online_store import applied
+
+    def state():
+        out = {"applied": dict(applied(client, model)), "rows": _store_rows(client, model, want)}
+        if pass_dir is not None:
+            out["train_result"] = json.loads((pass_dir / "train_result.json").read_text())["global_step"]
+            out["checkpoints"] = sorted(p.name for p in pass_dir.glob("model.ckpt-*.index"))
+            exports = pass_dir.parents[3] / "exports" / pass_dir.parents[1].name / day
+            out["exports"] = {p.name: (p / "manifest.json").read_text() for p in sorted(exports.iterdir())}
+        return out
+
+    before = state()
+    run_id = next(
+        r["dag_run_id"]
+        for r in api.get(f"/api/v2/dags/{DAG_ID}/dagRuns?limit=100")["dag_runs"]
+        if r["logical_date"].startswith(f"{day}T{HOURS[0]}")
+    )
+    body = {"dry_run": False, "dag_run_id": run_id, "only_failed": False}
+    api.post(
+        f"/api/v2/dags/{DAG_ID}/clearTaskInstances", {**body, **({"task_ids": task_ids} if task_ids else {})}
+    )
+    rerun = api.wait_for_run(DAG_ID, run_id, timeout=300)
+    quoted = urllib.parse.quote(run_id, safe="")
+    push = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{quoted}/taskInstances/push")
+    after = state()
+    rows = (before.pop("rows"), after.pop("rows"))
+    return {"cleared": task_ids or "all", "state": rerun["state"], "tries": push["try_number"],
+            "before": before, "after": after, "rows": rows}  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def days(movielens_hourly_raw, tmp_path_factory) -> dict:
     import redis
@@ -75,8 +112,9 @@ def days(movielens_hourly_raw, tmp_path_factory) -> dict:
 
     base = tmp_path_factory.mktemp("stream_days")
     var = base / "var"
-    passes = [f"{d}/{h}" for d in DAYS for h in HOURS]
-    write_click_log(movielens_hourly_raw, var / "raw", passes, ROWS, p_student=0.7, p_other=0.15)
+    hours = [QUIET, *[f"{d}/{h}" for d in DAYS for h in HOURS]]
+    rows = {h: 0 if h == QUIET else ROWS for h in hours}
+    write_click_log(movielens_hourly_raw, var / "raw", hours, rows, p_student=0.7, p_other=0.15)
     model = f"stream_days_{uuid.uuid4().hex[:6]}"
     config = yaml.safe_load((ROOT / "conf/retrain/movielens_stream.yaml").read_text())
     config.update(
@@ -119,12 +157,17 @@ def days(movielens_hourly_raw, tmp_path_factory) -> dict:
     registry = MlflowClient(env["MLFLOW_TRACKING_URI"])
     runs, exports = var / "runs" / model, var / "exports" / model
     checks: list[dict] = []
-    passes = [f"{d}T{h}:00" for d in DAYS for h in HOURS]
+    passes = [f"{DAYS[0]}T18:00", *[f"{d}T{h}:00" for d in DAYS for h in HOURS]]
 
     def after(api, part):
         """After each pass: the store against the day's chain, the champion's dir on disk."""
         (logical,) = part
         day, hh = logical[:10], logical[11:13]
+        if logical == passes[0]:  # the quiet hour: nothing trained, exported or pushed
+            checks.append(
+                {"quiet": sorted(p.name for p in runs.rglob("hh=*")), "applied": applied(client, model)}
+            )
+            return
         record = applied(client, model)
         day_dir = exports / day
         want = _chain_rows(day_dir, record["name"])
@@ -144,29 +187,8 @@ def days(movielens_hourly_raw, tmp_path_factory) -> dict:
             }
         )
         if logical == passes[-1]:
-            # clear the push of the day's first pass after the later one: no roll-back
-            before = (dict(record), _store_rows(client, model, want))
-            run_id = next(
-                r["dag_run_id"]
-                for r in api.get(f"/api/v2/dags/{DAG_ID}/dagRuns?limit=100")["dag_runs"]
-                if r["logical_date"].startswith(f"{day}T{HOURS[0]}")
-            )
-            api.post(
-                f"/api/v2/dags/{DAG_ID}/clearTaskInstances",
-                {"dry_run": False, "task_ids": ["push"], "dag_run_id": run_id, "only_failed": False},
-            )
-            rerun = api.wait_for_run(DAG_ID, run_id, timeout=300)
-            quoted = urllib.parse.quote(run_id, safe="")
-            push = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{quoted}/taskInstances/push")
-            checks.append(
-                {
-                    "cleared": rerun["state"],
-                    "push": push["state"],
-                    "tries": push["try_number"],
-                    "same": before[0] == dict(applied(client, model)),
-                    "rows": (before[1], _store_rows(client, model, want)),
-                }
-            )
+            checks.append(_clear(api, client, model, day, want, ["push"]))
+            checks.append(_clear(api, client, model, day, want, None, runs / f"ds={day}" / f"hh={HOURS[0]}"))
 
     lines: list[str] = []
     states = run_backfill(
@@ -189,9 +211,25 @@ def days(movielens_hourly_raw, tmp_path_factory) -> dict:
 
 def test_every_pass_ran_and_the_store_followed_each_one(days):
     states = days["states"]
-    assert states == {p: "success" for p in states} and len(states) == 6, days["lines"][-20:]
-    pushed = [c["applied"]["day"] + "/" + c["applied"]["name"] for c in days["checks"] if "applied" in c]
+    assert states == {p: "success" for p in states} and len(states) == 7, days["lines"][-20:]
+    pushed = [c["applied"]["day"] + "/" + c["applied"]["name"] for c in days["checks"] if "pass" in c]
     assert pushed == [f"{d}/{n}" for d in DAYS for n in ("base", "delta-20")]
+
+
+def test_a_quiet_hour_is_prepared_and_skips_the_rest(days):
+    (quiet,) = [c for c in days["checks"] if "quiet" in c]
+    assert quiet == {"quiet": [], "applied": {}}
+    stats = days["runs"].parents[1] / "features" / f"ds={DAYS[0]}" / "hh=18" / "_stats.json"
+    assert json.loads(stats.read_text())["rows"] == 0
+
+
+def test_each_pass_fine_tunes_from_the_days_previous_pass(days):
+    runs = days["runs"] / f"ds={DAYS[2]}"
+    first = json.loads((runs / f"hh={HOURS[0]}" / "train_result.json").read_text())
+    second = json.loads((runs / f"hh={HOURS[1]}" / "train_result.json").read_text())
+    assert second["fine_tune_checkpoint"] == str(runs / f"hh={HOURS[0]}")
+    assert first["train_ds"] == f"{DAYS[2]}/{HOURS[0]}" and second["online_tables"]
+    assert second["global_step"] == 3 * -(-ROWS // 32)  # 3 epochs of 400 rows, batch 32
 
 
 def test_day_two_is_rejected_and_day_three_promoted_against_day_ones_champion(days):
@@ -203,14 +241,40 @@ def test_day_two_is_rejected_and_day_three_promoted_against_day_ones_champion(da
     ]
     champion = registry.get_model_version_by_alias(model, "champion")
     assert champion.version == versions[2].version
-    # day 3's first pass fine-tuned from day 1's champion, not from day 2's rejected model
+    # day 3's first pass fine-tuned from day 1's champion, not from day 2's rejected model,
+    # and was scored by it (the model it started from) before training
     first = days["runs"] / f"ds={DAYS[2]}" / f"hh={HOURS[0]}"
-    import json
-
     assert (
         json.loads((first / "train_result.json").read_text())["fine_tune_checkpoint"]
         == (versions[0].tags["model_dir"])
     )
+    scored = json.loads((first / "pass_eval_result.json").read_text())
+    assert scored["checkpoint"].startswith(versions[0].tags["model_dir"])
+    # each close: a SavedModel in TF Serving's layout beside the day dirs, the day's rows scored
+    numbered = sorted(p.name for p in days["exports"].iterdir() if p.name.isdigit())
+    assert len(numbered) == 3 and [v.tags["export_path"].rsplit("/", 1)[1] for v in versions] == numbered
+
+
+def test_progressive_validation_draws_one_curve_a_day_in_mlflow(days):
+    client = days["registry"]
+    exp = client.get_experiment_by_name("movielens_deepfm")
+    day_runs = {
+        r.data.tags["ds"]: r for r in client.search_runs([exp.experiment_id], "tags.`recpipe.step` = 'day'")
+    }
+    assert sorted(day_runs) == DAYS
+    # day 1's 19:00 had no model before it; later days' first pass is scored by the champion
+    steps = {
+        d: [m.step for m in client.get_metric_history(r.info.run_id, "pass_auc")] for d, r in day_runs.items()
+    }
+    assert steps == {DAYS[0]: [20], DAYS[1]: [19, 20], DAYS[2]: [19, 20]}
+    rows = client.get_metric_history(day_runs[DAYS[0]].info.run_id, "pass_rows")
+    assert [(m.step, m.value) for m in rows] == [(20, float(ROWS))]
+    parents = client.search_runs(
+        [exp.experiment_id],
+        "tags.`recpipe.step` = 'parent' and tags.`airflow.dag_id` = 'recpipe_stream_retrain'",
+    )
+    # every trained pass's parent run is ended (a re-run's too); the quiet hour logged none
+    assert len(parents) >= 6 and {r.info.status for r in parents} == {"FINISHED"}
 
 
 def test_retention_never_deleted_the_champions_dir(days):
@@ -223,7 +287,15 @@ def test_retention_never_deleted_the_champions_dir(days):
 
 
 def test_a_cleared_push_of_an_earlier_pass_leaves_the_store_where_it_was(days):
-    (cleared,) = [c for c in days["checks"] if "cleared" in c]
-    assert cleared["cleared"] == "success" and cleared["push"] == "success" and cleared["tries"] >= 2
-    assert cleared["same"]
+    (cleared,) = [c for c in days["checks"] if c.get("cleared") == ["push"]]
+    assert cleared["state"] == "success" and cleared["tries"] >= 2
+    assert cleared["after"] == cleared["before"]
     _same(*reversed(cleared["rows"]))
+
+
+def test_an_earlier_pass_run_again_trains_exports_and_pushes_nothing_twice(days):
+    (again,) = [c for c in days["checks"] if c.get("cleared") == "all"]
+    assert again["state"] == "success" and again["tries"] >= 3
+    assert again["after"] == again["before"]  # same step, checkpoints, manifests, store record
+    assert again["before"]["train_result"] == 3 * -(-ROWS // 32)
+    _same(*reversed(again["rows"]))
