@@ -32,7 +32,11 @@ MODEL_DIR = RUNS + "/ds={{ ds }}"
 EXPORTS = f"{RETRAIN.export_dir}/{RETRAIN.model_name}"
 # the gate scores both models on the held-out rows of its window (gate.window_days); training
 # keeps them out, and the evaluations read only held-out rows of every day of either window
-GATE_WINDOW = f"{{{{ macros.ds_add(ds, -{RETRAIN.gate.window_days - 1}) }}}}:{{{{ ds }}}}"
+GATE_WINDOW = (
+    f"{{{{ macros.ds_add(ds, -{RETRAIN.gate.window_days - 1}) }}}}:{{{{ ds }}}}"
+    if RETRAIN.gate.window_days > 1
+    else "{{ ds }}"  # the day itself: its dataset is named ds=<day>, not a range of one day
+)
 SPAN = max(RETRAIN.training_window_days, RETRAIN.gate.window_days)
 HELD_OUT = f"{{{{ macros.ds_add(ds, -{SPAN - 1}) }}}}:{{{{ ds }}}}"
 # the retrain config's overrides, then the run's (Params / trigger conf); a dict, rendered

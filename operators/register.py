@@ -30,8 +30,8 @@ class RegisterModelOperator(RecpipeOperator):
         model_name: the registered model (templated).
         metric, tolerance, min_metric, min_positives, min_negatives, confidence, inconclusive:
             the gate's rules (``operators.gate.GateRules``, the retrain config's ``gate``).
-        max_inconclusive_days: this many inconclusive gates in a row (this one and the
-            newest versions before it, tag ``promotion``) fail the task after the version is
+        max_inconclusive_days: this many inconclusive gates in a row that kept the champion
+            (this one and the newest versions before it) fail the task after the version is
             registered and tagged (0: never): a champion that no test can displace is a
             problem to see, not to keep for ever.
         promote: move the alias when the gate passes (manual runs may only register).
@@ -41,8 +41,8 @@ class RegisterModelOperator(RecpipeOperator):
 
     Returns (XCom): ``{"model_name", "version", "promoted", "outcome", "reason", "gate",
     "inconclusive_days"}`` (``outcome``: promoted / rejected / inconclusive; ``gate``: the
-    paired test's numbers; ``inconclusive_days``: inconclusive gates in a row, this one
-    included).
+    paired test's numbers; ``inconclusive_days``: inconclusive gates in a row that kept the
+    champion, this one included).
 
     Raises:
         GateStuckError: ``max_inconclusive_days`` inconclusive gates in a row.
@@ -167,7 +167,9 @@ class RegisterModelOperator(RecpipeOperator):
         else:
             log.warning("%s version %s not promoted: %s", self.model_name, version.version, reason)
         numbers = {f"gate.{k}": v for k, v in decision.numbers.items()}
-        streak = self._inconclusive_streak(version.version) + 1 if decision.outcome == INCONCLUSIVE else 0
+        # an inconclusive gate that kept the champion (gate.inconclusive: keep_champion) counts
+        kept = decision.outcome == INCONCLUSIVE and not promoted
+        streak = self._inconclusive_streak(version.version) + 1 if kept else 0
         hook.set_version_tags(
             self.model_name,
             version.version,
@@ -213,12 +215,13 @@ class RegisterModelOperator(RecpipeOperator):
         }
 
     def _inconclusive_streak(self, version: str) -> int:
-        """Inconclusive gates in a row before ``version``: the versions registered before it,
-        newest first, up to the first with another outcome (tag ``gate_outcome``)."""
+        """Inconclusive gates that kept the champion, in a row before ``version``: the versions
+        registered before it, newest first, up to the first that was decided or promoted
+        (tags ``gate_outcome``, ``promotion``)."""
         earlier = [v for v in self.hook.versions(self.model_name) if int(v.version) < int(version)]
         streak = 0
         for v in sorted(earlier, key=lambda v: int(v.version), reverse=True):
-            if v.tags.get("gate_outcome") != INCONCLUSIVE:
+            if v.tags.get("gate_outcome") != INCONCLUSIVE or v.tags.get("promotion") == PROMOTED:
                 break
             streak += 1
         return streak

@@ -45,16 +45,16 @@ def rare(movielens_raw, tmp_path_factory) -> dict:
             "min_positives": MIN_POSITIVES,
             "window_days": 3,
             "inconclusive": "keep_champion",
-            "max_inconclusive_days": 0,
+            "max_inconclusive_days": 1,  # the first inconclusive day fails its run, loudly
         },
     )
     env = stack["env"]
-    logs = {
-        DAYS[0]: airflow(env, "dags", "test", "recpipe_daily_retrain", DAYS[0], "-c", json.dumps(BAD)).stdout
-    }
-    for ds in DAYS[1:]:
-        logs[ds] = airflow(env, "dags", "test", "recpipe_daily_retrain", ds).stdout
-    return {**stack, "clicks": clicks, "logs": logs}
+    logs, codes = {}, {}
+    for ds in DAYS:
+        conf = ["-c", json.dumps(BAD)] if ds == DAYS[0] else []
+        proc = airflow(env, "dags", "test", "recpipe_daily_retrain", ds, *conf, check=False)
+        logs[ds], codes[ds] = proc.stdout + proc.stderr, proc.returncode
+    return {**stack, "clicks": clicks, "logs": logs, "codes": codes}
 
 
 def _versions(rare):
@@ -83,9 +83,16 @@ def test_a_clearly_better_model_is_promoted_once_the_pooled_days_hold_enough_cli
     first = promoted[0]
     assert float(first.tags["gate.positives"]) >= MIN_POSITIVES
     assert float(first.tags["eval.auc"]) > 0.7 and float(first.tags["gate.diff"]) > 0.1
-    # before it, inconclusive days are counted in a row
-    for v in versions[1 : versions.index(first)]:
+    # before it, inconclusive days are counted in a row, and gate.max_inconclusive_days (1)
+    # failed the run of the first one after its version was registered and tagged
+    stuck = versions[1 : versions.index(first)]
+    for v in stuck:
         assert v.tags["promotion"] == "inconclusive" and int(v.tags["inconclusive_days"]) >= 1
+        assert rare["codes"][v.tags["ds"]] != 0
+        assert "GateStuckError" in rare["logs"][v.tags["ds"]]
+        assert "inconclusive 1 times in a row" in rare["logs"][v.tags["ds"]]
+    assert rare["codes"][first.tags["ds"]] == 0 and first.tags["inconclusive_days"] == "0"
+    assert rare["codes"][DAYS[0]] == 0
     assert client.get_model_version_by_alias(MODEL, "champion").version == versions[-1].version or any(
         v.tags["promotion"] != "promoted" for v in versions[versions.index(first) + 1 :]
     )
