@@ -187,3 +187,12 @@ def test_pushers_of_one_model_take_turns(day, store):
         online_store.LOCK_WAIT_S = LOCK_WAIT_S
         held.release()
     assert push(client, model, day / "base")["rows"] == 10
+
+
+def test_the_push_tasks_redis_url_is_logged_without_its_password():
+    from operators.stream import OnlineStorePushOperator, redact_url
+
+    assert redact_url("redis://:s3cret-pw@127.0.0.1:6379/0") == "redis://:***@127.0.0.1:6379/0"
+    assert redact_url("redis://user:s3cret-pw@store/1") == "redis://user:***@store/1"
+    assert redact_url("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
+    assert "redis_url" not in OnlineStorePushOperator.template_fields  # never rendered into the UI
