@@ -139,7 +139,7 @@ def print_days(days, runs, exports, tracking_uri: str, name: str) -> None:
     for day in days:
         version = versions.get(day)
         closes = sorted((runs / f"ds={day}").glob("hh=*/champion_eval_result.json"))
-        champion = json.loads(closes[-1].read_text()).get("metrics") if closes else None
+        champion = json.loads(closes[-1].read_text()) if closes else None  # the eval job's result
         deltas = sorted((exports / day).glob("delta-*/manifest.json"))
         last = json.loads(deltas[-1].read_text()) if deltas else None
         used = sum(t["rows_used"] or 0 for t in last["tables"].values()) if last else "-"
