@@ -218,9 +218,8 @@ class RegisterModelOperator(RecpipeOperator):
         """Inconclusive gates that kept the champion, in a row before ``version``: the versions
         registered before it, newest first, up to the first that was decided or promoted
         (tags ``gate_outcome``, ``promotion``)."""
-        earlier = [v for v in self.hook.versions(self.model_name) if int(v.version) < int(version)]
         streak = 0
-        for v in sorted(earlier, key=lambda v: int(v.version), reverse=True):
+        for v in (v for v in self.hook.versions(self.model_name) if int(v.version) < int(version)):
             if v.tags.get("gate_outcome") != INCONCLUSIVE or v.tags.get("promotion") == PROMOTED:
                 break
             streak += 1

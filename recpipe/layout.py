@@ -237,9 +237,6 @@ def finished_model_dirs(runs_root: str | os.PathLike, before: str | None = None)
     """The model dirs under ``runs_root`` whose training finished (``_SUCCESS``), oldest first:
     days (``ds=D``) and passes (``ds=D/hh=HH``); with ``before`` (a day or a pass), only those
     dated before it."""
-    root = Path(runs_root)
-    found = [*root.glob("ds=*"), *root.glob("ds=*/hh=*")]
-    return sorted(
-        (p for p in found if (before is None or partition_ds(p) < before) and is_finished(p)),
-        key=partition_ds,
-    )
+    return [
+        p for p in model_dirs(runs_root) if (before is None or partition_ds(p) < before) and is_finished(p)
+    ]

@@ -167,7 +167,7 @@ def write_export(
         doc = new_manifest(kind, day, name, sequence, previous, global_step, ev_step, params, files)
         for t, keys in now.items():
             doc["tables"][t]["rows_used"] = int((keys != FREE).sum())
-        atomic.write_text(tmp / MANIFEST, json.dumps(doc, indent=2, sort_keys=True))
+        (tmp / MANIFEST).write_text(json.dumps(doc, indent=2, sort_keys=True))  # the rename covers it
         (tmp / SUCCESS).touch()
     return target
 

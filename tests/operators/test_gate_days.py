@@ -21,26 +21,27 @@ OUTCOMES = (
 
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory):
+    """A SQLite registry, the one ``MLflowHook`` finds through ``$MLFLOW_TRACKING_URI``."""
     from mlflow import MlflowClient
 
     path = tmp_path_factory.mktemp("registry")
-    return MlflowClient(f"sqlite:///{path / 'mlflow.db'}"), path
+    uri = f"sqlite:///{path / 'mlflow.db'}"
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("MLFLOW_TRACKING_URI", uri)
+        yield MlflowClient(uri), path
 
 
-def _operator(model: str, uri: str, max_days: int = 0):
-    """A register task over the registry at ``uri`` (its hook's client set directly: the task
-    runs outside Airflow here)."""
+def _operator(model: str, max_days: int = 0):
+    """A register task (no Airflow connection: the hook takes ``$MLFLOW_TRACKING_URI``)."""
     from operators.register import RegisterModelOperator
 
-    op = RegisterModelOperator(
+    return RegisterModelOperator(
         task_id="register_and_gate",
         pipeline_config_path="conf/movielens_deepfm.yaml",
         model_name=model,
         max_inconclusive_days=max_days,
         mlflow_conn_id="",
     )
-    op.hook._client = __import__("mlflow").MlflowClient(uri)
-    return op
 
 
 @settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
@@ -49,7 +50,7 @@ def test_inconclusive_gates_are_counted_in_a_row_over_any_sequence_of_days(regis
     client, path = registry
     model = f"m{uuid.uuid4().hex[:8]}"
     client.create_registered_model(model)
-    op = _operator(model, f"sqlite:///{path / 'mlflow.db'}")
+    op = _operator(model)
     want = 0
     for outcome, promotion in outcomes:
         tags = {"gate_outcome": outcome, "promotion": promotion}
