@@ -56,9 +56,9 @@ def main() -> int:
     import yaml
 
     from recpipe.config import load_pipeline_config
+    from trainer import online
     from trainer.delta import export_base, export_delta
     from trainer.input import sample_inputs
-    from trainer.layers.embedding_variable import FREE, embedding_variables, refresh
     from trainer.models.builders import build_model
     from trainer.serving import export_saved_model
 
@@ -69,7 +69,7 @@ def main() -> int:
     model = build_model(config)
     model(sample_inputs(config))
     rng = np.random.default_rng(0)
-    evs = embedding_variables(model)
+    evs = online.tables(model)
     for ev in evs:
         keys = rng.choice(2**62, size=args.rows, replace=False).astype(np.int64)
         ev.keys.assign(keys)
@@ -77,7 +77,7 @@ def main() -> int:
         for view in ev.views:
             view.weights.assign(rng.normal(0, 0.01, view.weights.shape).astype(np.float32))
     model.ev_clock.step.assign(50)
-    refresh(model)
+    online.refresh(model)
     work = Path(tempfile.mkdtemp(prefix="recpipe-delta-"))
     day = "1997-09-22"
     try:
@@ -96,10 +96,10 @@ def main() -> int:
                 w[touched] += 0.001
                 view.weights.assign(w)
             keys = ev.keys.numpy()
-            keys[rng.choice(n, size=int(n * args.evicted), replace=False)] = FREE
+            keys[rng.choice(n, size=int(n * args.evicted), replace=False)] = online.FREE
             ev.keys.assign(keys)
         model.ev_clock.step.assign(100)
-        refresh(model)
+        online.refresh(model)
         delta = _timed(lambda: export_delta(config, model, {}, exports, "09", 2), args.repeats)
         rows = {
             "(a) full SavedModel": (full, _size(full[2])),

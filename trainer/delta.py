@@ -1,7 +1,7 @@
 """Base and delta exports of a model with online tables (``ev_params``): once a day a base (the
 full SavedModel plus every parameter), after every pass a delta (only what changed since the
 previous export), and the reverse: a SavedModel rebuilt from a base and its deltas. The files
-are ``recpipe.params``'.
+are ``recpipe.exports.files``'.
 
 A row's ``ev_versions`` entry is the ``EVClock.stamp`` of the step it was last looked up in
 training, and an export records the clock's step, the newest stamp, as its ``ev_step``; so the
@@ -22,15 +22,14 @@ from pathlib import Path
 import numpy as np
 
 from recpipe import atomic
+from recpipe.config.loader import validate
 from recpipe.config.pipeline import PipelineConfig
-from recpipe.layout import SUCCESS, is_finished
-from recpipe.params import (
+from recpipe.exports.files import (
     BASE,
     DELTA_PREFIX,
     MANIFEST,
     DeltaError,
     Params,
-    TableRows,
     alive_ids,
     apply,
     chain,
@@ -40,8 +39,9 @@ from recpipe.params import (
     read_params,
     write_params,
 )
-from trainer.embedding_tables import ev_names, variable_name
-from trainer.layers.embedding_variable import FREE, embedding_variables, refresh
+from recpipe.layout import SUCCESS, is_finished
+from trainer import online
+from trainer.embedding_tables import variable_name
 from trainer.optimizers import split_variables
 
 ROW_WISE = frozenset({"sgd_optimizer", "adagrad_optimizer", "lazy_adam_optimizer", "ftrl_optimizer"})
@@ -49,7 +49,7 @@ ROW_WISE = frozenset({"sgd_optimizer", "adagrad_optimizer", "lazy_adam_optimizer
 
 def check_row_wise(config: PipelineConfig, model) -> None:
     """Raise ``DeltaError`` unless each optimizer updating an online table is row-wise."""
-    names = {variable_name(v.weights) for ev in embedding_variables(model) for v in ev.views}
+    names = {variable_name(v.weights) for ev in online.tables(model) for v in ev.views}
     entries = config.train_config.optimizer_config
     split = split_variables(model.variable_groups(), len(entries), config.model.model_class)
     for i, (entry, part) in enumerate(zip(entries, split, strict=True)):
@@ -65,19 +65,10 @@ def snapshot(model, normalization: dict, since_step: int | None = None) -> tuple
     """The model's parameters: every admitted row, or (``since_step``) those looked up in
     training after the export whose ``ev_step`` it is (``EVClock.stamp``: versions above it);
     and the clock's step now (the newest version). Tombstones are left empty."""
-    clock = model.ev_clock
-    skip = ev_names(model)
-    tables = {}
-    for ev in embedding_variables(model):
-        keys = ev.keys.numpy()
-        keep = keys != FREE
-        if since_step is not None:
-            keep &= ev.versions.numpy() > since_step
-        index = np.flatnonzero(keep)
-        views = {variable_name(v.weights): v.weights.numpy()[index] for v in ev.views}
-        tables[ev.table] = TableRows(keys[index], views)
+    tables, step = online.snapshot(model, since_step)
+    skip = online.variable_names(model)
     dense = {variable_name(v): v.numpy() for v in model.variables if variable_name(v) not in skip}
-    return Params(tables, dense, normalization), int(clock.step.numpy())
+    return Params(tables, dense, normalization), step
 
 
 def export_base(
@@ -152,21 +143,20 @@ def write_export(
         exports = exports[: exports.index(target)]
     previous = read_manifest(exports[-1]) if exports else None
     params, ev_step = snapshot(model, normalization, since_step=previous["ev_step"] if previous else None)
-    now = {ev.table: ev.keys.numpy() for ev in embedding_variables(model)}
+    now = {ev.table: ev.ids() for ev in online.tables(model)}
     if previous is not None:
         for table, ids in alive_ids(exports).items():
             current = now.get(table, np.zeros(0, np.int64))
-            params.tables[table].tombstones = np.sort(ids[~np.isin(ids, current[current != FREE])])
+            params.tables[table].tombstones = np.sort(ids[~np.isin(ids, current[current != online.FREE])])
     with atomic.directory(target) as tmp:
         if saved_model is not None:
             saved_model(tmp)
         files = write_params(params, tmp / "params")
-        kind = "delta" if previous else "base"
         day = day or read_manifest(exports[0])["day"]
         sequence = previous["sequence"] + 1 if previous else 0
-        doc = new_manifest(kind, day, name, sequence, previous, global_step, ev_step, params, files)
+        doc = new_manifest(day, name, sequence, previous, global_step, ev_step, params, files)
         for t, keys in now.items():
-            doc["tables"][t]["rows_used"] = int((keys != FREE).sum())
+            doc["tables"][t]["rows_used"] = int((keys != online.FREE).sum())
         (tmp / MANIFEST).write_text(json.dumps(doc, indent=2, sort_keys=True))  # the rename covers it
         (tmp / SUCCESS).touch()
     return target
@@ -180,7 +170,7 @@ def load_params(model, params: Params) -> None:
         DeltaError: a model variable or table ``params`` lacks, or a table with more ids than
             its ``max_capacity``.
     """
-    skip = ev_names(model)
+    skip = online.variable_names(model)
     for var in model.variables:
         name = variable_name(var)
         if name in skip:
@@ -188,21 +178,10 @@ def load_params(model, params: Params) -> None:
         if name not in params.dense:
             raise DeltaError(f"the exports lack model variable {name!r}")
         var.assign(params.dense[name])
-    for ev in embedding_variables(model):
-        rows = params.tables.get(ev.table)
-        if rows is None:
-            raise DeltaError(f"the exports lack online table {ev.table!r}")
-        n = len(rows.ids)
-        if n > ev.rows:
-            raise DeltaError(f"table {ev.table}: {n} ids over max_capacity {ev.rows}")
-        keys = np.full(ev.rows, FREE, np.int64)
-        keys[:n] = rows.ids
-        ev.keys.assign(keys)
-        for view in ev.views:
-            values = np.zeros(view.weights.shape, np.float32)
-            values[:n] = rows.views[variable_name(view.weights)]
-            view.weights.assign(values)
-    refresh(model)
+    try:
+        online.load_rows(model, params.tables)
+    except ValueError as err:
+        raise DeltaError(f"the exports do not fit the model: {err}") from None
 
 
 def build_saved_model(base: Path, deltas: list[Path], out: Path) -> Path:
@@ -214,7 +193,6 @@ def build_saved_model(base: Path, deltas: list[Path], out: Path) -> Path:
         DeltaError: an unfinished export or a checksum mismatch, deltas out of order or from
             another day (each must follow the previous one's directory).
     """
-    from recpipe.config.loader import validate
     from trainer.input import sample_inputs
     from trainer.models.builders import build_model
     from trainer.serving import write_saved_model

@@ -18,9 +18,8 @@ import tensorflow as tf
 from tensorflow.python.distribute.sharded_variable import ShardedVariable
 from tensorflow.python.trackable.base import Trackable
 
-from recpipe.config.data import EVParams, FeatureSpec
+from recpipe.config.data import FeatureSpec
 from recpipe.config.errors import ConfigError
-from trainer.layers.embedding_variable import embedding_variables
 
 VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
 
@@ -40,7 +39,7 @@ def table_shapes(features: list[FeatureSpec], dim: int | None = None) -> dict[st
     shapes: dict[str, tuple[int, int]] = {}
     for f in features:
         if f.ev_params is not None:
-            continue  # an online table (ev_tables)
+            continue  # an online table (trainer.online.table_specs)
         if f.hash_bucket_size is None:
             raise EmbeddingConfigError(
                 f"feature_config: {f.name!r} needs hash_bucket_size for an embedding table"
@@ -53,28 +52,6 @@ def table_shapes(features: list[FeatureSpec], dim: int | None = None) -> dict[st
                 f"embedding_dim, got {shapes[table]} and {shape}"
             )
     return shapes
-
-
-def ev_tables(features: list[FeatureSpec], dim: int | None = None) -> dict[str, tuple[EVParams, int]]:
-    """Table name -> (ev_params, dim) for the online tables (features with ``ev_params``).
-
-    Raises:
-        EmbeddingConfigError: features sharing an ``embedding_name`` differ in ``ev_params`` or
-            dimension, or one of them has none.
-    """
-    out: dict[str, tuple[EVParams, int]] = {}
-    hashed = {f.embedding_name or f.name for f in features if f.ev_params is None}
-    for f in features:
-        if f.ev_params is None:
-            continue
-        table = f.embedding_name or f.name
-        entry = (f.ev_params, dim or f.embedding_dim)
-        if table in hashed or out.setdefault(table, entry) != entry:
-            raise EmbeddingConfigError(
-                f"feature_config: features sharing embedding_name {table!r} need one ev_params and "
-                "embedding_dim (all of them, or none)"
-            )
-    return out
 
 
 def assign_rows(variable: tf.Variable, offset: int, value) -> tf.Operation:
@@ -218,34 +195,16 @@ def placement(model) -> list[str]:
     return out
 
 
-def _sharded(model) -> bool:
+def is_sharded(model) -> bool:
+    """Whether ``model``'s embedding layers hold only this rank's rows (embedding-parallel)."""
     return any(getattr(layer, "sharding", None) is not None for layer in model.submodules)
 
 
 def sharded_names(model) -> frozenset[str]:
-    """Names of the variables that hold only this rank's rows (embedding-parallel): fused
-    tables and the per-row variables of online tables."""
+    """Names of the fused tables that hold only this rank's rows (embedding-parallel; the
+    online tables' are ``trainer.online.row_names``)."""
     names: set[str] = set()
     for layer in model.submodules:
         if getattr(layer, "sharding", None) is not None:
             names |= {variable_name(v) for v in getattr(layer, "fused", {}).values()}
-    if _sharded(model):
-        names |= {variable_name(v) for ev in embedding_variables(model) for v in ev.row_variables}
     return frozenset(names)
-
-
-def summed_names(model) -> frozenset[str]:
-    """Names of the online tables' per-process counts that a save sums over ranks
-    (embedding-parallel: each rank counts the ids it owns)."""
-    if not _sharded(model):
-        return frozenset()
-    return frozenset(variable_name(v) for ev in embedding_variables(model) for v in ev.summed_variables)
-
-
-def ev_names(model) -> frozenset[str]:
-    """Names of every variable of the online tables (restored by ``EmbeddingVariable.load``)."""
-    return frozenset(
-        variable_name(v)
-        for ev in embedding_variables(model)
-        for v in ev.row_variables + ev.summed_variables + ev.derived_variables
-    )

@@ -19,9 +19,13 @@ import sys
 from pathlib import Path
 
 from recpipe import atomic, jsonl, locks
+from recpipe.config import ClusterConfig, ConfigError, load_cluster_config
 from recpipe.config.args import add_config_args, config_from_args
+from recpipe.config.model import EvalMethod
 from recpipe.errors import UsageError, exit_now, run_command
-from recpipe.layout import ModelDir, parse_ds_range
+from recpipe.exports.files import read_manifest
+from recpipe.launch import launcher_for, run_job, training_job
+from recpipe.layout import ModelDir, parse_ds_range, split_ds
 
 # TensorFlow's C++ start-up chatter hides the log lines users need.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -33,7 +37,6 @@ def _setup_logging() -> None:
 
 
 def _days(value: str | None, field: str) -> list[str]:
-    from recpipe.config import ConfigError
 
     if not value:
         raise ConfigError(
@@ -128,9 +131,6 @@ def _without_launch_flags(argv: list[str]) -> list[str]:
 def _launch(args, extra, train_args: list[str]) -> int:
     """Start every process of the job with the cluster config's launcher, wait, and print the
     chief's result line."""
-    from recpipe.config import ClusterConfig, load_cluster_config
-    from recpipe.config.model import EvalMethod
-    from recpipe.launch import launcher_for, run_job, training_job
 
     _setup_logging()
     config = config_from_args(args, extra)  # a bad config fails here, before any process
@@ -214,6 +214,24 @@ def eval_main(argv: list[str] | None = None) -> int:
     return run_command(run, "recpipe eval")
 
 
+def pooled_eval_main(argv: list[str] | None = None) -> int:
+    """``python -m trainer.pooled_eval --predictions P... --out F``: AUC and logloss of the
+    rows of several evaluations pooled (``trainer.metrics.pooled_eval``); prints the result."""
+    parser = argparse.ArgumentParser(prog="trainer.pooled_eval", description="metrics of pooled predictions")
+    parser.add_argument("--predictions", nargs="+", required=True, help="Parquet files: label, probability")
+    parser.add_argument("--out", required=True, help="the pooled rows (Parquet)")
+    args = parser.parse_args(argv)
+
+    def run() -> int:
+        _setup_logging()
+        from trainer.metrics import pooled_eval
+
+        print(json.dumps(pooled_eval(args.predictions, args.out)))
+        return 0
+
+    return run_command(run, "trainer.pooled_eval")
+
+
 def export_main(argv: list[str] | None = None) -> int:
     """``python -m trainer.export`` / ``recpipe export``: write a SavedModel version."""
     parser = argparse.ArgumentParser(prog="trainer.export", description="export a SavedModel for serving")
@@ -263,8 +281,6 @@ def export_main(argv: list[str] | None = None) -> int:
 
 def _export_online(config, model, model_dir, step: int, args) -> dict:
     """``recpipe export --base DAY`` / ``--delta DAY/HH``: the manifest's summary."""
-    from recpipe.layout import split_ds
-    from recpipe.params import read_manifest
     from trainer.delta import export_base, export_delta
     from trainer.serving import read_normalization
 
@@ -281,13 +297,19 @@ def _export_online(config, model, model_dir, step: int, args) -> dict:
         out = export_delta(config, model, normalization, Path(args.export_dir) / day, f"{hour:02d}", step)
     manifest = read_manifest(out)
     size = sum(f["bytes"] for f in manifest["files"].values())
-    return {"export": str(out), "global_step": step, "bytes": size, "tables": manifest["tables"]}
+    return {
+        "export": str(out),
+        "kind": manifest["kind"],
+        "global_step": step,
+        "bytes": size,
+        "tables": manifest["tables"],
+    }
 
 
 def serve_main(argv: list[str] | None = None) -> int:
     """``recpipe serve apply-delta BASE DELTA... --out DIR``: a SavedModel from a base and its
     deltas; ``recpipe serve push EXPORT --model NAME [--redis_url URL]``: an export's rows to
-    the online store (``recpipe.online_store``)."""
+    the online store (``recpipe.exports.store``)."""
     parser = argparse.ArgumentParser(prog="recpipe serve", description="build or push what serving reads")
     sub = parser.add_subparsers(dest="action", required=True)
     apply = sub.add_parser("apply-delta", help="a SavedModel from a base export and its deltas, in order")
@@ -310,11 +332,12 @@ def serve_main(argv: list[str] | None = None) -> int:
             return 0
         import redis
 
-        from recpipe.online_store import push as push_export
+        from recpipe.exports.store import push_chain
 
         client = redis.Redis.from_url(args.redis_url)
         for export in args.exports:
-            print(json.dumps({"export": export, **push_export(client, args.model, Path(export))}))
+            totals, pushed = push_chain(client, args.model, Path(export))
+            print(json.dumps({"export": export, **totals, "pushed": [str(p) for p in pushed]}))
         return 0
 
     return run_command(run, "recpipe serve")

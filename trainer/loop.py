@@ -25,12 +25,12 @@ from recpipe.config.model import EvalMethod
 from recpipe.config.pipeline import PipelineConfig
 from recpipe.errors import PipelineError, UsageError
 from recpipe.layout import CHECKPOINT_PREFIX, FeaturePartition, ModelDir, parse_ds_range, partition_ds
+from trainer import online
 from trainer.checkpoints import fine_tune_restore, read_var_map, restore_embedding_variables
 from trainer.distribute import Distribution
 from trainer.distribute.base import StepParts, online_tables_refused
 from trainer.embedding_tables import placement, variable_name
 from trainer.input import FeatureReader, holdout_split
-from trainer.layers import embedding_variable as ev_tables
 from trainer.losses import build_loss
 from trainer.sidecar_evaluator import evaluate_and_record, mark_train_done
 from trainer.state import build_state
@@ -132,9 +132,9 @@ class Trainer:
         self.files = ModelDir(job.model_dir)
         self.config = job.config
         self.dist = distribution or Distribution()
-        online = self.config.feature_config.online_features
-        if online and not self.dist.holds_online_tables:
-            raise online_tables_refused(self.config.train_config.train_distribute.value, online)
+        features = self.config.feature_config.online_features
+        if features and not self.dist.holds_online_tables:
+            raise online_tables_refused(self.config.train_config.train_distribute.value, features)
         self.strategy = self.dist.strategy
         tc = self.config.train_config
         self.partitions, holdout = holdout_split(self.config, job.train_days, "train")
@@ -183,7 +183,9 @@ class Trainer:
             var_map = read_var_map(tc.fine_tune_ckpt_var_map) if tc.fine_tune_ckpt_var_map else None
             static = self.state.static_variables()
             report = fine_tune_restore(static, tc.fine_tune_checkpoint, var_map, self.optimizers)
-            online = restore_embedding_variables(self.state.evs, tc.fine_tune_checkpoint, self.dist.sharding)
+            restored = restore_embedding_variables(
+                self.state.evs, tc.fine_tune_checkpoint, self.dist.sharding
+            )
             return {
                 "checkpoint": report.checkpoint,
                 "restored": len(report.restored),
@@ -191,7 +193,7 @@ class Trainer:
                 "shape_mismatch": report.shape_mismatch,
                 "slots_restored": len(report.slots_restored),
                 "optimizer_iterations": report.optimizer_iterations,
-                **({"online_rows_restored": online} if online else {}),
+                **({"online_rows_restored": restored} if restored else {}),
             }
         return {}
 
@@ -248,9 +250,9 @@ class Trainer:
         job.model_dir.mkdir(parents=True, exist_ok=True)
         fine_tune = self._restore()
         dist.broadcast([v for v in self.state.all_variables() if not self.state.is_per_rank(v)])
-        ev_tables.refresh(self.model)  # the id -> row maps, from the restored / broadcast rows
+        online.refresh(self.model)  # the id -> row maps, from the restored / broadcast rows
         online_start = self._online_stats()  # the day's figures include the day boundary's
-        ev_tables.start_day(self.model, partition_ds(self.partitions[-1]))
+        online.start_day(self.model, partition_ds(self.partitions[-1]))
         if dist.is_chief:
             self._save_normalization()
             self.files.train_done.unlink(missing_ok=True)  # an earlier job's
@@ -316,9 +318,9 @@ class Trainer:
                         rate,
                         eta,
                     )
-                    online = self._online_metrics(online_start)
+                    figures = self._online_metrics(online_start)
                     if on_log:
-                        on_log(step, {"loss": loss, "learning_rate": lr, "examples_per_sec": rate, **online})
+                        on_log(step, {"loss": loss, "learning_rate": lr, "examples_per_sec": rate, **figures})
                     window_start, window_examples = time.time(), 0
                 if writer is not None and step % tc.save_summary_steps == 0:
                     with writer.as_default(step=step):
@@ -346,10 +348,16 @@ class Trainer:
         if dist.is_chief:
             mark_train_done(job.model_dir, step, self.manager.latest_checkpoint)
         elapsed = max(time.time() - total_start, 1e-9)
-        online = self._online_metrics(online_start)
+        figures = self._online_metrics(online_start)
         cpu = time.process_time() - cpu_start
         return TrainResult(
-            step, self.manager.latest_checkpoint or "", loss, total_examples / elapsed, fine_tune, online, cpu
+            step,
+            self.manager.latest_checkpoint or "",
+            loss,
+            total_examples / elapsed,
+            fine_tune,
+            figures,
+            cpu,
         )
 
     def _online_stats(self) -> dict[str, dict[str, int]]:

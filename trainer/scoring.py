@@ -12,10 +12,10 @@ import tensorflow as tf
 from recpipe import atomic
 from recpipe.config.pipeline import PipelineConfig
 from recpipe.layout import ModelDir, partition_ds
+from trainer import online
 from trainer.checkpoints import resolve
 from trainer.embedding_tables import checkpoint_map
 from trainer.input import FeatureReader, holdout_split, sample_inputs
-from trainer.layers.embedding_variable import refresh
 from trainer.metrics import compute_metrics
 from trainer.models.builders import build_model
 from trainer.models.ranking import RankingModel
@@ -36,7 +36,7 @@ def load_model(config: PipelineConfig, checkpoint: str | Path) -> tuple[RankingM
     step = tf.Variable(0, dtype=tf.int64)
     ckpt = tf.train.Checkpoint(variables=checkpoint_map(model), global_step=step)
     ckpt.restore(path).expect_partial().assert_existing_objects_matched()
-    refresh(model)  # online tables: the id -> row maps from the restored rows
+    online.refresh(model)  # online tables: the id -> row maps from the restored rows
     return model, int(step)
 
 

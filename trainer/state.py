@@ -7,16 +7,15 @@ from dataclasses import dataclass
 import tensorflow as tf
 
 from recpipe.config.pipeline import PipelineConfig
+from trainer import online
 from trainer.embedding_tables import (
     checkpoint_map,
     embedding_layout,
-    ev_names,
+    is_sharded,
     sharded_names,
-    summed_names,
     variable_name,
 )
 from trainer.input import sample_inputs
-from trainer.layers.embedding_variable import embedding_variables
 from trainer.models.builders import build_model
 from trainer.models.ranking import RankingModel
 from trainer.optimizers import build_optimizer, split_variables
@@ -50,7 +49,7 @@ class TrainState:
     @property
     def evs(self) -> list:
         """The model's online tables (``EmbeddingVariable``)."""
-        return embedding_variables(self.model)
+        return online.tables(self.model)
 
     def static_variables(self) -> dict:
         """``variables`` less the online tables', which restore by id, not by shape."""
@@ -99,7 +98,7 @@ def build_state(
         var_split = split_variables(model.variable_groups(), len(optimizers), config.model.model_class)
         for opt, variables in zip(optimizers, var_split, strict=True):
             opt.build(variables)
-            for ev in embedding_variables(model):
+            for ev in online.tables(model):
                 ev.register_optimizer(opt)
         global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
@@ -123,7 +122,7 @@ def build_state(
         batch_in_epoch,
         variables,
         checkpoint,
-        sharded_names(model),
-        summed_names(model),
-        ev_names(model),
+        sharded_names(model) | (online.row_names(model) if is_sharded(model) else frozenset()),
+        online.summed_names(model) if is_sharded(model) else frozenset(),
+        online.variable_names(model),
     )

@@ -114,7 +114,7 @@ class EVParams(Section):
 
     With ``ev_params`` a feature's table holds one row per admitted id, keyed by the id's full
     64-bit fingerprint (no ``hash_bucket_size`` modulo, so no collisions); see
-    ``trainer.layers.embedding_variable``. 0 turns a rule off.
+    ``trainer.online``. 0 turns a rule off.
 
     Attributes:
         filter_freq: sightings (occurrences in training batches) before an id gets a row;

@@ -39,13 +39,13 @@ def _rate(optimizer: str, rate: float) -> dict:
 
 
 def _store_rows(client, model: str, tables) -> dict:
-    from recpipe.online_store import read_rows
+    from recpipe.exports.store import read_rows
 
     return {t: read_rows(client, model, t) for t in tables}
 
 
 def _chain_rows(day_dir, upto: str) -> dict:
-    from recpipe.params import apply, chain, read_params
+    from recpipe.exports.files import apply, chain, read_params
 
     params = None
     for export in chain(day_dir):
@@ -71,7 +71,7 @@ def _clear(api, client, model, day, want, task_ids, pass_dir=None) -> dict:
     """Clear ``task_ids`` (None: every task) of the run of ``day``'s first pass, after the
     later one; wait for it to run again; return the store (and ``pass_dir``) before and
     after."""
-    from recpipe.online_store import applied
+    from recpipe.exports.store import applied
 
     def state():
         out = {"applied": dict(applied(client, model)), "rows": _store_rows(client, model, want)}
@@ -106,9 +106,9 @@ def days(movielens_hourly_raw, tmp_path_factory) -> dict:
     import redis
     from mlflow import MlflowClient
 
-    from recpipe.local_airflow import run_backfill
-    from recpipe.localenv import airflow_env
-    from recpipe.online_store import applied
+    from dev.airflow import run_backfill
+    from dev.env import airflow_env
+    from recpipe.exports.store import applied
 
     base = tmp_path_factory.mktemp("stream_days")
     var = base / "var"

@@ -45,7 +45,7 @@ def _train(config, model_dir: Path, train_ds: str, previous: str | None):
 @pytest.fixture(scope="module")
 def chain(ml_passes, tmp_path_factory):
     """The exports of three passes and a full export at the last one's step."""
-    from recpipe.params import read_manifest
+    from recpipe.exports.files import read_manifest
     from trainer.delta import export_base, export_delta
     from trainer.scoring import load_model
     from trainer.serving import read_normalization
@@ -102,7 +102,7 @@ def test_deltas_hold_the_touched_rows_and_the_evicted_ids(chain):
 
 
 def test_base_plus_deltas_equals_a_full_export_at_the_same_step(chain, tmp_path):
-    from recpipe.params import apply, read_params
+    from recpipe.exports.files import apply, read_params
     from trainer.delta import build_saved_model
     from trainer.mlflow_model import raw_rows
 
@@ -134,7 +134,7 @@ def test_base_plus_deltas_equals_a_full_export_at_the_same_step(chain, tmp_path)
 def test_apply_delta_refuses_deltas_out_of_order_and_damaged_files(chain, tmp_path):
     import shutil
 
-    from recpipe.params import DeltaError
+    from recpipe.exports.files import DeltaError
     from trainer.delta import build_saved_model
 
     exports = chain["exports"]
@@ -189,8 +189,8 @@ def test_the_export_command_writes_a_delta_and_the_serve_command_applies_it(chai
 def test_pushes_to_redis_are_idempotent_ordered_and_delete_tombstones(chain):
     import redis
 
-    from recpipe.online_store import StoreError, applied, push, read_rows
-    from recpipe.params import apply, read_params
+    from recpipe.exports.files import apply, read_params
+    from recpipe.exports.store import StoreError, applied, push, read_rows
 
     client = redis.Redis(host="127.0.0.1", port=6379, db=0)
     model = f"test-{uuid.uuid4().hex[:8]}"

@@ -101,10 +101,10 @@ def redis_client():
 )
 @given(ev=ev_settings, sequence=passes)
 def test_base_plus_deltas_equals_the_full_export_after_every_export(ev, sequence, tmp_path, redis_client):
-    from recpipe.online_store import push_chain, read_rows
-    from recpipe.params import apply, chain, read_params
+    from recpipe.exports.files import apply, chain, read_params
+    from recpipe.exports.store import push_chain, read_rows
     from trainer.delta import snapshot, write_export
-    from trainer.layers.embedding_variable import start_day
+    from trainer.online import start_day
 
     state, table = _state(ev)
     model, store = state.model, f"prop-{uuid.uuid4().hex[:8]}"
@@ -142,7 +142,7 @@ def test_base_plus_deltas_equals_the_full_export_after_every_export(ev, sequence
 def test_a_delta_holds_every_row_looked_up_since_the_previous_export(tmp_path):
     """The issue's probe: id 1, a base, id 2, id 3, a delta: the delta holds 2 and 3, and a
     pass of one step gives a delta with its rows, not an empty one."""
-    from recpipe.params import read_params
+    from recpipe.exports.files import read_params
     from trainer.delta import write_export
 
     state, table = _state({"filter_freq": 0})
@@ -158,7 +158,7 @@ def test_a_delta_holds_every_row_looked_up_since_the_previous_export(tmp_path):
 
 
 def test_an_export_that_later_ones_follow_is_not_replaced(tmp_path):
-    from recpipe.params import DeltaError, read_manifest
+    from recpipe.exports.files import DeltaError, read_manifest
     from trainer.delta import write_export
 
     state, table = _state({"filter_freq": 0})

@@ -489,7 +489,7 @@ def test_online_tables_under_embedding_parallel_equal_horovod_and_re_shard(confi
     rank id mod 2, each rank its own map) trains as 2-rank Horovod does (every rank the whole
     table, admitting the union of the ranks' ids), which equals one process on the global
     batch. (Re-sharding from 2 ranks to 1 is the same code path, tested by id in
-    tests/trainer/test_embedding_variable.py.)"""
+    tests/trainer/test_online_tables.py.)"""
     ep = "EmbeddingParallelStrategy"
     start, _ = _train(
         config_path, tmp_path / "start", "NoStrategy", **ONLINE_EDITS, **{"train_config.num_steps": 4}

@@ -65,7 +65,7 @@ class Distribution:
         sharding: how embedding rows are split across ranks
             (``trainer.distribute.embedding_parallel.Sharding``), or None (every process
             holds whole tables).
-        key_union: see ``trainer.layers.embedding_variable.EmbeddingVariable``.
+        key_union: see ``trainer.online.EmbeddingVariable``.
         holds_online_tables: online tables (``ev_params``) can train here: their id -> row
             maps are per-process hash tables, which tf.distribute cannot mirror or place on ps.
 

@@ -23,8 +23,8 @@ import tf_keras as keras
 from tensorflow.python.distribute.sharded_variable import ShardedVariable
 
 from recpipe.config.data import FeatureSpec, FeatureType
-from trainer.embedding_tables import EmbeddingConfigError, TableSlice, ev_tables, table_shapes
-from trainer.layers.embedding_variable import EmbeddingVariable, EVClock, EVView
+from trainer.embedding_tables import EmbeddingConfigError, TableSlice, table_shapes
+from trainer.online import EmbeddingVariable, EVClock, EVView, table_specs
 
 
 class _Index:
@@ -85,7 +85,7 @@ class FeatureEmbedding(keras.layers.Layer):
         self.sharding = sharding
         self.features = [f for f in features if f.feature_type != FeatureType.RawFeature]
         self.shapes = table_shapes(self.features, dim)
-        self.ev_params = ev_tables(self.features, dim)
+        self.ev_params = table_specs(self.features, dim)
         if self.ev_params and clock is None:
             raise EmbeddingConfigError(f"{self.name}: ev_params tables need the model's EVClock")
         widths = {width for _, width in self.shapes.values()} | {w for _, w in self.ev_params.values()}

@@ -14,9 +14,9 @@ from recpipe.config.model import (
     WideDeep,
 )
 from recpipe.config.pipeline import PipelineConfig
-from trainer.layers.embedding_variable import EVClock
 from trainer.models.ranking import RankingModel, WideLogit
 from trainer.models.towers import ConcatMLPTower, DCNTower, DeepFMTower, DLRMTower
+from trainer.online import EVClock
 
 
 class ModelConfigError(ConfigError):

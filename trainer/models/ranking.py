@@ -13,7 +13,7 @@ import tf_keras as keras
 
 from recpipe.config.data import FeatureSpec, FeatureType
 from trainer.layers.embedding import FeatureEmbedding
-from trainer.layers.embedding_variable import EVClock
+from trainer.online import EVClock
 
 
 class WideLogit(keras.layers.Layer):

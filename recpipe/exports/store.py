@@ -1,4 +1,4 @@
-"""Push base and delta exports (``recpipe.params``) to Redis, the online embedding store.
+"""Push base and delta exports (``recpipe.exports.files``) to Redis, the online embedding store.
 
 Each row of an online table is one Redis hash, ``<prefix>:<model>:<table>:<id>``, with a field
 per layer reading the table (its variable name -> the row as little-endian float32 bytes) and
@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from recpipe.errors import PipelineError
-from recpipe.params import BASE, follows, read_manifest, read_params
+from recpipe.exports.files import chain, follows, is_base, read_manifest, read_params
 
 PREFIX = "recpipe"
 BATCH = 1000  # commands per pipeline round trip
@@ -80,7 +80,7 @@ def push(client, model: str, export: Path, prefix: str = PREFIX, force: bool = F
         StoreBehind: a delta that does not follow the export applied, which is older (names
             both): push the day's chain up to it instead.
         StoreError: the push lock stayed taken for ``LOCK_WAIT_S`` seconds.
-        recpipe.params.DeltaError: an unfinished export or a checksum mismatch.
+        recpipe.exports.files.DeltaError: an unfinished export or a checksum mismatch.
     """
     from redis.exceptions import LockError
 
@@ -104,7 +104,7 @@ def _push(client, model: str, export: Path, prefix: str, force: bool) -> dict[st
     done = applied(client, model, prefix)
     if done:
         held = {**done, "sequence": int(done["sequence"]), "ev_step": int(done["ev_step"])}
-        if order(held) > order(manifest) and not (force and manifest["kind"] == BASE):
+        if order(held) > order(manifest) and not (force and is_base(manifest)):
             log.warning(
                 "%s: the store holds %s/%s, a later export: not pushed (a push never moves the "
                 "store backwards)",
@@ -114,12 +114,12 @@ def _push(client, model: str, export: Path, prefix: str, force: bool) -> dict[st
             )
             return {"rows": 0, "deleted": 0, "stale": 1}
         same = all(held[k] == manifest[k] for k in ("day", "name", "ev_step"))
-        if manifest["kind"] == "delta" and not same and not follows(manifest, held):
+        if not is_base(manifest) and not same and not follows(manifest, held):
             raise StoreBehind(
                 f"{export} follows {manifest['day']}/{manifest['follows']}, but the store holds "
                 f"{done['day']}/{done['name']} at ev_step {done['ev_step']}: push the exports in order"
             )
-    elif manifest["kind"] == "delta":
+    elif not is_base(manifest):
         raise StoreBehind(f"{export} is a delta and the store holds nothing of {model}: push its base first")
     params = read_params(export)
     version = f"{manifest['day']}/{manifest['name']}@{manifest['global_step']}"
@@ -152,7 +152,7 @@ def _push(client, model: str, export: Path, prefix: str, force: bool) -> dict[st
             deleted += 1
             flush()
         flush(now=True)
-        if manifest["kind"] == BASE:
+        if is_base(manifest):
             for name in client.scan_iter(match=row_key(model, table, "*", prefix), count=BATCH):
                 if name.decode() not in keep:
                     pipe.delete(name)
@@ -172,10 +172,8 @@ def push_chain(client, model: str, export: Path, prefix: str = PREFIX) -> tuple[
     backwards: an export older than the store's is a no-op (``push``'s ``stale``).
 
     Raises:
-        StoreError, recpipe.params.DeltaError: as ``push``.
+        StoreError, recpipe.exports.files.DeltaError: as ``push``.
     """
-    from recpipe.params import chain
-
     export = Path(export)
     try:
         return push(client, model, export, prefix), [export]

@@ -9,7 +9,8 @@ import tensorflow as tf
 
 from recpipe.config import load_pipeline_config
 from tests.support import ROOT, with_edits
-from trainer.layers.embedding_variable import initial_rows, start_day
+from trainer.online import start_day
+from trainer.online.initializer import initial_rows
 from trainer.state import build_state
 
 LAZY_ADAM = [{"lazy_adam_optimizer": {}}, {"adam_optimizer": {}}]

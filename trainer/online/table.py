@@ -1,46 +1,39 @@
-"""Online-learning embedding tables on stock TensorFlow: one row per admitted id, admission
-by count, eviction by steps and by days, and a hard row bound (``ev_params``).
+"""One online table (``ev_params``) on stock TensorFlow: the id -> row map and each row's state.
 
 A table of ``max_capacity`` rows (``float32 [C, dim]``, named ``<table>/embedding_weights``
 as the hashed tables are) is allocated up front; a ``tf.lookup.experimental.MutableHashTable``
 maps an id's full 64-bit fingerprint (``trainer.hashing`` without a modulo: no collisions
 beyond Fingerprint64's own) to its row. Per row, ``ev_keys`` (the id, -1 for a free row),
 ``ev_freqs`` (sightings), ``ev_versions`` (the ``EVClock.stamp`` of the step it was last
-looked up in training) and ``ev_days`` (the last day it was seen) are variables, shared by the layers that
-look the table up (the deep and wide embeddings of a feature, each with its own weights).
-They are checkpointed with the weights, and the map is rebuilt from ``ev_keys`` after every
-restore (``refresh``), so checkpoints need no hash-table format and re-shard to any world size.
+looked up in training) and ``ev_days`` (the last day it was seen) are variables, shared by the
+layers that look the table up (the deep and wide embeddings of a feature, each with its own
+weights). They are checkpointed with the weights, and the map is rebuilt from ``ev_keys``
+after every restore (``refresh``), so checkpoints need no hash-table format and re-shard to
+any world size.
 
 In training a lookup first updates the table (``admit``), then reads it:
 
 - an id with a row has its count, version and day updated;
-- with ``steps_to_live`` rows whose version is older than that are evicted (DeepRec's
-  ``GlobalStepEvict``, here at every step, so the rule is exact);
-- an id without a row is counted in a count-min sketch (``ev_filter_counts``, 4 hashes;
-  conservative update) and admitted once its count reaches ``filter_freq`` (DeepRec's
-  ``CounterFilter``). The sketch's memory is fixed, needs no eviction of its own, and only
-  over-counts (an id may be admitted early, never late); its counts decay at each day
-  boundary so that it does not fill up over a forever-running daily retrain;
+- with ``steps_to_live`` rows whose version is older than that are evicted
+  (``trainer.online.eviction``, at every step, so the rule is exact);
+- an id without a row is counted (``trainer.online.admission``) and admitted once its count
+  reaches ``filter_freq``;
 - an admitted id takes a free row (from a stack: O(new ids)), or, when the table is full, the
-  least recently looked-up rows not used in this step are evicted, at least 1/64 of the table
-  at once (LRU, as HKV's default); if none is left it stays unadmitted (``refused``).
-  The row starts from the initializer (a truncated normal, stddev 0.01, drawn
-  from a hash of the id, so every process and every re-admission draws the same row) and its
+  least recently looked-up rows not used in this step are evicted first; if none is left it
+  stays unadmitted (``refused``). The row starts from ``trainer.online.initializer`` and its
   optimizer slots from their initial values (tf-keras' ``DynamicEmbedding`` forgets these);
 - an id without a row looks up zeros and gets no gradient (DeepRec's
   ``default_value_no_permission``): its lookup is left out of the gather.
 
-With ``delete_after_unseen_days`` rows not seen for that many days are evicted at the day
-boundary (``start_day``; PaddleRec's ``shrink``). Serving and evaluation only read.
+At the day boundary (``new_day``) the sketch decays and, with ``delete_after_unseen_days``,
+rows not seen for that many days are evicted. Serving and evaluation only read.
 
 References: DeepRec ``Feature-Filter.md`` / ``Feature-Eviction.md`` (EmbeddingVariable);
-PaddleRec ``doc/online_trainer.md`` (``delete_after_unseen_days``); Cormode and
-Muthukrishnan, "An improved data stream summary: the count-min sketch" (2005).
+PaddleRec ``doc/online_trainer.md`` (``delete_after_unseen_days``).
 """
 
 from __future__ import annotations
 
-import datetime
 import zlib
 
 import numpy as np
@@ -48,88 +41,16 @@ import tensorflow as tf
 import tf_keras as keras
 
 from recpipe.config.data import EVParams
+from recpipe.exports.files import TableRows
+from trainer.embedding_tables import variable_name
+from trainer.online import eviction
+from trainer.online.admission import SKETCH_DEPTH, CountMinSketch, ready
+from trainer.online.clock import EVClock
+from trainer.online.initializer import initial_rows
 
 FREE = -1
-SKETCH_DEPTH = 4
-SKETCH_SHIFT = 11  # bits between the sketch's hashes of a (uniform) fingerprint
-STDDEV = 0.01
 # ev_stats entries: cumulative over the model's life
 STATS = ("admitted", "evicted", "refused", "lookups", "filtered")
-_EPOCH = datetime.date(1970, 1, 1).toordinal()
-
-
-def day_number(ds: str) -> int:
-    """``YYYY-MM-DD`` (or a pass, ``YYYY-MM-DD/HH``) -> days since 1970-01-01 (what
-    ``ev_days`` holds)."""
-    return datetime.date.fromisoformat(ds.partition("/")[0]).toordinal() - _EPOCH
-
-
-class EVClock(keras.layers.Layer):
-    """The online tables' time: ``step`` (int64, training steps over the model's life: unlike
-    ``global_step`` it continues across fine-tunes, so ``steps_to_live`` spans days) and
-    ``day`` (int64, days since 1970-01-01 of the newest day trained on). It also holds the
-    model's tables by name (``table``), so that the layers looking one up share it."""
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self._tables = _Tables()
-
-    def table(self, name: str, create) -> EmbeddingVariable:
-        """The table ``name``, made by ``create()`` the first time."""
-        if name not in self._tables.by_name:
-            self._tables.by_name[name] = create()
-        return self._tables.by_name[name]
-
-    def stamp(self) -> tf.Tensor:
-        """The version (``int64`` scalar) a training step gives the rows it looks up: the
-        number of that step, counted from 1 (``step`` + 1; ``step`` moves to it when the step
-        ends). So after K steps ``step`` == K == the newest version, and an export that records
-        ``step`` as its ``ev_step`` holds every version up to it: the rows looked up after it
-        are exactly those with a version above it (``trainer.delta``)."""
-        return tf.convert_to_tensor(self.step) + 1
-
-    def build(self, input_shape=None):
-        def counter(name):
-            # named in full: the clock is built outside the model's name scope
-            return self.add_weight(
-                name=f"{self.name}/{name}", shape=(), dtype=tf.int64, initializer="zeros", trainable=False
-            )
-
-        self.step, self.day = counter("step"), counter("day")
-        super().build(input_shape)
-
-    def call(self, inputs):
-        return inputs
-
-
-class _Tables:
-    # a plain holder: Keras would track a dict attribute of the clock
-    def __init__(self):
-        self.by_name: dict[str, EmbeddingVariable] = {}
-
-
-def _mix(x: tf.Tensor) -> tf.Tensor:
-    """SplitMix64's finalizer on ``uint64``: a well-spread 64-bit hash."""
-    for shift, factor in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):
-        x = (x ^ tf.bitwise.right_shift(x, np.uint64(shift))) * np.uint64(factor)
-    return x ^ tf.bitwise.right_shift(x, np.uint64(31))
-
-
-_GOLDEN = 0x9E3779B97F4A7C15
-_LO, _HI = 0.022750132, 0.977249868  # Phi(-2), Phi(2)
-
-
-def initial_rows(keys: tf.Tensor, dim: int, salt: int) -> tf.Tensor:
-    """A truncated normal (stddev ``STDDEV``, cut at 2 stddevs) row per id, drawn from a hash
-    of ``(salt, id, column)``: ``int64 [n]`` -> ``float32 [n, dim]``, the same on every process.
-    Column ``j`` of a wider call equals column ``j`` of a narrower one."""
-    # per column: salt + j * golden, mod 2^64 (kept in Python ints: numpy would warn on overflow)
-    offsets = np.array([(salt + j * _GOLDEN) % 2**64 for j in range(1, dim + 1)], np.uint64)
-    bits = _mix(tf.expand_dims(tf.bitcast(keys, tf.uint64), 1) + offsets)
-    # 24 high bits -> u in (0, 1) -> the normal quantile, restricted to [-2, 2] stddevs
-    high = tf.cast(tf.bitwise.right_shift(bits, np.uint64(40)), tf.float32)
-    scale = (_HI - _LO) / 2.0**24
-    return STDDEV * tf.math.ndtri(high * scale + (_LO + 0.5 * scale))
 
 
 def _set(var: tf.Variable, index: tf.Tensor, values) -> None:
@@ -175,6 +96,7 @@ class EmbeddingVariable:
         self.days = state("ev_days", (rows,), tf.int64)
         self.width = params.counter_width
         self.sketch = state("ev_filter_counts", (SKETCH_DEPTH * self.width,), tf.float32, 0.0)
+        self.counter = CountMinSketch(self.sketch, self.width)
         self.stats = state("ev_stats", (len(STATS),), tf.int64)
         # free rows as a stack (rows [0, top) of ev_free_rows), so that a step takes rows in
         # O(new ids); rebuilt from ev_keys by refresh(), whatever a checkpoint held
@@ -238,29 +160,17 @@ class EmbeddingVariable:
         _set(self.days, hit_slots, day)
         evicted = tf.constant(0, tf.int64)
         if p.steps_to_live:
-            stale = (self.keys >= 0) & (self.versions < step - p.steps_to_live)
-            evicted += self._evict(tf.reshape(tf.where(stale), [-1]))
-        count = tf.cast(miss_occ, tf.float32)
-        if p.filter_freq > 1:
-            index = self._sketch_index(miss)
-            count += tf.reduce_min(tf.gather(self.sketch, index), axis=1)
-            ready = count >= p.filter_freq
-        else:
-            ready = tf.ones_like(miss, tf.bool)
-        flags = tf.cast(ready, tf.int64)
+            evicted += self.evict(eviction.stale_by_steps(self.keys, self.versions, step, p.steps_to_live))
+        ready_ids, count, index = ready(self.counter, miss, miss_occ, p.filter_freq)
+        flags = tf.cast(ready_ids, tf.int64)
         order = tf.cumsum(flags)  # 1-based rank among the ready ids
         n_ready = tf.reduce_sum(flags, 0)
         targets, victims = self._free_rows(n_ready, step)
         m = tf.size(targets, out_type=tf.int64)
-        admitted = ready & (order <= m)
+        admitted = ready_ids & (order <= m)
         admitted_at = tf.reshape(tf.where(admitted), [-1])
-        if p.filter_freq > 1:  # ids left without a row keep their counts (max with 0: no-op)
-            kept = tf.where(admitted, 0.0, count)
-            tf.raw_ops.ResourceScatterMax(
-                resource=self.sketch.handle,
-                indices=index,
-                updates=tf.tile(tf.expand_dims(kept, 1), [1, SKETCH_DEPTH]),
-            )
+        if index is not None:  # ids left without a row keep their counts (max with 0: no-op)
+            self.counter.keep(index, tf.where(admitted, 0.0, count))
         new_keys = tf.gather(miss, admitted_at)
         self._fill(targets, new_keys, tf.cast(tf.gather(count, admitted_at), tf.int64), step, day)
         total = tf.reduce_sum(occurrences, 0)
@@ -273,15 +183,13 @@ class EmbeddingVariable:
         """Rows for ``n`` new ids, popped from the free stack. When too few are free, the least
         recently used rows not looked up at ``step`` are evicted first (returned as
         ``victims``): as many as missing, and at least 1/64 of the table, so that the O(rows)
-        search runs once per many admissions. Fewer rows when the table holds no more."""
+        search runs once per many admissions (``eviction.least_recently_used``). Fewer rows
+        when the table holds no more."""
         need = n - tf.convert_to_tensor(self.free_top)
 
         def lru():
-            old = tf.reshape(tf.where((self.keys >= 0) & (self.versions < step)), [-1])
-            k = tf.minimum(tf.maximum(need, self.rows // 64), tf.size(old, out_type=tf.int64))
-            _, order = tf.math.top_k(-tf.gather(self.versions, old), k=tf.cast(k, tf.int32))
-            victims = tf.gather(old, order)
-            self._evict(victims)
+            victims = eviction.least_recently_used(self.keys, self.versions, step, need)
+            self.evict(victims)
             return victims
 
         victims = tf.cond(need > 0, lru, lambda: tf.zeros([0], tf.int64))
@@ -291,7 +199,7 @@ class EmbeddingVariable:
         self.free_top.assign_sub(m)
         return targets, victims
 
-    def _evict(self, slots: tf.Tensor) -> tf.Tensor:
+    def evict(self, slots: tf.Tensor) -> tf.Tensor:
         """Free ``slots`` (``int64 [n]``): drop their ids from the map, clear their rows, push
         them on the free stack. Returns n (int64)."""
         self.map.remove(tf.gather(self.keys, slots))
@@ -325,16 +233,6 @@ class EmbeddingVariable:
         rows = initial_rows(keys, sum(v.dim for v in self.views), self.salt)
         return tf.split(rows, [v.dim for v in self.views], axis=1) if len(self.views) > 1 else [rows]
 
-    def _sketch_index(self, keys: tf.Tensor) -> tf.Tensor:
-        """``int64 [n, 4]`` counter positions of ``keys`` in the flat sketch."""
-        shifts = tf.constant([SKETCH_SHIFT * d for d in range(SKETCH_DEPTH)], tf.int64)
-        offsets = tf.constant([self.width * d for d in range(SKETCH_DEPTH)], tf.int64)
-        return tf.math.floormod(tf.bitwise.right_shift(tf.expand_dims(keys, 1), shifts), self.width) + offsets
-
-    def _estimate(self, keys: tf.Tensor) -> tf.Tensor:
-        """The sketch's count of each of ``keys`` (``float32 [n]``)."""
-        return tf.reduce_min(tf.gather(self.sketch, self._sketch_index(keys)), axis=1)
-
     # -- eager maintenance -----------------------------------------------------------------
     def register_optimizer(self, optimizer) -> None:
         """Reset the views' slots of ``optimizer`` (tf-keras, built) for admitted rows:
@@ -366,11 +264,10 @@ class EmbeddingVariable:
         """The day boundary: decay the sketch, evict rows unseen for
         ``delete_after_unseen_days``. Returns the rows evicted."""
         p = self.params
-        self.sketch.assign(self.sketch * p.filter_counter_decay)
+        self.counter.decay(p.filter_counter_decay)
         if not p.delete_after_unseen_days:
             return 0
-        stale = tf.where((self.keys >= 0) & (self.days < day - p.delete_after_unseen_days))[:, 0]
-        n = int(self._evict(stale))
+        n = int(self.evict(eviction.unseen_for_days(self.keys, self.days, day, p.delete_after_unseen_days)))
         self.stats.assign_add(tf.constant([0, n, 0, 0, 0], tf.int64))
         return n
 
@@ -417,6 +314,43 @@ class EmbeddingVariable:
         first = owner is None or owner.rank == 0  # the job's counts, once
         self.stats.assign(saved["stats"] if first else np.zeros(len(STATS), np.int64))
         return n
+
+    def ids(self) -> np.ndarray:
+        """``int64 [rows]``: each row's id, ``FREE`` for a free row."""
+        return self.keys.numpy()
+
+    def rows_since(self, step: int | None = None) -> TableRows:
+        """Every admitted row, or those looked up in training after ``step`` (versions above
+        it: see ``EVClock.stamp``)."""
+        keys = self.ids()
+        keep = keys != FREE
+        if step is not None:
+            keep &= self.versions.numpy() > step
+        index = np.flatnonzero(keep)
+        return TableRows(
+            keys[index], {variable_name(v.weights): v.weights.numpy()[index] for v in self.views}
+        )
+
+    def set_rows(self, rows: TableRows) -> None:
+        """Hold exactly ``rows`` (ids in the first rows, each view's weights by variable
+        name); call ``refresh`` after.
+
+        Raises:
+            ValueError: more ids than rows, or a view ``rows`` lacks.
+        """
+        n = len(rows.ids)
+        if n > self.rows:
+            raise ValueError(f"table {self.table}: {n} ids over max_capacity {self.rows}")
+        keys = np.full(self.rows, FREE, np.int64)
+        keys[:n] = rows.ids
+        self.keys.assign(keys)
+        for view in self.views:
+            name = variable_name(view.weights)
+            if name not in rows.views:
+                raise ValueError(f"table {self.table}: no rows for {name}")
+            values = np.zeros(view.weights.shape, np.float32)
+            values[:n] = rows.views[name]
+            view.weights.assign(values)
 
     def summary(self) -> dict[str, int]:
         """``rows_used``, ``capacity`` and the cumulative ``STATS`` of this process's table."""
@@ -477,39 +411,3 @@ def _weights_of(layer, table: str):
         )
 
     return state
-
-
-def embedding_variables(model) -> list[EmbeddingVariable]:
-    """Every online table of ``model`` (shared by its views), in a fixed order."""
-    out: list[EmbeddingVariable] = []
-    for layer in model.submodules:
-        for view in getattr(layer, "evs", {}).values():
-            if not any(view.ev is ev for ev in out):
-                out.append(view.ev)
-    return out
-
-
-def model_clock(model) -> EVClock | None:
-    """The model's ``EVClock``, or None (no online tables)."""
-    return getattr(model, "ev_clock", None)
-
-
-def start_day(model, ds: str) -> int:
-    """The day boundary before training ``ds`` (a day or a pass): each table's ``new_day`` when
-    ``ds`` is later than the day the model last trained on, then the clock moves to it.
-    Returns rows evicted."""
-    clock = model_clock(model)
-    if clock is None:
-        return 0
-    day = day_number(ds)
-    evicted = 0
-    if day > int(clock.day.numpy()):
-        evicted = sum(ev.new_day(day) for ev in embedding_variables(model))
-        clock.day.assign(day)
-    return evicted
-
-
-def refresh(model) -> None:
-    """Rebuild every online table's map (after a restore or a broadcast)."""
-    for ev in embedding_variables(model):
-        ev.refresh()

@@ -1,7 +1,7 @@
 """The Redis embedding store over a day of exports, on the Redis server on 127.0.0.1: pushes in
 any order never move it backwards, a restarted store is rebuilt from the day's chain, readers
 never see a row missing while it is rewritten, and pushers of one model take turns. The
-exports are written by ``recpipe.params`` alone (no TensorFlow): a base and three deltas."""
+exports are written by ``recpipe.exports.files`` alone (no TensorFlow): a base and three deltas."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import uuid
 import numpy as np
 import pytest
 
-from recpipe.params import DELTA_PREFIX, MANIFEST, Params, TableRows, new_manifest, write_params
+from recpipe.exports.files import DELTA_PREFIX, MANIFEST, Params, TableRows, new_manifest, write_params
 
 DAY = "2024-05-01"
 DIM = 4
@@ -29,10 +29,9 @@ def _export(day_dir, name: str, sequence: int, previous: dict | None, rows: Tabl
     from recpipe.layout import SUCCESS
 
     params = Params({"t": rows}, {"dense/w": np.zeros(2, np.float32)}, {})
-    kind = "base" if previous is None else "delta"
     with atomic.directory(day_dir / name) as tmp:
         files = write_params(params, tmp / "params")
-        doc = new_manifest(kind, DAY, name, sequence, previous, 10 * sequence, 100 + sequence, params, files)
+        doc = new_manifest(DAY, name, sequence, previous, 10 * sequence, 100 + sequence, params, files)
         (tmp / MANIFEST).write_text(json.dumps(doc))
         (tmp / SUCCESS).touch()
     return doc
@@ -63,7 +62,7 @@ def store():
 
 
 def _held(client, model) -> dict[int, float]:
-    from recpipe.online_store import read_rows
+    from recpipe.exports.store import read_rows
 
     return {k: float(v["t/embedding_weights"][0]) for k, v in read_rows(client, model, "t").items()}
 
@@ -72,7 +71,7 @@ FINAL = {**{i: 0.0 for i in range(10) if i != 5}, 0: 2.0, 10: 1.0, 11: 1.0, 12: 
 
 
 def test_a_cleared_push_of_an_earlier_pass_leaves_the_store_where_it_was(day, store):
-    from recpipe.online_store import applied, push_chain
+    from recpipe.exports.store import applied, push_chain
 
     client, model = store
     for name in ("base", "delta-01", "delta-02", "delta-03"):
@@ -85,7 +84,7 @@ def test_a_cleared_push_of_an_earlier_pass_leaves_the_store_where_it_was(day, st
 
 
 def test_a_restarted_store_is_rebuilt_from_the_days_chain(day, store):
-    from recpipe.online_store import StoreBehind, applied, push, push_chain
+    from recpipe.exports.store import StoreBehind, applied, push, push_chain
 
     client, model = store
     push_chain(client, model, day / "base")
@@ -107,8 +106,8 @@ def test_random_orders_of_pushes_end_where_the_newest_export_pushed_leaves_it(da
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from recpipe.online_store import applied, push_chain
-    from recpipe.params import apply, chain, read_params
+    from recpipe.exports.files import apply, chain, read_params
+    from recpipe.exports.store import applied, push_chain
 
     client, model = store
     exports = chain(day)
@@ -141,7 +140,7 @@ def test_random_orders_of_pushes_end_where_the_newest_export_pushed_leaves_it(da
 
 
 def test_readers_never_see_a_row_missing_while_pushes_rewrite_it(tmp_path, store):
-    from recpipe.online_store import push, row_key
+    from recpipe.exports.store import push, row_key
 
     client, model = store
     big = tmp_path / "big"
@@ -172,12 +171,12 @@ def test_readers_never_see_a_row_missing_while_pushes_rewrite_it(tmp_path, store
 
 
 def test_pushers_of_one_model_take_turns(day, store):
-    from recpipe.online_store import LOCK_WAIT_S, StoreError, push
+    from recpipe.exports.store import LOCK_WAIT_S, StoreError, push
 
     client, model = store
     held = client.lock(f"recpipe:{model}:push-lock", timeout=30)
     assert held.acquire()
-    import recpipe.online_store as online_store
+    import recpipe.exports.store as online_store
 
     try:
         online_store.LOCK_WAIT_S = 0.5

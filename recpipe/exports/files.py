@@ -25,7 +25,6 @@ export's name and ``ev_step``: a delta applies to that export only),
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,10 +33,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from recpipe.digest import file_sha256
 from recpipe.errors import PipelineError
 from recpipe.layout import SUCCESS, is_finished
 
-BASE = "base"
+BASE = "base"  # the directory name of a day's base export
 DELTA_PREFIX = "delta-"
 MANIFEST = "manifest.json"
 ID = "id"
@@ -67,14 +67,6 @@ class Params:
     normalization: dict
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def write_params(params: Params, directory: Path) -> dict[str, dict]:
     """Write ``params`` under ``directory`` (see the module docstring). Returns each file's
     ``{bytes, sha256}`` by path relative to ``directory``'s parent."""
@@ -95,7 +87,7 @@ def write_params(params: Params, directory: Path) -> dict[str, dict]:
     (directory / "normalization.json").write_text(json.dumps(params.normalization, sort_keys=True))
     root = directory.parent
     return {
-        str(p.relative_to(root)): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+        str(p.relative_to(root)): {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
         for p in sorted(directory.rglob("*"))
         if p.is_file()
     }
@@ -148,7 +140,7 @@ def _check(export: Path, manifest: dict, rel: str) -> None:
         raise DeltaError(f"{path}: not listed in {export / MANIFEST}")
     if not path.is_file():
         raise DeltaError(f"{path}: missing, though {export / MANIFEST} lists it")
-    if _sha256(path) != want["sha256"]:
+    if file_sha256(path) != want["sha256"]:
         raise DeltaError(f"{path}: checksum differs from {export / MANIFEST}")
 
 
@@ -232,12 +224,20 @@ def follows(manifest: dict, previous: dict) -> bool:
     )
 
 
-def new_manifest(
-    kind: str, day: str, name: str, sequence: int, previous, global_step, ev_step, params, files
-):
-    """A ``manifest.json`` document (see the module docstring); ``rows_used`` filled by the caller."""
+KIND_BASE, KIND_DELTA = "base", "delta"  # a manifest's ``kind``
+
+
+def is_base(manifest: dict) -> bool:
+    """Whether ``manifest`` is a base's (it follows nothing: applying it replaces the rows)."""
+    return manifest["kind"] == KIND_BASE
+
+
+def new_manifest(day: str, name: str, sequence: int, previous, global_step, ev_step, params, files):
+    """A ``manifest.json`` document (see the module docstring): a delta's when it has a
+    ``previous`` export's manifest to follow, a base's otherwise; ``rows_used`` filled by the
+    caller."""
     return {
-        "kind": kind,
+        "kind": KIND_DELTA if previous else KIND_BASE,
         "day": day,
         "name": name,
         "sequence": sequence,
