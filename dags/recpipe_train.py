@@ -9,45 +9,38 @@ dir, or the newest promoted one, dated before it unless ``full_retrain``), evalu
 
 from __future__ import annotations
 
-from airflow.sdk import DAG, Param
+from airflow.sdk import Param
 
-from operators.evaluate import EvalOperator
-from operators.export import ExportOperator
 from operators.paths import project_home
-from operators.register import RegisterModelOperator
-from operators.tracking import fail_parent_run
-from operators.train import DistributedTrainOperator
+from operators.retrain_dag import RetrainTasks
 from recpipe.config.retrain import active_retrain_config
 from recpipe.config.train import TrainDistribute
 
 HOME = project_home()
-RETRAIN = active_retrain_config(HOME)
+RETRAIN = active_retrain_config(HOME, "daily")
 DAY = r"\d{4}-\d{2}-\d{2}"
 # inside the project: no absolute path, no "..", only conf/*.yaml
 CONFIG_PATH = r"^conf/(?!.*\.\.)[A-Za-z0-9_./-]+\.ya?ml$"
 RUN = "{{ run_id | replace(':', '_') | replace('+', '_') }}"
-MODEL_DIR = f"{RETRAIN.runs_dir}/{RETRAIN.model_name}/manual/{RUN}"
-EDITS = "{{ retrain.with_run_edits(params.edit_config_json) }}"
+tasks = RetrainTasks(
+    HOME,
+    RETRAIN,
+    pipeline_config_path="{{ params.pipeline_config_path }}",
+    cluster_config_path="{{ params.cluster_config_path }}",
+)
+MODEL_DIR = f"{tasks.runs}/manual/{RUN}"
 
 
-common = {
-    "pipeline_config_path": "{{ params.pipeline_config_path }}",
-    "edit_config_json": EDITS,
-    "experiment": RETRAIN.experiment,
-    "mlflow_conn_id": RETRAIN.tracking.mlflow_conn_id,
-}
-job = {**common, "cluster_config_path": "{{ params.cluster_config_path }}"}
+def _ds_param(default: str) -> Param:
+    return Param(default, type="string", pattern=f"^{DAY}(:{DAY})?$", description="YYYY-MM-DD[:YYYY-MM-DD]")
 
-with DAG(
-    dag_id="recpipe_train",
+
+with tasks.dag(
+    "recpipe_train",
     description="train, evaluate, export and register one model on demand",
     schedule=None,
     catchup=False,
     max_active_runs=2,
-    render_template_as_native_obj=True,  # Params arrive typed (bool, int, dict)
-    default_args={
-        "on_failure_callback": fail_parent_run(RETRAIN.experiment, RETRAIN.tracking.mlflow_conn_id)
-    },
     params={
         "pipeline_config_path": Param(
             RETRAIN.pipeline_config_path, type="string", pattern=CONFIG_PATH, description="conf/*.yaml"
@@ -55,71 +48,29 @@ with DAG(
         "cluster_config_path": Param(
             RETRAIN.cluster_config_path, type="string", pattern=CONFIG_PATH, description="conf/cluster/*.yaml"
         ),
-        "train_ds": Param(
-            "1997-09-22:1997-09-28",
-            type="string",
-            pattern=f"^{DAY}(:{DAY})?$",
-            description="YYYY-MM-DD[:YYYY-MM-DD]",
-        ),
-        "eval_ds": Param(
-            "1997-09-29", type="string", pattern=f"^{DAY}(:{DAY})?$", description="YYYY-MM-DD[:YYYY-MM-DD]"
-        ),
+        "train_ds": _ds_param("1997-09-22:1997-09-28"),
+        "eval_ds": _ds_param("1997-09-29"),
         "train_distribute": Param(
             TrainDistribute.NoStrategy.value, type="string", enum=[t.value for t in TrainDistribute]
         ),
         "num_workers": Param(1, type="integer", minimum=1, maximum=64),
-        "edit_config_json": Param({}, type="object", description="EasyRec overrides: dotted path -> value"),
-        "full_retrain": Param(False, type="boolean"),
     },
-    user_defined_macros={"retrain": RETRAIN},
     tags=["recpipe", "manual"],
     doc_md=__doc__,
 ) as dag:
-    train = DistributedTrainOperator(
-        task_id="train",
-        execution_timeout=RETRAIN.timeouts.of("train"),
-        model_dir=MODEL_DIR,
+    train = tasks.train(
+        MODEL_DIR,
         ds="{{ params.train_ds.split(':')[0] }}",
         train_ds="{{ params.train_ds }}",
         eval_ds="{{ params.eval_ds }}",
-        warm_start_root=f"{RETRAIN.runs_dir}/{RETRAIN.model_name}",
-        model_name=RETRAIN.model_name,
-        alias=RETRAIN.gate.alias,
-        full_retrain="{{ params.full_retrain }}",
         train_distribute="{{ params.train_distribute }}",
         num_workers="{{ params.num_workers }}",
         retries=0,
-        **job,
     )
-    evaluate = EvalOperator(
-        task_id="evaluate",
-        execution_timeout=RETRAIN.timeouts.of("evaluate"),
-        model_dir=MODEL_DIR,
-        eval_ds="{{ params.eval_ds }}",
-        train_ds="{{ params.train_ds }}",
-        **job,
-    )
-    export = ExportOperator(
-        task_id="export",
-        execution_timeout=RETRAIN.timeouts.of("export"),
-        model_dir=MODEL_DIR,
-        export_dir=f"{RETRAIN.export_dir}/{RETRAIN.model_name}",
-        **job,
-    )
-    register = RegisterModelOperator(
-        task_id="register",
-        execution_timeout=RETRAIN.timeouts.of("register"),
-        model_name=RETRAIN.model_name,
-        metric=RETRAIN.gate.metric,
-        tolerance=RETRAIN.gate.tolerance,
-        min_metric=RETRAIN.gate.min_metric,
-        min_positives=RETRAIN.gate.min_positives,
-        min_negatives=RETRAIN.gate.min_negatives,
-        confidence=RETRAIN.gate.confidence,
-        inconclusive=RETRAIN.gate.inconclusive,
-        alias=RETRAIN.gate.alias,
-        promote=False,
-        champion_eval_task_id=None,
-        **common,
+    evaluate = tasks.evaluate("evaluate", MODEL_DIR, "{{ params.eval_ds }}", train_ds="{{ params.train_ds }}")
+    export = tasks.export(MODEL_DIR, outlets=[])
+    # registers without moving the alias: a manual run is no day's gate
+    register = tasks.register(
+        "register", gate={"max_inconclusive_days": 0}, promote=False, champion_eval_task_id=None
     )
     train >> evaluate >> export >> register

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -10,7 +11,7 @@ from typing import Any
 
 from operators.base import JobOperator
 from operators.paths import confine
-from recpipe.layout import ModelDir, ds_partition, parse_ds_range
+from recpipe.layout import EVAL_RESULT, ModelDir, day_name, ds_partition, parse_ds_range
 
 log = logging.getLogger(__name__)
 METRIC_KEYS = ("auc", "gauc", "logloss", "accuracy", "precision", "recall")
@@ -46,7 +47,7 @@ class EvalOperator(JobOperator):
         checkpoint_path: str | None = None,
         champion_of: str | None = None,
         alias: str = "champion",
-        result_name: str = "eval_result.json",
+        result_name: str = EVAL_RESULT,
         step: str = "eval",
         **kwargs,
     ):
@@ -145,14 +146,13 @@ def eval_dataset(config, eval_ds: str, predictions: Path) -> dict[str, str]:
     trained = set(parse_ds_range(config.train_ds, "train_ds")) if config.train_ds else set()
     held_out = bool(trained & set(days)) and config.data_config.holdout_percent > 0
     root = Path(config.train_input_path)
-    name = f"ds={eval_ds}" + (" held-out" if held_out else "")
+    name = day_name(eval_ds) + (" held-out" if held_out else "")
     return eval_dataset_of(name, labels, ds_partition(root, days[0]) if len(days) == 1 else root)
 
 
 def eval_dataset_of(name: str, labels, source: str | Path) -> dict[str, str]:
     """An MLflow dataset ``{"name", "digest", "source"}`` of scored rows: ``digest``, the
     first 16 hex digits of the SHA-256 of ``labels`` (``[N]``, as float32) in row order."""
-    import hashlib
 
     import numpy as np
 

@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from recpipe.config.retrain import GateConfig
 from recpipe.stats import PairedAUC, paired_auc_test
 
 PROMOTED, REJECTED, INCONCLUSIVE = "promoted", "rejected", "inconclusive"
@@ -36,23 +37,10 @@ class GateDecision:
     numbers: dict = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class GateRules:
-    """``gate.*`` of the retrain config (see the module docstring)."""
-
-    metric: str = "auc"
-    tolerance: float = 0.002
-    min_metric: float = 0.5
-    min_positives: int = 0
-    min_negatives: int = 0
-    confidence: float = 0.95
-    inconclusive: str = "keep_champion"
-
-
 def gate(
     candidate: dict | None,
     champion: dict | None,
-    rules: GateRules,
+    rules: GateConfig,
     paired: PairedAUC | None = None,
 ) -> GateDecision:
     """Decide on promotion.
@@ -60,7 +48,7 @@ def gate(
     Args:
         candidate: the new model's metrics on the day's held-out rows (``{"auc": ...}``).
         champion: the champion's metrics on the same rows, or None when there is no champion.
-        rules: the gate's settings.
+        rules: the gate's settings (the retrain config's ``gate``).
         paired: DeLong's test of the two models on the same rows (``paired_scores``), or None.
     """
     metric, tolerance = rules.metric, rules.tolerance
@@ -93,7 +81,7 @@ def gate(
     )
 
 
-def _paired(p: PairedAUC, rules: GateRules) -> GateDecision:
+def _paired(p: PairedAUC, rules: GateConfig) -> GateDecision:
     numbers = {k: v for k, v in p.as_dict().items() if k != "confidence"}
     ci = f"{p.diff:+.4f} [{p.ci_low:+.4f}, {p.ci_high:+.4f}] at {rules.confidence:.0%}"
     promote_anyway = rules.inconclusive == "promote"

@@ -6,7 +6,8 @@ from __future__ import annotations
 import logging
 
 from operators.base import RecpipeOperator
-from operators.gate import INCONCLUSIVE, PROMOTED, REJECTED, GateDecision, GateRules, gate, paired_scores
+from operators.gate import INCONCLUSIVE, PROMOTED, REJECTED, GateDecision, gate, paired_scores
+from recpipe.config.retrain import GateConfig
 from recpipe.errors import PipelineError
 
 log = logging.getLogger(__name__)
@@ -28,12 +29,12 @@ class RegisterModelOperator(RecpipeOperator):
 
     Args:
         model_name: the registered model (templated).
-        metric, tolerance, min_metric, min_positives, min_negatives, confidence, inconclusive:
-            the gate's rules (``operators.gate.GateRules``, the retrain config's ``gate``).
-        max_inconclusive_days: this many inconclusive gates in a row that kept the champion
-            (this one and the newest versions before it) fail the task after the version is
-            registered and tagged (0: never): a champion that no test can displace is a
-            problem to see, not to keep for ever.
+        gate: the retrain config's ``gate`` section whole (``GateConfig`` or its dict; default:
+            its defaults): the rules (``operators.gate``), the ``alias`` to move, and
+            ``max_inconclusive_days``: this many inconclusive gates in a row that kept the
+            champion (this one and the newest versions before it) fail the task after the
+            version is registered and tagged (0: never): a champion that no test can displace
+            is a problem to see, not to keep for ever.
         promote: move the alias when the gate passes (manual runs may only register).
         history_days: the parent run gets a table (``history/days.json``) and a figure
             (``history/days.png``) of the DAG's last this-many days: AUC before / after, the
@@ -55,15 +56,7 @@ class RegisterModelOperator(RecpipeOperator):
         self,
         *,
         model_name: str,
-        metric: str = "auc",
-        tolerance: float = 0.002,
-        min_metric: float = 0.5,
-        min_positives: int = 0,
-        min_negatives: int = 0,
-        confidence: float = 0.95,
-        inconclusive: str = "keep_champion",
-        max_inconclusive_days: int = 0,
-        alias: str = "champion",
+        gate: GateConfig | dict | None = None,
         promote: bool = True,
         history_days: int = 14,
         train_task_id: str = "train",
@@ -74,17 +67,8 @@ class RegisterModelOperator(RecpipeOperator):
     ):
         super().__init__(**kwargs)
         self.model_name = model_name
-        self.rules = dict(
-            metric=metric,
-            tolerance=tolerance,
-            min_metric=min_metric,
-            min_positives=min_positives,
-            min_negatives=min_negatives,
-            confidence=confidence,
-            inconclusive=inconclusive,
-        )
-        self.max_inconclusive_days = max_inconclusive_days
-        self.alias = alias
+        self.gate = GateConfig.model_validate(gate or {})
+        self.alias = self.gate.alias
         self.promote = promote
         self.history_days = history_days
         self.task_ids = (train_task_id, eval_task_id, champion_eval_task_id, export_task_id)
@@ -98,7 +82,7 @@ class RegisterModelOperator(RecpipeOperator):
         candidate = (evaluation or {}).get("metrics")
         champion = (champion_eval or {}).get("metrics")
         current = hook.champion(self.model_name, self.alias)
-        rules = GateRules(**self.rules)
+        rules = self.gate
         if current is not None and champion is None:
             # a champion exists but was not scored on these rows: no fair comparison
             decision = GateDecision(
@@ -197,11 +181,11 @@ class RegisterModelOperator(RecpipeOperator):
         if self.promote and self.history_days:
             self._log_history(context, parent)
         hook.end_run(parent)
-        if self.max_inconclusive_days and streak >= self.max_inconclusive_days:
+        if self.gate.max_inconclusive_days and streak >= self.gate.max_inconclusive_days:
             raise GateStuckError(
                 f"{self.model_name}: the gate was inconclusive {streak} times in a row (version "
                 f"{version.version}: {decision.reason}); gate.max_inconclusive_days="
-                f"{self.max_inconclusive_days}. The champion cannot be tested on this few held-out "
+                f"{self.gate.max_inconclusive_days}. The champion cannot be tested on this few held-out "
                 "rows: raise gate.window_days or data_config.holdout_percent, or decide by hand"
             )
         return {

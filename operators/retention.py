@@ -10,7 +10,7 @@ from pathlib import Path
 from operators.base import RecpipeOperator
 from operators.paths import confine
 from recpipe import atomic, locks
-from recpipe.layout import ModelDir, expired_model_dirs
+from recpipe.layout import ModelDir, day_dirs, expired_model_dirs, is_pass_dir
 
 log = logging.getLogger(__name__)
 
@@ -75,9 +75,9 @@ class RetentionOperator(RecpipeOperator):
             deleted.append(str(path))
             log.info("retention: deleted %s", path)
             day = path.parent
-            if path.name.startswith("hh=") and not [p for p in day.iterdir() if not p.name.startswith(".")]:
+            if is_pass_dir(path) and not [p for p in day.iterdir() if not p.name.startswith(".")]:
                 shutil.rmtree(day, ignore_errors=True)  # no pass left: the day goes too
-        for leftover in atomic.sweep(root) + [p for d in root.glob("ds=*") for p in atomic.sweep(d)]:
+        for leftover in atomic.sweep(root) + [p for d in day_dirs(root) for p in atomic.sweep(d)]:
             log.info("retention: removed the leftover %s", leftover)
         log.info(
             "retention: kept %d newest day(s) and %s",

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from operators.base import RecpipeOperator
 from operators.paths import project_home
+from recpipe.config.retrain import ValidationConfig
 from recpipe.layout import FeaturePartition, partition_ds
 
 log = logging.getLogger(__name__)
@@ -59,9 +60,11 @@ class ValidateFeaturesOperator(RecpipeOperator):
 
     Args:
         ds: the day (templated).
-        min_rows, positive_rate_min, positive_rate_max: the checks.
-        drift_tolerance: relative change above which drift is reported.
-        drift_lookback_days: how far back to look for the previous prepared day.
+        validation: the retrain config's ``validation`` section whole (``ValidationConfig`` or
+            its dict; default: its defaults): ``min_rows``, ``positive_rate_min`` /
+            ``positive_rate_max`` (the checks), ``drift_tolerance`` (relative change above which
+            drift is reported), ``drift_lookback_days`` (how far back to look for the previous
+            prepared day).
 
     Returns (XCom): ``{"rows", "positive_rate", "drift_warnings", "previous_ds", "mlflow_run_id"}``.
 
@@ -76,20 +79,12 @@ class ValidateFeaturesOperator(RecpipeOperator):
         self,
         *,
         ds: str = "{{ ds }}",
-        min_rows: int = 1,
-        positive_rate_min: float = 0.0,
-        positive_rate_max: float = 1.0,
-        drift_tolerance: float = 0.25,
-        drift_lookback_days: int = 7,
+        validation: ValidationConfig | dict | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
         self.ds = ds
-        self.min_rows = min_rows
-        self.positive_rate_min = positive_rate_min
-        self.positive_rate_max = positive_rate_max
-        self.drift_tolerance = drift_tolerance
-        self.drift_lookback_days = drift_lookback_days
+        self.validation = ValidationConfig.model_validate(validation or {})
 
     def execute(self, context) -> dict:
         config = self.load_config()
@@ -99,17 +94,18 @@ class ValidateFeaturesOperator(RecpipeOperator):
         if not day.success.exists() or not path.exists():
             raise FeatureValidationError(f"{path}: missing (the feature job did not finish ds={self.ds})")
         stats = json.loads(path.read_text())
-        if stats["rows"] < self.min_rows:
-            raise FeatureValidationError(f"{path}: rows={stats['rows']} < min_rows={self.min_rows}")
+        rules = self.validation
+        if stats["rows"] < rules.min_rows:
+            raise FeatureValidationError(f"{path}: rows={stats['rows']} < min_rows={rules.min_rows}")
         rate = stats.get("positive_rate")
-        if rate is None or not self.positive_rate_min <= rate <= self.positive_rate_max:
+        if rate is None or not rules.positive_rate_min <= rate <= rules.positive_rate_max:
             raise FeatureValidationError(
-                f"{path}: positive_rate={rate} outside [{self.positive_rate_min}, {self.positive_rate_max}]"
+                f"{path}: positive_rate={rate} outside [{rules.positive_rate_min}, {rules.positive_rate_max}]"
             )
         previous = self._previous(root)
         changes, warnings = {}, []
         if previous is not None:
-            changes, warnings = drift(stats, json.loads(previous.read_text()), self.drift_tolerance)
+            changes, warnings = drift(stats, json.loads(previous.read_text()), rules.drift_tolerance)
             for w in warnings:
                 log.warning("drift against %s: %s", previous.parent.name, w)
         run = self._track(context, path, stats, changes, warnings)
@@ -123,7 +119,7 @@ class ValidateFeaturesOperator(RecpipeOperator):
 
     def _previous(self, root: Path) -> Path | None:
         day = date.fromisoformat(self.ds)
-        for k in range(1, self.drift_lookback_days + 1):
+        for k in range(1, self.validation.drift_lookback_days + 1):
             candidate = FeaturePartition.of(root, (day - timedelta(days=k)).isoformat()).stats
             if candidate.exists():
                 return candidate

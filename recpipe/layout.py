@@ -33,6 +33,13 @@ from recpipe.config.errors import ConfigError
 
 SUCCESS = "_SUCCESS"  # written last into a directory that is complete
 CHECKPOINT_PREFIX = "model.ckpt"
+DAY_KEY, HOUR_KEY = "ds=", "hh="  # partition directory names: ds=YYYY-MM-DD, hh=HH
+# an evaluation task's result in a model dir (``ModelDir.result``), by task
+EVAL_RESULT = "eval_result.json"
+CHAMPION_EVAL_RESULT = "champion_eval_result.json"
+PASS_EVAL_RESULT = "pass_eval_result.json"  # progressive: the pass's rows before training
+DAY_EVAL_RESULT = "day_eval_result.json"  # the day's progressive scores, pooled
+EXPORT_RECORD, SERVING_EXPORT_RECORD = "export.json", "serving_export.json"
 
 # A ``ds`` names a day (``YYYY-MM-DD``) or one hour of it, a pass (``YYYY-MM-DD/HH``, PaddleRec's
 # pass of the online trainer): every function below that takes a ``ds`` takes either.
@@ -64,10 +71,36 @@ def hours_of(ds: str) -> set[str]:
     return {f"{day}/{h:02d}" for h in range(24)} if hour is None else {f"{day}/{hour:02d}"}
 
 
+def partition_text(root: str, day: str, hh: str | None = None) -> str:
+    """``<root>/ds=<day>[/hh=<hh>]`` as text, the parts as given: a DAG's templated paths
+    (``day`` ``{{ ds }}``), which ``ds_partition`` cannot check."""
+    return f"{root}/{DAY_KEY}{day}" + (f"/{HOUR_KEY}{hh}" if hh is not None else "")
+
+
+def day_name(day: str) -> str:
+    """A day's partition directory name: ``ds=<day>``."""
+    return f"{DAY_KEY}{day}"
+
+
+def is_pass_dir(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is an hour's partition (``.../hh=HH``), not a day's."""
+    return Path(path).name.startswith(HOUR_KEY)
+
+
+def day_dirs(root: str | os.PathLike) -> list[Path]:
+    """The ``ds=`` directories under ``root``, unordered."""
+    return [p for p in Path(root).glob(f"{DAY_KEY}*") if p.is_dir()]
+
+
+def pass_dirs(day_dir: str | os.PathLike) -> list[Path]:
+    """The ``hh=`` directories of one day, unordered."""
+    return [p for p in Path(day_dir).glob(f"{HOUR_KEY}*") if p.is_dir()]
+
+
 def ds_partition(root: str | os.PathLike, ds: str) -> Path:
     """``<root>/ds=<day>``, or ``<root>/ds=<day>/hh=<HH>`` for a pass ``<day>/<HH>``."""
     day, sep, hh = ds.partition("/")
-    return hour_partition(root, day, hh) if sep else Path(root) / f"ds={day}"
+    return hour_partition(root, day, hh) if sep else Path(root) / day_name(day)
 
 
 def hour_partition(root: str | os.PathLike, ds: str, hh: str | int) -> Path:
@@ -75,15 +108,15 @@ def hour_partition(root: str | os.PathLike, ds: str, hh: str | int) -> Path:
     hour = int(hh)
     if not 0 <= hour <= 23:
         raise ValueError(f"hh must be 00..23, got {hh!r}")
-    return Path(root) / f"ds={ds}" / f"hh={hour:02d}"
+    return Path(root) / day_name(ds) / f"{HOUR_KEY}{hour:02d}"
 
 
 def partition_ds(path: str | os.PathLike) -> str:
     """``.../ds=1997-09-22`` -> ``1997-09-22``; ``.../ds=1997-09-22/hh=05`` -> ``1997-09-22/05``."""
     path = Path(path)
-    if path.name.startswith("hh="):
-        return f"{path.parent.name.removeprefix('ds=')}/{path.name.removeprefix('hh=')}"
-    return path.name.removeprefix("ds=")
+    if is_pass_dir(path):
+        return f"{path.parent.name.removeprefix(DAY_KEY)}/{path.name.removeprefix(HOUR_KEY)}"
+    return path.name.removeprefix(DAY_KEY)
 
 
 def is_finished(directory: str | os.PathLike) -> bool:
@@ -171,13 +204,13 @@ class ModelDir:
     summaries = property(lambda self: self.path / "train")
     train_metrics = property(lambda self: self.path / "train_metrics.jsonl")
     eval_history = property(lambda self: self.path / "eval_history.jsonl")
-    eval_result = property(lambda self: self.path / "eval_result.json")
+    eval_result = property(lambda self: self.path / EVAL_RESULT)
     normalization = property(lambda self: self.path / "normalization.json")
     pipeline_config = property(lambda self: self.path / "pipeline.yaml")
     train_done = property(lambda self: self.path / "train_done.json")
     train_result = property(lambda self: self.path / "train_result.json")
     success = property(lambda self: self.path / SUCCESS)
-    export_record = property(lambda self: self.path / "export.json")
+    export_record = property(lambda self: self.path / EXPORT_RECORD)
     mlflow_model = property(lambda self: self.path / "mlflow_model")
     logs = property(lambda self: self.path / "logs")
 
@@ -200,10 +233,8 @@ def model_dirs(runs_root: str | os.PathLike) -> list[Path]:
     """Every model dir under ``runs_root``, finished or not, oldest first: ``ds=D`` in the
     daily layout, ``ds=D/hh=HH`` in the hourly one (a ``ds=D`` holding passes is no model dir)."""
     found = []
-    for day in Path(runs_root).glob("ds=*"):
-        if day.is_dir():
-            passes = [p for p in day.glob("hh=*") if p.is_dir()]
-            found += passes or [day]
+    for day in day_dirs(runs_root):
+        found += pass_dirs(day) or [day]
     return sorted(found, key=partition_ds)
 
 
@@ -219,7 +250,7 @@ def expired_model_dirs(runs_root: str | os.PathLike, keep_days: int, protected) 
         protected: paths (resolved or not) that must survive.
     """
     keep = {p.resolve() for p in protected}
-    days = sorted((p for p in Path(runs_root).glob("ds=*") if p.is_dir()), reverse=True)
+    days = sorted(day_dirs(runs_root), reverse=True)
     old = {p.resolve() for p in days[keep_days:]}
 
     def safe(path: Path) -> bool:
@@ -227,9 +258,7 @@ def expired_model_dirs(runs_root: str | os.PathLike, keep_days: int, protected) 
         return not any(path == k or k.is_relative_to(path) or path.is_relative_to(k) for k in keep)
 
     return [
-        p
-        for p in model_dirs(runs_root)
-        if (p.parent if p.name.startswith("hh=") else p).resolve() in old and safe(p)
+        p for p in model_dirs(runs_root) if (p.parent if is_pass_dir(p) else p).resolve() in old and safe(p)
     ]
 
 

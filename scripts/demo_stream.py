@@ -25,13 +25,12 @@ from pathlib import Path
 HOME = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(HOME))
 
+from dev.airflow import run_backfill  # noqa: E402
+from dev.env import airflow_env  # noqa: E402
 from recpipe.config import load_pipeline_config  # noqa: E402
-from recpipe.config.retrain import load_retrain_config  # noqa: E402
-from recpipe.local_airflow import run_backfill  # noqa: E402
-from recpipe.localenv import airflow_env  # noqa: E402
+from recpipe.config.retrain import active_retrain_config  # noqa: E402
 
 DAG_ID = "recpipe_stream_retrain"
-CONFIG = "conf/retrain/movielens_stream.yaml"
 ROW = "{:<14} {:>5} {:>9}  {:<9} {:>10} {:>9} {:>10}"
 JOBS = ("prepare_features", "evaluate_pass", "train", "export")
 
@@ -43,7 +42,7 @@ def main() -> int:
     parser.add_argument("--hours", type=int, default=24, help="passes a day, from 00:00")
     parser.add_argument("--timeout", type=float, default=5400, help="seconds for each 6 passes")
     args = parser.parse_args()
-    stream = load_retrain_config(HOME / os.environ.get("RECPIPE_STREAM_CONFIG", CONFIG))
+    stream = active_retrain_config(HOME, "stream")
     pipeline = load_pipeline_config(HOME / stream.pipeline_config_path, stream.edit_config_json).resolved(
         HOME
     )

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from operators.gate import INCONCLUSIVE, PROMOTED, REJECTED, GateRules, gate
-from recpipe.stats import paired_auc_test
-from trainer.metrics import auc
+from operators.gate import INCONCLUSIVE, PROMOTED, REJECTED, gate
+from recpipe.config.retrain import GateConfig
+from recpipe.stats import auc, paired_auc_test
 
 
 def _scores(rng, n=2000, rate=0.3, strength_a=1.0, strength_b=1.2):
@@ -52,7 +52,7 @@ def test_edge_cases():
 
 def test_gate_outcomes_on_paired_scores():
     rng = np.random.default_rng(3)
-    rules = GateRules(tolerance=0.002, min_positives=30, min_negatives=30)
+    rules = GateConfig(tolerance=0.002, min_positives=30, min_negatives=30)
     y, a, b = _scores(rng)
     better = paired_auc_test(y, a, b)
     decision = gate({"auc": better.auc_b}, {"auc": better.auc_a}, rules, better)
@@ -65,7 +65,7 @@ def test_gate_outcomes_on_paired_scores():
     noise = paired_auc_test(y[:150], a[:150], b[:150])
     decision = gate({"auc": noise.auc_b}, {"auc": noise.auc_a}, rules, noise)
     assert decision.outcome == INCONCLUSIVE and not decision.promote and "not significant" in decision.reason
-    promote = GateRules(**{**rules.__dict__, "inconclusive": "promote"})
+    promote = rules.model_copy(update={"inconclusive": "promote"})
     assert gate({"auc": noise.auc_b}, {"auc": noise.auc_a}, promote, noise).promote
     # a low-positive sample (TalkingData's 0.2 %): too few labels to tell, whatever the AUCs
     rare_y, rare_a, rare_b = _scores(rng, n=5000, rate=0.003, strength_b=3.0)

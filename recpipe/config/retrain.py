@@ -4,11 +4,14 @@ and the resources in the cluster config, as PaddleRec keeps them apart."""
 
 from __future__ import annotations
 
-from datetime import date
+import os
+from datetime import date, timedelta
+from pathlib import Path
 
 from pydantic import Field, model_validator
 
 from recpipe.config.base import Section
+from recpipe.config.loader import read_yaml, validate
 
 
 class SensorConfig(Section):
@@ -85,7 +88,6 @@ class TimeoutConfig(Section):
 
     def of(self, task_id: str):
         """The ``timedelta`` for ``task_id``."""
-        from datetime import timedelta
 
         return timedelta(seconds=self.tasks.get(task_id, self.default_s))
 
@@ -155,21 +157,28 @@ class RetrainConfig(Section):
     @property
     def experiment(self) -> str:
         """The MLflow experiment: ``tracking.experiment`` or the pipeline config's stem."""
-        from pathlib import Path
 
         return self.tracking.experiment or Path(self.pipeline_config_path).stem
 
 
-DEFAULT_PATH = "conf/retrain/movielens_daily.yaml"
+# each retrain DAG's config: the environment variable naming it, and the default
+RETRAIN_CONFIGS = {
+    "daily": ("RECPIPE_RETRAIN_CONFIG", "conf/retrain/movielens_daily.yaml"),
+    "stream": ("RECPIPE_STREAM_CONFIG", "conf/retrain/movielens_stream.yaml"),
+}
 
 
-def active_retrain_config(home) -> RetrainConfig:
-    """The retrain config the DAGs use: ``$RECPIPE_RETRAIN_CONFIG`` (relative to ``home`` or
-    absolute) or ``conf/retrain/movielens_daily.yaml``."""
-    import os
-    from pathlib import Path
+def active_retrain_config(home, kind: str = "daily") -> RetrainConfig:
+    """The retrain config a DAG of ``kind`` uses (``RETRAIN_CONFIGS``): the file its
+    environment variable names (relative to ``home`` or absolute), else the default.
 
-    return load_retrain_config(Path(home) / os.environ.get("RECPIPE_RETRAIN_CONFIG", DEFAULT_PATH))
+    Raises:
+        KeyError: an unknown ``kind``.
+        ConfigError: as ``load_retrain_config``.
+    """
+
+    variable, default = RETRAIN_CONFIGS[kind]
+    return load_retrain_config(Path(home) / os.environ.get(variable, default))
 
 
 def load_retrain_config(path) -> RetrainConfig:
@@ -178,6 +187,5 @@ def load_retrain_config(path) -> RetrainConfig:
     Raises:
         ConfigError: unreadable file or invalid value (file + field named).
     """
-    from recpipe.config.loader import read_yaml, validate
 
     return validate(RetrainConfig, read_yaml(path), str(path))

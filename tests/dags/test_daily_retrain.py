@@ -190,7 +190,8 @@ def test_the_gates_paired_test_on_real_days_and_on_a_low_positive_sample(daily_r
     import numpy as np
     import pyarrow.parquet as pq
 
-    from operators.gate import INCONCLUSIVE, GateRules, gate
+    from operators.gate import INCONCLUSIVE, gate
+    from recpipe.config.retrain import GateConfig
     from recpipe.stats import paired_auc_test
 
     day4 = daily_runs["runs"] / f"ds={DAYS[3]}"
@@ -207,6 +208,6 @@ def test_the_gates_paired_test_on_real_days_and_on_a_low_positive_sample(daily_r
     assert int(version.tags["gate.positives"]) == paired.positives
     keep = np.flatnonzero(y < 0.5).tolist() + np.flatnonzero(y > 0.5)[:10].tolist()
     rare = paired_auc_test(y[keep], a[keep], b[keep])
-    decision = gate({"auc": rare.auc_b}, {"auc": rare.auc_a}, GateRules(min_positives=30), rare)
+    decision = gate({"auc": rare.auc_b}, {"auc": rare.auc_a}, GateConfig(min_positives=30), rare)
     assert decision.outcome == INCONCLUSIVE and not decision.promote
     assert decision.reason.startswith("inconclusive: 10 positives")

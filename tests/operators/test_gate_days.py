@@ -39,7 +39,7 @@ def _operator(model: str, max_days: int = 0):
         task_id="register_and_gate",
         pipeline_config_path="conf/movielens_deepfm.yaml",
         model_name=model,
-        max_inconclusive_days=max_days,
+        gate={"max_inconclusive_days": max_days},
         mlflow_conn_id="",
     )
 

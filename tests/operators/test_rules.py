@@ -8,10 +8,11 @@ import sys
 
 import pytest
 
-from operators.gate import GateRules, gate
+from operators.gate import gate
 from operators.paths import PathNotAllowedError, confine, project_home
 from operators.train import DistributedTrainOperator
 from operators.validate import drift
+from recpipe.config.retrain import GateConfig
 from recpipe.layout import expired_model_dirs
 
 
@@ -90,7 +91,11 @@ def test_the_spark_job_refuses_a_path_outside_the_roots_before_starting_spark():
 
 
 def _gate(candidate, champion, metric="auc", tolerance=0.002, **rules):
-    return gate(candidate, champion, GateRules(metric=metric, tolerance=tolerance, **rules))
+    return gate(
+        candidate,
+        champion,
+        GateConfig(**{"min_positives": 0, "min_negatives": 0, **rules}, metric=metric, tolerance=tolerance),
+    )
 
 
 def test_gate():

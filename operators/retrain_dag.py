@@ -1,0 +1,191 @@
+"""The factory of the tasks the retrain DAGs share (``dags/``), made from one retrain config
+(``recpipe.config.retrain``): each task gets its timeout by task id, the config's sections
+whole (``gate``, ``sensor``) and the arguments every recpipe operator takes. A DAG file then
+holds only what is its own: the schedule, its templates and the order of its tasks.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from airflow.sdk import DAG, Param
+
+from operators.evaluate import EvalOperator
+from operators.export import ExportOperator, export_asset
+from operators.feature_job import feature_job, raw_partition_sensor
+from operators.register import RegisterModelOperator
+from operators.retention import RetentionOperator
+from operators.tracking import fail_parent_run
+from operators.train import DistributedTrainOperator
+from recpipe.config.retrain import RetrainConfig
+from recpipe.layout import CHAMPION_EVAL_RESULT, SUCCESS, partition_text
+
+# a run's overrides: the retrain config's, then the run's (Params / trigger conf); rendered
+# natively as a dict. spark-submit takes them as one argument of JSON text (the "=" form keeps
+# the native renderer from turning the text back into a dict)
+EDITS = "{{ retrain.with_run_edits(params.edit_config_json) }}"
+EDITS_ARG = "--edit_config_json={{ retrain.with_run_edits(params.edit_config_json) | tojson }}"
+
+
+def _utc(d) -> datetime:
+    return datetime(d.year, d.month, d.day, tzinfo=UTC)
+
+
+class RetrainTasks:
+    """Tasks of one retrain config's DAG.
+
+    Args:
+        home: the project root (``operators.paths.project_home``).
+        retrain: the DAG's retrain config.
+        pipeline_config_path, cluster_config_path: what the tasks pass on (templated; default:
+            the retrain config's).
+
+    Attributes:
+        runs: ``<runs_dir>/<model_name>``, where model dirs live.
+        exports: ``<export_dir>/<model_name>``.
+        common: the arguments of every recpipe operator; ``job`` adds the cluster config.
+    """
+
+    def __init__(
+        self,
+        home: Path,
+        retrain: RetrainConfig,
+        pipeline_config_path: str | None = None,
+        cluster_config_path: str | None = None,
+    ):
+        self.home, self.retrain = home, retrain
+        self.runs = f"{retrain.runs_dir}/{retrain.model_name}"
+        self.exports = f"{retrain.export_dir}/{retrain.model_name}"
+        self.common = {
+            "pipeline_config_path": pipeline_config_path or retrain.pipeline_config_path,
+            "edit_config_json": EDITS,
+            "experiment": retrain.experiment,
+            "mlflow_conn_id": retrain.tracking.mlflow_conn_id,
+        }
+        self.job = {**self.common, "cluster_config_path": cluster_config_path or retrain.cluster_config_path}
+
+    def dag(self, dag_id: str, *, description: str, schedule, params: dict | None = None, **kwargs) -> DAG:
+        """The DAG: native rendering (Params arrive typed), the retrain config as the macro
+        ``retrain``, failed tasks failing the parent MLflow run, retries from ``tracking``,
+        and the Params ``full_retrain`` and ``edit_config_json`` (``params`` adds or replaces)."""
+        tracking = self.retrain.tracking
+        defaults = {"on_failure_callback": fail_parent_run(self.retrain.experiment, tracking.mlflow_conn_id)}
+        if schedule is not None:
+            defaults |= {
+                "retries": tracking.retries,
+                "retry_delay": timedelta(seconds=tracking.retry_delay_s),
+            }
+            kwargs.setdefault("start_date", _utc(self.retrain.start_date))
+            kwargs.setdefault("end_date", _utc(self.retrain.end_date) if self.retrain.end_date else None)
+            kwargs.setdefault("catchup", self.retrain.catchup)
+        return DAG(
+            dag_id=dag_id,
+            description=description,
+            schedule=schedule,
+            render_template_as_native_obj=True,
+            default_args=defaults,
+            params={
+                "full_retrain": Param(
+                    False, type="boolean", description="train from scratch, not from the last model"
+                ),
+                "edit_config_json": Param(
+                    {},
+                    type="object",
+                    description="EasyRec overrides (dotted path -> value) on top of the retrain config's",
+                ),
+                **(params or {}),
+            },
+            user_defined_macros={"retrain": self.retrain},
+            **{"max_active_runs": 1, "tags": ["recpipe", self.retrain.model_name], **kwargs},
+        )
+
+    def _timeout(self, task_id: str) -> dict:
+        return {"task_id": task_id, "execution_timeout": self.retrain.timeouts.of(task_id)}
+
+    def wait_for_raw(self, task_id: str, raw_input_path: str, hh: str | None = None):
+        """A ``RawPartitionSensor`` on the ``_SUCCESS`` of the run's raw day (or, with ``hh``,
+        hour) under ``raw_input_path``, by the config's ``sensor`` section."""
+        marker = f"{partition_text(raw_input_path, '{{ ds }}', hh)}/{SUCCESS}"
+        return raw_partition_sensor(task_id, marker, self.retrain)
+
+    def prepare(self, ds: str, name: str):
+        """``prepare_features``: the Spark job of ``ds`` (templated), with the run's overrides."""
+        return feature_job(self.home, self.retrain, ds, EDITS_ARG, name)
+
+    def train(self, model_dir: str, **kwargs) -> DistributedTrainOperator:
+        """``train``, warm-started from ``runs`` (the champion's model dir) unless the run
+        sets ``full_retrain``."""
+        return DistributedTrainOperator(
+            **{
+                **self._timeout("train"),
+                "model_dir": model_dir,
+                "warm_start_root": self.runs,
+                "model_name": self.retrain.model_name,
+                "alias": self.retrain.gate.alias,
+                "full_retrain": "{{ params.full_retrain }}",
+                **self.job,
+                **kwargs,
+            }
+        )
+
+    def evaluate(self, task_id: str, model_dir: str, eval_ds: str, **kwargs) -> EvalOperator:
+        """An evaluation job of ``model_dir`` on ``eval_ds``."""
+        return EvalOperator(
+            **{**self._timeout(task_id), "model_dir": model_dir, "eval_ds": eval_ds, **self.job, **kwargs}
+        )
+
+    def evaluate_champion(self, model_dir: str, eval_ds: str, **kwargs) -> EvalOperator:
+        """``evaluate_champion``: the champion (alias ``gate.alias``) on the candidate's rows."""
+        return self.evaluate(
+            "evaluate_champion",
+            model_dir,
+            eval_ds,
+            champion_of=self.retrain.model_name,
+            alias=self.retrain.gate.alias,
+            result_name=CHAMPION_EVAL_RESULT,
+            step="evaluate_champion",
+            **kwargs,
+        )
+
+    def export(self, model_dir: str, task_id: str = "export", **kwargs) -> ExportOperator:
+        """A SavedModel export of ``model_dir`` under ``exports``, an outlet of the model's asset."""
+        return ExportOperator(
+            **{
+                **self._timeout(task_id),
+                "model_dir": model_dir,
+                "export_dir": self.exports,
+                "outlets": [export_asset(self.retrain.model_name)],
+                **self.job,
+                **kwargs,
+            }
+        )
+
+    def register(
+        self, task_id: str = "register_and_gate", gate: dict | None = None, **kwargs
+    ) -> RegisterModelOperator:
+        """Register the export and gate it by the config's ``gate`` section (``gate``: fields
+        to replace)."""
+        return RegisterModelOperator(
+            **{
+                **self._timeout(task_id),
+                "model_name": self.retrain.model_name,
+                "gate": self.retrain.gate.model_copy(update=gate or {}),
+                **self.common,
+                **kwargs,
+            }
+        )
+
+    def retention(self, **kwargs) -> RetentionOperator:
+        """``retention``: model dirs older than ``retention_days``, never the champion's."""
+        return RetentionOperator(
+            **{
+                **self._timeout("retention"),
+                "runs_root": self.runs,
+                "keep_days": self.retrain.retention_days,
+                "model_name": self.retrain.model_name,
+                "alias": self.retrain.gate.alias,
+                **self.common,
+                **kwargs,
+            }
+        )
