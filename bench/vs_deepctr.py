@@ -108,7 +108,7 @@ def run_deepctr(work: Path, buckets: int) -> dict:
     from deepctr.models import DeepFM
 
     from recpipe.config import load_pipeline_config
-    from trainer.metrics import auc
+    from recpipe.stats import auc
 
     config = load_pipeline_config(CONFIG, _edits(work, buckets, "a_deepctr"))
     train_x, train_y = _arrays(config, days(N_DAYS)[:-1])

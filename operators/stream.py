@@ -8,18 +8,25 @@ import json
 import logging
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowSkipException
 
-from operators.base import JobOperator, RecpipeOperator
-from operators.evaluate import EvalOperator
+from operators.base import JobOperator
+from operators.evaluate import EvalOperator, eval_dataset_of
 from operators.paths import confine
+from operators.warm_start import source
 from recpipe import atomic
 from recpipe.layout import (
+    DAY_EVAL_RESULT,
+    PASS_EVAL_RESULT,
     FeaturePartition,
     ModelDir,
+    day_name,
     finished_model_dirs,
     is_finished,
+    is_pass_dir,
     partition_ds,
     split_ds,
 )
@@ -72,7 +79,6 @@ class ProgressiveEvalOperator(EvalOperator):
         return super().execute(context)
 
     def _checkpoint(self) -> tuple[str | None, str]:
-        from operators.warm_start import source
 
         root = confine(self.previous_in, "previous_in")
         registered = self.model_name and (self.hook, self.model_name, self.alias)
@@ -116,18 +122,18 @@ class PassExportOperator(JobOperator):
     def execute(self, context) -> dict[str, Any]:
         out = ModelDir(confine(self.model_dir, "model_dir"))
         export_dir = confine(self.export_dir, "export_dir")
-        from recpipe.params import BASE
+        from recpipe.exports.files import BASE
 
         day, _ = split_ds(str(self.ds))
         done = json.loads(out.export_record.read_text()) if out.export_record.exists() else None
         if done and is_finished(done["export"]):
             log.info("reusing the export %s of an earlier attempt", done["export"])
         else:
-            kind = "delta" if is_finished(Path(export_dir) / day / BASE) else "base"
-            target = ["--delta", str(self.ds)] if kind == "delta" else ["--base", day]
+            has_base = is_finished(Path(export_dir) / day / BASE)
+            target = ["--delta", str(self.ds)] if has_base else ["--base", day]
             args = [*self.config_args(), "--model_dir", str(out.path), "--export_dir", str(export_dir)]
             args += target
-            done = {**self.run_command("export", "trainer.export", args, out.logs), "kind": kind}
+            done = self.run_command("export", "trainer.export", args, out.logs)
             atomic.write_text(out.export_record, json.dumps(done))
         step = done["global_step"]
         metrics = [("export_bytes", done["bytes"], step)]
@@ -145,7 +151,7 @@ class PassExportOperator(JobOperator):
 
 class OnlineStorePushOperator(BaseOperator):
     """Push a base or delta export's rows to the Redis embedding store
-    (``recpipe.online_store.push_chain``): when the store is behind the export (a flushed or
+    (``recpipe.exports.store.push_chain``): when the store is behind the export (a flushed or
     restarted store, a push lost earlier), the day's chain up to it is pushed in order
     instead; when the store is ahead (this task cleared and re-run after later passes), the
     push is a no-op with a warning, never a roll-back.
@@ -171,7 +177,7 @@ class OnlineStorePushOperator(BaseOperator):
     def execute(self, context) -> dict[str, Any]:
         import redis
 
-        from recpipe.online_store import push_chain
+        from recpipe.exports.store import push_chain
 
         url = redact_url(self.redis_url)
         export = Path(confine(self.export_path, "export_path"))
@@ -184,7 +190,6 @@ class OnlineStorePushOperator(BaseOperator):
 def redact_url(url: str) -> str:
     """``url`` with its password replaced by ``***``, the password registered with Airflow's
     secrets masker so that no log line shows it."""
-    from urllib.parse import urlsplit, urlunsplit
 
     parts = urlsplit(url)
     if not parts.password:
@@ -202,13 +207,14 @@ def closes_day(logical_date, close_hour: int) -> bool:
     return logical_date.hour == close_hour
 
 
-class DayEvalOperator(RecpipeOperator):
+class DayEvalOperator(JobOperator):
     """The day's progressive validation as one evaluation, for the day-end gate: every pass of
     ``day`` was scored by the model of the pass before it (``ProgressiveEvalOperator``), so
     their per-row scores joined in pass order are the day's out-of-sample predictions of the
     model as it was served through the day (PaddleRec's pass AUC, taken over the whole day).
     The champion, scored on the same passes (``eval_ds``, the range this returns), is the
-    other side of the gate's paired test.
+    other side of the gate's paired test. The metrics are computed by a job
+    (``trainer.pooled_eval``), as every other evaluation's.
 
     Args:
         runs_root: the runs root holding the passes' model dirs (templated).
@@ -222,43 +228,31 @@ class DayEvalOperator(RecpipeOperator):
         AirflowSkipException: no pass of the day was trained and scored.
     """
 
-    template_fields = (*RecpipeOperator.template_fields, "runs_root", "day")
+    template_fields = (*JobOperator.template_fields, "runs_root", "day")
     ui_color = "#d4f0f7"
 
-    def __init__(
-        self, *, runs_root: str, day: str, pass_result_name: str = "pass_eval_result.json", **kwargs
-    ):
+    def __init__(self, *, runs_root: str, day: str, pass_result_name: str = PASS_EVAL_RESULT, **kwargs):
         super().__init__(**kwargs)
         self.runs_root, self.day, self.pass_result_name = runs_root, day, pass_result_name
 
     def execute(self, context) -> dict[str, Any]:
-        import numpy as np
-        import pyarrow as pa
         import pyarrow.parquet as pq
-        from airflow.sdk.exceptions import AirflowSkipException
-
-        from operators.evaluate import eval_dataset_of
-        from trainer.metrics import auc, logloss
 
         day = str(self.day)
         runs = finished_model_dirs(confine(self.runs_root, "runs_root"))
-        passes = [p for p in runs if p.parent.name == f"ds={day}" and p.name.startswith("hh=")]
+        passes = [p for p in runs if p.parent.name == day_name(day) and is_pass_dir(p)]
         scored = [p for p in passes if ModelDir(p).predictions(self.pass_result_name).exists()]
         if not scored:
             raise AirflowSkipException(f"no pass of {day} was trained and scored: nothing to register")
         last = ModelDir(passes[-1])
-        columns = ["label", "probability"]
-        joined = pa.concat_tables(
-            [pq.read_table(ModelDir(p).predictions(self.pass_result_name), columns=columns) for p in scored]
-        )
-        labels = joined.column("label").to_numpy()
-        probs = joined.column("probability").to_numpy()
-        metrics = {"auc": auc(labels, probs), "logloss": logloss(labels, probs)}
-        metrics = {k: v if np.isfinite(v) else None for k, v in metrics.items()}
-        result_name = "day_eval_result.json"
+        result_name = DAY_EVAL_RESULT
         predictions = last.predictions(result_name)
-        with atomic.file(predictions) as tmp:
-            pq.write_table(joined, tmp)
+        # the metrics are a job's, as every other evaluation's: the worker only lists the passes
+        args = ["--out", str(predictions), "--predictions"]
+        args += [str(ModelDir(p).predictions(self.pass_result_name)) for p in scored]
+        pooled = self.run_command("evaluate_day", "trainer.pooled_eval", args, last.logs)
+        metrics = pooled["metrics"]
+        labels = pq.read_table(predictions, columns=["label"]).column("label").to_numpy()
         train = json.loads(last.train_result.read_text())
         eval_ds = f"{partition_ds(scored[0])}:{partition_ds(scored[-1])}"
         out = {
@@ -266,13 +260,13 @@ class DayEvalOperator(RecpipeOperator):
             "model_dir": str(last.path),
             "checkpoint": train["checkpoint"],
             "global_step": train["global_step"],
-            "num_examples": int(len(labels)),
+            "num_examples": pooled["num_examples"],
             "predictions": str(predictions),
             "eval_ds": eval_ds,
             "passes": [partition_ds(p) for p in scored],
             "reason": f"the progressive scores of {len(scored)} passes",
             # the champion's evaluation of the same passes logs the same name and digest
-            "dataset": eval_dataset_of(f"ds={eval_ds}", labels, self.load_config().train_input_path),
+            "dataset": eval_dataset_of(day_name(eval_ds), labels, self.load_config().train_input_path),
         }
         atomic.write_text(last.result(result_name), json.dumps(out, indent=2))
         step = out["global_step"]

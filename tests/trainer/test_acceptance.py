@@ -22,9 +22,10 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import MultiLabelBinarizer, OneHotEncoder
 
 from recpipe.layout import parse_ds_range
+from recpipe.stats import auc
 from tests.support import ROOT, with_edits
 from trainer.loop import Trainer, TrainJob
-from trainer.metrics import auc, logloss
+from trainer.metrics import logloss
 from trainer.scoring import evaluate
 
 IDS = ["user_id", "item_id", "gender", "occupation", "zip_code"]

@@ -8,8 +8,9 @@ import tensorflow as tf
 from sklearn.metrics import log_loss, roc_auc_score
 
 from recpipe.config.model import Loss, Metric, ModelConfig
+from recpipe.stats import auc
 from trainer.losses import build_loss
-from trainer.metrics import auc, compute_metrics, gauc
+from trainer.metrics import compute_metrics, gauc
 
 Y = np.array([1, 0, 1, 1, 0, 0, 1, 0], np.float32)
 S = np.array([2.0, -1.0, 0.5, -0.3, 0.2, -2.0, 1.2, 0.9], np.float32)
