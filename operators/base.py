@@ -16,6 +16,7 @@ from airflow.sdk import BaseOperator
 
 from operators.hooks.mlflow import MLflowHook, git_commit
 from operators.paths import confine, confine_config, project_home
+from recpipe.config import load_cluster_config, load_pipeline_config
 from recpipe.launch import JobSpec, LocalLauncher, command_job, launcher_for, run_job
 
 
@@ -110,7 +111,6 @@ class RecpipeOperator(BaseOperator):
             ConfigError: the file or an override is invalid (file and field named).
             PathNotAllowedError: a path of the config leaves the project's data roots.
         """
-        from recpipe.config import load_pipeline_config
 
         config = load_pipeline_config(self.config_path(), self.edits(extra))
         confine_config(config)  # a run's edit_config_json may name any path
@@ -151,7 +151,6 @@ class JobOperator(RecpipeOperator):
 
     def cluster(self):
         """The cluster config (``cluster_config_path``)."""
-        from recpipe.config import load_cluster_config
 
         return load_cluster_config(confine(self.cluster_config_path, "cluster_config_path"))
 

@@ -15,6 +15,7 @@ from operators.warm_start import source
 from recpipe import atomic
 from recpipe.config.model import EvalMethod
 from recpipe.launch import training_job
+from recpipe.launch.kubeflow import job_name
 from recpipe.layout import ModelDir, ds_window
 
 log = logging.getLogger(__name__)
@@ -24,7 +25,6 @@ def kubernetes_job_name(dag_id: str, ds: str, run_id: str, try_number: int) -> s
     """A TFJob / MPIJob name unique per DAG run and attempt: two manual runs of one day differ
     by their run id's hash. DNS-1123 and short enough for ``kubeflow.job_name`` (52 characters)
     to keep whole."""
-    from recpipe.launch.kubeflow import job_name
 
     suffix = f"-{hashlib.sha1(run_id.encode()).hexdigest()[:8]}-{try_number}"
     return job_name(f"recpipe-{dag_id}-{ds}")[: 52 - len(suffix)].rstrip("-") + suffix

@@ -19,6 +19,8 @@ import traceback
 from collections.abc import Callable
 from typing import NoReturn
 
+from recpipe.config.errors import ConfigError
+
 EXIT_USAGE = 2
 EXIT_PIPELINE = 1
 
@@ -43,7 +45,6 @@ def run_command(fn: Callable[[], int], prog: str = "recpipe") -> int:
     Returns:
         ``fn()``'s code, or 2 / 1 after printing ``<prog>: <kind>: <message>`` to stderr.
     """
-    from recpipe.config.errors import ConfigError
 
     try:
         return fn()
@@ -54,7 +55,6 @@ def run_command(fn: Callable[[], int], prog: str = "recpipe") -> int:
 def report(err: BaseException, prog: str = "recpipe") -> int:
     """Print ``err`` as the policy above says (one line for the user's errors, the traceback
     for anything else) and return its exit code."""
-    from recpipe.config.errors import ConfigError
 
     if isinstance(err, (ConfigError, UsageError)):
         kind = "config error" if isinstance(err, ConfigError) else "usage error"

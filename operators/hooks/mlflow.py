@@ -11,9 +11,11 @@ operator's tracking goes through.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,6 +24,7 @@ from typing import Any
 from airflow.sdk import BaseHook
 
 from operators.paths import project_home, var_dir
+from recpipe import jsonl
 from recpipe.home import default_tracking_uri
 
 log = logging.getLogger(__name__)
@@ -68,7 +71,6 @@ def jsonl_metrics(path: Path, prefix: str = "") -> list[tuple[str, float, int]]:
     is taken once, from its last line (the run that went on). A line torn by a killed
     process is skipped with a warning, so it never fails the task's retries.
     """
-    from recpipe import jsonl
 
     by_step = {int(e["step"]): e for e in jsonl.read(path) if isinstance(e.get("step"), (int, float))}
     rows = ((step, k, v) for step, entry in sorted(by_step.items()) for k, v in entry.items())
@@ -282,7 +284,6 @@ class MLflowHook(BaseHook):
 
     def log_metrics(self, run_id: str, rows: Iterable[tuple[str, float, int]]) -> int:
         """Log ``(key, value, step)`` rows in batches; returns how many were logged."""
-        import time
 
         from mlflow.entities import Metric
 
@@ -300,7 +301,6 @@ class MLflowHook(BaseHook):
         the source is the local path ``source_uri`` (source type ``local``, as ``mlflow.data``
         records a local file); ``context`` is the ``mlflow.data.context`` input tag. Logging
         the same dataset twice keeps one input."""
-        import json
 
         from mlflow.entities import Dataset, DatasetInput, InputTag
 

@@ -14,6 +14,8 @@ from recpipe.config.cluster import ClusterConfig
 from recpipe.config.errors import ConfigError
 from recpipe.config.train import TrainDistribute
 from recpipe.launch.base import JobSpec, Launcher
+from recpipe.launch.kubeflow import render
+from recpipe.launch.kubernetes import KubernetesLauncher
 from recpipe.launch.local import LocalLauncher
 from recpipe.launch.topology import evaluator_process, job_spec, training_processes
 
@@ -33,8 +35,6 @@ def launcher_for(
     if cluster.launcher == "local":
         return LocalLauncher(log_dir, timeout_s=timeout_s)
     if cluster.launcher == "kubernetes":
-        from recpipe.launch.kubernetes import KubernetesLauncher
-
         return KubernetesLauncher(log_dir, cluster.kubernetes_conn_id, cluster.poll_interval_s, timeout_s)
     raise ConfigError(f"cluster launcher {cluster.launcher!r} is not available (local, kubernetes)")
 
@@ -77,8 +77,6 @@ def training_job(
     if ps is not None and ps != cluster.ps.count:
         cluster = cluster.model_copy(update={"ps": cluster.ps.model_copy(update={"count": ps})})
     if cluster.launcher == "kubernetes":
-        from recpipe.launch.kubeflow import render
-
         manifests = render(name, distribute, cluster, train_args, eval_args, workers)
         return JobSpec(name=name, argv=[], cwd=Path(cwd), env=dict(JOB_ENV), manifests=manifests)
     processes = training_processes(

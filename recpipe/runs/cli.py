@@ -15,12 +15,11 @@ from __future__ import annotations
 import argparse
 
 from recpipe.errors import UsageError
+from recpipe.home import default_tracking_uri, var_dir
 
 
 def _client():
     from mlflow import MlflowClient
-
-    from recpipe.home import default_tracking_uri
 
     uri = default_tracking_uri()  # as the operators' hook without a connection
     return MlflowClient(uri, registry_uri=uri)
@@ -63,7 +62,6 @@ def main(argv: list[str]) -> int:
         fig = day_figure(days, f"{args.experiment}: the last {len(days)} days")
         print(days.drop(columns="run_id").to_string(index=False))
         tables = {"days": days}
-    from recpipe.home import var_dir
 
     out = save_png(fig, args.out or var_dir() / "compare" / f"{name}.png")
     print(f"\nfigure: {out}")

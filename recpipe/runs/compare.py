@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from recpipe import atomic
+
 PARENT = "parent"
 DAY_COLUMNS = [
     "ds",
@@ -134,7 +136,6 @@ def metrics_figure(metrics: pd.DataFrame, title: str, keys: list[str] | None = N
 
 def save_png(fig, path: str | Path) -> Path:
     """Write ``fig`` as PNG (atomically); returns the path."""
-    from recpipe import atomic
 
     with atomic.file(path) as tmp:
         fig.savefig(tmp, format="png", dpi=100)
