@@ -45,9 +45,9 @@ def prepare(rows: int, n_days: int, work: Path, buckets: int):
     marker = work / "features" / f"ds={days(n_days)[-1]}" / "_SUCCESS"
     if marker.exists() and stamp.exists() and stamp.read_text() == wanted:
         return config
+    from dev.data.synth import synth_criteo
     from features.prepare import prepare_day
     from features.session import get_spark
-    from recpipe.data.synth import synth_criteo
 
     shutil.rmtree(work, ignore_errors=True)
     synth_criteo(rows, n_days, work / "raw", start=START)

@@ -64,13 +64,13 @@ def main() -> None:
 
     from pyspark.sql import types as T
 
+    from dev.data.synth import synth_criteo
     from features import jvm
     from features.prepare import prepare_day
     from features.schema import SPARK_TYPES
     from features.session import get_spark
     from recpipe.config import load_pipeline_config
     from recpipe.config.data import FeatureType, Normalizer
-    from recpipe.data.synth import synth_criteo
 
     work = Path(args.workdir)
     shutil.rmtree(work, ignore_errors=True)

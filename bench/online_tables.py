@@ -124,7 +124,7 @@ def main() -> int:
     raw, features = out / "raw", out / "features"
     days = [(date(2024, 1, 1) + timedelta(days=d)).isoformat() for d in range(args.days + 1)]
     if not (raw / f"ds={days[-1]}").exists():
-        from recpipe.data.drift import synth_drift
+        from dev.data.drift import synth_drift
 
         synth_drift(args.rows, len(days), raw)
     config = out / "pipeline.yaml"

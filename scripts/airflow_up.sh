@@ -3,7 +3,7 @@
 # SQLite in var/airflow) on 127.0.0.1, in the foreground; Ctrl-C stops them all.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-eval "$(.venv/bin/python -m recpipe.localenv)"
+eval "$(.venv/bin/python -m dev.env)"
 export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS="${AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS:-admin:admin}"
 mkdir -p "$AIRFLOW_HOME"
 .venv/bin/airflow db migrate > "$AIRFLOW_HOME/db-migrate.log" 2>&1

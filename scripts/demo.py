@@ -22,9 +22,9 @@ from pathlib import Path
 HOME = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(HOME))
 
+from dev.airflow import run_backfill  # noqa: E402
+from dev.env import airflow_env  # noqa: E402
 from recpipe.config.retrain import active_retrain_config  # noqa: E402
-from recpipe.local_airflow import run_backfill  # noqa: E402
-from recpipe.localenv import airflow_env  # noqa: E402
 
 DAG_ID = "recpipe_daily_retrain"
 

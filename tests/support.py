@@ -107,7 +107,7 @@ def write_click_log(
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
-    from recpipe.data.csv_files import write_csv_partition
+    from dev.data.csv_files import write_csv_partition
     from recpipe.layout import ds_partition, split_ds
 
     if not (out / "dims").exists():

@@ -46,3 +46,70 @@ def test_the_command_line_and_launchers_load_without_tensorflow_spark_or_airflow
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+# import name -> distribution, where they differ; horovod is built by scripts/setup.sh
+DISTRIBUTIONS = {"yaml": "pyyaml", "tf_keras": "tf-keras", "airflow": "apache-airflow"}
+BUILT_BY_SETUP = {"horovod"}
+PRODUCTION = ("recpipe", "trainer", "features", "operators", "dags")
+
+
+def _all_imports(path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_every_third_party_package_the_product_imports_is_declared():
+    import re
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = {re.split(r"[\[<>=;, ]", d, maxsplit=1)[0].lower() for d in project["dependencies"]}
+    ours = {*PRODUCTION, "dev", "tests", "bench"}
+    used = set()
+    for package in PRODUCTION:
+        for path in (ROOT / package).rglob("*.py"):
+            used |= _all_imports(path)
+    third_party = {m for m in used if m not in sys.stdlib_module_names and m not in ours} - BUILT_BY_SETUP
+    undeclared = sorted(m for m in third_party if DISTRIBUTIONS.get(m, m).replace("_", "-") not in declared)
+    assert undeclared == [], f"imported but not in pyproject.toml's dependencies: {undeclared}"
+
+
+def test_the_export_format_and_store_load_without_tensorflow():
+    code = (
+        "import sys, recpipe.exports.files, recpipe.exports.store;"
+        f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r} + {ABOVE_CORE!r})))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_the_trainer_reaches_the_online_tables_through_their_package_only():
+    """``trainer.online``'s parts (table, admission, eviction, clock, initializer) are its own:
+    the rest of the trainer imports the package, whose ``__init__`` is the interface."""
+    offenders = []
+    for path in (ROOT / "trainer").rglob("*.py"):
+        if path.parent.name == "online":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("trainer.online."):
+                offenders.append(f"{path.relative_to(ROOT)}: {node.module}")
+    assert offenders == []
+
+
+def test_production_never_imports_the_development_kit_at_module_level():
+    """``dev`` (local Airflow, its REST client, data sets) serves demos and tests; the product's
+    packages reach it at most from a command's dispatch (``recpipe data``)."""
+    offenders = [
+        str(path.relative_to(ROOT))
+        for package in PRODUCTION
+        for path in (ROOT / package).rglob("*.py")
+        if "dev" in _top_level_imports(path)
+    ]
+    assert offenders == []

@@ -1,5 +1,5 @@
 """A headless-browser screenshot of a running Airflow's UI (the deployment itself:
-``recpipe.local_airflow``)."""
+``dev.airflow``)."""
 
 from __future__ import annotations
 

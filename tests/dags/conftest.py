@@ -28,7 +28,7 @@ def stack(movielens_raw, tmp_path_factory) -> dict:
 def new_stack(movielens_raw, base, **overrides) -> dict:
     """A fresh local deployment in ``base`` over a copy of the raw logs; its env and paths.
     ``overrides`` replace top-level fields of the retrain config."""
-    from recpipe.localenv import airflow_env
+    from dev.env import airflow_env
 
     var = base / "var"
     shutil.copytree(movielens_raw, var / "raw")

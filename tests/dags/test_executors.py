@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from dev.airflow import deployment
 from features.jvm import session_conf
-from recpipe.local_airflow import deployment
 from tests.dags.conftest import DAYS, airflow, new_stack
 from tests.support import free_port
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from recpipe.local_airflow import run_backfill
+from dev.airflow import run_backfill
 from tests.dags.conftest import DAYS, new_stack
 
 pytestmark = pytest.mark.slow

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from recpipe.local_airflow import deployment
+from dev.airflow import deployment
 from tests.dags.airflow_server import screenshot
 from tests.support import ROOT
 

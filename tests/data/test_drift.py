@@ -7,7 +7,7 @@ import pyarrow.csv as pacsv
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from recpipe.data.drift import COLUMNS, drift_day, synth_drift
+from dev.data.drift import COLUMNS, drift_day, synth_drift
 
 
 def test_partitions_schema_and_drift(tmp_path):

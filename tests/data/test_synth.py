@@ -8,7 +8,7 @@ import pyarrow.csv as pacsv
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from recpipe.data.synth import COLUMNS, synth_criteo, synth_criteo_table
+from dev.data.synth import COLUMNS, synth_criteo, synth_criteo_table
 
 
 def test_partitions_and_schema(tmp_path):

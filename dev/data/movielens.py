@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from recpipe import atomic
+from recpipe.digest import file_sha256
 from recpipe.errors import PipelineError
 
 log = logging.getLogger(__name__)
@@ -46,21 +47,12 @@ class FetchError(PipelineError):
     """No source could deliver verified MovieLens files."""
 
 
-def sha256(path: Path) -> str:
-    """Hex SHA-256 of a file."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _cached(dest: Path) -> bool:
     source = dest / "SOURCE"
     if not source.exists() or not all((dest / name).exists() for name in FILES):
         return False
     if source.read_text().startswith("recbole"):
-        return all(sha256(dest / n) == WHEEL_SHA256[n] for n in FILES)
+        return all(file_sha256(dest / n) == WHEEL_SHA256[n] for n in FILES)
     return True
 
 
@@ -128,7 +120,7 @@ def _from_wheel(tmp: Path) -> str:
         for name in FILES:
             (tmp / name).write_bytes(archive.read(WHEEL_DIR + name))
     for name in FILES:
-        got = sha256(tmp / name)
+        got = file_sha256(tmp / name)
         if got != WHEEL_SHA256[name]:
             raise FetchError(f"{wheel.name}: {name} has sha256 {got}, expected {WHEEL_SHA256[name]}")
     shutil.rmtree(wheel_dir)

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from recpipe.data.csv_files import write_days
+from dev.data.csv_files import write_days
 
 NUM_DENSE, NUM_SPARSE = 13, 26
 VOCAB_SIZES = [int(v) for v in np.geomspace(10, 200_000, NUM_SPARSE).round()]

@@ -23,8 +23,8 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
+from dev.env import database_env
 from recpipe.launch.topology import free_ports
-from recpipe.localenv import database_env
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 TERMINAL = ("success", "failed", "skipped", "upstream_failed", "removed")
@@ -131,7 +131,7 @@ def deployment(
     yield a logged-in ``Api``; stop them all (SIGTERM, then SIGKILL after 30 s).
 
     Args:
-        env: the environment (``recpipe.localenv.airflow_env``); ``extra_env`` goes on top.
+        env: the environment (``dev.env.airflow_env``); ``extra_env`` goes on top.
         database_url: metadata DB (default SQLite in ``airflow_home``).
         port: the api-server's port (default: a free one).
     """
@@ -215,7 +215,7 @@ def run_backfill(
     per run as each ends, and pauses the DAG again if it was paused.
 
     Args:
-        env: the Airflow environment (``recpipe.localenv.airflow_env``).
+        env: the Airflow environment (``dev.env.airflow_env``).
         days: logical dates, consecutive, oldest first: ``YYYY-MM-DD`` for a daily DAG,
             ``YYYY-MM-DDTHH:MM`` (UTC) for an hourly one.
         timeout: seconds for each backfill.

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from recpipe.data.csv_files import write_csv_file, write_csv_partition
+from dev.data.csv_files import write_csv_file, write_csv_partition
 from recpipe.layout import ds_partition, hour_partition
 
 EVENT_COLUMNS = ("user_id", "item_id", "rating", "timestamp", "label")

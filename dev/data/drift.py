@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from recpipe.data.csv_files import write_days
+from dev.data.csv_files import write_days
 
 COLUMNS = ["label", "user_id", "item_id", "category", "price"]
 

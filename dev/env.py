@@ -1,6 +1,6 @@
 """The environment of a local Airflow + MLflow (``make airflow``, ``make demo``, the tests).
 
-``python -m recpipe.localenv [--home DIR] [--airflow-home DIR]`` prints ``export`` lines for a
+``python -m dev.env [--home DIR] [--airflow-home DIR]`` prints ``export`` lines for a
 shell; ``airflow_env()`` returns the same as a dict. Everything binds 127.0.0.1; state lives in
 ``var/`` (SQLite for Airflow and MLflow), connections come from ``AIRFLOW_CONN_*`` variables.
 """
@@ -26,7 +26,7 @@ def database_env(url: str) -> dict[str, str]:
     arguments above (for another database they must be absent: psycopg2 refuses ``timeout``)."""
     env = {"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": url}
     if url.startswith("sqlite"):
-        env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS"] = "recpipe.localenv.SQLITE_CONNECT_ARGS"
+        env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS"] = "dev.env.SQLITE_CONNECT_ARGS"
     return env
 
 
@@ -68,7 +68,7 @@ def airflow_env(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m recpipe.localenv", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m dev.env", description=__doc__.splitlines()[0])
     parser.add_argument("--home", default=os.environ.get("RECPIPE_HOME") or Path.cwd())
     parser.add_argument("--airflow-home", default=None)
     parser.add_argument("--database-url", default=None)

