@@ -4,7 +4,7 @@ VENV := .venv/bin
 DEMO_DAYS ?= 7
 STREAM_DAYS ?= 1
 
-.PHONY: setup test demo demo-stream data data-hourly lock lint bench airflow mlflow
+.PHONY: setup test demo demo-stream data data-hourly lock lint bench airflow mlflow docs
 
 setup:
 	@scripts/setup.sh
@@ -46,3 +46,6 @@ bench: setup
 lock:
 	$(VENV)/python -m pip freeze --all --exclude-editable | grep -viE '^(horovod|recpipe)==' \
 	  | cat <(head -2 requirements.lock) - > requirements.lock.new && mv requirements.lock.new requirements.lock
+
+docs: setup
+	$(VENV)/mkdocs build --strict

@@ -1,8 +1,9 @@
-"""A real Airflow deployment on 127.0.0.1 and a small client of its REST API v2.
+"""A real Airflow deployment on 127.0.0.1 and its REST API v2.
 
 ``deployment()`` migrates the metadata database and starts the api-server, scheduler,
 dag-processor and triggerer (and any further ``airflow`` commands, e.g. a Celery worker) as
-process groups; ``Api`` logs in through the simple auth manager and calls ``/api/v2``. Used by
+process groups; ``Api`` logs in through the simple auth manager and calls ``/api/v2`` through
+``apache-airflow-client``. Used by
 ``make demo`` (a backfill under the scheduler) and by the tests that run the scheduler.
 """
 
@@ -16,12 +17,27 @@ import subprocess
 import sys
 import time
 import urllib.error
-import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
+
+import urllib3
+from airflow_client.client import ApiClient, Configuration
+from airflow_client.client.api.backfill_api import BackfillApi
+from airflow_client.client.api.dag_api import DAGApi
+from airflow_client.client.api.dag_run_api import DagRunApi
+from airflow_client.client.api.task_instance_api import TaskInstanceApi
+from airflow_client.client.api.x_com_api import XComApi
+from airflow_client.client.exceptions import ApiException, NotFoundException
+from airflow_client.client.models import (
+    ClearTaskInstancesBody,
+    DAGPatchBody,
+    DagRunMutableStates,
+    DAGRunPatchBody,
+    TriggerDAGRunPostBody,
+)
 
 from dev.env import database_env
 from recpipe.launch.topology import free_ports
@@ -31,20 +47,34 @@ TERMINAL = ("success", "failed", "skipped", "upstream_failed", "removed")
 
 
 class Api:
-    """A tiny REST API v2 client; its token comes from the simple auth manager's user ``admin``.
+    """Airflow's REST API v2 through its well-kept client (``apache-airflow-client``), logged in
+    as the simple auth manager's user ``admin``; results as JSON-like dicts (times as ISO text).
 
     Args:
         base: the api-server's URL, e.g. ``http://127.0.0.1:8080``.
         airflow_home: where the simple auth manager writes its generated passwords.
+
+    Attributes:
+        dags, dag_runs, task_instances_api, backfills, xcoms: the client's API objects, for what
+            the methods below do not cover.
     """
 
     def __init__(self, base: str, airflow_home: Path):
         self.base = base
         self.home = Path(airflow_home)
         self.token: str | None = None
+        self.config = Configuration(host=base)
+        client = ApiClient(self.config)
+        self.dags, self.dag_runs = DAGApi(client), DagRunApi(client)
+        self.task_instances_api, self.backfills, self.xcoms = (
+            TaskInstanceApi(client),
+            BackfillApi(client),
+            XComApi(client),
+        )
 
     def login(self, timeout: float = 180) -> str:
-        """Wait up to ``timeout`` seconds for the api-server and get a token.
+        """Wait up to ``timeout`` seconds for the api-server and get a token (the simple auth
+        manager's ``/auth/token``, which the client does not cover).
 
         Raises:
             urllib.error.URLError, KeyError, FileNotFoundError: still failing at the deadline.
@@ -53,10 +83,14 @@ class Api:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                password = json.loads(passwords.read_text())["admin"]
-                self.token = self._call(
-                    "POST", "/auth/token", {"username": "admin", "password": password}, auth=False
-                )["access_token"]
+                body = {"username": "admin", "password": json.loads(passwords.read_text())["admin"]}
+                req = urllib.request.Request(
+                    self.base + "/auth/token", data=json.dumps(body).encode(), method="POST"
+                )
+                req.add_header("Content-Type", "application/json")
+                with urllib.request.urlopen(req, timeout=30) as resp:
+                    self.token = json.loads(resp.read())["access_token"]
+                self.config.access_token = self.token
                 return self.token
             except (
                 FileNotFoundError,
@@ -69,52 +103,83 @@ class Api:
                     raise
                 time.sleep(2)
 
-    def _call(self, method: str, path: str, body=None, auth: bool = True):
-        req = urllib.request.Request(self.base + path, method=method)
-        req.add_header("Content-Type", "application/json")
-        if auth:
-            req.add_header("Authorization", f"Bearer {self.token}")
-        data = json.dumps(body).encode() if body is not None else None
-        with urllib.request.urlopen(req, data=data, timeout=30) as resp:
-            text = resp.read().decode()
-            return json.loads(text) if text else None
+    def dag(self, dag_id: str) -> dict:
+        """The DAG (``is_paused``, ...)."""
+        return _plain(self.dags.get_dag(dag_id))
 
-    def get(self, path):
-        return self._call("GET", path)
-
-    def post(self, path, body):
-        return self._call("POST", path, body)
-
-    def patch(self, path, body):
-        return self._call("PATCH", path, body)
-
-    def put(self, path, body=None):
-        return self._call("PUT", path, body)
+    def set_paused(self, dag_id: str, paused: bool) -> None:
+        self.dags.patch_dag(dag_id, DAGPatchBody(is_paused=paused))
 
     def wait_for_dag(self, dag_id: str, timeout: float = 240) -> dict:
         """The DAG once the dag-processor has serialised it (HTTP 404 until then)."""
         deadline = time.monotonic() + timeout
         while True:
             try:
-                return self.get(f"/api/v2/dags/{dag_id}")
-            except urllib.error.HTTPError as err:
-                if err.code != 404 or time.monotonic() > deadline:
+                return self.dag(dag_id)
+            except NotFoundException:
+                if time.monotonic() > deadline:
                     raise
                 time.sleep(3)
+
+    def trigger(self, dag_id: str, conf: dict, logical_date: str | None = None) -> dict:
+        """A new run of ``dag_id`` with ``conf`` (``logical_date``: ISO text, or None)."""
+        body = TriggerDAGRunPostBody(logical_date=logical_date, conf=conf)
+        return _plain(self.dag_runs.trigger_dag_run(dag_id, body))
+
+    def run(self, dag_id: str, run_id: str) -> dict:
+        return _plain(self.dag_runs.get_dag_run(dag_id, run_id))
+
+    def runs(self, dag_id: str, **filters) -> list[dict]:
+        """Runs of ``dag_id`` (``state=[...]``, ``logical_date_gte=``, ... as the client's
+        ``get_dag_runs`` takes them; at most 1,000)."""
+        return [_plain(r) for r in self.dag_runs.get_dag_runs(dag_id, limit=1000, **filters).dag_runs]
+
+    def set_run_state(self, dag_id: str, run_id: str, state: str) -> None:
+        self.dag_runs.patch_dag_run(dag_id, run_id, DAGRunPatchBody(state=DagRunMutableStates(state)))
 
     def wait_for_run(self, dag_id: str, run_id: str, timeout: float = 900) -> dict:
         """The DAG run once it succeeded or failed, or as it is at the deadline."""
         deadline = time.monotonic() + timeout
         while True:
-            run = self.get(f"/api/v2/dags/{dag_id}/dagRuns/{urllib.parse.quote(run_id, safe='')}")
+            run = self.run(dag_id, run_id)
             if run["state"] in ("success", "failed") or time.monotonic() > deadline:
                 return run
             time.sleep(5)
 
     def task_instances(self, dag_id: str, run_id: str) -> list[dict]:
         """The run's task instances (``task_id``, ``state``, ``start_date``, ``duration`` in s, ...)."""
-        path = f"/api/v2/dags/{dag_id}/dagRuns/{urllib.parse.quote(run_id, safe='')}/taskInstances"
-        return self.get(path + "?limit=1000")["task_instances"]
+        got = self.task_instances_api.get_task_instances(dag_id, run_id, limit=1000)
+        return [_plain(t) for t in got.task_instances]
+
+    def task_instance(self, dag_id: str, run_id: str, task_id: str) -> dict:
+        return _plain(self.task_instances_api.get_task_instance(dag_id, run_id, task_id))
+
+    def clear(self, dag_id: str, run_id: str, task_ids: list[str] | None = None) -> None:
+        """Clear the run's task instances (``task_ids``, or all), so that they run again."""
+        body = ClearTaskInstancesBody(dry_run=False, dag_run_id=run_id, only_failed=False, task_ids=task_ids)
+        self.task_instances_api.post_clear_task_instances(dag_id, body)
+
+    def log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1) -> str:
+        """A task instance's log, whole, as text."""
+        got = self.task_instances_api.get_log(dag_id, run_id, task_id, try_number, full_content=True)
+        return json.dumps(_plain(got))
+
+    def xcom(self, dag_id: str, run_id: str, task_id: str, key: str = "return_value"):
+        """A task instance's XCom value (deserialised)."""
+        value = self.xcoms.get_xcom_entry(dag_id, task_id, run_id, key, deserialize=True).value
+        return json.loads(value) if isinstance(value, str) else value
+
+    def unfinished_backfills(self, dag_id: str) -> list[dict]:
+        got = self.backfills.list_backfills(dag_id, limit=100).backfills
+        return [b for b in map(_plain, got) if b["completed_at"] is None]
+
+    def cancel_backfill(self, backfill_id: int) -> None:
+        self.backfills.cancel_backfill(backfill_id)
+
+
+def _plain(model) -> dict:
+    """A client model as JSON-like data: times as ISO text, states as their values."""
+    return model.model_dump(mode="json", by_alias=True)
 
 
 @contextmanager
@@ -262,7 +327,7 @@ def run_backfill(
             if any(states.get(ds) != "success" for ds in days):
                 # else the next scheduler to start (make airflow) would carry on with it
                 cancel_backfills(api, dag_id, echo)
-            api.patch(f"/api/v2/dags/{dag_id}", {"is_paused": was_paused})
+            api.set_paused(dag_id, was_paused)
 
 
 def _create_backfill(
@@ -283,9 +348,9 @@ def _create_backfill(
     echo(" ".join(command))
     # the scheduler marks the previous chunk's backfill completed a little after its last run
     deadline = time.monotonic() + 120
-    while _unfinished_backfills(api, dag_id) and time.monotonic() < deadline:
+    while api.unfinished_backfills(dag_id) and time.monotonic() < deadline:
         time.sleep(2)
-    api.patch(f"/api/v2/dags/{dag_id}", {"is_paused": True})
+    api.set_paused(dag_id, True)
     for attempt in range(4):
         proc = subprocess.run(
             [sys.executable, "-m", *command], env={**env, **extra}, capture_output=True, text=True
@@ -296,14 +361,9 @@ def _create_backfill(
         fail_stale_runs(api, dag_id, days, echo)
         echo("the metadata database was locked; creating the backfill again in 5 s")
         time.sleep(5)
-    api.patch(f"/api/v2/dags/{dag_id}", {"is_paused": False})
+    api.set_paused(dag_id, False)
     if proc.returncode:
         raise RuntimeError(f"{' '.join(command)} exited {proc.returncode}: {proc.stderr[-2000:]}")
-
-
-def _unfinished_backfills(api: Api, dag_id: str) -> list[dict]:
-    backfills = api.get(f"/api/v2/backfills?dag_id={dag_id}&limit=100")["backfills"]
-    return [b for b in backfills if b["completed_at"] is None]
 
 
 def fail_stale_runs(api: Api, dag_id: str, days: list[str], echo=print) -> list[str]:
@@ -311,10 +371,9 @@ def fail_stale_runs(api: Api, dag_id: str, days: list[str], echo=print) -> list[
     are a stopped one's, and no task of theirs runs any more. Returns their run ids."""
     failed = []
     for state in ("running", "queued"):
-        query = f"?state={state}&limit=1000"
-        for run in api.get(f"/api/v2/dags/{dag_id}/dagRuns{query}")["dag_runs"]:
+        for run in api.runs(dag_id, state=[state]):
             if run["logical_date"][: len(days[0])] in days:
-                api.patch(f"/api/v2/dags/{dag_id}/dagRuns/{run['dag_run_id']}", {"state": "failed"})
+                api.set_run_state(dag_id, run["dag_run_id"], "failed")
                 failed.append(run["dag_run_id"])
                 echo(f"marked the stale run {run['dag_run_id']} failed")
     return failed
@@ -325,11 +384,11 @@ def cancel_backfills(api: Api, dag_id: str, echo=print) -> list[int]:
     running one finishes). Returns their ids; an API error is reported, not raised."""
     cancelled = []
     try:
-        for backfill in _unfinished_backfills(api, dag_id):
-            api.put(f"/api/v2/backfills/{backfill['id']}/cancel")
+        for backfill in api.unfinished_backfills(dag_id):
+            api.cancel_backfill(backfill["id"])
             cancelled.append(backfill["id"])
             echo(f"cancelled backfill {backfill['id']} of {dag_id}")
-    except (urllib.error.URLError, ConnectionError, KeyError) as err:
+    except (ApiException, urllib3.exceptions.HTTPError, ConnectionError, KeyError) as err:
         echo(f"could not cancel the backfills of {dag_id}: {err}")
     return cancelled
 
@@ -349,17 +408,17 @@ def follow_runs(
     run of that date that the backfill has not re-run yet: it counts as pending. Returns
     ``{ds: state}`` once every run ended, at the first failed run, or at the deadline."""
 
-    def utc(d: str) -> str:
-        return f"{d}:00Z" if "T" in d else f"{d}T00:00:00Z"
+    def utc(d: str) -> datetime:
+        return datetime.fromisoformat(f"{d}:00+00:00" if "T" in d else f"{d}T00:00:00+00:00")
 
-    query = f"?logical_date_gte={utc(days[0])}&logical_date_lte={utc(days[-1])}&limit=1000"
+    window = {"logical_date_gte": utc(days[0]), "logical_date_lte": utc(days[-1])}
     durations = {} if durations is None else durations
     printed: set[tuple[str, str]] = set()
     states: dict[str, str] = {}
     deadline = time.monotonic() + timeout
     while True:
         done = 0
-        for run in api.get(f"/api/v2/dags/{dag_id}/dagRuns{query}")["dag_runs"]:
+        for run in api.runs(dag_id, **window):
             ds = run["logical_date"][: len(days[0])]
             if (run.get("queued_at") or "") < since:
                 continue

@@ -7,6 +7,9 @@ or in a session started without it, each function here falls back to Spark's own
 the same values, slower.
 """
 
+# Imports inside functions: pyspark is imported where a column is built: the DAG files import
+# session_conf without it.
+
 from __future__ import annotations
 
 import logging

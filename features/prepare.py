@@ -42,6 +42,7 @@ from features.schema import (
     read_parquet_strings,
     read_strings,
 )
+from features.session import get_spark
 from features.transform import (
     MOMENTS,
     feature_columns,
@@ -422,7 +423,6 @@ def main(argv: list[str] | None = None) -> int:
         config = config_from_args(args, extra).resolved(home)
         if args.confine_paths:  # a DAG run's edit_config_json may name any path
             confine_config(config)
-        from features.session import get_spark
 
         spark = get_spark(master=args.master)
         for ds in days:

@@ -1,5 +1,8 @@
 """``EvalOperator``: score a checkpoint on a day's held-out rows, as its own task."""
 
+# Imports inside functions defer numpy and pyarrow off the DAG files'
+# parse.
+
 from __future__ import annotations
 
 import hashlib

@@ -14,6 +14,9 @@ Rules, in order (``gate.*`` in the retrain config):
    champion by more than ``tolerance``.
 """
 
+# Imports inside functions defer numpy and pyarrow off the DAG files'
+# parse.
+
 from __future__ import annotations
 
 import math

@@ -1,6 +1,9 @@
 """``RegisterModelOperator``: register the export in MLflow's model registry and move the
 ``champion`` alias to it only if the gate (``operators/gate.py``) promotes it."""
 
+# Imports inside execute defer pandas and matplotlib off the DAG files'
+# parse.
+
 from __future__ import annotations
 
 import logging

@@ -2,6 +2,9 @@
 pass, its base or delta export, the push to the online store, and the check that a pass has
 rows at all."""
 
+# Imports inside execute defer pyarrow, numpy and redis off the DAG
+# files' parse.
+
 from __future__ import annotations
 
 import json
@@ -12,6 +15,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowSkipException
+from airflow.sdk.log import mask_secret
 
 from operators.base import JobOperator
 from operators.evaluate import EvalOperator, eval_dataset_of
@@ -194,7 +198,6 @@ def redact_url(url: str) -> str:
     parts = urlsplit(url)
     if not parts.password:
         return url
-    from airflow.sdk.log import mask_secret
 
     mask_secret(parts.password)
     netloc = f"{parts.username or ''}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")

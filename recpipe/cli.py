@@ -8,10 +8,15 @@ Commands that read a pipeline config take EasyRec's ``--edit_config_json`` and
 errors, 1 for pipeline errors (``recpipe.errors``).
 """
 
+# Imports inside functions: each command's modules are imported when it runs: `recpipe --help`
+# and the light commands load no TensorFlow, Spark or MLflow.
+
 from __future__ import annotations
 
 import argparse
 import sys
+
+import yaml
 
 from recpipe.config.args import add_config_args, config_from_args
 from recpipe.config.pipeline import PipelineConfig
@@ -60,7 +65,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _print_config(config: PipelineConfig) -> int:
-    import yaml
 
     print(yaml.safe_dump(config.to_dict(), sort_keys=False))
     return 0

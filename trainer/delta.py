@@ -42,7 +42,10 @@ from recpipe.exports.files import (
 from recpipe.layout import SUCCESS, is_finished
 from trainer import online
 from trainer.embedding_tables import variable_name
+from trainer.input import sample_inputs
+from trainer.models.builders import build_model
 from trainer.optimizers import split_variables
+from trainer.serving import write_saved_model
 
 ROW_WISE = frozenset({"sgd_optimizer", "adagrad_optimizer", "lazy_adam_optimizer", "ftrl_optimizer"})
 
@@ -80,7 +83,6 @@ def export_base(
         DeltaError: the tables' optimizer is not row-wise (``check_row_wise``), or the day's
             deltas follow a base already (a base re-exported under them would break the chain).
     """
-    from trainer.serving import write_saved_model
 
     check_row_wise(config, model)
     return write_export(
@@ -193,9 +195,6 @@ def build_saved_model(base: Path, deltas: list[Path], out: Path) -> Path:
         DeltaError: an unfinished export or a checksum mismatch, deltas out of order or from
             another day (each must follow the previous one's directory).
     """
-    from trainer.input import sample_inputs
-    from trainer.models.builders import build_model
-    from trainer.serving import write_saved_model
 
     params = read_params(base)
     previous = read_manifest(base)

@@ -8,6 +8,9 @@ PaddleRec's ``local_cluster_train``. Without those flags the command is one proc
 Exit codes: ``recpipe.errors`` (2 usage / config, 1 pipeline).
 """
 
+# Imports inside functions: each command imports the TensorFlow modules it needs when it runs:
+# `--help` and usage errors answer without TensorFlow.
+
 from __future__ import annotations
 
 import argparse

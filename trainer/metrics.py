@@ -9,6 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from recpipe import atomic
 from recpipe.config.model import Metric
@@ -91,8 +93,6 @@ def pooled_eval(predictions: list[str | Path], out: str | Path) -> dict:
         ValueError: no file given. OSError, pyarrow.ArrowInvalid: a file unreadable or
             without those columns.
     """
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
     if not predictions:
         raise ValueError("pooled_eval: no predictions to pool")

@@ -9,6 +9,9 @@ tables) that the features read, typed as declared; outputs ``probability`` and `
 Spark job joins them.
 """
 
+# Imports inside functions: TensorFlow and MLflow are imported when a model is saved or loaded:
+# the scoring server's pyfunc module loads light.
+
 from __future__ import annotations
 
 import logging

@@ -7,6 +7,8 @@ import logging
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import tensorflow as tf
 
 from recpipe import atomic
@@ -89,9 +91,6 @@ def evaluate(
         **compute_metrics(config.eval_config.metrics_set, labels, probs, kept),
     }
     if predictions_path is not None:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
         table = pa.table({"label": labels.astype(np.float32), "probability": probs.astype(np.float32)})
         with atomic.file(predictions_path) as tmp:
             pq.write_table(table, tmp)

@@ -29,6 +29,7 @@ from recpipe import atomic, jsonl
 from recpipe.config.pipeline import PipelineConfig
 from recpipe.layout import ModelDir
 from trainer.checkpoints import CheckpointError
+from trainer.scoring import evaluate
 
 log = logging.getLogger(__name__)
 _STEP = re.compile(r"-(\d+)$")
@@ -56,7 +57,6 @@ def evaluate_and_record(
     config: PipelineConfig, model_dir: Path, eval_days: list[str], checkpoint: str
 ) -> dict:
     """Evaluate one checkpoint; write its result file and append it to the history."""
-    from trainer.scoring import evaluate
 
     files = ModelDir(model_dir)
     target = files.eval_result_at(checkpoint_step(checkpoint))

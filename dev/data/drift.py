@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+from scipy.special import erfinv
 
 from dev.data.csv_files import write_days
 
@@ -68,7 +69,6 @@ def drift_day(
 
 
 def _erfinv(x: np.ndarray) -> np.ndarray:
-    from scipy.special import erfinv
 
     return erfinv(np.clip(x, -1 + 1e-12, 1 - 1e-12))
 

@@ -9,6 +9,9 @@ One nested run per task attempt under the DAG run's parent run: ``log_task_run``
 operator's tracking goes through.
 """
 
+# Imports inside functions: MLflow and requests are imported when the hook first talks to the
+# server, never at a DAG file's parse.
+
 from __future__ import annotations
 
 import json
@@ -22,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow.sdk import BaseHook
+from airflow.sdk.exceptions import AirflowNotFoundException
 
 from operators.paths import project_home, var_dir
 from recpipe import jsonl
@@ -121,7 +125,6 @@ class MLflowHook(BaseHook):
     def _connection(self):
         if not self.mlflow_conn_id:
             return None
-        from airflow.sdk.exceptions import AirflowNotFoundException
 
         # only "not defined" falls through to the next source: any other error (a secrets
         # backend or the API server down) is raised, since falling back to the local registry

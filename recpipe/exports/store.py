@@ -30,6 +30,7 @@ import logging
 from pathlib import Path
 
 import numpy as np
+from redis.exceptions import LockError
 
 from recpipe.errors import PipelineError
 from recpipe.exports.files import chain, follows, is_base, read_manifest, read_params
@@ -82,7 +83,6 @@ def push(client, model: str, export: Path, prefix: str = PREFIX, force: bool = F
         StoreError: the push lock stayed taken for ``LOCK_WAIT_S`` seconds.
         recpipe.exports.files.DeltaError: an unfinished export or a checksum mismatch.
     """
-    from redis.exceptions import LockError
 
     lock = client.lock(f"{prefix}:{model}:push-lock", timeout=LOCK_TIMEOUT_S, blocking_timeout=LOCK_WAIT_S)
     try:

@@ -7,6 +7,9 @@ network, so ``find_port`` is swapped for one that binds the loopback address bef
 ``horovodrun`` starts. With ``--network-interfaces lo`` the ranks reach it and each other there.
 """
 
+# Imports inside functions: Horovod's runner is imported when a job is launched: the CLI and the
+# operators load without it.
+
 from __future__ import annotations
 
 

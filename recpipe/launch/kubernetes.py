@@ -1,5 +1,8 @@
 """Submit a job's Kubeflow manifests with the cncf.kubernetes provider and wait for it."""
 
+# Imports inside functions: Airflow's Kubernetes hook is imported when a job is submitted: the
+# core loads without Airflow.
+
 from __future__ import annotations
 
 import json

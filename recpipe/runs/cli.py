@@ -10,6 +10,9 @@ The PNG goes to ``--out`` and, with the table, to a run of the experiment tagged
 ``$MLFLOW_TRACKING_URI`` or the project's SQLite store.
 """
 
+# Imports inside functions: MLflow, pandas and the plots are imported when the command runs, not
+# when the CLI starts.
+
 from __future__ import annotations
 
 import argparse

@@ -3,6 +3,8 @@ after, the gate's outcome, rows, positives), or any runs (metrics, and the param
 Tables are pandas DataFrames; figures matplotlib (Agg), written as PNG and logged to MLflow.
 """
 
+# Imports inside functions: matplotlib is imported where a figure is drawn.
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
@@ -45,21 +44,15 @@ def test_the_daily_dag_runs_on_a_celery_worker_with_redis_and_postgresql(
     home = stack["base"] / "airflow-celery"
     with deployment(stack["env"], home, database_url=postgres_db, extra_env=celery, workers=(worker,)) as api:
         api.wait_for_dag("recpipe_daily_retrain")
-        api.patch("/api/v2/dags/recpipe_daily_retrain", {"is_paused": False})
-        run = api.post(
-            "/api/v2/dags/recpipe_daily_retrain/dagRuns", {"logical_date": f"{DAYS[0]}T00:00:00Z", "conf": {}}
-        )
+        api.set_paused("recpipe_daily_retrain", False)
+        run = api.trigger("recpipe_daily_retrain", {}, logical_date=f"{DAYS[0]}T00:00:00Z")
         run = api.wait_for_run("recpipe_daily_retrain", run["dag_run_id"])
-        base = (
-            f"/api/v2/dags/recpipe_daily_retrain/dagRuns/{urllib.request.quote(run['dag_run_id'], safe='')}"
-        )
-        tasks = api.get(f"{base}/taskInstances")["task_instances"]
+        tasks = api.task_instances("recpipe_daily_retrain", run["dag_run_id"])
         states = {t["task_id"]: t["state"] for t in tasks}
         assert run["state"] == "success" and run["logical_date"].startswith(DAYS[0]), states
         assert set(states.values()) == {"success"} and len(states) >= 9, states
         assert {t["queue"] for t in tasks} == {queue}
-        log = api.get(f"{base}/taskInstances/train/logs/1?full_content=true")
-        text = json.dumps(log)
+        text = api.log("recpipe_daily_retrain", run["dag_run_id"], "train")
         assert "warm start from nothing" in text
     worker_log = (home / "celery-worker.log").read_text()
     assert re.search(r"Connected to redis://(:\*\*@)?127\.0\.0\.1:6379/0", worker_log)

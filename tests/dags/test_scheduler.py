@@ -27,21 +27,18 @@ CONF = {
 
 def _trigger_and_wait(api, conf: dict) -> dict:
     api.wait_for_dag("recpipe_train")
-    api.patch("/api/v2/dags/recpipe_train", {"is_paused": False})
-    run = api.post("/api/v2/dags/recpipe_train/dagRuns", {"logical_date": None, "conf": conf})
+    api.set_paused("recpipe_train", False)
+    run = api.trigger("recpipe_train", conf)
     assert run["conf"] == conf
     return api.wait_for_run("recpipe_train", run["dag_run_id"])
 
 
 def _assert_trained(api, run: dict, var: Path) -> Path:
-    tasks = api.get(f"/api/v2/dags/recpipe_train/dagRuns/{run['dag_run_id']}/taskInstances")["task_instances"]
+    tasks = api.task_instances("recpipe_train", run["dag_run_id"])
     states = {t["task_id"]: t["state"] for t in tasks}
     assert run["state"] == "success", states
     assert states == {"train": "success", "evaluate": "success", "export": "success", "register": "success"}
-    xcom = api.get(
-        f"/api/v2/dags/recpipe_train/dagRuns/{run['dag_run_id']}/taskInstances/evaluate/xcomEntries/return_value"
-    )["value"]
-    value = xcom if isinstance(xcom, dict) else json.loads(xcom)
+    value = api.xcom("recpipe_train", run["dag_run_id"], "evaluate")
     assert 0.5 < value["metrics"]["auc"] <= 1.0
     model_dir = Path(
         json.loads((Path(value["checkpoint"]).parent / "train_result.json").read_text())["model_dir"]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import urllib.parse
 import uuid
 from pathlib import Path
 
@@ -84,17 +83,11 @@ def _clear(api, client, model, day, want, task_ids, pass_dir=None) -> dict:
 
     before = state()
     run_id = next(
-        r["dag_run_id"]
-        for r in api.get(f"/api/v2/dags/{DAG_ID}/dagRuns?limit=100")["dag_runs"]
-        if r["logical_date"].startswith(f"{day}T{HOURS[0]}")
+        r["dag_run_id"] for r in api.runs(DAG_ID) if r["logical_date"].startswith(f"{day}T{HOURS[0]}")
     )
-    body = {"dry_run": False, "dag_run_id": run_id, "only_failed": False}
-    api.post(
-        f"/api/v2/dags/{DAG_ID}/clearTaskInstances", {**body, **({"task_ids": task_ids} if task_ids else {})}
-    )
+    api.clear(DAG_ID, run_id, task_ids or None)
     rerun = api.wait_for_run(DAG_ID, run_id, timeout=300)
-    quoted = urllib.parse.quote(run_id, safe="")
-    push = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{quoted}/taskInstances/push")
+    push = api.task_instance(DAG_ID, run_id, "push")
     after = state()
     rows = (before.pop("rows"), after.pop("rows"))
     return {"cleared": task_ids or "all", "state": rerun["state"], "tries": push["try_number"],

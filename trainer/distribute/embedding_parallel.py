@@ -14,6 +14,9 @@ Reference: Mudigere et al., "Software-Hardware Co-design for Fast and Scalable T
 Deep Learning Recommendation Models" (2021), model parallel embeddings with all-to-all.
 """
 
+# Imports inside functions: horovod.tensorflow is imported when the strategy is built: other
+# strategies never load it.
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -22,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
+from trainer.checkpoints import restore_by_name
 from trainer.distribute.horovod import HorovodDistribution
 from trainer.embedding_tables import variable_name
 
@@ -185,7 +189,6 @@ class EmbeddingParallelDistribution(HorovodDistribution):
         the checkpoint (``trainer.checkpoints.restore_by_name``)."""
         if not state.sharded_names:
             return super().restore(state, checkpoint)
-        from trainer.checkpoints import restore_by_name
 
         restore_by_name(state, checkpoint, self.sharding)
 

@@ -1,5 +1,8 @@
 """Pick the ``Distribution`` for ``train_config.train_distribute``."""
 
+# Imports inside functions: each strategy's module is imported when it is chosen: a job loads
+# only its own (Horovod's among them).
+
 from __future__ import annotations
 
 import functools

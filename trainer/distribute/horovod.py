@@ -7,6 +7,9 @@ them with Horovod's all-reduce (dense gradients, grouped) or all-gather (embeddi
 does. Variables are broadcast from rank 0 after restore; rank 0 is the chief.
 """
 
+# Imports inside functions: horovod.tensorflow is imported when the strategy is built: other
+# strategies never load it.
+
 from __future__ import annotations
 
 import tensorflow as tf

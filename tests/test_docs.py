@@ -1,0 +1,52 @@
+"""The docs: README is a front page whose layout table matches the tree, and the reference in
+docs/ builds with MkDocs, every broken link or anchor an error."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+from tests.support import ROOT
+
+
+def _layout_rows() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    table = text.split("## Layout", 1)[1].split("\n## ", 1)[0]
+    return [line for line in table.splitlines() if line.startswith("| `")]
+
+
+def test_the_readme_is_a_front_page_whose_layout_table_matches_the_tree():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 300
+    named = set()
+    for row in _layout_rows():
+        first = row.split("|")[1]
+        named |= {p.rstrip("/") for p in re.findall(r"`([^`]+)`", first)}
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    top = {line.split("/")[0] for line in tracked.splitlines() if "/" in line and not line.startswith(".")}
+    assert top - named == set(), f"folders missing from README's layout: {sorted(top - named)}"
+    assert {p for p in named if not (ROOT / p).exists()} == set(), "the layout names what is not there"
+    # every file a row names inside a folder exists there
+    for row in _layout_rows():
+        cells = row.split("|")
+        folder = cells[1].strip().strip("`").rstrip("/")
+        if not (ROOT / folder).is_dir():
+            continue
+        for name in re.findall(r"`([\w./-]+\.(?:py|sh|java))`", cells[2]):
+            found = list((ROOT / folder).rglob(name.split("/")[-1]))
+            assert found, f"README's layout: {folder}/ has no {name}"
+
+
+def test_the_reference_builds_with_every_link_checked(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    pages = {p.name for p in (ROOT / "docs").glob("*.md")}
+    assert {"config.md", "online-learning.md", "stream.md", "dags.md", "benchmarks.md"} <= pages
+    assert (tmp_path / "site" / "benchmarks" / "index.html").is_file()
