@@ -166,7 +166,8 @@ class Api:
 
     def xcom(self, dag_id: str, run_id: str, task_id: str, key: str = "return_value"):
         """A task instance's XCom value (deserialised)."""
-        value = self.xcoms.get_xcom_entry(dag_id, task_id, run_id, key, deserialize=True).value
+        got = self.xcoms.get_xcom_entry(dag_id, task_id, run_id, key, deserialize=True)
+        value = got.actual_instance.value  # native or string: an anyOf of the two
         return json.loads(value) if isinstance(value, str) else value
 
     def unfinished_backfills(self, dag_id: str) -> list[dict]:
