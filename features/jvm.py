@@ -105,7 +105,7 @@ class DayFiguresTap:
     (float), per null-counted column its nulls among the good rows (int), per dense column the
     good rows' count (int), sum, sum of squares, min and max (float) of its values as doubles:
     the same values as Spark's ``count`` / ``sum`` / ``avg`` / ``min`` / ``max`` of those
-    (``features.prepare._day_metrics``), NaN and -0.0 included.
+    (``features.figures.day_metrics``), NaN and -0.0 included.
 
     Use: ``rows.withColumn("_bad", tap.column(...))`` on the frame an action reads once, then
     ``tap.figures()``. A tap belongs to one action: a second run of the frame adds its rows again.

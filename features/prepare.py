@@ -21,14 +21,13 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Callable
 from datetime import date, timedelta
 from pathlib import Path
 
-from pyspark.sql import Column, DataFrame, Observation, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from features import jvm
+from features import figures
 from features.schema import (
     BAD,
     REASON,
@@ -43,15 +42,7 @@ from features.schema import (
     read_strings,
 )
 from features.session import get_spark
-from features.transform import (
-    MOMENTS,
-    feature_columns,
-    merge_moments,
-    moment_aggs,
-    moments_from_row,
-    needs_statistics,
-    normalization_params,
-)
+from features.transform import feature_columns, needs_statistics, normalization_params
 from recpipe import atomic
 from recpipe.config.args import add_config_args, config_from_args
 from recpipe.config.data import FeatureType
@@ -134,7 +125,7 @@ def _window_moments(spark: SparkSession, config: PipelineConfig, ds: str) -> tup
         elif is_finished(ds_partition(config.raw_input_path, d)):
             rows, _ = _read_day(spark, config, d)
             names.append(d)
-            moments.append(_dense_moments(rows, config, ~F.col(BAD)))
+            moments.append(figures.dense_moments(rows, config, ~F.col(BAD)))
     if hour is not None:
         stored_passes(day, range(hour))
     return names, moments
@@ -164,93 +155,6 @@ def _bad_row_message(bad: DataFrame, bad_count: int, total: int, ds: str, limit:
     )
 
 
-def _gathering(rows: DataFrame, config: PipelineConfig, moments: bool) -> tuple[DataFrame, Callable]:
-    """(``rows`` gathering the day's figures as an action reads them, a function that returns
-    the figures by name once the action is done; see ``_figure_names``).
-
-    Where recpipe's JVM functions are registered, an expression in the stage gathers them
-    (``features.jvm.DayFiguresTap``); else Spark's observed metrics (``_day_metrics``), which
-    end the stage's generated code with a copy of every row."""
-    if jvm.registered():
-        null_counted, raw = _figure_inputs(config, moments)
-        tap = jvm.DayFiguresTap(rows.sparkSession, len(null_counted), len(raw))
-        label = F.col(config.data_config.label_fields[0])
-        values = [F.col(f.input_names[0]) for f in raw]
-        bad = tap.column(F.col(BAD), label, [F.col(c) for c in null_counted], values)
-        names = _figure_names(config, moments)
-        return rows.withColumn(BAD, bad), lambda: dict(zip(names, tap.figures(), strict=True))
-    observation = Observation("recpipe_day")
-    return rows.observe(observation, *_day_metrics(config, moments)), lambda: observation.get
-
-
-def _day_metrics(config: PipelineConfig, moments: bool) -> list[Column]:
-    """The day's figures as aggregates: row counts, positive rate, nulls per input column and,
-    with ``moments``, dense moments, of the good rows. A dense input's nulls are not counted
-    apart: its moments' count gives them (the observed aggregates cost ~0.1 us each a row)."""
-    dc = config.data_config
-    good = ~F.col(BAD)
-    null_counted, raw = _figure_inputs(config, moments)
-    return [
-        F.count(F.lit(1)).alias("__total"),
-        F.sum(F.col(BAD).cast("long")).alias("__bad"),
-        F.mean(F.when(good, F.col(dc.label_fields[0]).cast("double"))).alias("__positive_rate"),
-        *[F.sum((good & F.col(c).isNull()).cast("long")).alias(f"__null__{c}") for c in null_counted],
-        *moment_aggs(raw, good),
-    ]
-
-
-def _figure_inputs(config: PipelineConfig, moments: bool) -> tuple[list[str], list]:
-    """(the input columns whose nulls are counted, the RawFeatures whose moments are taken:
-    none without ``moments``), in the order of ``_day_metrics``' figures."""
-    dense = _dense_inputs(config)
-    null_counted = [c for c in _input_columns(config) if c not in dense]
-    raw = [f for f in config.feature_config.features if f.feature_type == FeatureType.RawFeature]
-    return null_counted, raw if moments else []
-
-
-def _figure_names(config: PipelineConfig, moments: bool) -> list[str]:
-    """The day's figures' names, in ``_day_metrics``' (and ``features.jvm.DayFiguresTap``'s)
-    order: ``__total``, ``__bad``, ``__positive_rate``, ``__null__<column>``,
-    ``<feature>__<moment>``."""
-    null_counted, raw = _figure_inputs(config, moments)
-    return [
-        "__total",
-        "__bad",
-        "__positive_rate",
-        *[f"__null__{c}" for c in null_counted],
-        *[f"{f.name}__{m}" for f in raw for m in MOMENTS],
-    ]
-
-
-def _input_columns(config: PipelineConfig) -> list[str]:
-    return list(dict.fromkeys(f.input_names[0] for f in config.feature_config.features))
-
-
-def _dense_inputs(config: PipelineConfig) -> dict[str, str]:
-    """Input column -> the first RawFeature reading it (whose moments count its values)."""
-    out: dict[str, str] = {}
-    for f in config.feature_config.features:
-        if f.feature_type == FeatureType.RawFeature:
-            out.setdefault(f.input_names[0], f.name)
-    return out
-
-
-def _day_nulls(row: dict, config: PipelineConfig, moments: dict, good: int) -> dict[str, int]:
-    """Missing values per input column among the ``good`` rows: ``_day_metrics``' collected
-    counts, and for a dense input its good rows less its dense ``moments``' count."""
-    dense = _dense_inputs(config)
-    return {
-        c: good - moments[dense[c]]["count"] if c in dense else row[f"__null__{c}"] or 0
-        for c in _input_columns(config)
-    }
-
-
-def _dense_moments(rows: DataFrame, config: PipelineConfig, keep: Column | None = None) -> dict:
-    """The dense moments (``moment_aggs``) of ``rows`` where ``keep``, in one aggregation."""
-    features = config.feature_config.features
-    return moments_from_row(rows.agg(*moment_aggs(features, keep)).collect()[0].asDict(), features)
-
-
 def _read_error(err: Exception, files: list[Path]) -> RawInputError:
     # a damaged file surfaces as a Java exception at the first action
     return RawInputError(f"cannot read raw partition {files[0].parent}: {str(err).splitlines()[0]}")
@@ -264,7 +168,7 @@ def _window_normalization(
     without ``needs_statistics`` can be written with)."""
     fc = config.feature_config
     parts = [*earlier, day_moments] if day_moments else earlier
-    dense_stats = merge_moments(parts) if parts else {}
+    dense_stats = figures.merge_moments(parts) if parts else {}
     normalization = {
         f.name: normalization_params(f, dense_stats.get(f.name, {}))
         for f in fc.features
@@ -315,7 +219,7 @@ def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
     rows, files = _read_day(spark, config, ds)
     first_pass = needs_statistics(config.feature_config.features)
     try:
-        every_row = _dense_moments(rows, config) if first_pass else {}
+        every_row = figures.dense_moments(rows, config) if first_pass else {}
     except Exception as err:
         raise _read_error(err, files) from err
     window, earlier = _window_moments(spark, config, ds)
@@ -323,15 +227,15 @@ def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
     final = ds_partition(config.train_input_path, ds)
     with atomic.directory(final) as tmp:
         _, normalization = _window_normalization(config, earlier, every_row)
-        gathering, day_figures = _gathering(rows, config, moments=not first_pass)
+        gathering, day_figures = figures.gathering(rows, config, moments=not first_pass)
         try:
             _write_features(gathering, config, tmp, normalization)
         except Exception as err:
             if first_pass:  # the first pass read the files: a failure here is not theirs
                 raise
             raise _read_error(err, files) from err
-        figures = day_figures()
-        total, bad_count = figures["__total"], figures["__bad"] or 0
+        counted = day_figures()
+        total, bad_count = counted["__total"], counted["__bad"] or 0
         bad = quarantined(rows, dc.input_fields)
         quarantine_root = Path(config.effective_quarantine_path)
         _quarantine(bad, bad_count, quarantine_root, ds)
@@ -344,9 +248,9 @@ def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
         if bad_count:
             reasons = {r[REASON]: r["count"] for r in bad.groupBy(REASON).count().collect()}
         if not first_pass:
-            moments = moments_from_row(figures, config.feature_config.features)
+            moments = figures.moments_from_row(counted, config.feature_config.features)
         elif bad_count:  # the first pass's moments counted the quarantined rows' dense values
-            moments = _dense_moments(rows, config, ~F.col(BAD))
+            moments = figures.dense_moments(rows, config, ~F.col(BAD))
         else:
             moments = every_row
         dense_stats, observed = _window_normalization(config, earlier, moments)
@@ -358,8 +262,8 @@ def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
             "rows": total - bad_count,
             "rows_quarantined": bad_count,
             "quarantine_reasons": reasons,
-            "positive_rate": figures["__positive_rate"],
-            "nulls": _day_nulls(figures, config, moments, total - bad_count),
+            "positive_rate": counted["__positive_rate"],
+            "nulls": figures.day_nulls(counted, config, moments, total - bad_count),
             "dense_moments": moments,
             "normalization_window": window,
             "raw_files": [str(p) for p in files],

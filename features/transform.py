@@ -36,63 +36,6 @@ def _regex_literal(text: str) -> str:
     return "".join("\\" + ch if not ch.isalnum() else ch for ch in text)
 
 
-MOMENTS = ("count", "sum", "sumsq", "min", "max")
-
-
-def moment_aggs(features: list[FeatureSpec], keep: Column | None = None) -> list[Column]:
-    """Aggregations of each RawFeature input's count, sum, sum of squares, min and max.
-
-    Columns are named ``<feature>__<moment>``; rows where ``keep`` is false are ignored.
-    These moments merge across days by addition (and min / max), so a window's statistics
-    never need the window's raw data again.
-    """
-    aggs = []
-    for f in features:
-        if f.feature_type != FeatureType.RawFeature:
-            continue
-        x = F.col(f.input_names[0]).cast(T.DoubleType())
-        if keep is not None:
-            x = F.when(keep, x)
-        aggs += [
-            F.count(x).alias(f"{f.name}__count"),
-            F.sum(x).alias(f"{f.name}__sum"),
-            F.sum(x * x).alias(f"{f.name}__sumsq"),
-            F.min(x).alias(f"{f.name}__min"),
-            F.max(x).alias(f"{f.name}__max"),
-        ]
-    return aggs
-
-
-def moments_from_row(row: dict, features: list[FeatureSpec]) -> dict[str, dict[str, float | None]]:
-    """Pick the ``moment_aggs`` results of each RawFeature out of a collected row."""
-    return {
-        f.name: {m: row[f"{f.name}__{m}"] for m in MOMENTS}
-        for f in features
-        if f.feature_type == FeatureType.RawFeature
-    }
-
-
-def merge_moments(days: list[dict[str, dict[str, float | None]]]) -> dict[str, dict[str, float | None]]:
-    """Window statistics (count, mean, population std, min, max) from per-day moments."""
-    out: dict[str, dict[str, float | None]] = {}
-    for name in days[0]:
-        parts = [d[name] for d in days if d[name]["count"]]
-        n = sum(p["count"] for p in parts)
-        if not n:
-            out[name] = {"count": 0, "mean": None, "std": None, "min": None, "max": None}
-            continue
-        mean = sum(p["sum"] for p in parts) / n
-        var = max(sum(p["sumsq"] for p in parts) / n - mean * mean, 0.0)
-        out[name] = {
-            "count": n,
-            "mean": mean,
-            "std": var**0.5,
-            "min": min(p["min"] for p in parts),
-            "max": max(p["max"] for p in parts),
-        }
-    return out
-
-
 def normalization_params(feature: FeatureSpec, stats: dict[str, float | None]) -> dict[str, float | str]:
     """The fill value and normaliser constants for one RawFeature, from its window stats."""
     mean = stats.get("mean")

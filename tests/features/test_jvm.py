@@ -145,7 +145,8 @@ def test_the_tap_s_figures_equal_spark_s_aggregates_on_edge_values(registered, c
 def test_the_criteo_write_is_one_compiled_stage(registered, tmp_path):
     # parse, figures, quarantine filter and features in one piece of generated code that
     # HotSpot compiles (no row copied between them): what keeps the job near a bare conversion
-    from features.prepare import _features, _gathering, _read_day, _window_normalization
+    from features.figures import gathering
+    from features.prepare import _features, _read_day, _window_normalization
     from recpipe.config import load_pipeline_config
 
     raw = tmp_path / "raw"
@@ -155,8 +156,8 @@ def test_the_criteo_write_is_one_compiled_stage(registered, tmp_path):
         {"raw_input_path": str(raw), "train_input_path": str(tmp_path / "f")},
     )
     rows, _ = _read_day(registered, config, DS)
-    gathering, figures = _gathering(rows, config, moments=True)
-    frame = _features(gathering, config, _window_normalization(config, [], {})[1])
+    tapped, figures = gathering(rows, config, moments=True)
+    frame = _features(tapped, config, _window_normalization(config, [], {})[1])
     plan = frame._jdf.queryExecution().executedPlan()
     debug = registered.sparkContext._jvm.org.apache.spark.sql.execution.debug.package
     seq = debug.codegenStringSeq(plan)  # a Scala Seq of (stage, code, byte-code stats)

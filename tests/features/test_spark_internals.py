@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from features import jvm, spark_internals
-from features.prepare import _dense_moments, _gathering, _read_day, _window_normalization, _write_features
+from features.figures import dense_moments, gathering
+from features.prepare import _read_day, _window_normalization, _write_features
 from tests.support import ROOT
 
 SOURCES = ROOT / "features" / "jvm" / "src"
@@ -82,9 +83,9 @@ def test_a_task_that_fails_once_counts_its_rows_once(spark, movielens_config, tm
 
     def figures(rows, out):  # as features.prepare.prepare_day gathers them
         with jvm.spark_expressions(spark) if gatherer == "observed" else nullcontext():
-            _, normalization = _window_normalization(config, [], _dense_moments(rows, config))
-            gathering, read = _gathering(rows, config, moments=False)
-            _write_features(gathering, config, out, normalization)
+            _, normalization = _window_normalization(config, [], dense_moments(rows, config))
+            tapped, read = gathering(rows, config, moments=False)
+            _write_features(tapped, config, out, normalization)
             return read()
 
     rows, _ = _read_day(spark, config, ds)
