@@ -33,6 +33,7 @@ from airflow_client.client.api.x_com_api import XComApi
 from airflow_client.client.exceptions import ApiException, NotFoundException
 from airflow_client.client.models import (
     ClearTaskInstancesBody,
+    ClearTaskInstancesBodyTaskIdsInner,
     DAGPatchBody,
     DagRunMutableStates,
     DAGRunPatchBody,
@@ -156,7 +157,9 @@ class Api:
 
     def clear(self, dag_id: str, run_id: str, task_ids: list[str] | None = None) -> None:
         """Clear the run's task instances (``task_ids``, or all), so that they run again."""
-        body = ClearTaskInstancesBody(dry_run=False, dag_run_id=run_id, only_failed=False, task_ids=task_ids)
+        body = ClearTaskInstancesBody(dry_run=False, dag_run_id=run_id, only_failed=False)
+        if task_ids:  # an anyOf (a task id, or a mapped one's [id, index]) in the client
+            body.task_ids = [ClearTaskInstancesBodyTaskIdsInner(t) for t in task_ids]
         self.task_instances_api.post_clear_task_instances(dag_id, body)
 
     def log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1) -> str:

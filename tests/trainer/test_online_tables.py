@@ -91,7 +91,7 @@ def test_rows_unseen_for_delete_after_unseen_days_go_at_the_day_boundary_and_cou
     _step(state, table, [1, 1, 1, 5, 5])  # 1 admitted, 5 counted twice
     assert start_day(state.model, "2024-01-03") == 0  # unseen 2 days: kept
     assert _slot_of(table, 1) >= 0
-    assert float(table.ev._estimate(tf.constant([5], tf.int64))[0]) == 1.0  # halved
+    assert float(table.ev.counter.estimate(tf.constant([5], tf.int64))[0]) == 1.0  # halved
     assert start_day(state.model, "2024-01-04") == 1
     assert _slot_of(table, 1) == -1 and table.ev.summary()["evicted"] == 1
 
