@@ -38,7 +38,7 @@ from recpipe.layout import PASS_EVAL_RESULT, SERVING_EXPORT_RECORD, partition_te
 HOME = project_home()
 STREAM = active_retrain_config(HOME, "stream")
 PIPELINE = load_pipeline_config(HOME / STREAM.pipeline_config_path, STREAM.edit_config_json).resolved(HOME)
-tasks = RetrainTasks(HOME, STREAM)
+tasks = RetrainTasks(HOME, STREAM, hourly=True)
 HH = "{{ logical_date.strftime('%H') }}"
 PASS = "{{ ds }}/" + HH  # the pass: YYYY-MM-DD/HH
 MODEL_DIR = partition_text(tasks.runs, "{{ ds }}", HH)

@@ -16,6 +16,7 @@ from airflow.sdk import BaseOperator
 
 from operators.hooks.mlflow import MLflowHook, git_commit
 from operators.paths import confine, confine_config, project_home
+from operators.tracking import run_name
 from recpipe.config import load_cluster_config, load_pipeline_config
 from recpipe.launch import JobSpec, LocalLauncher, command_job, launcher_for, run_job
 
@@ -55,8 +56,10 @@ class RecpipeOperator(BaseOperator):
         pipeline_config_path: ``conf/*.yaml``, inside the project's roots (templated).
         edit_config_json: overrides as EasyRec's ``--edit_config_json``, a dict or JSON text
             (templated).
-        experiment: MLflow experiment (default: the pipeline config's file name) (templated).
+        experiment: MLflow experiment (default: the pipeline config's file name; the retrain
+            DAGs pass their registered model's name) (templated).
         mlflow_conn_id: Airflow connection of the tracking server (see ``MLflowHook``).
+        hourly: the DAG runs every hour: its runs are named by day and hour (``run_name``).
     """
 
     template_fields: tuple[str, ...] = ("pipeline_config_path", "edit_config_json", "experiment")
@@ -68,6 +71,7 @@ class RecpipeOperator(BaseOperator):
         edit_config_json: Any = None,
         experiment: str | None = None,
         mlflow_conn_id: str = MLflowHook.default_conn_name,
+        hourly: bool = False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -75,6 +79,7 @@ class RecpipeOperator(BaseOperator):
         self.edit_config_json = edit_config_json
         self.experiment = experiment
         self.mlflow_conn_id = mlflow_conn_id
+        self.hourly = hourly
         self._hook: MLflowHook | None = None
 
     @property
@@ -130,6 +135,7 @@ class RecpipeOperator(BaseOperator):
                 "git_commit": git_commit(),
                 "pipeline_config": self.pipeline_config_path,
             },
+            name=run_name(context, self.hourly),
         )
 
 

@@ -40,6 +40,7 @@ class RetrainTasks:
         retrain: the DAG's retrain config.
         pipeline_config_path, cluster_config_path: what the tasks pass on (templated; default:
             the retrain config's).
+        hourly: the DAG runs every hour (its MLflow runs are named by day and hour).
 
     Attributes:
         runs: ``<runs_dir>/<model_name>``, where model dirs live.
@@ -53,8 +54,9 @@ class RetrainTasks:
         retrain: RetrainConfig,
         pipeline_config_path: str | None = None,
         cluster_config_path: str | None = None,
+        hourly: bool = False,
     ):
-        self.home, self.retrain = home, retrain
+        self.home, self.retrain, self.hourly = home, retrain, hourly
         self.runs = f"{retrain.runs_dir}/{retrain.model_name}"
         self.exports = f"{retrain.export_dir}/{retrain.model_name}"
         self.common = {
@@ -62,6 +64,7 @@ class RetrainTasks:
             "edit_config_json": EDITS,
             "experiment": retrain.experiment,
             "mlflow_conn_id": retrain.tracking.mlflow_conn_id,
+            "hourly": hourly,
         }
         self.job = {**self.common, "cluster_config_path": cluster_config_path or retrain.cluster_config_path}
 
@@ -70,7 +73,11 @@ class RetrainTasks:
         ``retrain``, failed tasks failing the parent MLflow run, retries from ``tracking``,
         and the Params ``full_retrain`` and ``edit_config_json`` (``params`` adds or replaces)."""
         tracking = self.retrain.tracking
-        defaults = {"on_failure_callback": fail_parent_run(self.retrain.experiment, tracking.mlflow_conn_id)}
+        defaults = {
+            "on_failure_callback": fail_parent_run(
+                self.retrain.experiment, tracking.mlflow_conn_id, self.hourly
+            )
+        }
         if schedule is not None:
             defaults |= {
                 "retries": tracking.retries,

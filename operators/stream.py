@@ -246,6 +246,7 @@ class DayEvalOperator(JobOperator):
         passes = [p for p in runs if p.parent.name == day_name(day) and is_pass_dir(p)]
         scored = [p for p in passes if ModelDir(p).predictions(self.pass_result_name).exists()]
         if not scored:
+            self._close_day_run(context, day)
             raise AirflowSkipException(f"no pass of {day} was trained and scored: nothing to register")
         last = ModelDir(passes[-1])
         result_name = DAY_EVAL_RESULT
@@ -285,5 +286,16 @@ class DayEvalOperator(JobOperator):
             artifacts=[(last.result(result_name), None)],
             datasets=[out["dataset"]],
         )
+        self._close_day_run(context, day, metrics)
         log.info("day %s, passes %s: %s over %d rows", day, eval_ds, metrics, len(labels))
         return out
+
+    def _close_day_run(self, context, day: str, metrics: dict | None = None) -> None:
+        """The day closes: its run of per-pass scores (``MLflowHook.day_run``) gets the day's
+        pooled metrics (``day_auc``, ...) and ends FINISHED."""
+        series = self.hook.day_run(self.experiment_name(), context["dag"].dag_id, day, create=False)
+        if series is None:
+            return
+        rows = [(f"day_{k}", v, 0) for k, v in (metrics or {}).items() if v is not None]
+        self.hook.log_metrics(series, rows)
+        self.hook.end_run(series)

@@ -1,4 +1,4 @@
-"""Closing a failed DAG run's MLflow parent run."""
+"""The MLflow parent run of a DAG run: its name, and closing it when the DAG run fails."""
 
 from __future__ import annotations
 
@@ -10,7 +10,24 @@ from operators.hooks.mlflow import MLflowHook, git_commit
 log = logging.getLogger(__name__)
 
 
-def fail_parent_run(experiment: str, mlflow_conn_id: str = "mlflow_default") -> Callable[[dict], None]:
+def run_name(context, hourly: bool = False) -> str:
+    """A DAG run's parent run name, what a user scans the runs table for first: the day (and,
+    for an hourly DAG, the hour), then how it ran: ``ds=1997-09-22 hh=23 backfill``. A run
+    without a logical date (a manual trigger may have none) is named by its run id."""
+    ds, logical = context.get("ds"), context.get("logical_date")
+    dag_run = context.get("dag_run")
+    how = getattr(getattr(dag_run, "run_type", None), "value", None) or str(
+        getattr(dag_run, "run_type", "run")
+    )
+    if not ds:
+        return f"{context['run_id']} {how}"
+    hour = f" hh={logical:%H}" if hourly and logical is not None else ""
+    return f"ds={ds}{hour} {how}"
+
+
+def fail_parent_run(
+    experiment: str, mlflow_conn_id: str = "mlflow_default", hourly: bool = False
+) -> Callable[[dict], None]:
     """An ``on_failure_callback`` that marks the DAG run's parent run FAILED, tagging the
     failed task. It runs after a task's last try, so no run is left RUNNING; it logs and
     swallows its own errors (a callback must not mask the task's)."""
@@ -23,6 +40,7 @@ def fail_parent_run(experiment: str, mlflow_conn_id: str = "mlflow_default") -> 
                 context["dag"].dag_id,
                 context["run_id"],
                 {"ds": context.get("ds") or "none", "git_commit": git_commit()},
+                name=run_name(context, hourly),
             )
             hook.set_tags(parent, {"outcome": "failed", "failed_task": context["ti"].task_id})
             hook.end_run(parent, failed=True)

@@ -33,6 +33,11 @@ from recpipe.home import default_tracking_uri
 
 log = logging.getLogger(__name__)
 PARENT = "parent"
+# MLflow 3's UI opens an experiment of this kind on its runs table (model training), not on
+# the GenAI traces overview
+EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
+# the parent run's label (``ds=YYYY-MM-DD [hh=HH]``): its nested runs' names lead with it
+LABEL_TAG = "recpipe.label"
 
 
 class TrackingUnavailableError(RuntimeError):
@@ -166,20 +171,31 @@ class MLflowHook(BaseHook):
 
     # -- runs -------------------------------------------------------------------------------
     def experiment_id(self, name: str) -> str:
-        """The experiment ``name``, created (with the local artifact root) if missing."""
+        """The experiment ``name``, created (with the local artifact root) if missing, of the
+        model-training kind (``EXPERIMENT_KIND_TAG``; an older experiment gets the tag)."""
         client = self.get_client()
         exp = client.get_experiment_by_name(name)
         if exp is not None:
+            if exp.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:
+                client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
             return exp.experiment_id
         root = self.artifact_root()
         location = f"{root}/{name}" if root else None
-        return client.create_experiment(name, artifact_location=location)
+        return client.create_experiment(
+            name, artifact_location=location, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}
+        )
 
     def parent_run(
-        self, experiment: str, dag_id: str, run_id: str, tags: dict[str, str], create: bool = True
+        self,
+        experiment: str,
+        dag_id: str,
+        run_id: str,
+        tags: dict[str, str],
+        create: bool = True,
+        name: str | None = None,
     ) -> str | None:
         """The parent run of a DAG run: found by its (dag_id, run_id) tags, or created (None
-        when none exists and not ``create``)."""
+        when none exists and not ``create``), named ``name`` (``run_name``: the day first)."""
         client = self.get_client()
         exp_id = self.experiment_id(experiment)
         found = client.search_runs(
@@ -194,17 +210,26 @@ class MLflowHook(BaseHook):
             return found[0].info.run_id
         if not create:
             return None
+        name = name or f"{dag_id} {run_id}"
+        label = name.rsplit(" ", 1)[0] if name.startswith("ds=") else name
         run = client.create_run(
             exp_id,
-            run_name=f"{dag_id} {run_id}",
-            tags={"airflow.dag_id": dag_id, "airflow.run_id": run_id, "recpipe.step": PARENT, **tags},
+            run_name=name,
+            tags={
+                "airflow.dag_id": dag_id,
+                "airflow.run_id": run_id,
+                "recpipe.step": PARENT,
+                LABEL_TAG: label,
+                **tags,
+            },
         )
         return run.info.run_id
 
-    def day_run(self, experiment: str, dag_id: str, day: str) -> str:
+    def day_run(self, experiment: str, dag_id: str, day: str, create: bool = True) -> str | None:
         """The run holding a day's per-pass series of a DAG (tags ``airflow.dag_id``,
-        ``recpipe.step`` = ``day``, ``ds``): found or created. Its metrics are logged with the
-        pass's hour as step, so the UI draws one curve a day."""
+        ``recpipe.step`` = ``day``, ``ds``), named ``ds=<day> passes``: found or created (None
+        when none exists and not ``create``). Its metrics are logged with the pass's hour as
+        step, so the UI draws one curve a day; it runs until the day's close ends it."""
         client = self.get_client()
         exp_id = self.experiment_id(experiment)
         found = client.search_runs(
@@ -216,16 +241,20 @@ class MLflowHook(BaseHook):
         )
         if found:
             return found[0].info.run_id
+        if not create:
+            return None
         tags = {"airflow.dag_id": dag_id, "recpipe.step": "day", "ds": day}
-        return client.create_run(exp_id, run_name=f"{dag_id} day {day}", tags=tags).info.run_id
+        return client.create_run(exp_id, run_name=f"ds={day} passes", tags=tags).info.run_id
 
     def child_run(self, parent_run_id: str, step: str, tags: dict[str, str] | None = None) -> str:
-        """A new nested run (one per task attempt, so a failed attempt stays visible)."""
+        """A new nested run (one per task attempt, so a failed attempt stays visible), named
+        after the parent's day: ``ds=YYYY-MM-DD [hh=HH] <step>``."""
         client = self.get_client()
         parent = client.get_run(parent_run_id)
+        label = parent.data.tags.get(LABEL_TAG)
         run = client.create_run(
             parent.info.experiment_id,
-            run_name=step,
+            run_name=f"{label} {step}" if label else step,
             tags={"mlflow.parentRunId": parent_run_id, "recpipe.step": step, **(tags or {})},
         )
         return run.info.run_id

@@ -100,7 +100,9 @@ class TimeoutConfig(Section):
 
 
 class TrackingConfig(Section):
-    """MLflow: the experiment (default: the pipeline config's file name), the Airflow
+    """MLflow: the experiment (default: the registered model's name, ``model_name``: one
+    experiment per registered model, so a daily DAG's days and a stream's passes of the same
+    pipeline config stay apart), the Airflow
     connection naming the server, and how often a task retries when it is unreachable."""
 
     experiment: str | None = None
@@ -156,9 +158,9 @@ class RetrainConfig(Section):
 
     @property
     def experiment(self) -> str:
-        """The MLflow experiment: ``tracking.experiment`` or the pipeline config's stem."""
+        """The MLflow experiment: ``tracking.experiment`` or the registered model's name."""
 
-        return self.tracking.experiment or Path(self.pipeline_config_path).stem
+        return self.tracking.experiment or self.model_name
 
 
 # each retrain DAG's config: the environment variable naming it, and the default

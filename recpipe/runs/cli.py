@@ -1,7 +1,9 @@
 """``recpipe runs compare``: print and plot MLflow runs side by side.
 
 - ``recpipe runs compare --experiment movielens_deepfm [--last 14]``: the last days of the
-  daily retrain (AUC before / after, the gate's outcome, rows, positives).
+  retrain logging to that experiment (AUC before / after, the gate's outcome and DeLong
+  interval, rows, positives). ``--experiment`` again (``--experiment movielens_stream``)
+  puts another registered model's days beside them, one table.
 - ``recpipe runs compare RUN_ID RUN_ID ...``: those runs' metrics and the params that differ
   (e.g. two manual ``recpipe_train`` runs with different ``edit_config_json``).
 
@@ -33,8 +35,12 @@ def main(argv: list[str]) -> int:
     sub = parser.add_subparsers(dest="action", required=True)
     cmp = sub.add_parser("compare", help="print and plot runs side by side")
     cmp.add_argument("run_ids", nargs="*", help="runs to compare (default: the experiment's days)")
-    cmp.add_argument("--experiment", help="the experiment of the days (the pipeline config's name)")
-    cmp.add_argument("--dag_id", default="recpipe_daily_retrain")
+    cmp.add_argument(
+        "--experiment",
+        action="append",
+        help="an experiment of days (a registered model's name); repeat it to compare several",
+    )
+    cmp.add_argument("--dag_id", default=None, help="only this DAG's runs (default: any)")
     cmp.add_argument("--last", type=int, default=14, help="how many days")
     cmp.add_argument("--out", default=None, help="PNG path (default var/compare/<name>.png)")
     cmp.add_argument("--no_log", action="store_true", help="do not log the comparison to MLflow")
@@ -42,7 +48,14 @@ def main(argv: list[str]) -> int:
 
     import pandas as pd
 
-    from recpipe.runs.compare import day_figure, day_history, metrics_figure, run_table, save_png
+    from recpipe.runs.compare import (
+        day_figure,
+        day_history,
+        experiments_figure,
+        metrics_figure,
+        run_table,
+        save_png,
+    )
 
     client = _client()
     if args.run_ids:
@@ -56,13 +69,23 @@ def main(argv: list[str]) -> int:
     else:
         if not args.experiment:
             raise UsageError("give run ids, or --experiment NAME for the days of a daily retrain")
-        exp = client.get_experiment_by_name(args.experiment)
-        if exp is None:
-            raise UsageError(f"--experiment {args.experiment}: no such MLflow experiment")
-        experiment_id = exp.experiment_id
-        days = day_history(client, experiment_id, args.dag_id, args.last)
-        name = f"days-{args.experiment}"
-        fig = day_figure(days, f"{args.experiment}: the last {len(days)} days")
+        histories = {}
+        for experiment in args.experiment:
+            exp = client.get_experiment_by_name(experiment)
+            if exp is None:
+                raise UsageError(f"--experiment {experiment}: no such MLflow experiment")
+            histories[experiment] = (
+                exp.experiment_id,
+                day_history(client, exp.experiment_id, args.dag_id, args.last),
+            )
+        experiment_id = next(iter(histories.values()))[0]
+        name = "days-" + "-".join(histories)
+        if len(histories) == 1:
+            days = histories[args.experiment[0]][1]
+            fig = day_figure(days, f"{args.experiment[0]}: the last {len(days)} days")
+        else:
+            days = pd.concat([h.assign(experiment=e) for e, (_, h) in histories.items()], ignore_index=True)
+            fig = experiments_figure({e: h for e, (_, h) in histories.items()}, f"the last {args.last} days")
         print(days.drop(columns="run_id").to_string(index=False))
         tables = {"days": days}
 

@@ -21,6 +21,9 @@ DAY_COLUMNS = [
     "outcome",
     "inconclusive_days",
     "promoted",
+    "diff",
+    "ci_low",
+    "ci_high",
     "version",
     "rows",
     "positives",
@@ -29,18 +32,21 @@ DAY_COLUMNS = [
 
 
 def day_history(
-    client, experiment_id: str, dag_id: str, last: int = 14, until: str | None = None
+    client, experiment_id: str, dag_id: str | None = None, last: int = 14, until: str | None = None
 ) -> pd.DataFrame:
     """The newest parent run of each of the last ``last`` days (up to ``until``, a
-    ``YYYY-MM-DD``, if given) of ``dag_id`` in the experiment, oldest day first: ``ds``,
-    ``auc_before`` (the champion on the day's held-out rows), ``auc_after`` (the new model,
-    same rows), the gate's ``outcome`` (promoted / rejected / inconclusive),
+    ``YYYY-MM-DD``, if given) of ``dag_id`` (None: any DAG) in the experiment, oldest day
+    first: ``ds``, ``auc_before`` (the champion on the day's held-out rows), ``auc_after``
+    (the new model, same rows), the gate's ``outcome`` (promoted / rejected / inconclusive),
     ``inconclusive_days`` (inconclusive gates in a row up to that day), ``promoted``
-    (whether the alias moved: an inconclusive day may move it), ``version``, ``rows`` and
-    ``positives`` of the day, ``run_id``."""
+    (whether the alias moved: an inconclusive day may move it), the paired test's AUC
+    difference (new - champion) ``diff`` and its DeLong interval ``ci_low`` .. ``ci_high``
+    (None without a paired test), ``version``, ``rows`` and ``positives`` of the day,
+    ``run_id``."""
+    dag = f" and tags.`airflow.dag_id` = '{dag_id}'" if dag_id else ""
     runs = client.search_runs(
         [experiment_id],
-        filter_string=f"tags.`recpipe.step` = '{PARENT}' and tags.`airflow.dag_id` = '{dag_id}'",
+        filter_string=f"tags.`recpipe.step` = '{PARENT}'{dag}",
         order_by=["attributes.start_time DESC"],
         max_results=max(5 * last, 50),
     )
@@ -63,6 +69,9 @@ def day_history(
                 "outcome": outcome or ("failed" if run.info.status == "FAILED" else ""),
                 "inconclusive_days": int(t.get("inconclusive_days") or 0),
                 "promoted": t.get("promoted") == "True",
+                "diff": m.get("gate.diff"),
+                "ci_low": m.get("gate.ci_low"),
+                "ci_high": m.get("gate.ci_high"),
                 "version": t.get("model_version", ""),
                 "rows": None if n is None else int(n),
                 "positives": None if n is None or rate is None else int(round(n * rate)),
@@ -73,19 +82,23 @@ def day_history(
 
 
 def day_figure(days: pd.DataFrame, title: str):
-    """AUC before / after per day, promoted days marked; a matplotlib ``Figure``."""
+    """Two panels, one column per day; a matplotlib ``Figure``. Above: AUC before (the
+    champion) and after (the new model), promoted days circled. Below: the gate's paired
+    AUC difference (new - champion) with its DeLong confidence interval, coloured by the
+    gate's outcome: an interval across 0 is an inconclusive day, which shows why a model was
+    kept (or, under ``gate.inconclusive: promote``, taken)."""
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(max(6, 0.6 * len(days) + 3), 4), layout="constrained")
-    ax = fig.subplots()
-    x = range(len(days))
-    ax.plot(x, days["auc_before"], "o--", color="grey", label="champion (before)")
-    ax.plot(x, days["auc_after"], "o-", color="tab:blue", label="new model (after)")
+    fig = Figure(figsize=(max(6, 0.6 * len(days) + 3), 6.5), layout="constrained")
+    top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=[3, 2])
+    x = list(range(len(days)))
+    top.plot(x, days["auc_before"], "o--", color="grey", label="champion (before)")
+    top.plot(x, days["auc_after"], "o-", color="tab:blue", label="new model (after)")
     promoted = [i for i, p in enumerate(days["promoted"]) if p]
-    ax.scatter(
+    top.scatter(
         promoted,
         days["auc_after"].iloc[promoted],
         s=120,
@@ -94,11 +107,49 @@ def day_figure(days: pd.DataFrame, title: str):
         label="promoted",
         zorder=3,
     )
-    ax.set_xticks(list(x), days["ds"], rotation=45, ha="right")
-    ax.set_ylabel("AUC on the day's held-out rows")
-    ax.set_title(title)
-    ax.legend()
+    top.set_ylabel("AUC on the day's held-out rows")
+    top.set_title(title)
+    top.legend(fontsize="small")
+    colours = {"promoted": "tab:green", "rejected": "tab:red", "inconclusive": "tab:orange"}
+    bottom.axhline(0, color="grey", linewidth=0.8)
+    for outcome, colour in colours.items():
+        rows = [i for i in x if days["outcome"].iloc[i] == outcome and _number(days["diff"].iloc[i])]
+        if not rows:
+            continue
+        diff = days["diff"].iloc[rows].astype(float)
+        low = diff - days["ci_low"].iloc[rows].astype(float)
+        high = days["ci_high"].iloc[rows].astype(float) - diff
+        bottom.errorbar(rows, diff, yerr=[low, high], fmt="o", capsize=4, color=colour, label=outcome)
+    bottom.set_ylabel("AUC new - champion\n(DeLong interval)")
+    bottom.set_xticks(x, days["ds"], rotation=45, ha="right")
+    if bottom.get_legend_handles_labels()[0]:
+        bottom.legend(fontsize="small")
     return fig
+
+
+def experiments_figure(histories: dict[str, pd.DataFrame], title: str):
+    """The new model's AUC per day of several experiments (``day_history`` each, by name),
+    one line each on the union of their days; a matplotlib ``Figure``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    days = sorted({d for h in histories.values() for d in h["ds"]})
+    fig = Figure(figsize=(max(6, 0.6 * len(days) + 3), 4), layout="constrained")
+    ax = fig.subplots()
+    for name, history in histories.items():
+        at = {d: i for i, d in enumerate(days)}
+        ax.plot([at[d] for d in history["ds"]], history["auc_after"], "o-", label=name)
+    ax.set_xticks(range(len(days)), days, rotation=45, ha="right")
+    ax.set_ylabel("AUC of the day's new model")
+    ax.set_title(title)
+    ax.legend(fontsize="small")
+    return fig
+
+
+def _number(value) -> bool:
+    return value is not None and value == value
 
 
 def run_table(client, run_ids: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:

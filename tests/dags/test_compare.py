@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.dags.conftest import DAYS
+from tests.dags.conftest import DAYS, MODEL
 from tests.support import RECPIPE, ROOT, mlflow_server
 
 pytestmark = pytest.mark.slow
@@ -27,7 +27,7 @@ def _client(daily_runs):
 def _train_runs(daily_runs) -> dict[str, object]:
     """Day -> the nested ``train`` run of that day's parent run."""
     client = _client(daily_runs)
-    exp = client.get_experiment_by_name("movielens_deepfm")
+    exp = client.get_experiment_by_name(MODEL)
     parents = {
         r.info.run_id: r.data.tags["ds"]
         for r in client.search_runs([exp.experiment_id], "tags.`recpipe.step` = 'parent'")
@@ -43,7 +43,7 @@ def _train_runs(daily_runs) -> dict[str, object]:
 
 def test_each_parent_run_holds_a_table_and_figure_of_the_last_days(daily_runs):
     client = _client(daily_runs)
-    exp = client.get_experiment_by_name("movielens_deepfm")
+    exp = client.get_experiment_by_name(MODEL)
     last = client.search_runs(
         [exp.experiment_id], f"tags.`recpipe.step` = 'parent' and tags.ds = '{DAYS[3]}'"
     )[0]
@@ -56,6 +56,13 @@ def test_each_parent_run_holds_a_table_and_figure_of_the_last_days(daily_runs):
     # days 2 and 4 against the champion: promoted outright, or inconclusive under `promote`
     assert {rows[1]["outcome"], rows[3]["outcome"]} <= {"promoted", "inconclusive"}
     assert rows[0]["auc_before"] is None and 0.5 < rows[1]["auc_after"] <= 1
+    # the gate's DeLong interval of each day against a champion, around its difference
+    assert rows[0]["diff"] is None
+    for row in rows[1:]:
+        assert row["ci_low"] <= row["diff"] <= row["ci_high"]
+        assert abs(row["diff"] - (row["auc_after"] - row["auc_before"])) < 1e-6
+        # an interval across zero is what the gate calls inconclusive
+        assert (row["outcome"] == "inconclusive") == (row["ci_low"] <= 0 <= row["ci_high"]), row
     assert all(r["rows"] > 100 and 0 < r["positives"] < r["rows"] for r in rows)
     assert (folder / "days.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -75,7 +82,7 @@ def test_recpipe_runs_compare_prints_and_logs_days_and_runs(daily_runs, tmp_path
         assert done.returncode == 0, done.stderr[-3000:]
         return done.stdout
 
-    out = compare("--experiment", "movielens_deepfm", "--out", str(tmp_path / "days.png"))
+    out = compare("--experiment", MODEL, "--out", str(tmp_path / "days.png"))
     lines = [line.split() for line in out.splitlines()]
     assert [line[0] for line in lines if line and line[0] in DAYS] == DAYS
     assert "rejected" in next(line for line in lines if line and line[0] == DAYS[2])
@@ -112,3 +119,21 @@ def test_mlflow_ui_compares_two_runs_in_chromium(daily_runs, tmp_path):
         text = screenshot(url, None, shot, expect="train_config.num_steps")
         assert shot.stat().st_size > 20_000
         assert "train_config.num_steps" in text, text[:3000]  # the params table of both runs
+
+
+def test_mlflow_ui_opens_the_experiment_on_its_runs_table_in_chromium(daily_runs, tmp_path):
+    if not Path("/usr/bin/chromium").exists():
+        assert not os.environ.get("CI"), "Chromium is missing: scripts/setup.sh installs it"
+        pytest.skip("no /usr/bin/chromium")
+    from tests.dags.airflow_server import screenshot
+
+    exp = _client(daily_runs).get_experiment_by_name(MODEL)
+    artifacts = ("--artifacts-destination", str(tmp_path / "artifacts"))
+    with mlflow_server(tmp_path, daily_runs["tracking_uri"], *artifacts) as (uri, _):
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        shot = ARTIFACTS / "mlflow_experiment_runs.png"
+        text = screenshot(f"{uri}/#/experiments/{exp.experiment_id}", None, shot, expect=f"ds={DAYS[0]}")
+        assert shot.stat().st_size > 20_000
+        # the runs table (not the GenAI traces overview), its runs named by day
+        assert "No data available" not in text, text[:3000]
+        assert all(f"ds={d}" in text for d in DAYS), text[:3000]

@@ -20,7 +20,7 @@ def _client(daily_runs):
 
 def _runs(daily_runs, step):
     client = _client(daily_runs)
-    exp = client.get_experiment_by_name("movielens_deepfm")
+    exp = client.get_experiment_by_name(MODEL)
     runs = client.search_runs([exp.experiment_id], filter_string=f"tags.`recpipe.step` = '{step}'")
     # the parents of the fixture's four days (a sensor test fails a run of another day)
     ours = (r for r in runs if r.data.tags.get("ds", DAYS[0]) in DAYS)
@@ -51,12 +51,15 @@ def test_mlflow_holds_parent_and_nested_runs_with_metrics(daily_runs):
         assert 0.0 <= parent.data.metrics["eval.auc"] <= 1.0
     # days 1, 2 and 4 learn; day 3's one-step model is a random guess whichever side of 0.5
     assert all(0.5 < parents[i].data.metrics["eval.auc"] for i in (0, 1, 3))
+    # named by the day first, then how the DAG run was started (`airflow dags test`: manual)
+    assert [p.info.run_name for p in parents] == [f"ds={d} manual" for d in DAYS]
     client = _client(daily_runs)
     train = [
         r for r in _runs(daily_runs, "train") if r.data.tags["mlflow.parentRunId"] == parents[1].info.run_id
     ]
     assert len(train) == 1
     run = train[0]
+    assert run.info.run_name == f"ds={DAYS[1]} train"
     assert run.data.params["data_config.batch_size"] == "64"
     assert run.data.params["feature_config.features.0.hash_bucket_size"] == "50000"
     assert run.data.params["recpipe.fine_tune_checkpoint"].endswith(f"ds={DAYS[0]}")
@@ -211,3 +214,12 @@ def test_the_gates_paired_test_on_real_days_and_on_a_low_positive_sample(daily_r
     decision = gate({"auc": rare.auc_b}, {"auc": rare.auc_a}, GateConfig(min_positives=30), rare)
     assert decision.outcome == INCONCLUSIVE and not decision.promote
     assert decision.reason.startswith("inconclusive: 10 positives")
+
+
+def test_the_experiment_opens_on_runs_and_no_run_is_left_running(daily_runs):
+    client = _client(daily_runs)
+    exp = client.get_experiment_by_name(MODEL)  # the registered model's experiment
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+    # every DAG run is over (some failed on purpose): each of its runs ended
+    running = client.search_runs([exp.experiment_id], "attributes.status = 'RUNNING'")
+    assert running == [], [r.info.run_name for r in running]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dev.airflow import run_backfill
-from tests.dags.conftest import DAYS, new_stack
+from tests.dags.conftest import DAYS, MODEL, new_stack
 
 pytestmark = pytest.mark.slow
 
@@ -22,7 +22,7 @@ def _days(tracking_uri: str) -> dict[str, dict]:
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri, registry_uri=tracking_uri)
-    exp = client.get_experiment_by_name("movielens_deepfm")
+    exp = client.get_experiment_by_name(MODEL)
     out = {}
     parents = "tags.`recpipe.step` = 'parent' and tags.`airflow.dag_id` = 'recpipe_daily_retrain'"
     for run in client.search_runs([exp.experiment_id], filter_string=parents):

@@ -250,7 +250,8 @@ def test_day_two_is_rejected_and_day_three_promoted_against_day_ones_champion(da
 
 def test_progressive_validation_draws_one_curve_a_day_in_mlflow(days):
     client = days["registry"]
-    exp = client.get_experiment_by_name("movielens_deepfm")
+    exp = client.get_experiment_by_name(days["model"])  # the registered model's own experiment
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
     day_runs = {
         r.data.tags["ds"]: r for r in client.search_runs([exp.experiment_id], "tags.`recpipe.step` = 'day'")
     }
@@ -268,6 +269,16 @@ def test_progressive_validation_draws_one_curve_a_day_in_mlflow(days):
     )
     # every trained pass's parent run is ended (a re-run's too); the quiet hour logged none
     assert len(parents) >= 6 and {r.info.status for r in parents} == {"FINISHED"}
+    # named by day and hour first, then how the DAG run was started
+    assert {r.info.run_name for r in parents} >= {f"ds={d} hh={h} backfill" for d in DAYS for h in HOURS}
+    # each day's close ended its curve, with the day's pooled scores
+    assert {r.info.run_name: r.info.status for r in day_runs.values()} == {
+        f"ds={d} passes": "FINISHED" for d in DAYS
+    }
+    assert all(0 < r.data.metrics["day_auc"] < 1 for r in day_runs.values())
+    # the DAG runs are over: no run of the experiment is left RUNNING
+    running = client.search_runs([exp.experiment_id], "attributes.status = 'RUNNING'")
+    assert running == [], [(r.info.run_name, r.data.tags.get("recpipe.step")) for r in running]
 
 
 def test_retention_never_deleted_the_champions_dir(days):
