@@ -96,7 +96,16 @@ class TableSlice(Trackable):
         self.dtype = fused.dtype
 
     def value(self) -> tf.Tensor:
-        return self.fused[self.local_offset : self.local_offset + self.local_rows]
+        """``float32 [local_rows, dim]``: this table's rows of the fused variable.
+
+        A gather of the rows (``ResourceGather``), not a slice: slicing a variable first reads
+        all of it, and a checkpoint save holds every table's tensor until it writes, so with
+        26 tables of one width the save held 26 copies of the fused variable (3.7 GB for
+        26 x 100,000 x 16 rows, issue 40)."""
+        if isinstance(self.fused, ShardedVariable):
+            return self.fused[self.local_offset : self.local_offset + self.local_rows]
+        rows = tf.range(self.local_offset, self.local_offset + self.local_rows, dtype=tf.int64)
+        return tf.gather(self.fused, rows)
 
     def numpy(self):
         return self.value().numpy()
