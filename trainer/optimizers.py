@@ -15,7 +15,7 @@ import tf_keras as keras
 from recpipe.config.errors import ConfigError
 from recpipe.config.model import ModelClass
 from recpipe.config.train import LearningRate, OptimizerConfig
-from trainer.sparse_optimizers import LazyAdam, SparseFtrl
+from trainer.sparse_optimizers import SGD, Adagrad, Adam, AdamW, LazyAdam, SparseFtrl
 
 
 class OptimizerConfigError(ConfigError):
@@ -68,17 +68,17 @@ def build_optimizer(config: OptimizerConfig, name: str) -> keras.optimizers.Opti
     which, c = config.which(), config.value()
     lr = LearningRateSchedule(c.learning_rate, c.warmup_steps, c.warmup_learning_rate)
     if which == "sgd_optimizer":
-        return keras.optimizers.SGD(lr, name=name)
+        return SGD(lr, name=name)
     if which == "momentum_optimizer":
-        return keras.optimizers.SGD(lr, momentum=c.momentum_optimizer_value, name=name)
+        return SGD(lr, momentum=c.momentum_optimizer_value, name=name)
     if which == "adagrad_optimizer":
-        return keras.optimizers.Adagrad(lr, initial_accumulator_value=c.initial_accumulator_value, name=name)
+        return Adagrad(lr, initial_accumulator_value=c.initial_accumulator_value, name=name)
     if which == "adam_optimizer":
-        return keras.optimizers.Adam(lr, beta_1=c.beta1, beta_2=c.beta2, epsilon=c.epsilon, name=name)
+        return Adam(lr, beta_1=c.beta1, beta_2=c.beta2, epsilon=c.epsilon, name=name)
     if which == "lazy_adam_optimizer":
         return LazyAdam(lr, beta_1=c.beta1, beta_2=c.beta2, epsilon=c.epsilon, name=name)
     if which == "adamw_optimizer":
-        return keras.optimizers.AdamW(
+        return AdamW(
             lr, weight_decay=c.weight_decay, beta_1=c.beta1, beta_2=c.beta2, epsilon=c.epsilon, name=name
         )
     return SparseFtrl(

@@ -28,7 +28,63 @@ class _StepMemo:
         self.values: dict = {}
 
 
-class LazyAdam(keras.optimizers.Adam):
+class GrowableSlots:
+    """Optimizer slots for variables of unknown length (the online tables, which grow): a slot
+    of such a variable is made with the same unknown first dimension, so that the table can
+    extend it (``trainer.online.EmbeddingVariable.grow``). Other variables' slots are tf-keras's
+    own. Mixed into every optimizer ``trainer.optimizers.build_optimizer`` makes."""
+
+    def add_variable_from_reference(self, model_variable, variable_name, shape=None, initial_value=None):
+        if shape is not None or model_variable.shape.is_fully_defined():
+            return super().add_variable_from_reference(model_variable, variable_name, shape, initial_value)
+        if initial_value is None:
+            initial_value = tf.zeros_like(model_variable)
+        variable = tf.Variable(
+            initial_value=initial_value,
+            name=f"{variable_name}/{model_variable._shared_name}",
+            dtype=model_variable.dtype,
+            trainable=False,
+            shape=model_variable.shape,
+        )
+        self._variables.append(variable)
+        return variable
+
+    def _filled(self, var: tf.Variable, value: float) -> tf.Tensor:
+        """A slot's initial value ``value`` in the shape of ``var``, known or not."""
+        dims = var.shape if var.shape.is_fully_defined() else tf.shape(var)
+        return tf.cast(tf.fill(dims, value), var.dtype)
+
+
+class Adam(GrowableSlots, keras.optimizers.Adam):
+    """tf-keras ``Adam`` (every row moves each step), with ``GrowableSlots``."""
+
+
+class AdamW(GrowableSlots, keras.optimizers.AdamW):
+    """tf-keras ``AdamW``, with ``GrowableSlots``."""
+
+
+class SGD(GrowableSlots, keras.optimizers.SGD):
+    """tf-keras ``SGD`` (with or without momentum), with ``GrowableSlots``."""
+
+
+class Adagrad(GrowableSlots, keras.optimizers.Adagrad):
+    """tf-keras ``Adagrad`` (already row-wise on sparse gradients), with ``GrowableSlots``."""
+
+    def build(self, var_list):
+        # tf-keras's build sizes the accumulator from var.shape, unknown for an online table
+        keras.optimizers.Optimizer.build(self, var_list)
+        if getattr(self, "_built", False):
+            return
+        self._built = True
+        self._accumulators = [
+            self.add_variable_from_reference(
+                var, "accumulator", initial_value=self._filled(var, self.initial_accumulator_value)
+            )
+            for var in var_list
+        ]
+
+
+class LazyAdam(GrowableSlots, keras.optimizers.Adam):
     """Adam with row-wise ("lazy") updates of sparse gradients.
 
     For a table row ``i`` in the batch, with gradient row ``g_i`` (float32 ``[dim]``) and
@@ -93,7 +149,7 @@ class LazyAdam(keras.optimizers.Adam):
         variable.scatter_sub(tf.IndexedSlices(alpha * m_rows / (tf.sqrt(v_rows) + self.epsilon), idx))
 
 
-class SparseFtrl(keras.optimizers.Ftrl):
+class SparseFtrl(GrowableSlots, keras.optimizers.Ftrl):
     """FTRL-Proximal with row-wise updates of sparse gradients.
 
     On the rows in the batch the update equals tf-keras ``Ftrl``'s (McMahan et al., 2013,
@@ -103,6 +159,20 @@ class SparseFtrl(keras.optimizers.Ftrl):
     zero). Here untouched rows and their ``accumulator`` / ``linear`` slots are left alone.
     Arguments are tf-keras ``Ftrl``'s.
     """
+
+    def build(self, var_list):
+        # tf-keras's build sizes the accumulator from var.shape, unknown for an online table
+        keras.optimizers.Optimizer.build(self, var_list)
+        if getattr(self, "_built", False):
+            return
+        self._accumulators, self._linears = [], []
+        for var in var_list:
+            start = self._filled(var, self.initial_accumulator_value)
+            self._accumulators.append(
+                self.add_variable_from_reference(var, "accumulator", initial_value=start)
+            )
+            self._linears.append(self.add_variable_from_reference(var, "linear"))
+        self._built = True
 
     def update_step(self, gradient, variable):
         if not isinstance(gradient, tf.IndexedSlices):

@@ -73,6 +73,11 @@ class TrainState:
         """Holds this rank's own values (sharded rows or per-rank counts): never broadcast."""
         return self.is_sharded(var) or variable_name(var) in self.summed_names
 
+    def is_online(self, var: tf.Variable) -> bool:
+        """A variable of an online table, or an optimizer slot of one (``<slot>/<variable>``)."""
+        name = variable_name(var)
+        return name in self.ev_names or name.partition("/")[2] in self.ev_names
+
     def is_sharded(self, var: tf.Variable) -> bool:
         """A sharded embedding variable, or an optimizer slot of one (``<slot>/<variable>``)."""
         name = variable_name(var)

@@ -123,11 +123,17 @@ class EVParams(Section):
             (DeepRec ``GlobalStepEvict``); steps count across fine-tunes.
         delete_after_unseen_days: a row not seen for this many days is evicted at the next
             day boundary (PaddleRec ``sparse_delete_after_unseen_days``).
-        max_capacity: rows in the table, allocated up front (a hard bound); an id admitted to
-            a full table takes the least recently seen row not used in this step.
-        init_capacity: accepted from EasyRec configs; recpipe allocates ``max_capacity`` rows.
+        max_capacity: the most rows the table may hold (a hard bound): an id admitted to a
+            full table takes the least recently seen row not used in this step.
+        init_capacity: rows allocated at the start (default ``min(max_capacity, 4096)``); the
+            table doubles when an admission finds no free row, up to ``max_capacity``, so its
+            memory follows the rows used (DeepRec's EmbeddingVariable, HierarchicalKV's
+            ``init_capacity`` / ``max_capacity``). A restored table starts at the power of two
+            that holds its rows.
         filter_counter_width: counters per hash of the count-min sketch that counts ids not
-            yet admitted (0: ``2 * max_capacity``, at least 4096).
+            yet admitted. 0 (the default): it follows the table, the smallest power of two of
+            at least ``2 * capacity`` and 4096, doubled with it (each counter copied to its two
+            successors, so counts stay upper bounds).
         filter_counter_decay: those counts are multiplied by this at each day boundary.
     """
 
@@ -140,9 +146,22 @@ class EVParams(Section):
     filter_counter_decay: float = Field(0.5, ge=0.0, le=1.0)
 
     @property
-    def counter_width(self) -> int:
-        """Counters per hash of the admission sketch."""
-        return self.filter_counter_width or max(4096, 2 * self.max_capacity)
+    def start_capacity(self) -> int:
+        """Rows allocated at the start: ``init_capacity``, default ``min(max_capacity, 4096)``."""
+        return min(self.max_capacity, self.init_capacity or DEFAULT_INIT_CAPACITY)
+
+    def counter_width(self, capacity: int) -> int:
+        """Counters per hash of the admission sketch of a table of ``capacity`` rows."""
+        return self.filter_counter_width or sketch_width(capacity)
+
+
+DEFAULT_INIT_CAPACITY = 4096
+
+
+def sketch_width(capacity: int) -> int:
+    """The sketch width that follows a table of ``capacity`` rows: the smallest power of two of
+    at least ``2 * capacity`` and 4096."""
+    return max(4096, 1 << (2 * capacity - 1).bit_length())
 
 
 class FeatureSpec(Section):

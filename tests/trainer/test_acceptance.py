@@ -208,7 +208,7 @@ def test_online_tables_keep_the_fixed_tables_auc_out_of_time(ml_all, tmp_path):
     """DeepFM with online tables on user and item ids (``filter_freq: 2``: an id seen once
     gets no row) reaches 0.7125 AUC on the acceptance split (fixed hashed tables: ~0.7155),
     with every admitted id in its own row."""
-    ev = {"filter_freq": 2, "max_capacity": 4096}
+    ev = {"filter_freq": 2, "init_capacity": 128, "max_capacity": 4096}  # grown as ids arrive
     config = with_edits(
         ml_all,
         {f"feature_config.features[input_names={f}].ev_params": ev for f in ("user_id", "item_id")},

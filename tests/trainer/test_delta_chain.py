@@ -38,6 +38,7 @@ ev_settings = st.fixed_dictionaries(
         "steps_to_live": st.integers(0, 4),
         "delete_after_unseen_days": st.integers(0, 2),
         "max_capacity": st.sampled_from([4, 8, 64]),
+        "init_capacity": st.sampled_from([1, 2, 64]),  # tables that grow between exports
     }
 )
 

@@ -429,8 +429,9 @@ def test_synchronous_parameter_server_applies_each_update_once_when_a_worker_die
 
 
 # a wide admission sketch: with no collisions, counting per owner rank (EmbeddingParallel) and
-# over the union of the ranks' ids (Horovod) admit the same ids
-EV = {"filter_freq": 2, "max_capacity": 2048, "filter_counter_width": 1 << 16}
+# over the union of the ranks' ids (Horovod) admit the same ids; tables start small and grow
+# (each EmbeddingParallel rank its own share, as far as its ids need)
+EV = {"filter_freq": 2, "init_capacity": 64, "max_capacity": 2048, "filter_counter_width": 1 << 16}
 ONLINE_EDITS = {
     "feature_config.features[input_names=user_id].ev_params": EV,
     "feature_config.features[input_names=item_id].ev_params": EV,
@@ -502,7 +503,15 @@ def test_online_tables_under_embedding_parallel_equal_horovod_and_re_shard(confi
     )
     assert two["global_step"] == ref["global_step"] == 12
     assert abs(two["loss"] - ref["loss"]) < 1e-4
-    assert two["online_tables"] == ref["online_tables"]  # rows used, admitted, filtered share
+    # rows used, admitted, filtered share; capacities differ (each rank grows its own share)
+    figures = {k: v for k, v in two["online_tables"].items() if not k.endswith("/capacity")}
+    assert figures == {k: v for k, v in ref["online_tables"].items() if not k.endswith("/capacity")}
     admitted = two["online_tables"]["ev/deepfm/input_layer/item_id/admitted"]
     assert admitted > 50  # new ids admitted by the 2-rank jobs
+    for result in (two, ref):  # from 64 rows (32 a rank), as far as the rows need
+        for table in ("user_id", "item_id"):
+            used = result["online_tables"][f"ev/deepfm/input_layer/{table}/rows_used"]
+            capacity = result["online_tables"][f"ev/deepfm/input_layer/{table}/capacity"]
+            assert capacity <= 2 * used + 64, (table, used, capacity)
+        assert result["online_tables"]["ev/deepfm/input_layer/item_id/capacity"] > 64  # grew
     _assert_same_online_state(tmp_path / "ep2", tmp_path / "hvd2")

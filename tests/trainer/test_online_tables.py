@@ -177,7 +177,7 @@ def test_checkpoint_round_trip_and_re_sharding_keep_every_row_with_its_state(tmp
         part = build_state(_config(filter_freq=2, max_capacity=64), sharding)
         (ev,) = [t.views[0] for t in part.evs]
         restore_embedding_variables(part.evs, path, sharding)
-        assert ev.ev.rows == 32 and all(k % 2 == rank for k in _by_key(ev))
+        assert ev.ev.max_rows == 32 and all(k % 2 == rank for k in _by_key(ev))
         shards.append(_by_key(ev))
     assert {**shards[0], **shards[1]}.keys() == saved.keys()
     for key, values in {**shards[0], **shards[1]}.items():

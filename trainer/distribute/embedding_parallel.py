@@ -28,6 +28,7 @@ import tensorflow as tf
 from trainer.checkpoints import restore_by_name
 from trainer.distribute.horovod import HorovodDistribution
 from trainer.embedding_tables import variable_name
+from trainer.online import SKETCH_DEPTH, SKETCH_NAME, widened
 
 AllToAll = Callable[[tf.Tensor, tf.Tensor], tuple[tf.Tensor, tf.Tensor]]
 
@@ -170,12 +171,18 @@ class EmbeddingParallelDistribution(HorovodDistribution):
             return
         targets = saved.all_variables() if self.is_chief else None
         for i, var in enumerate(state.all_variables()):
-            if state.is_sharded(var):
+            if state.is_sharded(var) and state.is_online(var):
+                # an online table's rows, each rank's as many as it grew to: one after the
+                # other (a restore takes rows by id, in any order)
+                value = self.hvd.allgather(tf.convert_to_tensor(var), name=f"recpipe_save_{i}")
+            elif state.is_sharded(var):
                 value = self.gather_rows(var, f"recpipe_save_{i}")
             elif variable_name(var) in state.summed_names:  # each rank counts the ids it owns
-                value = self.hvd.allreduce(
-                    tf.convert_to_tensor(var), op=self.hvd.Sum, name=f"recpipe_sum_{i}"
-                )
+                value = tf.convert_to_tensor(var)
+                if variable_name(var).endswith(SKETCH_NAME):  # widths follow each rank's table
+                    widest = self.hvd.allreduce(tf.size(value), op=self.hvd.Max, name=f"recpipe_width_{i}")
+                    value = widened(value, widest // SKETCH_DEPTH)
+                value = self.hvd.allreduce(value, op=self.hvd.Sum, name=f"recpipe_sum_{i}")
             else:
                 value = var
             if targets is not None:

@@ -127,10 +127,12 @@ class FeatureEmbedding(keras.layers.Layer):
         maps = {}
         clock, key_union = self._index.clock, self._index.key_union
         for table, (params, width) in self.ev_params.items():
-            rows = self.sharding.rows(params.max_capacity) if self.sharding else params.max_capacity
+            # this process's share of the bounds under embedding-parallel sharding
+            share = self.sharding.rows if self.sharding else (lambda n: n)
+            rows, start = share(params.max_capacity), max(1, share(params.start_capacity))
 
-            def create(table=table, params=params, rows=rows):
-                return EmbeddingVariable(self, table, params, clock, rows, key_union)
+            def create(table=table, params=params, rows=rows, start=start):
+                return EmbeddingVariable(self, table, params, clock, rows, key_union, start)
 
             # the deep and wide lookups of a feature share its table (ids, map, admission)
             view = clock.table(table, create).view(self, width)

@@ -10,7 +10,7 @@ row's values), ``clock`` (steps and days). What the rest of the trainer calls is
 - the loop: ``start_day`` (the day boundary), ``refresh`` (after a restore or a broadcast),
   ``summaries``;
 - exports and checkpoints: ``snapshot``, ``load_rows``, ``variable_names``, ``row_names``,
-  ``summed_names``.
+  ``summed_names``; a save that sums per-rank sketches widens them first (``widened``).
 """
 
 from __future__ import annotations
@@ -18,11 +18,14 @@ from __future__ import annotations
 from recpipe.config.data import EVParams, FeatureSpec
 from recpipe.exports.files import TableRows
 from trainer.embedding_tables import EmbeddingConfigError, variable_name
+from trainer.online.admission import SKETCH_DEPTH, SKETCH_NAME, widened
 from trainer.online.clock import EVClock, day_number
 from trainer.online.table import FREE, STATS, EmbeddingVariable, EVView
 
 __all__ = [
     "FREE",
+    "SKETCH_DEPTH",
+    "SKETCH_NAME",
     "STATS",
     "EVClock",
     "EVView",
@@ -39,6 +42,7 @@ __all__ = [
     "table_specs",
     "tables",
     "variable_names",
+    "widened",
 ]
 
 

@@ -1,10 +1,11 @@
 """Admission by count (DeepRec's ``CounterFilter``): ids without a row are counted in a
 count-min sketch and admitted once their count reaches ``filter_freq``.
 
-The sketch (``float32 [4 * counter_width]``, 4 hashes, conservative update) has fixed memory,
-needs no eviction of its own and only over-counts: an id may be admitted early, never late.
-Its counts decay at each day boundary, so that it does not fill up over a forever-running
-daily retrain.
+The sketch (``float32 [4 * counter_width]``, 4 hashes, conservative update) needs no eviction
+of its own and only over-counts: an id may be admitted early, never late. By default its width
+follows the table's capacity (``widen`` when the table grows: each counter is copied to the
+positions it covers in the wider sketch, so every count stays an upper bound). Its counts decay
+at each day boundary, so that it does not fill up over a forever-running daily retrain.
 
 References: DeepRec ``Feature-Filter.md``; Cormode and Muthukrishnan, "An improved data
 stream summary: the count-min sketch" (2005).
@@ -12,24 +13,67 @@ stream summary: the count-min sketch" (2005).
 
 from __future__ import annotations
 
+import numpy as np
 import tensorflow as tf
 
 SKETCH_DEPTH = 4
 SKETCH_SHIFT = 11  # bits between the sketch's hashes of a (uniform) fingerprint
 
 
+SKETCH_NAME = "ev_filter_counts"  # the sketch variable's name in its table's scope
+
+
+def widened(counts: tf.Tensor, width) -> tf.Tensor:
+    """A flat sketch (``float32 [SKETCH_DEPTH * w]``) at ``width`` counters per hash, a
+    multiple of ``w``: each hash's counters repeated (``CountMinSketch.widen``)."""
+    rows = tf.reshape(counts, [SKETCH_DEPTH, -1])
+    times = tf.maximum(tf.cast(width, tf.int64) // tf.shape(rows, out_type=tf.int64)[1], 1)
+    return tf.reshape(tf.tile(rows, tf.stack([tf.constant(1, tf.int64), times])), [-1])
+
+
 class CountMinSketch:
     """Counts of ids over a flat ``float32 [SKETCH_DEPTH * width]`` variable (``counts``,
-    a model weight named ``<table>/ev_filter_counts``)."""
+    a model weight named ``<table>/ev_filter_counts``, of unknown length: it can widen)."""
 
-    def __init__(self, counts: tf.Variable, width: int):
-        self.counts, self.width = counts, width
+    def __init__(self, counts: tf.Variable):
+        self.counts = counts
+
+    def width(self) -> tf.Tensor:
+        """``int64 []``: counters per hash now."""
+        return tf.size(self.counts, out_type=tf.int64) // SKETCH_DEPTH
 
     def index(self, keys: tf.Tensor) -> tf.Tensor:
         """``int64 [n, 4]`` counter positions of ``keys`` (``int64 [n]``) in the flat sketch."""
+        width = self.width()
         shifts = tf.constant([SKETCH_SHIFT * d for d in range(SKETCH_DEPTH)], tf.int64)
-        offsets = tf.constant([self.width * d for d in range(SKETCH_DEPTH)], tf.int64)
-        return tf.math.floormod(tf.bitwise.right_shift(tf.expand_dims(keys, 1), shifts), self.width) + offsets
+        offsets = width * tf.range(SKETCH_DEPTH, dtype=tf.int64)
+        return tf.math.floormod(tf.bitwise.right_shift(tf.expand_dims(keys, 1), shifts), width) + offsets
+
+    def widen(self, width) -> None:
+        """Widen to ``width`` counters per hash (a multiple of the width now; no change when
+        not wider). A key's position ``h mod width`` covers ``h mod`` the old width, so the
+        sketch tiled holds every count it held."""
+        self.counts.assign(widened(self.counts, width))
+
+    def load(self, saved: np.ndarray, width: int | None) -> bool:
+        """Take a saved sketch (``float32 [4 * w]``): as it is, or (``width``, a wider one
+        when the saved sketch is narrower) tiled to ``max(width, w)``; a sketch of a fixed
+        width takes a saved one of another width tiled when it divides it, folded (the max
+        over the counters that map to one) when it is a multiple, and starts empty otherwise.
+        Returns whether the counts were kept."""
+        saved_width = len(saved) // SKETCH_DEPTH
+        own = int(self.width().numpy())
+        target = max(width, saved_width) if width is not None else own
+        rows = saved.reshape(SKETCH_DEPTH, saved_width)
+        if target % saved_width == 0:
+            rows = np.tile(rows, (1, target // saved_width))
+        elif saved_width % target == 0:
+            rows = rows.reshape(SKETCH_DEPTH, saved_width // target, target).max(axis=1)
+        else:
+            self.counts.assign(np.zeros(SKETCH_DEPTH * target, np.float32))
+            return False
+        self.counts.assign(rows.reshape(-1).astype(np.float32))
+        return True
 
     def estimate(self, keys: tf.Tensor) -> tf.Tensor:
         """The sketch's count of each of ``keys`` (``float32 [n]``)."""

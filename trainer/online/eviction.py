@@ -33,7 +33,7 @@ def least_recently_used(
 ) -> tf.Tensor:
     """The ``max(need, rows / LRU_SHARE)`` least recently looked-up rows not used at ``step``
     (fewer if fewer are used), oldest first: one O(rows) search serves many admissions."""
-    rows = keys.shape[0]
+    rows = tf.size(keys, out_type=tf.int64)
     old = tf.reshape(tf.where((keys >= 0) & (versions < step)), [-1])
     k = tf.minimum(tf.maximum(need, rows // LRU_SHARE), tf.size(old, out_type=tf.int64))
     _, order = tf.math.top_k(-tf.gather(versions, old), k=tf.cast(k, tf.int32))

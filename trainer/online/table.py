@@ -1,7 +1,10 @@
 """One online table (``ev_params``) on stock TensorFlow: the id -> row map and each row's state.
 
-A table of ``max_capacity`` rows (``float32 [C, dim]``, named ``<table>/embedding_weights``
-as the hashed tables are) is allocated up front; a ``tf.lookup.experimental.MutableHashTable``
+A table starts at ``init_capacity`` rows (``float32 [C, dim]``, named
+``<table>/embedding_weights`` as the hashed tables are) and doubles, up to ``max_capacity``,
+when an admission finds no free row: its variables have an unknown first dimension, so the
+train step grows them in place (with the optimizer's slots and, when it follows the table,
+the admission sketch) and is never traced again. A ``tf.lookup.experimental.MutableHashTable``
 maps an id's full 64-bit fingerprint (``trainer.hashing`` without a modulo: no collisions
 beyond Fingerprint64's own) to its row. Per row, ``ev_keys`` (the id, -1 for a free row),
 ``ev_freqs`` (sightings), ``ev_versions`` (the ``EVClock.stamp`` of the step it was last
@@ -18,10 +21,11 @@ In training a lookup first updates the table (``admit``), then reads it:
   (``trainer.online.eviction``, at every step, so the rule is exact);
 - an id without a row is counted (``trainer.online.admission``) and admitted once its count
   reaches ``filter_freq``;
-- an admitted id takes a free row (from a stack: O(new ids)), or, when the table is full, the
-  least recently looked-up rows not used in this step are evicted first; if none is left it
-  stays unadmitted (``refused``). The row starts from ``trainer.online.initializer`` and its
-  optimizer slots from their initial values (tf-keras' ``DynamicEmbedding`` forgets these);
+- an admitted id takes a free row (from a stack: O(new ids)); with none free the table grows
+  (``grow``), and only at ``max_capacity`` are the least recently looked-up rows not used in
+  this step evicted first; if none is left it stays unadmitted (``refused``). The row starts
+  from ``trainer.online.initializer`` and its optimizer slots from their initial values
+  (tf-keras' ``DynamicEmbedding`` forgets these);
 - an id without a row looks up zeros and gets no gradient (DeepRec's
   ``default_value_no_permission``): its lookup is left out of the gather.
 
@@ -40,11 +44,11 @@ import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 
-from recpipe.config.data import EVParams
+from recpipe.config.data import EVParams, sketch_width
 from recpipe.exports.files import TableRows
 from trainer.embedding_tables import variable_name
 from trainer.online import eviction
-from trainer.online.admission import SKETCH_DEPTH, CountMinSketch, ready
+from trainer.online.admission import SKETCH_DEPTH, SKETCH_NAME, CountMinSketch, ready
 from trainer.online.clock import EVClock
 from trainer.online.initializer import initial_rows
 
@@ -85,25 +89,37 @@ class EmbeddingVariable:
         optimizer_slots: ``(slot variable, initial value)`` whose rows admission resets.
     """
 
-    def __init__(self, layer, table: str, params: EVParams, clock: EVClock, rows: int, key_union=None):
-        self.table, self.params, self.clock, self.rows = table, params, clock, rows
+    def __init__(
+        self,
+        layer,
+        table: str,
+        params: EVParams,
+        clock: EVClock,
+        rows: int,
+        key_union=None,
+        start_rows: int | None = None,
+    ):
+        self.table, self.params, self.clock, self.max_rows = table, params, clock, rows
+        self.start_rows = min(rows, start_rows or params.start_capacity)
         self.key_union = key_union
         self.salt = zlib.crc32(table.encode())
-        state = _weights_of(layer, table)
-        self.keys = state("ev_keys", (rows,), tf.int64, FREE)
-        self.freqs = state("ev_freqs", (rows,), tf.int64)
-        self.versions = state("ev_versions", (rows,), tf.int64)
-        self.days = state("ev_days", (rows,), tf.int64)
-        self.width = params.counter_width
-        self.sketch = state("ev_filter_counts", (SKETCH_DEPTH * self.width,), tf.float32, 0.0)
-        self.counter = CountMinSketch(self.sketch, self.width)
+        state = _weights_of(layer, table, self.start_rows)
+        self.keys = state("ev_keys", (None,), tf.int64, FREE)
+        self.freqs = state("ev_freqs", (None,), tf.int64)
+        self.versions = state("ev_versions", (None,), tf.int64)
+        self.days = state("ev_days", (None,), tf.int64)
+        # the sketch follows the table's capacity unless filter_counter_width fixes it
+        self.sketch_follows = not params.filter_counter_width
+        width = params.counter_width(self.start_rows)
+        self.sketch = _weights_of(layer, table, SKETCH_DEPTH * width)(SKETCH_NAME, (None,), tf.float32, 0.0)
+        self.counter = CountMinSketch(self.sketch)
         self.stats = state("ev_stats", (len(STATS),), tf.int64)
         # free rows as a stack (rows [0, top) of ev_free_rows), so that a step takes rows in
         # O(new ids); rebuilt from ev_keys by refresh(), whatever a checkpoint held
         self.free = state(
-            "ev_free_rows", (rows,), tf.int64, lambda shape, dtype: tf.range(shape[0] - 1, -1, -1, dtype)
+            "ev_free_rows", (None,), tf.int64, lambda shape, dtype: tf.range(shape[0] - 1, -1, -1, dtype)
         )
-        self.free_top = state("ev_free_top", (), tf.int64, rows)
+        self.free_top = state("ev_free_top", (), tf.int64, self.start_rows)
         self.map = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, default_value=FREE)
         self.views: list[EVView] = []
         self.optimizer_slots: list[tuple[tf.Variable, float]] = []
@@ -111,10 +127,27 @@ class EmbeddingVariable:
     def view(self, layer, dim: int) -> EVView:
         """Weights ``float32 [rows, dim]`` of ``layer`` over this table's rows (named
         ``<table>/embedding_weights``, as hashed tables are); the first view admits."""
-        weights = _weights_of(layer, self.table)("embedding_weights", (self.rows, dim), tf.float32, 0.0, True)
+        state = _weights_of(layer, self.table, self.capacity_now())
+        weights = state("embedding_weights", (None, dim), tf.float32, 0.0, True)
         view = EVView(self, weights, dim, admits=not self.views)
         self.views.append(view)
         return view
+
+    def capacity(self) -> tf.Tensor:
+        """``int64 []``: the rows allocated now (``init_capacity`` .. ``max_capacity``)."""
+        return tf.shape(self.keys, out_type=tf.int64)[0]
+
+    def capacity_now(self) -> int:
+        """The rows allocated now, as a Python int (eager)."""
+        return int(self.keys.shape[0]) if self.keys.shape[0] is not None else int(self.capacity().numpy())
+
+    @property
+    def grown_variables(self) -> list[tuple[tf.Variable, object]]:
+        """``(variable, fill)`` of every variable with one entry per row, optimizer slots
+        included: what ``grow`` and ``resize`` extend, and the value of a new row."""
+        rows = [(v.weights, 0.0) for v in self.views]
+        rows += [(self.keys, FREE), (self.freqs, 0), (self.versions, 0), (self.days, 0), (self.free, 0)]
+        return rows + list(self.optimizer_slots)
 
     @property
     def row_variables(self) -> list[tf.Variable]:
@@ -180,11 +213,18 @@ class EmbeddingVariable:
         self.stats.assign_add(tf.stack([m, evicted, refused, total, filtered]))
 
     def _free_rows(self, n: tf.Tensor, step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        """Rows for ``n`` new ids, popped from the free stack. When too few are free, the least
-        recently used rows not looked up at ``step`` are evicted first (returned as
-        ``victims``): as many as missing, and at least 1/64 of the table, so that the O(rows)
-        search runs once per many admissions (``eviction.least_recently_used``). Fewer rows
-        when the table holds no more."""
+        """Rows for ``n`` new ids, popped from the free stack. When too few are free the table
+        grows (``grow``); at ``max_capacity`` the least recently used rows not looked up at
+        ``step`` are evicted first (returned as ``victims``): as many as missing, and at least
+        1/64 of the table, so that the O(rows) search runs once per many admissions
+        (``eviction.least_recently_used``). Fewer rows when the table holds no more."""
+        short = n - tf.convert_to_tensor(self.free_top)
+        cap = self.capacity()
+        tf.cond(
+            (short > 0) & (cap < self.max_rows),
+            lambda: self.grow(tf.minimum(tf.maximum(2 * cap, cap + short), self.max_rows)),
+            tf.no_op,
+        )
         need = n - tf.convert_to_tensor(self.free_top)
 
         def lru():
@@ -198,6 +238,43 @@ class EmbeddingVariable:
         targets = tf.reverse(self.free[top - m : top], [0])  # lowest rows first
         self.free_top.assign_sub(m)
         return targets, victims
+
+    def grow(self, rows: tf.Tensor) -> tf.Operation:
+        """Extend the table to ``rows`` (``int64 []``, more than now): every row variable and
+        optimizer slot gets new rows at its fill value, the new rows go on the free stack
+        (the lowest on top), and a sketch that follows the table widens with it (tiled: a
+        counter at ``i`` of width ``w`` covers ``i`` and ``i + w`` of width ``2w``, so counts
+        stay upper bounds). Graph or eager; no retrace, the shapes are dynamic."""
+        cap = self.capacity()
+        extra = rows - cap
+        top = tf.convert_to_tensor(self.free_top)
+        for var, fill in self.grown_variables:
+            shape = tf.concat([[extra], tf.shape(var, out_type=tf.int64)[1:]], 0)
+            var.assign(tf.concat([var, tf.fill(shape, tf.constant(fill, var.dtype))], 0))
+        # the free stack now has `rows` entries: push the new rows above the top
+        _set(self.free, tf.range(top, top + extra), tf.range(rows - 1, cap - 1, -1, dtype=tf.int64))
+        self.free_top.assign_add(extra)
+        if self.sketch_follows:
+            self.counter.widen(sketch_width_tensor(rows))
+        return tf.no_op()
+
+    def resize(self, rows: int) -> None:
+        """Eager: reallocate every row variable and slot at ``rows`` rows, all free (keys
+        ``FREE``, zeros, slots at their initial values); the caller fills them, then calls
+        ``refresh``. A sketch that follows the table keeps its counts, widened if needed."""
+        for var, fill in self.grown_variables:
+            var.assign(np.full((rows, *var.shape[1:]), fill, var.dtype.as_numpy_dtype))
+        self.free_top.assign(0)
+        if self.sketch_follows:
+            self.counter.widen(sketch_width(rows))
+
+    def fitted(self, n: int) -> int:
+        """Rows to allocate for ``n`` ids: ``init_capacity`` doubled until it holds them, at
+        most ``max_capacity``."""
+        rows = self.start_rows
+        while rows < n and rows < self.max_rows:
+            rows *= 2
+        return min(rows, self.max_rows)
 
     def evict(self, slots: tf.Tensor) -> tf.Tensor:
         """Free ``slots`` (``int64 [n]``): drop their ids from the map, clear their rows, push
@@ -257,7 +334,9 @@ class EmbeddingVariable:
         used = tf.reshape(tf.where(self.keys >= 0), [-1])
         self.map.insert(tf.gather(self.keys, used), used)
         free = tf.reverse(tf.reshape(tf.where(self.keys < 0), [-1]), [0])  # the lowest row on top
-        self.free.assign(tf.concat([free, tf.zeros([self.rows - tf.size(free)], tf.int64)], 0))
+        self.free.assign(
+            tf.concat([free, tf.zeros([self.capacity() - tf.size(free, tf.int64)], tf.int64)], 0)
+        )
         self.free_top.assign(tf.size(free, out_type=tf.int64))
 
     def new_day(self, day: int) -> int:
@@ -283,18 +362,21 @@ class EmbeddingVariable:
         more are saved than fit. ``saved`` holds ``keys``, ``freqs``, ``versions``, ``days``
         (whole-table arrays) and ``sketch``, ``stats``; ``weights`` each view's saved rows and
         ``slots`` each ``optimizer_slots`` entry's (None: start from initial values).
-        Returns the rows kept; call ``refresh`` after."""
+        The table is reallocated at the capacity that holds the rows (``fitted``), so a
+        checkpoint restores into any ``init_capacity`` / ``max_capacity``. Returns the rows
+        kept; call ``refresh`` after."""
         keys = saved["keys"]
         keep = keys >= 0
         if owner is not None and owner.world_size > 1:
             keep &= keys % owner.world_size == owner.rank
         index = np.flatnonzero(keep)
-        if len(index) > self.rows:
-            index = index[np.argsort(-saved["versions"][index], kind="stable")[: self.rows]]
+        if len(index) > self.max_rows:
+            index = index[np.argsort(-saved["versions"][index], kind="stable")[: self.max_rows]]
         n = len(index)
+        rows = self.fitted(n)
 
         def packed(values, fill, selected=False):
-            out = np.full((self.rows, *values.shape[1:]), fill, values.dtype)
+            out = np.full((rows, *values.shape[1:]), fill, values.dtype)
             out[:n] = values if selected else values[index]
             return out
 
@@ -303,14 +385,15 @@ class EmbeddingVariable:
             var.assign(packed(saved[name], 0))
         # only a view the checkpoint lacks starts from the initializer
         starts = self.initial_values(tf.constant(keys[index])) if any(w is None for w in weights) else None
-        for i, (view, rows) in enumerate(zip(self.views, weights, strict=True)):
+        for i, (view, saved_rows) in enumerate(zip(self.views, weights, strict=True)):
             view.weights.assign(
-                packed(rows, 0.0) if rows is not None else packed(starts[i].numpy(), 0.0, True)
+                packed(saved_rows, 0.0) if saved_rows is not None else packed(starts[i].numpy(), 0.0, True)
             )
-        for (slot, value), rows in zip(self.optimizer_slots, slots, strict=True):
-            slot.assign(packed(rows, value) if rows is not None else np.full(slot.shape, value, np.float32))
-        if saved["sketch"].shape == tuple(self.sketch.shape):
-            self.sketch.assign(saved["sketch"])
+        for (slot, value), saved_rows in zip(self.optimizer_slots, slots, strict=True):
+            fill = np.full((rows, *slot.shape[1:]), value, np.float32)
+            slot.assign(packed(saved_rows, value) if saved_rows is not None else fill)
+        self.free.assign(np.zeros(rows, np.int64))
+        self.counter.load(saved["sketch"], sketch_width(rows) if self.sketch_follows else None)
         first = owner is None or owner.rank == 0  # the job's counts, once
         self.stats.assign(saved["stats"] if first else np.zeros(len(STATS), np.int64))
         return n
@@ -339,25 +422,28 @@ class EmbeddingVariable:
             ValueError: more ids than rows, or a view ``rows`` lacks.
         """
         n = len(rows.ids)
-        if n > self.rows:
-            raise ValueError(f"table {self.table}: {n} ids over max_capacity {self.rows}")
-        keys = np.full(self.rows, FREE, np.int64)
+        if n > self.max_rows:
+            raise ValueError(f"table {self.table}: {n} ids over max_capacity {self.max_rows}")
+        for view in self.views:
+            if variable_name(view.weights) not in rows.views:
+                raise ValueError(f"table {self.table}: no rows for {variable_name(view.weights)}")
+        size = self.fitted(n)
+        self.resize(size)
+        keys = np.full(size, FREE, np.int64)
         keys[:n] = rows.ids
         self.keys.assign(keys)
         for view in self.views:
-            name = variable_name(view.weights)
-            if name not in rows.views:
-                raise ValueError(f"table {self.table}: no rows for {name}")
-            values = np.zeros(view.weights.shape, np.float32)
-            values[:n] = rows.views[name]
+            values = np.zeros((size, view.dim), np.float32)
+            values[:n] = rows.views[variable_name(view.weights)]
             view.weights.assign(values)
 
     def summary(self) -> dict[str, int]:
-        """``rows_used``, ``capacity`` and the cumulative ``STATS`` of this process's table."""
-        used = self.rows - int(self.free_top.numpy())
+        """``rows_used``, ``capacity`` (rows allocated now) and the cumulative ``STATS`` of
+        this process's table."""
+        capacity = self.capacity_now()
         return {
-            "rows_used": used,
-            "capacity": self.rows,
+            "rows_used": capacity - int(self.free_top.numpy()),
+            "capacity": capacity,
             **dict(zip(STATS, self.stats.numpy().tolist(), strict=True)),
         }
 
@@ -400,14 +486,26 @@ class EVView:
         return tf.reshape(rows, tf.concat([tf.shape(keys), [self.dim]], axis=0))
 
 
-def _weights_of(layer, table: str):
+def _weights_of(layer, table: str, rows: int):
     """``state(name, shape, dtype, value, trainable)``: a weight of ``layer`` named
-    ``<table>/<name>``, initialised to ``value`` (a constant or an initializer)."""
+    ``<table>/<name>``, initialised to ``value`` (a constant or an initializer). A ``None``
+    first dimension makes a variable of unknown length (it can grow), ``rows`` long at first."""
 
     def state(name, shape, dtype, value=0, trainable=False):
         init = value if callable(value) else keras.initializers.Constant(value)
+        if shape and shape[0] is None:
+            start = (rows, *shape[1:])
+            initializer = lambda _, dtype=None: init(start, dtype=dtype)  # noqa: E731
+        else:
+            initializer = init
         return layer.add_weight(
-            name=f"{table}/{name}", shape=shape, dtype=dtype, initializer=init, trainable=trainable
+            name=f"{table}/{name}", shape=shape, dtype=dtype, initializer=initializer, trainable=trainable
         )
 
     return state
+
+
+def sketch_width_tensor(rows: tf.Tensor) -> tf.Tensor:
+    """``sketch_width`` in the graph: the smallest power of two of at least ``2 * rows`` and
+    4096 (``int64 []``)."""
+    return tf.while_loop(lambda w: w < 2 * rows, lambda w: [2 * w], [tf.constant(4096, tf.int64)])[0]
