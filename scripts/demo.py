@@ -117,7 +117,10 @@ def print_table(retrain, days: list[str], tracking_uri: str) -> None:
     print(f"champion:    {retrain.model_name} version {champion.version} (ds={champion.tags.get('ds')})")
     print(f"model dirs:  {HOME / retrain.runs_dir / retrain.model_name}/ds=YYYY-MM-DD")
     print(f"exports:     {HOME / retrain.export_dir / retrain.model_name}/<version>/")
-    print(f"MLflow:      {tracking_uri} (experiment {retrain.experiment}); browse with `make mlflow`")
+    from recpipe.runs.compare import experiment_link
+
+    print(f"MLflow:      {tracking_uri} (experiment {retrain.experiment}); browse with `make mlflow`:")
+    print(f"             {experiment_link('http://127.0.0.1:5000', exp.experiment_id)}")
     print("Airflow:     var/airflow (SQLite); browse with `make airflow`")
 
 

@@ -31,6 +31,14 @@ DAY_COLUMNS = [
 ]
 
 
+def experiment_link(ui: str, experiment_id: str) -> str:
+    """The MLflow UI's page of an experiment's runs table. MLflow 3.17's UI opens every
+    experiment in its GenAI view unless the page asks for the model-training one
+    (``workflowType=machine_learning``, which the browser then remembers): the experiment's
+    ``mlflow.experimentKind`` tag alone picks only its tabs."""
+    return f"{ui.rstrip('/')}/#/experiments/{experiment_id}?workflowType=machine_learning"
+
+
 def day_history(
     client, experiment_id: str, dag_id: str | None = None, last: int = 14, until: str | None = None
 ) -> pd.DataFrame:

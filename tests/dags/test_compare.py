@@ -132,8 +132,10 @@ def test_mlflow_ui_opens_the_experiment_on_its_runs_table_in_chromium(daily_runs
     with mlflow_server(tmp_path, daily_runs["tracking_uri"], *artifacts) as (uri, _):
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         shot = ARTIFACTS / "mlflow_experiment_runs.png"
-        text = screenshot(f"{uri}/#/experiments/{exp.experiment_id}", None, shot, expect=f"ds={DAYS[0]}")
+        from recpipe.runs.compare import experiment_link
+
+        text = screenshot(experiment_link(uri, exp.experiment_id), None, shot, expect=f"ds={DAYS[0]}")
         assert shot.stat().st_size > 20_000
         # the runs table (not the GenAI traces overview), its runs named by day
-        assert "No data available" not in text, text[:3000]
+        assert "No data available" not in text and "Run Name" in text, text[:3000]
         assert all(f"ds={d}" in text for d in DAYS), text[:3000]
