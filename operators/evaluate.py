@@ -100,7 +100,7 @@ class EvalOperator(JobOperator):
             str(predictions),
         ]
         log.info("evaluating %s (%s) on eval_ds=%s", checkpoint, what, self.eval_ds)
-        self.run_command(self.step, "trainer.eval", args, out.logs)
+        line = self.run_command(self.step, "trainer.eval", args, out.logs)
         result = json.loads(result_path.read_text())
         # an undefined metric (NaN: GAUC with no user holding both labels) is None: XCom is JSON
         metrics = {
@@ -116,6 +116,7 @@ class EvalOperator(JobOperator):
             "predictions": str(predictions),
             "reason": what,
             "dataset": eval_dataset(config, self.eval_ds, predictions),
+            "peak_rss_mb": (line or {}).get("peak_rss_mb") if isinstance(line, dict) else None,
         }
         out["mlflow_run_id"] = self._track(context, result_path, out)
         return out
@@ -129,6 +130,7 @@ class EvalOperator(JobOperator):
             metrics=[
                 *((k, v, step) for k, v in out["metrics"].items() if v is not None),
                 ("num_examples", out["num_examples"], step),
+                *((("peak_rss_mb", out["peak_rss_mb"], step),) if out.get("peak_rss_mb") else ()),
             ],
             parent_metrics=[(f"{self.step}.{k}", v, 0) for k, v in out["metrics"].items() if v is not None],
             artifacts=[(result_path, None)],

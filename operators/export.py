@@ -61,10 +61,15 @@ class ExportOperator(JobOperator):
                 "export_path": summary["export"],
                 "global_step": summary["global_step"],
                 "mlflow_model": summary["mlflow_model"],
+                "peak_rss_mb": summary.get("peak_rss_mb"),
             }
             atomic.write_text(record, json.dumps(done))
+        peak = done.get("peak_rss_mb")
         run = self.hook.log_task_run(
-            self.parent_run_id(context), "export", tags={"export_path": done["export_path"]}
+            self.parent_run_id(context),
+            "export",
+            tags={"export_path": done["export_path"]},
+            metrics=[("peak_rss_mb", peak, done["global_step"])] if peak else (),
         )
         # the MLflow Model (pyfunc over the SavedModel) as a LoggedModel: the version's source
         model = self.hook.log_model(

@@ -200,6 +200,15 @@ class DistributedTrainOperator(JobOperator):
             *jsonl_metrics(out.train_metrics),
             *jsonl_metrics(out.eval_history, "eval_"),  # eval_method separate / master
             ("final_loss", result["loss"], result["global_step"]),
+            # the job's (chief's) peak resident memory, and up to the end of each phase (MiB)
+            *(
+                (name, value, result["global_step"])
+                for name, value in [
+                    ("peak_rss_mb", result.get("peak_rss_mb")),
+                    *((f"memory_mb.{k}", v) for k, v in (result.get("memory_mb") or {}).items()),
+                ]
+                if value is not None
+            ),
             # the day's figures of each online table (ev_params), as the last logged step has them
             *(
                 (f"day_{name}", value, result["global_step"])

@@ -29,6 +29,7 @@ from recpipe.errors import UsageError, exit_now, run_command
 from recpipe.exports.files import read_manifest
 from recpipe.launch import launcher_for, run_job, training_job
 from recpipe.layout import ModelDir, parse_ds_range, split_ds
+from trainer.memory import peak_rss_mb
 
 # TensorFlow's C++ start-up chatter hides the log lines users need.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -109,6 +110,9 @@ def _train_eval(args, extra) -> int:
         "examples_per_sec": round(result.examples_per_sec),
         "cpu_seconds": round(result.cpu_seconds, 2),
         "fine_tune": result.fine_tune,
+        # the chief's peak resident memory, and up to the end of each phase (MiB)
+        "peak_rss_mb": peak_rss_mb(),
+        "memory_mb": result.memory_mb,
     }
     if result.online_tables:  # the day's rows used, admitted, evicted, filtered share per table
         summary["online_tables"] = result.online_tables
@@ -211,7 +215,7 @@ def eval_main(argv: list[str] | None = None) -> int:
         result = evaluate(
             config, model_dir, days, args.checkpoint_path, args.eval_result_path, args.predictions_path
         )
-        print(json.dumps(result))
+        print(json.dumps({**result, "peak_rss_mb": peak_rss_mb()}))
         return 0
 
     return run_command(run, "recpipe eval")
@@ -261,7 +265,11 @@ def export_main(argv: list[str] | None = None) -> int:
         model_dir = args.model_dir or config.model_dir
         model, step = load_model(config, args.checkpoint_path or model_dir)
         if args.base or args.delta:
-            print(json.dumps(_export_online(config, model, model_dir, step, args)))
+            print(
+                json.dumps(
+                    {**_export_online(config, model, model_dir, step, args), "peak_rss_mb": peak_rss_mb()}
+                )
+            )
             return 0
         export = find_export(args.export_dir, model_dir, step)
         if export is not None:  # a retry after the export was published, before it was recorded
@@ -276,7 +284,8 @@ def export_main(argv: list[str] | None = None) -> int:
         mlflow_model = save_mlflow_model(
             config, export, ModelDir(model_dir).mlflow_model, days[-1] if days else None
         )
-        print(json.dumps({"export": str(export), "global_step": step, "mlflow_model": str(mlflow_model)}))
+        done = {"export": str(export), "global_step": step, "mlflow_model": str(mlflow_model)}
+        print(json.dumps({**done, "peak_rss_mb": peak_rss_mb()}))
         return 0
 
     return run_command(run, "recpipe export")

@@ -32,6 +32,7 @@ from trainer.distribute.base import StepParts, online_tables_refused
 from trainer.embedding_tables import placement, variable_name
 from trainer.input import FeatureReader, holdout_split
 from trainer.losses import build_loss
+from trainer.memory import MemoryProfile
 from trainer.sidecar_evaluator import evaluate_and_record, mark_train_done
 from trainer.state import build_state
 
@@ -96,6 +97,7 @@ class TrainResult:
     fine_tune: dict = field(default_factory=dict)
     online_tables: dict = field(default_factory=dict)
     cpu_seconds: float = 0.0
+    memory_mb: dict = field(default_factory=dict)
 
 
 def _l2_on_rows(grads: list, variables: list, tables: set, reg: float) -> tuple[list, tf.Tensor]:
@@ -251,6 +253,8 @@ class Trainer:
         fine_tune = self._restore()
         dist.broadcast([v for v in self.state.all_variables() if not self.state.is_per_rank(v)])
         online.refresh(self.model)  # the id -> row maps, from the restored / broadcast rows
+        memory = MemoryProfile()
+        memory.mark("build")  # model, optimizer slots, checkpoint restored
         online_start = self._online_stats()  # the day's figures include the day boundary's
         online.start_day(self.model, partition_ds(self.partitions[-1]))
         if dist.is_chief:
@@ -298,6 +302,8 @@ class Trainer:
                 self.train_step = train_step = self._train_step_fn(signature)
             for element in data:
                 loss_t = dist.run_step(train_step, element)
+                if not total_examples:
+                    memory.mark("first_step")  # the step traced and run once
                 step += 1
                 n = dist.local_examples(element)
                 window_examples += n
@@ -341,8 +347,10 @@ class Trainer:
         step = int(self.global_step.numpy())
         if total_examples:
             check_finite(loss, step, last_save_step)
+        memory.mark("train")
         if saver and (step != last_save_step or (start_latest is None and not saved)):
             self._save(step)
+        memory.mark("save")
         if writer is not None:
             writer.flush()
         if dist.is_chief:
@@ -358,6 +366,7 @@ class Trainer:
             fine_tune,
             figures,
             cpu,
+            memory.phases(),
         )
 
     def _online_stats(self) -> dict[str, dict[str, int]]:

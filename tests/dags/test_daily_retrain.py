@@ -66,6 +66,8 @@ def test_mlflow_holds_parent_and_nested_runs_with_metrics(daily_runs):
     losses = client.get_metric_history(run.info.run_id, "loss")
     assert len(losses) >= 2 and all(0 < m.value < 5 for m in losses)
     assert client.get_metric_history(run.info.run_id, "examples_per_sec")[0].value > 0
+    # the job's peak resident memory, and up to the end of each phase
+    assert run.data.metrics["memory_mb.build"] <= run.data.metrics["peak_rss_mb"] < 64_000
     # the separate evaluator scored each checkpoint of the job on the day's held-out rows
     evals = client.get_metric_history(run.info.run_id, "eval_auc")
     steps = sorted(m.step for m in evals)

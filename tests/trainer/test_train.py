@@ -50,6 +50,10 @@ def test_train_writes_checkpoints_summaries_and_refuses_to_overwrite(ml_early, t
     result = Trainer(_job(config, tmp_path)).train(on_log=lambda step, m: logged.append((step, m)))
     assert result.global_step == 60 and result.checkpoint.endswith("model.ckpt-60")
     assert np.isfinite(result.loss) and result.examples_per_sec > 0
+    # the memory profile: the peak up to the end of each phase, in order, none falling
+    assert list(result.memory_mb) == ["build", "first_step", "train", "save"]
+    peaks = list(result.memory_mb.values())
+    assert peaks == sorted(peaks) and 100 < peaks[0] < 64_000
     assert [s for s, _ in logged] == [10, 20, 30, 40, 50, 60]
     assert set(logged[0][1]) == {"loss", "learning_rate", "examples_per_sec"}
     kept = sorted(p.name for p in tmp_path.glob("model.ckpt-*.index"))

@@ -1,0 +1,50 @@
+"""This process's memory, for the result lines and the per-phase profile of a training job
+(issue 40: where a day's memory goes). Linux's ``/proc/self/status``: ``VmRSS`` (resident now)
+and ``VmHWM`` (the peak so far); ``getrusage`` where it is missing."""
+
+from __future__ import annotations
+
+import resource
+
+MB = 1 << 20
+
+
+def _status(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        return None
+    return None
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set size so far, in MiB (2 decimals)."""
+    peak = _status("VmHWM")
+    if peak is None:  # ru_maxrss is in KiB on Linux
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return round(peak / MB, 2)
+
+
+def rss_mb() -> float:
+    """This process's resident set size now, in MiB (the peak where ``VmRSS`` is missing)."""
+    now = _status("VmRSS")
+    return round(now / MB, 2) if now is not None else peak_rss_mb()
+
+
+class MemoryProfile:
+    """The peak resident memory (MiB) up to the end of each phase of a job, in order: what a
+    phase added is its peak less the one before (``phases``)."""
+
+    def __init__(self):
+        self.peaks: dict[str, float] = {}
+
+    def mark(self, phase: str) -> None:
+        """The peak so far, as the end of ``phase`` (a phase marked twice keeps its first)."""
+        self.peaks.setdefault(phase, peak_rss_mb())
+
+    def phases(self) -> dict[str, float]:
+        """``{phase: peak MiB at its end}``, in the order marked."""
+        return dict(self.peaks)
