@@ -25,7 +25,9 @@ def _data(args: argparse.Namespace) -> int:
         counts = synth_drift(args.rows, args.days, args.out, start=args.start, seed=args.seed)
         print(f"{len(counts)} days, {sum(counts.values())} rows -> {args.out}")
     else:
-        counts = synth_criteo(args.rows, args.days, args.out, start=args.start, seed=args.seed)
+        counts = synth_criteo(
+            args.rows, args.days, args.out, start=args.start, seed=args.seed, profile=args.profile
+        )
         print(f"{len(counts)} days, {sum(counts.values())} rows -> {args.out}")
     return 0
 
@@ -55,6 +57,13 @@ def main(argv: list[str] | None = None) -> int:
     synth.add_argument("--out", required=True)
     synth.add_argument("--start", default="2024-01-01")
     synth.add_argument("--seed", type=int, default=0)
+    synth.add_argument(
+        "--profile",
+        choices=["small", "kaggle"],
+        default="small",
+        help="criteo: small vocabularies (10-200,000 ids), or the Kaggle data's (up to 10.1M ids, "
+        "Zipf frequencies, new ids each day)",
+    )
     for p in (fetch, replay):
         p.add_argument("--cache_dir", default="data")
 
