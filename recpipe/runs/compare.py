@@ -39,11 +39,23 @@ def experiment_link(ui: str, experiment_id: str) -> str:
     return f"{ui.rstrip('/')}/#/experiments/{experiment_id}?workflowType=machine_learning"
 
 
+def retrain_dag(client, experiment_id: str) -> str | None:
+    """The DAG whose days an experiment holds: the newest parent run's that a gate decided
+    (a manual ``recpipe_train`` run registers without a gate, ``promotion`` = registered)."""
+    found = client.search_runs(
+        [experiment_id],
+        filter_string=f"tags.`recpipe.step` = '{PARENT}' and tags.promotion != 'registered'",
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
+    return found[0].data.tags.get("airflow.dag_id") if found else None
+
+
 def day_history(
     client, experiment_id: str, dag_id: str | None = None, last: int = 14, until: str | None = None
 ) -> pd.DataFrame:
     """The newest parent run of each of the last ``last`` days (up to ``until``, a
-    ``YYYY-MM-DD``, if given) of ``dag_id`` (None: any DAG) in the experiment, oldest day
+    ``YYYY-MM-DD``, if given) of ``dag_id`` (None: ``retrain_dag``) in the experiment, oldest day
     first: ``ds``, ``auc_before`` (the champion on the day's held-out rows), ``auc_after``
     (the new model, same rows), the gate's ``outcome`` (promoted / rejected / inconclusive),
     ``inconclusive_days`` (inconclusive gates in a row up to that day), ``promoted``
@@ -51,6 +63,7 @@ def day_history(
     difference (new - champion) ``diff`` and its DeLong interval ``ci_low`` .. ``ci_high``
     (None without a paired test), ``version``, ``rows`` and ``positives`` of the day,
     ``run_id``."""
+    dag_id = dag_id or retrain_dag(client, experiment_id)
     dag = f" and tags.`airflow.dag_id` = '{dag_id}'" if dag_id else ""
     runs = client.search_runs(
         [experiment_id],

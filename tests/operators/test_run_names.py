@@ -96,6 +96,8 @@ def test_runs_compare_puts_two_registered_models_days_side_by_side(hook, tmp_pat
     _day(hook, "movielens_deepfm", "recpipe_daily_retrain", days[2], 0.66, 0.71, (-0.07, -0.03), "rejected")
     _day(hook, "movielens_stream", "recpipe_stream_retrain", days[1], 0.69)
     _day(hook, "movielens_stream", "recpipe_stream_retrain", days[2], 0.72, 0.69, (0.01, 0.05))
+    # a manual run registers into the daily model's experiment without a gate: not a day
+    _day(hook, "movielens_deepfm", "recpipe_train", "2026-11-25", 0.69, outcome="registered")
     env = {"PATH": f"{ROOT / '.venv' / 'bin'}:/usr/bin:/bin", **_env(tmp_path)}
     out = tmp_path / "days.png"
     done = subprocess.run(
