@@ -137,9 +137,9 @@ def day_figure(days: pd.DataFrame, title: str):
         rows = [i for i in x if days["outcome"].iloc[i] == outcome and _number(days["diff"].iloc[i])]
         if not rows:
             continue
-        diff = days["diff"].iloc[rows].astype(float)
-        low = diff - days["ci_low"].iloc[rows].astype(float)
-        high = days["ci_high"].iloc[rows].astype(float) - diff
+        diff = days["diff"].iloc[rows].to_numpy(float)
+        low = diff - days["ci_low"].iloc[rows].to_numpy(float)
+        high = days["ci_high"].iloc[rows].to_numpy(float) - diff
         bottom.errorbar(rows, diff, yerr=[low, high], fmt="o", capsize=4, color=colour, label=outcome)
     bottom.set_ylabel("AUC new - champion\n(DeLong interval)")
     bottom.set_xticks(x, days["ds"], rotation=45, ha="right")
