@@ -11,7 +11,7 @@ from recpipe.config.train import OptimizerConfig
 from trainer.checkpoints import fine_tune_restore
 from trainer.embedding_tables import name_map
 from trainer.optimizers import build_optimizer
-from trainer.sparse_optimizers import LazyAdam, SparseFtrl
+from trainer.sparse_optimizers import Adam, LazyAdam, SparseFtrl
 
 ROWS, DIM = 8, 3
 IDS = tf.constant([1, 5, 5, 2])  # a repeated id: its gradients are summed
@@ -89,7 +89,7 @@ def test_dense_adam_moves_untouched_rows_which_lazy_adam_leaves():
 
 def test_lazy_adam_dense_gradients_take_adam():
     w_lazy, w_adam = tf.Variable([[1.0, -2.0]]), tf.Variable([[1.0, -2.0]])
-    for var, opt in ((w_lazy, LazyAdam(0.1)), (w_adam, keras.optimizers.Adam(0.1))):
+    for var, opt in ((w_lazy, LazyAdam(0.1)), (w_adam, Adam(0.1))):
         for _ in range(3):
             opt.apply_gradients([(tf.constant([[0.5, -1.0]]), var)])
     np.testing.assert_allclose(w_lazy.numpy(), w_adam.numpy(), rtol=1e-6)
@@ -140,3 +140,23 @@ def test_slots_round_trip_through_checkpoint_and_fine_tune(tmp_path, which):
     for a, b in zip(opt.variables, second.variables, strict=True):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
     assert int(first.iterations) == 0
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_the_fused_adam_kernel_equals_tf_keras_adam(sparse):
+    """``adam_optimizer`` runs TensorFlow's fused kernel in place; its numbers are tf-keras'
+    (up to float rounding), for dense gradients and for sparse ones (repeated rows summed)."""
+    rng = np.random.default_rng(0)
+    start = rng.normal(size=(50, 4)).astype(np.float32)
+    fused, reference = tf.Variable(start), tf.Variable(start)
+    ours, theirs = Adam(0.01), keras.optimizers.Adam(0.01)
+    for _ in range(5):
+        grad = rng.normal(size=(50, 4)).astype(np.float32)
+        if sparse:
+            rows = rng.choice(50, 12, replace=True)
+            grad = tf.IndexedSlices(tf.constant(grad[rows]), tf.constant(rows), tf.constant([50, 4]))
+        ours.apply_gradients([(grad, fused)])
+        theirs.apply_gradients([(grad, reference)])
+    np.testing.assert_allclose(fused.numpy(), reference.numpy(), atol=2e-6)
+    for a, b in zip(ours.variables, theirs.variables, strict=True):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), atol=2e-6)
