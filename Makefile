@@ -32,12 +32,12 @@ airflow: setup
 mlflow: setup
 	@scripts/mlflow_up.sh
 
-# the suite in TEST_WORKERS pytest-xdist processes (tests/conftest.py keeps the tests of one
-# expensive fixture together); TEST_WORKERS=0 runs it in this process
+# the suite in TEST_WORKERS pytest-xdist processes, a file at a time (tests/conftest.py keeps
+# the files of the daily DAG's four days together); TEST_WORKERS=0 runs it in this process
 TEST_WORKERS ?= 2
 test: setup
 	$(VENV)/ruff check .
-	$(VENV)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(VENV)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/ruff check .

@@ -17,17 +17,38 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 WORKER = os.environ.get("PYTEST_XDIST_WORKER", "main")
 os.environ.setdefault("AIRFLOW_HOME", str(ROOT / "var" / f"pytest-airflow-{WORKER}"))
 
-# `make test` runs the suite in 2 pytest-xdist workers (--dist loadgroup). A file's tests stay
-# on one worker (its module fixtures are built once), and so do the files of the costliest
-# session fixture, the daily DAG's four days (daily_runs). Cheaper session fixtures (the
-# MovieLens features) are built by each worker that needs them: the files spread better.
-GROUPS = {"daily_runs": "daily_runs"}
+# `make test` runs the suite in 2 pytest-xdist workers, a file at a time (--dist loadfile):
+# a file's module fixtures are built once. The files of the costliest session fixture, the
+# daily DAG's four days (daily_runs), are one unit, so that it is built once too. Cheaper
+# session fixtures (the MovieLens features) are built by each worker that needs them.
+# (pytest-xdist's own xdist_group marks do nothing under pytest 9: it renames the nodeid's
+# old `_nodeid` attribute.)
+DAILY_RUNS_FILES = frozenset(
+    f"tests/dags/{name}.py"
+    for name in ("test_compare", "test_daily_retrain", "test_repeatable", "test_scheduler", "test_serve")
+)
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileUnits(LoadScopeScheduling):
+        """One work unit a file, the daily_runs files one unit together."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "daily_runs" if path in DAILY_RUNS_FILES else path
+
+    return FileUnits(config, log)
 
 
 def pytest_collection_modifyitems(config, items):
+    # the unit above must hold every file that builds the four days
     for item in items:
-        group = next((GROUPS[f] for f in getattr(item, "fixturenames", ()) if f in GROUPS), None)
-        item.add_marker(pytest.mark.xdist_group(group or item.nodeid.split("::")[0]))
+        path = item.nodeid.split("::", 1)[0]
+        if "daily_runs" in getattr(item, "fixturenames", ()) and path not in DAILY_RUNS_FILES:
+            raise pytest.UsageError(f"{path} uses daily_runs: add it to tests/conftest.py's DAILY_RUNS_FILES")
 
 
 def pytest_configure(config):
