@@ -116,7 +116,7 @@ class EvalOperator(JobOperator):
             "predictions": str(predictions),
             "reason": what,
             "dataset": eval_dataset(config, self.eval_ds, predictions),
-            "peak_rss_mb": (line or {}).get("peak_rss_mb") if isinstance(line, dict) else None,
+            "peak_rss_mb": line.get("peak_rss_mb") if isinstance(line, dict) else None,
         }
         out["mlflow_run_id"] = self._track(context, result_path, out)
         return out

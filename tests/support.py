@@ -1,5 +1,6 @@
 """What several test modules share that is not a fixture: the checkout's root, the MovieLens
-days the trainer tests use, config edits, and free ports. Fixtures live in the ``conftest.py`` files."""
+days the trainer tests use, config edits, running a command, and free ports. Fixtures live in
+the ``conftest.py`` files."""
 
 from __future__ import annotations
 
@@ -20,6 +21,14 @@ SHARED = ROOT.parent / "shared"
 EARLY = ("1997-09-20", "1997-10-20")
 # the recpipe command of this checkout (its console script may point at another install)
 RECPIPE = [sys.executable, "-m", "recpipe.cli"]
+
+
+def run_ok(command: list[str], env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    """Run ``command`` in the checkout (text output captured); fail the test with its stderr's
+    tail unless it exits 0."""
+    done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
 
 
 def free_port() -> int:

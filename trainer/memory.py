@@ -1,6 +1,6 @@
 """This process's memory, for the result lines and the per-phase profile of a training job
-(issue 40: where a day's memory goes). Linux's ``/proc/self/status``: ``VmRSS`` (resident now)
-and ``VmHWM`` (the peak so far); ``getrusage`` where it is missing."""
+(issue 40: where a day's memory goes). Linux's ``/proc/self/status`` ``VmHWM`` (the peak so
+far); ``getrusage`` where it is missing."""
 
 from __future__ import annotations
 
@@ -26,12 +26,6 @@ def peak_rss_mb() -> float:
     if peak is None:  # ru_maxrss is in KiB on Linux
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return round(peak / MB, 2)
-
-
-def rss_mb() -> float:
-    """This process's resident set size now, in MiB (the peak where ``VmRSS`` is missing)."""
-    now = _status("VmRSS")
-    return round(now / MB, 2) if now is not None else peak_rss_mb()
 
 
 class MemoryProfile:

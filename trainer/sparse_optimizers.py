@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 import tf_keras as keras
+from tensorflow.python.distribute import values as distribute_values
+from tensorflow.python.ops import resource_variable_ops
 
 
 def _set_rows(slot: tf.Variable, indices: tf.Tensor, rows: tf.Tensor) -> None:
@@ -96,9 +98,6 @@ class Adam(GrowableSlots, keras.optimizers.Adam):
 def _plain(variable) -> bool:
     """A variable of this process (not a distributed or sharded one): the fused kernels take
     its handle."""
-    from tensorflow.python.distribute import values as distribute_values
-    from tensorflow.python.ops import resource_variable_ops
-
     return isinstance(variable, resource_variable_ops.BaseResourceVariable) and not isinstance(
         variable, distribute_values.DistributedValues
     )

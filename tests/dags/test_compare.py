@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.dags.conftest import DAYS, MODEL
-from tests.support import RECPIPE, ROOT, mlflow_server
+from tests.support import RECPIPE, ROOT, mlflow_server, run_ok
 
 pytestmark = pytest.mark.slow
 ARTIFACTS = ROOT / "var" / "test-artifacts"
@@ -71,16 +70,7 @@ def test_recpipe_runs_compare_prints_and_logs_days_and_runs(daily_runs, tmp_path
     env = {**daily_runs["env"], "MLFLOW_TRACKING_URI": daily_runs["tracking_uri"]}
 
     def compare(*args):
-        done = subprocess.run(
-            [*RECPIPE, "runs", "compare", *args],
-            env=env,
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-            timeout=300,
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-        return done.stdout
+        return run_ok([*RECPIPE, "runs", "compare", *args], env).stdout
 
     out = compare("--experiment", MODEL, "--out", str(tmp_path / "days.png"))
     lines = [line.split() for line in out.splitlines()]

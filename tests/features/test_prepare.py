@@ -19,7 +19,7 @@ import pytest
 from features.jvm import session_conf
 from features.prepare import BadRowsError, prepare_day
 from features.schema import RawInputError
-from tests.support import ROOT
+from tests.support import ROOT, run_ok
 
 DAYS = ["1997-09-22", "1997-09-23", "1997-09-24"]
 
@@ -250,7 +250,7 @@ def test_spark_submit_runs_the_job(movielens_config, tmp_path):
     config_path.write_text(yaml.safe_dump(movielens_config.to_dict()))
     spark_submit = Path(sys.executable).parent / "spark-submit"
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-    done = subprocess.run(
+    done = run_ok(
         [
             str(spark_submit),
             "--master",
@@ -263,13 +263,8 @@ def test_spark_submit_runs_the_job(movielens_config, tmp_path):
             DAYS[0],
             "--data_config.max_bad_row_fraction=0.5",
         ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=300,
+        env,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
     assert session_conf() == {} or "JVM functions are not loaded" not in done.stderr
     printed = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert printed[-1]["rows"] == _rows(movielens_config, DAYS[0])

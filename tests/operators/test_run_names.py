@@ -4,16 +4,15 @@ day, and ``recpipe runs compare`` across two experiments (two registered models)
 
 from __future__ import annotations
 
-import subprocess
 from datetime import UTC, datetime
-from types import SimpleNamespace
 
 import pytest
+from airflow.models.dagrun import DagRun
 from airflow.utils.types import DagRunType
 
 from operators.hooks.mlflow import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, MLflowHook
 from operators.tracking import run_name
-from tests.support import RECPIPE, ROOT
+from tests.support import RECPIPE, run_ok
 
 
 @pytest.fixture
@@ -25,12 +24,8 @@ def hook(tmp_path, monkeypatch):
 
 def _context(ds, hour, run_type, run_id="backfill__x"):
     logical = None if ds is None else datetime.fromisoformat(f"{ds}T{hour:02d}:00:00").replace(tzinfo=UTC)
-    return {
-        "ds": ds,
-        "logical_date": logical,
-        "run_id": run_id,
-        "dag_run": SimpleNamespace(run_type=run_type),
-    }
+    dag_run = DagRun(dag_id="recpipe_stream_retrain", run_id=run_id, run_type=run_type, logical_date=logical)
+    return {"ds": ds, "logical_date": logical, "run_id": run_id, "dag_run": dag_run}
 
 
 @pytest.mark.parametrize(
@@ -98,18 +93,12 @@ def test_runs_compare_puts_two_registered_models_days_side_by_side(hook, tmp_pat
     _day(hook, "movielens_stream", "recpipe_stream_retrain", days[2], 0.72, 0.69, (0.01, 0.05))
     # a manual run registers into the daily model's experiment without a gate: not a day
     _day(hook, "movielens_deepfm", "recpipe_train", "2026-11-25", 0.69, outcome="registered")
-    env = {"PATH": f"{ROOT / '.venv' / 'bin'}:/usr/bin:/bin", **_env(tmp_path)}
     out = tmp_path / "days.png"
-    done = subprocess.run(
+    # the hook's tracking store and var dir, from this process's environment
+    done = run_ok(
         [*RECPIPE, "runs", "compare", "--experiment", "movielens_deepfm", "--experiment", "movielens_stream"]
-        + ["--out", str(out)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=300,
+        + ["--out", str(out)]
     )
-    assert done.returncode == 0, done.stderr[-3000:]
     lines = [line.split() for line in done.stdout.splitlines() if line.strip().startswith("1997")]
     by = {(line[0], line[-1]): line for line in lines}
     assert set(by) == {(d, "movielens_deepfm") for d in days} | {(d, "movielens_stream") for d in days[1:]}
@@ -118,12 +107,6 @@ def test_runs_compare_puts_two_registered_models_days_side_by_side(hook, tmp_pat
         and "rejected" in by[(days[2], "movielens_deepfm")]
     )
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
-def _env(tmp_path) -> dict:
-    import os
-
-    return {k: v for k, v in os.environ.items() if k.startswith(("MLFLOW_", "RECPIPE_", "HOME", "LANG"))}
 
 
 def test_day_figure_draws_each_days_delong_interval():

@@ -139,7 +139,7 @@ class EmbeddingVariable:
 
     def capacity_now(self) -> int:
         """The rows allocated now, as a Python int (eager)."""
-        return int(self.keys.shape[0]) if self.keys.shape[0] is not None else int(self.capacity().numpy())
+        return int(self.capacity().numpy())
 
     @property
     def grown_variables(self) -> list[tuple[tf.Variable, object]]:
