@@ -16,7 +16,9 @@ from recpipe.config import (
     parse_edit_config_json,
     parse_extend_args,
 )
+from recpipe.config.retrain import load_retrain_config
 from recpipe.config.train import TrainDistribute
+from recpipe.paths import confine_config
 from tests.support import ROOT
 
 ML = ROOT / "conf/movielens_deepfm.yaml"
@@ -27,6 +29,17 @@ def test_shipped_configs_load(path):
     config = load_pipeline_config(path)
     assert config.train_config.log_step_count_steps > 0
     assert config.model is not None and config.model.feature_groups
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "conf/retrain").glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_retrain_configs_load_with_their_pipeline_edits(path):
+    retrain = load_retrain_config(path)
+    config = load_pipeline_config(ROOT / retrain.pipeline_config_path, retrain.edit_config_json)
+    assert (ROOT / retrain.cluster_config_path).is_file()
+    confine_config(config.resolved(ROOT))  # the DAGs' jobs refuse paths outside conf/, data/, var/
+    if retrain.gate.window_days <= retrain.training_window_days:
+        # the gate's days are training days: it scores their held-out rows
+        assert config.data_config.holdout_percent > 0
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "conf/cluster").glob("*.yaml")), ids=lambda p: p.name)

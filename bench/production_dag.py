@@ -1,0 +1,139 @@
+"""``recpipe_daily_retrain`` on production-size days: an Airflow backfill under the scheduler.
+
+``--days`` synthetic Criteo days of ``--rows`` rows each (``kaggle`` profile) run through the
+daily DAG with ``conf/retrain/criteo_daily.yaml`` (each day fine-tuned from the champion on
+that day alone, lazy Adam, 10 % held out for the gate), LocalExecutor, its own Airflow home
+under ``var/bench/production_dag/``. Printed: each task's time per day, beside the figure
+``bench/production_day.py`` measured for the same command on a day of the same size
+(``var/bench/production/results.json``: run it first with ``--rows`` equal to this one's), and
+what the DAG adds over its jobs: a day's run (first task start to last task end) against the
+sum of the bench's figures for the steps it runs (goal: at most +10 %).
+
+    python bench/production_dag.py [--rows 3000000] [--days 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+from datetime import date, datetime, timedelta
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from dev.airflow import run_backfill  # noqa: E402
+from dev.env import airflow_env  # noqa: E402
+
+DAG_ID = "recpipe_daily_retrain"
+RETRAIN = "conf/retrain/criteo_daily.yaml"
+WORK = ROOT / "var/bench/production_dag"  # the retrain config's raw and feature paths
+FIRST = "2024-01-01"
+# the DAG's tasks that run a job, and the bench step that runs the same command
+JOBS = {
+    "prepare_features": "features",
+    "evaluate_champion": "eval hashed",
+    "train": "train hashed",
+    "evaluate": "eval hashed",
+    "export": "export hashed",
+}
+
+
+def synth(rows: int, days: int) -> None:
+    stamp = WORK / "rows"
+    wanted = f"{rows} {days}"
+    if stamp.exists() and stamp.read_text() == wanted:
+        return
+    shutil.rmtree(WORK, ignore_errors=True)
+    WORK.mkdir(parents=True)
+    start = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "recpipe.cli", "data", "synth", "criteo", "--profile", "kaggle",
+         "--rows", str(rows * days), "--days", str(days), "--start", FIRST, "--out", str(WORK / "raw")],
+        check=True,
+    )  # fmt: skip
+    stamp.write_text(wanted)
+    print(f"{days} days of {rows:,} rows synthesised in {time.perf_counter() - start:.0f} s", flush=True)
+
+
+def dag_runs(db: Path) -> dict[str, float]:
+    """Each backfill run's seconds from its first task's start to its last task's end, by
+    ``ds``, from the Airflow metadata database (SQLite)."""
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute(
+            "SELECT substr(r.logical_date, 1, 10), min(t.start_date), max(t.end_date) "
+            "FROM dag_run r JOIN task_instance t ON t.run_id = r.run_id AND t.dag_id = r.dag_id "
+            "WHERE r.dag_id = ? GROUP BY r.run_id",
+            (DAG_ID,),
+        ).fetchall()
+    out = {}
+    for ds, first, last in rows:
+        if first and last:
+            out[ds] = (datetime.fromisoformat(last) - datetime.fromisoformat(first)).total_seconds()
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=3_000_000, help="rows a day")
+    parser.add_argument("--days", type=int, default=3)
+    parser.add_argument("--timeout", type=float, default=3 * 3600)
+    parser.add_argument("--bench", default=str(ROOT / "var/bench/production/results.json"))
+    args = parser.parse_args()
+    synth(args.rows, args.days)
+    days = [(date.fromisoformat(FIRST) + timedelta(days=k)).isoformat() for k in range(args.days)]
+    airflow_home = WORK / "airflow"
+    shutil.rmtree(airflow_home, ignore_errors=True)
+    for stale in (ROOT / "var/runs/criteo_deepfm", ROOT / "var/exports/criteo_deepfm", WORK / "features"):
+        shutil.rmtree(stale, ignore_errors=True)
+    env = {
+        **os.environ,
+        **airflow_env(ROOT, airflow_home),
+        "RECPIPE_RETRAIN_CONFIG": RETRAIN,
+        # MLflow of its own: the bench's registered model does not mix with the demo's
+        "MLFLOW_TRACKING_URI": f"sqlite:///{WORK / 'mlflow.db'}",
+    }
+    airflow_home.mkdir(parents=True)
+    durations: dict = {}
+    start = time.perf_counter()
+    states = run_backfill(
+        env, airflow_home, DAG_ID, days, args.timeout, lambda line: print(line, flush=True), durations
+    )
+    wall = time.perf_counter() - start
+    print(f"\n{len(days)} days in {wall:.0f} s: {states}")
+    bench = (
+        json.loads(Path(args.bench).read_text()).get(str(args.rows), {}) if Path(args.bench).exists() else {}
+    )
+    if not bench:
+        print(f"no figures for {args.rows:,} rows in {args.bench}: run bench/production_day.py first")
+    runs = dag_runs(airflow_home / "airflow.db")
+    tasks = list(dict.fromkeys(task for _, task in durations))
+    print(f"\n{'task':<22}" + "".join(f"{ds:>12}" for ds in days) + f"{'bench step':>16}{'bench s':>9}")
+    for task in tasks:
+        line = f"{task:<22}" + "".join(f"{durations.get((ds, task), float('nan')):12.1f}" for ds in days)
+        step = JOBS.get(task)
+        if step and step in bench:
+            line += f"{step:>16}{bench[step]['wall_s']:9.1f}"
+        print(line)
+    print(f"{'the run':<22}" + "".join(f"{runs.get(ds, float('nan')):12.1f}" for ds in days))
+    if all(s in bench for s in JOBS.values()):
+        for k, ds in enumerate(days):
+            # the first day has no champion to score: evaluate_champion runs no job
+            ran = [t for t in JOBS if not (k == 0 and t == "evaluate_champion")]
+            jobs = sum(bench[JOBS[t]]["wall_s"] for t in ran)
+            tasks_s = sum(v for (d, _), v in durations.items() if d == ds)
+            print(
+                f"ds={ds}: the run {runs[ds]:.0f} s (its tasks {tasks_s:.0f} s), the bench's jobs "
+                f"{jobs:.0f} s: +{100 * (runs[ds] / jobs - 1):.0f} % (goal <= +10 %)"
+            )
+    return 0 if all(states.get(ds) == "success" for ds in days) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

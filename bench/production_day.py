@@ -1,0 +1,542 @@
+"""Production-size days through the real steps, each beside its floor measured in the same run.
+
+For each ``--rows`` size, one synthetic Criteo day of the ``kaggle`` profile (the Kaggle data's
+cardinalities, Zipf ids, new ids each day: ``recpipe data synth criteo --profile kaggle``) goes
+through the commands a DAG runs, one process each, measured whole by ``bench.process_tree``
+(wall s, CPU-s of every process including Spark's JVM, the tree's peak RSS):
+
+  features       ``recpipe features``                floor: Spark reading the CSV and writing
+                                                          Parquet, nothing else
+  train hashed   ``recpipe train --skip_eval``        floor: a bare ``tf.function`` loop, same
+  train online   (``ev_params``, growing tables)            model and optimizer, pyarrow batches
+  eval           ``recpipe eval`` (the online model)  floor: the bare model's forward pass
+  export base    ``recpipe export --base`` (mid-day checkpoint), ``--delta`` (the day's end)
+                                                     floor: pyarrow writing the tables' rows
+  export hashed  ``recpipe export`` (SavedModel + MLflow Model)   floor: as above
+  push           ``recpipe serve push`` base + delta  floor: pipelined HSETs of the same rows
+
+``conf/criteo_deepfm.yaml`` with lazy Adam, 10 % of the day held out for evaluation (the DAG's
+split), hashed tables of ``--buckets`` rows, online tables ``{filter_freq: --filter_freq,
+max_capacity: 2**24}`` growing from 4,096 rows. Then the goals: each step within 1.5x of its
+floor (CPU-s), time linear in rows (largest / smallest size at most 1.1x the row ratio),
+training's peak RSS at most 2x its variables and slots + 1 GiB, online tables at >= 0.7x the
+hashed tables' examples per CPU-second.
+
+    python bench/production_day.py [--rows 1000000 3000000 10000000] [--filter_freq 2]
+        [--only features train ...] [--workdir var/bench/production]
+
+Internal: ``python bench/production_day.py floor {spark,train,eval,export,push} ...`` runs one
+floor in its own process (the parent measures it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from bench.process_tree import Measured, run  # noqa: E402
+
+CONFIG = ROOT / "conf/criteo_deepfm.yaml"
+DS = "2024-01-01"
+BATCH = 1024
+HOLDOUT = 10
+REDIS = "redis://127.0.0.1:6379/14"  # a database of its own, flushed before each push
+RECPIPE = [sys.executable, "-m", "recpipe.cli"]
+STEPS = ("features", "train", "eval", "export", "push")
+
+
+def edits(work: Path, buckets: int, online: dict | None = None, checkpoint_steps: int = 100_000) -> dict:
+    """``--edit_config_json`` for the bench's data, lazy Adam and the day's holdout; ``online``:
+    ``model_config.ev_params`` (every id feature gets an online table)."""
+    out = {
+        "raw_input_path": str(work / "raw"),
+        "train_input_path": str(work / "features"),
+        "data_config.batch_size": BATCH,
+        "data_config.holdout_percent": HOLDOUT,
+        "train_config.log_step_count_steps": 200,
+        "train_config.save_checkpoints_steps": checkpoint_steps,
+        "train_config.save_summary_steps": 1_000_000,
+        "train_config.optimizer_config": [
+            {"lazy_adam_optimizer": {"learning_rate": {"constant_learning_rate": {"learning_rate": 0.001}}}}
+        ],
+    }
+    for i in range(1, 27):
+        out[f"feature_config.features[input_names=C{i}].hash_bucket_size"] = buckets
+    if online is not None:
+        out["model_config.ev_params"] = online
+    return out
+
+
+def _config_args(edit: dict) -> list[str]:
+    return ["--pipeline_config_path", str(CONFIG), "--edit_config_json", json.dumps(edit)]
+
+
+# --- the floors, each run in a process of its own -----------------------------------------
+
+
+def _load_config(edit: dict):
+    from recpipe.config import load_pipeline_config
+
+    return load_pipeline_config(CONFIG, edit)
+
+
+def _feature_files(config) -> list[Path]:
+    part = Path(config.train_input_path) / f"ds={DS}"
+    return sorted(part.glob("*.parquet"))
+
+
+def _batches(config, holdout: bool):
+    """The day's rows of one side of the holdout as a bare loop reads them: pyarrow record
+    batches of ``BATCH`` rows, ids as strings, dense values as float32."""
+    import numpy as np
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    import tensorflow as tf
+
+    from recpipe.config.data import FeatureType
+
+    names = [f.name for f in config.feature_config.features]
+    dense = {f.name for f in config.feature_config.features if f.feature_type == FeatureType.RawFeature}
+    label = config.data_config.label_fields[0]
+    for path in _feature_files(config):
+        for rb in pq.ParquetFile(path).iter_batches(batch_size=BATCH, columns=[label, "_holdout", *names]):
+            rb = rb.filter(pc.equal(rb["_holdout"], holdout))
+            if rb.num_rows == 0:
+                continue
+            features = {
+                n: tf.constant(rb[n].fill_null(0.0).to_numpy().astype(np.float32))
+                if n in dense
+                else tf.constant(rb[n].fill_null("").to_numpy(zero_copy_only=False).astype(object))
+                for n in names
+            }
+            yield features, tf.constant(rb[label].to_numpy().astype(np.float32))
+
+
+def floor_train(config, evaluate: bool) -> dict:
+    """The same model and optimizer as ``recpipe train`` (hashed tables) in a bare
+    ``tf.function`` step over ``_batches``; ``evaluate``: the forward pass over the held-out
+    rows instead. Returns the examples and the loss."""
+    import tensorflow as tf
+
+    from recpipe.config.data import FeatureType
+    from trainer.hashing import hash_ids
+    from trainer.losses import build_loss
+    from trainer.models.builders import build_model
+    from trainer.optimizers import build_optimizer
+
+    buckets = {
+        f.name: f.hash_bucket_size
+        for f in config.feature_config.features
+        if f.feature_type == FeatureType.IdFeature
+    }
+
+    def hashed(features: dict) -> dict:
+        return {k: hash_ids(v, buckets[k]) if k in buckets else v for k, v in features.items()}
+
+    batches = _batches(config, holdout=evaluate)
+    first = next(batches)
+    model = build_model(config)
+    model(hashed(first[0]))
+    optimizer = build_optimizer(config.train_config.optimizer_config[0], "floor")
+    loss_fn = build_loss(config.model)
+    spec = (
+        {k: tf.TensorSpec([None], v.dtype) for k, v in first[0].items()},
+        tf.TensorSpec([None], tf.float32),
+    )
+
+    @tf.function(input_signature=spec)
+    def train_step(features, labels):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(labels, model(hashed(features), training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return loss
+
+    @tf.function(input_signature=spec)
+    def eval_step(features, labels):
+        return loss_fn(labels, model(hashed(features), training=False))
+
+    step = eval_step if evaluate else train_step
+    examples, loss = 0, None
+    for features, labels in _chain(first, batches):
+        loss = step(features, labels)
+        examples += int(labels.shape[0])
+    return {"examples": examples, "loss": float(loss)}
+
+
+def _chain(first, rest):
+    yield first
+    yield from rest
+
+
+def floor_spark(config, out: Path) -> dict:
+    """Spark reading the day's CSV with the config's schema and writing it as Parquet."""
+    from pyspark.sql.types import DoubleType, IntegerType, StringType, StructField, StructType
+
+    from features.session import get_spark
+
+    kinds = {"INT32": IntegerType(), "DOUBLE": DoubleType(), "STRING": StringType()}
+    schema = StructType(
+        [StructField(f.input_name, kinds[f.input_type.value]) for f in config.data_config.input_fields]
+    )
+    spark = get_spark("recpipe-floor")
+    frame = spark.read.csv(str(Path(config.raw_input_path) / f"ds={DS}"), header=True, schema=schema)
+    frame.write.mode("overwrite").parquet(str(out))
+    rows = spark.read.parquet(str(out)).count()
+    spark.stop()
+    return {"rows": rows}
+
+
+def floor_export(checkpoint: str, out: Path) -> dict:
+    """pyarrow writing the tables' rows: every checkpoint tensor of more than 1,000 rows that
+    is not an optimizer slot, as Parquet (a list column per table), with its row index."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(checkpoint)
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    written = 0
+    for i, (name, shape) in enumerate(sorted(reader.get_variable_to_shape_map().items())):
+        if "OPTIMIZER_SLOT" in name or len(shape) != 2 or shape[0] <= 1000:
+            continue
+        values = reader.get_tensor(name)
+        flat = pa.array(values.reshape(-1), pa.float32())
+        column = pa.FixedSizeListArray.from_arrays(flat, values.shape[1])
+        table = pa.table({"id": np.arange(values.shape[0], dtype=np.int64), "row": column})
+        pq.write_table(table, out / f"{i}.parquet", compression="none")
+        written += values.nbytes
+    return {"bytes": written}
+
+
+def floor_push(exports: list[Path]) -> dict:
+    """Pipelined HSETs of the exports' rows (their bytes, one hash per row), 1,000 a round
+    trip, into the bench's Redis database, which is flushed first and after."""
+    import numpy as np
+    import redis
+
+    from recpipe.exports.files import read_params
+
+    client = redis.Redis.from_url(REDIS)
+    client.flushdb()
+    pipe = client.pipeline(transaction=False)
+    rows = 0
+    for export in exports:
+        for table, params in read_params(export).tables.items():
+            views = {k: np.ascontiguousarray(v, "<f4") for k, v in params.views.items()}
+            for i, key in enumerate(params.ids.tolist()):
+                pipe.hset(f"floor:{table}:{key}", mapping={k: v[i].tobytes() for k, v in views.items()})
+                rows += 1
+                if rows % 1000 == 0:
+                    pipe.execute()
+    pipe.execute()
+    client.flushdb()
+    return {"rows": rows}
+
+
+def floor_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="production_day.py floor")
+    parser.add_argument("which", choices=("spark", "train", "eval", "export", "push"))
+    parser.add_argument("--edits", default="{}")
+    parser.add_argument("--checkpoint")
+    parser.add_argument("--out")
+    parser.add_argument("--exports", nargs="*", default=[])
+    args = parser.parse_args(argv)
+    config = _load_config(json.loads(args.edits))
+    if args.which == "spark":
+        result = floor_spark(config, Path(args.out))
+    elif args.which in ("train", "eval"):
+        result = floor_train(config, evaluate=args.which == "eval")
+    elif args.which == "export":
+        result = floor_export(args.checkpoint, Path(args.out))
+    else:
+        result = floor_push([Path(p) for p in args.exports])
+    print(json.dumps(result))
+    return 0
+
+
+# --- the bench ----------------------------------------------------------------------------
+
+
+class Day:
+    """One size: its work dir, its steps' and floors' figures."""
+
+    def __init__(self, rows: int, root: Path, buckets: int, filter_freq: int):
+        self.rows, self.work, self.buckets = rows, root / f"rows={rows}", buckets
+        self.online = {"filter_freq": filter_freq, "max_capacity": 1 << 24}
+        self.train_rows = rows * (100 - HOLDOUT) // 100
+        self.figures: dict[str, tuple[Measured, Measured | None]] = {}
+        self.logs = self.work / "logs"
+
+    def edit(self, online: bool = False, checkpoint_steps: int = 100_000) -> dict:
+        return edits(self.work, self.buckets, self.online if online else None, checkpoint_steps)
+
+    def measure(self, name: str, argv: list[str], floor: list[str] | None) -> None:
+        step = run(argv, self.logs / f"{name}.log")
+        if step.returncode:
+            tail = (self.logs / f"{name}.log").read_text(errors="replace")[-3000:]
+            raise SystemExit(f"{name} failed ({step.returncode}), log {self.logs / name}.log:\n{tail}")
+        base = None
+        if floor is not None:
+            base = run([sys.executable, __file__, "floor", *floor], self.logs / f"{name}.floor.log")
+            if base.returncode:
+                tail = (self.logs / f"{name}.floor.log").read_text(errors="replace")[-3000:]
+                raise SystemExit(f"{name}'s floor failed:\n{tail}")
+        self.figures[name] = (step, base)
+        _print_row(self.rows, name, step, base)
+
+    def synth(self) -> None:
+        marker = self.work / "raw" / f"ds={DS}"
+        if marker.exists():
+            return
+        shutil.rmtree(self.work, ignore_errors=True)
+        m = run(
+            [*RECPIPE, "data", "synth", "criteo", "--profile", "kaggle", "--rows", str(self.rows),
+             "--days", "1", "--start", DS, "--out", str(self.work / "raw")],
+            self.logs / "synth.log",
+        )  # fmt: skip
+        if m.returncode:
+            raise SystemExit((self.logs / "synth.log").read_text()[-3000:])
+        print(f"rows={self.rows:,}: synthesised in {m.wall_s:.0f} s", flush=True)
+
+    def features(self) -> None:
+        self.measure(
+            "features",
+            [*RECPIPE, "features", *_config_args(self.edit()), "--ds", DS],
+            ["spark", "--edits", json.dumps(self.edit()), "--out", str(self.work / "floor-spark")],
+        )
+
+    def train(self) -> None:
+        steps = -(-self.train_rows // BATCH)
+        for variant, online in (("hashed", False), ("online", True)):
+            model_dir = self.work / variant
+            shutil.rmtree(model_dir, ignore_errors=True)
+            # online: a checkpoint mid-day, so that the day's end exports as a delta of it
+            edit = self.edit(online, checkpoint_steps=steps // 2 if online else 100_000)
+            floor = None if online else ["train", "--edits", json.dumps(self.edit())]
+            self.measure(
+                f"train {variant}",
+                [*RECPIPE, "train", *_config_args(edit), "--model_dir", str(model_dir),
+                 f"--train_ds={DS}", f"--eval_ds={DS}", "--skip_eval"],
+                floor,
+            )  # fmt: skip
+
+    def eval(self) -> None:
+        for variant, online in (("hashed", False), ("online", True)):
+            self.measure(
+                f"eval {variant}",
+                [*RECPIPE, "eval", *_config_args(self.edit(online)), "--model_dir", str(self.work / variant),
+                 f"--train_ds={DS}", f"--eval_ds={DS}"],
+                ["eval", "--edits", json.dumps(self.edit())] if not online else None,
+            )  # fmt: skip
+
+    def export(self) -> None:
+        from recpipe.layout import ModelDir  # noqa: F401  (light: no TensorFlow)
+
+        online = self.work / "online"
+        checkpoints = _checkpoints(online)
+        exports = self.work / "exports"
+        shutil.rmtree(exports, ignore_errors=True)
+        floor = ["export", "--checkpoint", checkpoints[-1], "--out", str(self.work / "floor-export")]
+        self.measure(
+            "export base",
+            [*RECPIPE, "export", *_config_args(self.edit(True)), "--model_dir", str(online),
+             "--export_dir", str(exports), "--base", DS, "--checkpoint_path", checkpoints[0]],
+            floor,
+        )  # fmt: skip
+        self.measure(
+            "export delta",
+            [*RECPIPE, "export", *_config_args(self.edit(True)), "--model_dir", str(online),
+             "--export_dir", str(exports), "--delta", f"{DS}/12"],
+            None,
+        )  # fmt: skip
+        hashed = self.work / "hashed"
+        self.measure(
+            "export hashed",
+            [*RECPIPE, "export", *_config_args(self.edit()), "--model_dir", str(hashed),
+             "--export_dir", str(self.work / "saved_model"), f"--train_ds={DS}"],
+            ["export", "--checkpoint", _checkpoints(hashed)[-1], "--out", str(self.work / "floor-export")],
+        )  # fmt: skip
+
+    def push(self) -> None:
+        import redis
+
+        day = self.work / "exports" / DS
+        chain = [str(day / "base"), *sorted(str(p) for p in day.glob("delta-*"))]
+        redis.Redis.from_url(REDIS).flushdb()
+        self.measure(
+            "push",
+            [*RECPIPE, "serve", "push", *chain, "--model", "bench", "--redis_url", REDIS],
+            ["push", "--exports", *chain],
+        )
+        redis.Redis.from_url(REDIS).flushdb()
+
+
+def _checkpoints(model_dir: Path) -> list[str]:
+    import re
+
+    found = (re.fullmatch(r"model\.ckpt-(\d+)\.index", p.name) for p in model_dir.glob("model.ckpt-*.index"))
+    steps = sorted(int(m.group(1)) for m in found if m)
+    if not steps:
+        raise SystemExit(f"{model_dir}: no checkpoint")
+    return [str(model_dir / f"model.ckpt-{s}") for s in steps]
+
+
+def _print_row(rows: int, name: str, step: Measured, floor: Measured | None) -> None:
+    text = f"{rows:>11,} {name:<14} {step.wall_s:8.1f} {step.cpu_s:8.1f} {step.peak_rss_mb:9,.0f}"
+    if floor is not None:
+        text += (
+            f" | {floor.wall_s:8.1f} {floor.cpu_s:8.1f} {floor.peak_rss_mb:9,.0f}"
+            f" | {step.wall_s / floor.wall_s:5.2f} {step.cpu_s / floor.cpu_s:5.2f}"
+        )
+    print(text, flush=True)
+
+
+HEADER = (
+    f"{'rows':>11} {'step':<14} {'wall s':>8} {'CPU s':>8} {'RSS MiB':>9}"
+    f" | {'floor s':>8} {'CPU s':>8} {'RSS MiB':>9} | {'x wall':>5} {'x CPU':>5}"
+)
+
+
+def variables_mb(model_dir: Path) -> float:
+    """The bytes of a checkpoint's variables (weights and slots), MiB."""
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(_checkpoints(model_dir)[-1])
+    dtypes = reader.get_variable_to_dtype_map()
+    total = 0
+    for name, shape in reader.get_variable_to_shape_map().items():
+        n = 1
+        for d in shape:
+            n *= d
+        total += n * dtypes[name].size
+    return total / 2**20
+
+
+def summary(days: list[Day]) -> None:
+    print("\ngoals")
+    for day in days:
+        for name, (step, floor) in day.figures.items():
+            if floor is not None:
+                ok = step.cpu_s <= 1.5 * floor.cpu_s
+                print(
+                    f"  {day.rows:>11,} {name:<14} CPU x floor {step.cpu_s / floor.cpu_s:5.2f} (<= 1.5: {ok})"
+                )
+        hashed, online = day.figures.get("train hashed"), day.figures.get("train online")
+        if hashed and online:
+            h, o = hashed[0], online[0]
+            rate_h, rate_o = day.train_rows / h.cpu_s, day.train_rows / o.cpu_s
+            print(
+                f"  {day.rows:>11,} online / hashed examples per CPU-s: {rate_o:,.0f} / {rate_h:,.0f}"
+                f" = {rate_o / rate_h:.2f} (>= 0.7: {rate_o / rate_h >= 0.7})"
+            )
+            for variant, m in (("hashed", h), ("online", o)):
+                var = variables_mb(day.work / variant)
+                bound = 2 * var + 1024
+                ok = m.peak_rss_mb <= bound
+                res = m.result
+                print(
+                    f"  {day.rows:>11,} train {variant}: peak RSS {m.peak_rss_mb:,.0f} MiB, variables and "
+                    f"slots {var:,.0f} MiB, bound 2x + 1 GiB = {bound:,.0f} (ok: {ok}); phases "
+                    f"{res.get('memory_mb')}"
+                )
+    if len(days) > 1:
+        small, large = days[0], days[-1]
+        ratio = large.rows / small.rows
+        for name in small.figures:
+            if name in large.figures:
+                growth = large.figures[name][0].wall_s / small.figures[name][0].wall_s
+                cpu = large.figures[name][0].cpu_s / small.figures[name][0].cpu_s
+                print(
+                    f"  {name:<14} {large.rows:,} / {small.rows:,} rows ({ratio:.0f}x): wall {growth:.1f}x, "
+                    f"CPU {cpu:.1f}x (<= {1.1 * ratio:.0f}x: {growth <= 1.1 * ratio})"
+                )
+
+
+def table_summary(tables: dict) -> str:
+    """The online tables' rows used, capacity and admitted ids in all, and the largest table's."""
+    used = {k.rsplit("/", 1)[0]: v for k, v in tables.items() if k.endswith("/rows_used")}
+    if not used:
+        return "-"
+    largest = max(used, key=used.get)
+    total = {
+        f: sum(v for k, v in tables.items() if k.endswith(f"/{f}"))
+        for f in ("rows_used", "capacity", "admitted")
+    }
+    return (
+        f"{total['rows_used']:,} rows used of {total['capacity']:,} allocated, "
+        f"{total['admitted']:,} admitted; "
+        f"largest {largest.rsplit('/', 1)[-1]}: {used[largest]:,} rows of {tables[largest + '/capacity']:,}"
+    )
+
+
+KEPT = ("examples_per_sec", "cpu_seconds", "auc", "memory_mb", "bytes", "rows")
+
+
+def save(path: Path, days: list[Day]) -> None:
+    """Add the days' figures to ``path`` (``{rows: {step: {wall_s, cpu_s, peak_rss_mb, floor}}}``;
+    sizes measured by earlier runs are kept): ``bench/production_dag.py`` reads them."""
+    figures = json.loads(path.read_text()) if path.exists() else {}
+    for day in days:
+        out = figures.setdefault(str(day.rows), {})
+        for name, (step, floor) in day.figures.items():
+            out[name] = {
+                "wall_s": round(step.wall_s, 1),
+                "cpu_s": round(step.cpu_s, 1),
+                "peak_rss_mb": round(step.peak_rss_mb),
+                "floor": None
+                if floor is None
+                else {"wall_s": round(floor.wall_s, 1), "cpu_s": round(floor.cpu_s, 1)},
+                "result": {
+                    k: v
+                    for k, v in step.result.items()
+                    if k in ("examples_per_sec", "auc", "memory_mb", "bytes", "rows")
+                },
+            }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(figures, indent=1))
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "floor":
+        return floor_main(sys.argv[2:])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, nargs="+", default=[1_000_000, 3_000_000, 10_000_000])
+    parser.add_argument("--buckets", type=int, default=100_000, help="rows of each hashed table")
+    parser.add_argument("--filter_freq", type=int, default=2)
+    parser.add_argument("--only", nargs="+", choices=STEPS, default=list(STEPS))
+    parser.add_argument("--workdir", default=str(ROOT / "var/bench/production"))
+    args = parser.parse_args()
+    root = Path(args.workdir)
+    days = []
+    start = time.perf_counter()
+    for rows in args.rows:
+        day = Day(rows, root, args.buckets, args.filter_freq)
+        days.append(day)
+        day.synth()
+        print(HEADER, flush=True)
+        for name in STEPS:
+            if name in args.only:
+                getattr(day, name)()
+        stats = day.figures.get("train online")
+        if stats:
+            print(f"{'':>11} online tables: {table_summary(stats[0].result.get('online_tables', {}))}")
+    summary(days)
+    save(root / "results.json", days)
+    print(f"\n{time.perf_counter() - start:.0f} s in all; figures in {root / 'results.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
