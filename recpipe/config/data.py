@@ -131,9 +131,9 @@ class EVParams(Section):
             ``init_capacity`` / ``max_capacity``). A restored table starts at the power of two
             that holds its rows.
         filter_counter_width: counters per hash of the count-min sketch that counts ids not
-            yet admitted. 0 (the default): it follows the table, the smallest power of two of
-            at least ``2 * capacity`` and 4096, doubled with it (each counter copied to its two
-            successors, so counts stay upper bounds).
+            yet admitted. 0 (the default): it starts at the smallest power of two of at least
+            ``2 * init_capacity`` and 4096, and doubles whenever half its counters are in use,
+            up to that width for ``max_capacity`` (``trainer.online.admission``).
         filter_counter_decay: those counts are multiplied by this at each day boundary.
     """
 
@@ -159,8 +159,9 @@ DEFAULT_INIT_CAPACITY = 4096
 
 
 def sketch_width(capacity: int) -> int:
-    """The sketch width that follows a table of ``capacity`` rows: the smallest power of two of
-    at least ``2 * capacity`` and 4096."""
+    """The sketch width for a table of ``capacity`` rows: the smallest power of two of at least
+    ``2 * capacity`` and 4096 (a sketch's start at ``init_capacity``, its bound at
+    ``max_capacity``)."""
     return max(4096, 1 << (2 * capacity - 1).bit_length())
 
 

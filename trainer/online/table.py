@@ -18,7 +18,8 @@ In training a lookup first updates the table (``admit``), then reads it:
 
 - an id with a row has its count, version and day updated;
 - with ``steps_to_live`` rows whose version is older than that are evicted
-  (``trainer.online.eviction``, at every step, so the rule is exact);
+  (``trainer.online.eviction``: an O(rows) scan, so it runs every ``steps_to_live // 8``
+  steps; a row lives at most an eighth longer, exactly as long up to 15 steps to live);
 - an id without a row is counted (``trainer.online.admission``) and admitted once its count
   reaches ``filter_freq``;
 - an admitted id takes a free row (from a stack: O(new ids)); with none free the table grows
@@ -44,11 +45,11 @@ import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 
-from recpipe.config.data import EVParams, sketch_width
+from recpipe.config.data import EVParams
 from recpipe.exports.files import TableRows
 from trainer.embedding_tables import variable_name
 from trainer.online import eviction
-from trainer.online.admission import SKETCH_DEPTH, SKETCH_NAME, CountMinSketch, ready
+from trainer.online.admission import SKETCH_DEPTH, SKETCH_NAME, CountMinSketch, fitted_width, ready, rows_of
 from trainer.online.clock import EVClock
 from trainer.online.initializer import initial_rows
 
@@ -85,6 +86,8 @@ class EmbeddingVariable:
         keys, freqs, versions, days: ``int64 [rows]`` per-row state.
         sketch: ``float32 [4 * counter_width]`` counts of ids without a row.
         stats: ``int64 [5]``: admitted, evicted, refused, lookups, filtered (``STATS``).
+        sketch_used: ``int64 []`` counters of the sketch in use (an upper bound, recounted
+            by ``refresh``), which decides its widening.
         map: the id -> row hash table (rebuilt from ``keys`` by ``refresh``).
         optimizer_slots: ``(slot variable, initial value)`` whose rows admission resets.
     """
@@ -108,11 +111,14 @@ class EmbeddingVariable:
         self.freqs = state("ev_freqs", (None,), tf.int64)
         self.versions = state("ev_versions", (None,), tf.int64)
         self.days = state("ev_days", (None,), tf.int64)
-        # the sketch follows the table's capacity unless filter_counter_width fixes it
+        # the sketch widens with its fill unless filter_counter_width fixes it
         self.sketch_follows = not params.filter_counter_width
         width = params.counter_width(self.start_rows)
+        self.sketch_start = width
+        self.sketch_most = max(width, params.counter_width(rows))
         self.sketch = _weights_of(layer, table, SKETCH_DEPTH * width)(SKETCH_NAME, (None,), tf.float32, 0.0)
         self.counter = CountMinSketch(self.sketch)
+        self.sketch_used = state("ev_filter_used", (), tf.int64)  # counters in use (an upper bound)
         self.stats = state("ev_stats", (len(STATS),), tf.int64)
         # free rows as a stack (rows [0, top) of ev_free_rows), so that a step takes rows in
         # O(new ids); rebuilt from ev_keys by refresh(), whatever a checkpoint held
@@ -122,6 +128,8 @@ class EmbeddingVariable:
         self.free_top = state("ev_free_top", (), tf.int64, self.start_rows)
         self.map = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, default_value=FREE)
         self.views: list[EVView] = []
+        # (ids, their (where, rows)) of the admitting view's last training lookup
+        self.step_rows: tuple | None = None
         self.optimizer_slots: list[tuple[tf.Variable, float]] = []
 
     def view(self, layer, dim: int) -> EVView:
@@ -135,7 +143,7 @@ class EmbeddingVariable:
 
     def capacity(self) -> tf.Tensor:
         """``int64 []``: the rows allocated now (``init_capacity`` .. ``max_capacity``)."""
-        return tf.shape(self.keys, out_type=tf.int64)[0]
+        return rows_of(self.keys)
 
     def capacity_now(self) -> int:
         """The rows allocated now, as a Python int (eager)."""
@@ -156,8 +164,9 @@ class EmbeddingVariable:
 
     @property
     def derived_variables(self) -> list[tf.Variable]:
-        """Variables ``refresh`` rebuilds from ``keys`` (checkpointed, never read back)."""
-        return [self.free, self.free_top]
+        """Variables ``refresh`` rebuilds from ``keys`` and the sketch (checkpointed, never read
+        back)."""
+        return [self.free, self.free_top, self.sketch_used]
 
     @property
     def summed_variables(self) -> list[tf.Variable]:
@@ -167,19 +176,25 @@ class EmbeddingVariable:
     # -- training-time updates -------------------------------------------------------------
     def count(self, keys: tf.Tensor, counts: tf.Tensor | None) -> None:
         """Admit, count and evict for one step's ``keys`` (``int64 [N]``), each standing for
-        ``counts`` sightings (``int64 [N]``; default 1)."""
+        ``counts`` sightings (``int64 [N]``; default 1). Returns the rows of ``keys`` after
+        admission (``int64 [N]``, -1 for ids without one), or None where the ids admitted are
+        the union over processes (``key_union``) and the caller looks them up."""
         if counts is None:
-            unique, _, occurrences = tf.unique_with_counts(keys, out_idx=tf.int64)
+            unique, index, occurrences = tf.unique_with_counts(keys, out_idx=tf.int64)
         else:
             unique, index = tf.unique(keys, out_idx=tf.int64)
             occurrences = tf.math.unsorted_segment_sum(counts, index, tf.size(unique, out_type=tf.int64))
         if self.key_union is not None:
             unique, occurrences = self.key_union(unique, occurrences)
-        self.admit(unique, occurrences)
+            self.admit(unique, occurrences)
+            return None
+        return tf.gather(self.admit(unique, occurrences), index)
 
-    def admit(self, keys: tf.Tensor, occurrences: tf.Tensor) -> None:
+    def admit(self, keys: tf.Tensor, occurrences: tf.Tensor) -> tf.Tensor:
         """Update the table for one step's distinct ``keys`` (``int64 [U]``) seen
-        ``occurrences`` (``int64 [U]``) times each: count, evict, admit (module docstring)."""
+        ``occurrences`` (``int64 [U]``) times each: count, evict, admit (module docstring).
+        Returns their rows now (``int64 [U]``, -1 for ids left without one): the rows they
+        had (eviction spares the rows used in this step) and the ones admission gave them."""
         p = self.params
         step, day = self.clock.stamp(), tf.convert_to_tensor(self.clock.day)
         slots = self.map.lookup(keys)
@@ -193,7 +208,13 @@ class EmbeddingVariable:
         _set(self.days, hit_slots, day)
         evicted = tf.constant(0, tf.int64)
         if p.steps_to_live:
-            evicted += self.evict(eviction.stale_by_steps(self.keys, self.versions, step, p.steps_to_live))
+            # an O(rows) scan, every steps_to_live / 8 steps (exact up to 15 steps to live)
+            period = max(1, p.steps_to_live // 8)
+            evicted += tf.cond(
+                step % period == 0,
+                lambda: self.evict(eviction.stale_by_steps(self.keys, self.versions, step, p.steps_to_live)),
+                lambda: tf.constant(0, tf.int64),
+            )
         ready_ids, count, index = ready(self.counter, miss, miss_occ, p.filter_freq)
         flags = tf.cast(ready_ids, tf.int64)
         order = tf.cumsum(flags)  # 1-based rank among the ready ids
@@ -203,7 +224,9 @@ class EmbeddingVariable:
         admitted = ready_ids & (order <= m)
         admitted_at = tf.reshape(tf.where(admitted), [-1])
         if index is not None:  # ids left without a row keep their counts (max with 0: no-op)
-            self.counter.keep(index, tf.where(admitted, 0.0, count))
+            self.sketch_used.assign_add(self.counter.keep(index, tf.where(admitted, 0.0, count)))
+            if self.sketch_follows:
+                self._widen_sketch()
         new_keys = tf.gather(miss, admitted_at)
         self._fill(targets, new_keys, tf.cast(tf.gather(count, admitted_at), tf.int64), step, day)
         total = tf.reduce_sum(occurrences, 0)
@@ -211,6 +234,24 @@ class EmbeddingVariable:
         refused = n_ready - m
         evicted += tf.size(victims, out_type=tf.int64)
         self.stats.assign_add(tf.stack([m, evicted, refused, total, filtered]))
+        # the admitted ids' places among `keys`: misses keep their order in dynamic_partition
+        placed = tf.gather(tf.where(slots < 0), admitted_at)
+        return tf.tensor_scatter_nd_update(slots, placed, targets)
+
+    def _widen_sketch(self) -> None:
+        """Double the sketch's width until at most half its counters are in use (recounted
+        exactly first: ``sketch_used`` over-counts), up to ``sketch_most`` counters a hash."""
+
+        def widen():
+            used = self.counter.used()
+            self.sketch_used.assign(used)
+            width = self.counter.width()
+            target = fitted_width(used, width, self.sketch_most)
+            tf.cond(target > width, lambda: self.counter.grow(target) or tf.no_op(), tf.no_op)
+            return tf.no_op()
+
+        full = 2 * tf.convert_to_tensor(self.sketch_used) > SKETCH_DEPTH * self.counter.width()
+        tf.cond(full & (self.counter.width() < self.sketch_most), widen, tf.no_op)
 
     def _free_rows(self, n: tf.Tensor, step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """Rows for ``n`` new ids, popped from the free stack. When too few are free the table
@@ -235,16 +276,14 @@ class EmbeddingVariable:
         victims = tf.cond(need > 0, lru, lambda: tf.zeros([0], tf.int64))
         top = tf.convert_to_tensor(self.free_top)
         m = tf.minimum(n, top)
-        targets = tf.reverse(self.free[top - m : top], [0])  # lowest rows first
+        targets = tf.gather(self.free, tf.range(top - 1, top - m - 1, -1))  # lowest rows first
         self.free_top.assign_sub(m)
         return targets, victims
 
     def grow(self, rows: tf.Tensor) -> tf.Operation:
         """Extend the table to ``rows`` (``int64 []``, more than now): every row variable and
         optimizer slot gets new rows at its fill value, the new rows go on the free stack
-        (the lowest on top), and a sketch that follows the table widens with it (tiled: a
-        counter at ``i`` of width ``w`` covers ``i`` and ``i + w`` of width ``2w``, so counts
-        stay upper bounds). Graph or eager; no retrace, the shapes are dynamic."""
+        (the lowest on top). Graph or eager; no retrace, the shapes are dynamic."""
         cap = self.capacity()
         extra = rows - cap
         top = tf.convert_to_tensor(self.free_top)
@@ -254,19 +293,15 @@ class EmbeddingVariable:
         # the free stack now has `rows` entries: push the new rows above the top
         _set(self.free, tf.range(top, top + extra), tf.range(rows - 1, cap - 1, -1, dtype=tf.int64))
         self.free_top.assign_add(extra)
-        if self.sketch_follows:
-            self.counter.widen(sketch_width_tensor(rows))
         return tf.no_op()
 
     def resize(self, rows: int) -> None:
         """Eager: reallocate every row variable and slot at ``rows`` rows, all free (keys
         ``FREE``, zeros, slots at their initial values); the caller fills them, then calls
-        ``refresh``. A sketch that follows the table keeps its counts, widened if needed."""
+        ``refresh``. The sketch keeps its counts."""
         for var, fill in self.grown_variables:
             var.assign(np.full((rows, *var.shape[1:]), fill, var.dtype.as_numpy_dtype))
         self.free_top.assign(0)
-        if self.sketch_follows:
-            self.counter.widen(sketch_width(rows))
 
     def fitted(self, n: int) -> int:
         """Rows to allocate for ``n`` ids: ``init_capacity`` doubled until it holds them, at
@@ -338,6 +373,7 @@ class EmbeddingVariable:
             tf.concat([free, tf.zeros([self.capacity() - tf.size(free, tf.int64)], tf.int64)], 0)
         )
         self.free_top.assign(tf.size(free, out_type=tf.int64))
+        self.sketch_used.assign(self.counter.used())
 
     def new_day(self, day: int) -> int:
         """The day boundary: decay the sketch, evict rows unseen for
@@ -393,7 +429,8 @@ class EmbeddingVariable:
             fill = np.full((rows, *slot.shape[1:]), value, np.float32)
             slot.assign(packed(saved_rows, value) if saved_rows is not None else fill)
         self.free.assign(np.zeros(rows, np.int64))
-        self.counter.load(saved["sketch"], sketch_width(rows) if self.sketch_follows else None)
+        # a sketch that widens with its fill keeps the saved width (at least its start)
+        self.counter.load(saved["sketch"], self.sketch_start if self.sketch_follows else None)
         first = owner is None or owner.rank == 0  # the job's counts, once
         self.stats.assign(saved["stats"] if first else np.zeros(len(STATS), np.int64))
         return n
@@ -461,12 +498,12 @@ class EVView:
     def __init__(self, ev: EmbeddingVariable, weights: tf.Variable, dim: int, admits: bool):
         self.ev, self.weights, self.dim, self.admits = ev, weights, dim, admits
 
-    def rows_of(self, keys: tf.Tensor) -> tf.Tensor:
+    def rows_of(self, keys: tf.Tensor, found: tuple | None = None) -> tf.Tensor:
         """``int64 [N]`` ids -> ``float32 [N, dim]``: their rows, zeros for ids without one
-        (left out of the gather, so they get no gradient)."""
-        slots = self.ev.map.lookup(keys)
-        where = tf.where(slots >= 0)
-        got = tf.gather(self.weights, tf.gather_nd(slots, where))
+        (left out of the gather, so they get no gradient). ``found``: ``(where, rows)`` of
+        ``keys`` already known (``_found``)."""
+        where, rows = found or _found(self.ev.map.lookup(keys))
+        got = tf.gather(self.weights, rows)
         shape = tf.stack([tf.size(keys, out_type=tf.int64), tf.constant(self.dim, tf.int64)])
         return tf.scatter_nd(where, got, shape)
 
@@ -475,15 +512,27 @@ class EVView:
         admitting view first updates the table (``EmbeddingVariable.count``). ``counts``
         (``int64``, shape ``S``) are the sightings each key stands for (default 1 each)."""
         flat = keys.shape.rank == 1  # an id feature's batch: no reshapes to trace
+        ids = keys if flat else tf.reshape(keys, [-1])
+        found = None
         if training and self.admits:
-            self.ev.count(
-                keys if flat else tf.reshape(keys, [-1]),
-                counts if counts is None or flat else tf.reshape(counts, [-1]),
-            )
+            slots = self.ev.count(ids, counts if counts is None or flat else tf.reshape(counts, [-1]))
+            # the step's other views (the wide embedding of the feature) look the same ids
+            # up after this one: they take these rows instead of the map's (one lookup a step)
+            self.ev.step_rows = None if slots is None else (keys, _found(slots))
+            found = self.ev.step_rows and self.ev.step_rows[1]
+        elif training and not tf.executing_eagerly() and self.ev.step_rows and self.ev.step_rows[0] is keys:
+            found = self.ev.step_rows[1]
         if flat:
-            return self.rows_of(keys)
-        rows = self.rows_of(tf.reshape(keys, [-1]))
+            return self.rows_of(keys, found)
+        rows = self.rows_of(ids, found)
         return tf.reshape(rows, tf.concat([tf.shape(keys), [self.dim]], axis=0))
+
+
+def _found(slots: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """``(where int64 [n, 1], rows int64 [n])``: the positions of ``slots`` (``int64 [N]``)
+    that hold a row, and those rows."""
+    where = tf.where(slots >= 0)
+    return where, tf.gather_nd(slots, where)
 
 
 def _weights_of(layer, table: str, rows: int):
@@ -503,9 +552,3 @@ def _weights_of(layer, table: str, rows: int):
         )
 
     return state
-
-
-def sketch_width_tensor(rows: tf.Tensor) -> tf.Tensor:
-    """``sketch_width`` in the graph: the smallest power of two of at least ``2 * rows`` and
-    4096 (``int64 []``)."""
-    return tf.while_loop(lambda w: w < 2 * rows, lambda w: [2 * w], [tf.constant(4096, tf.int64)])[0]
