@@ -14,7 +14,8 @@ sequence)``, so that:
 - a delta must follow the export applied (its manifest's ``follows``); one further ahead
   (a store that was flushed or restarted, a push lost earlier) is refused before writing
   anything (``StoreBehind``): the caller pushes the day's chain in order instead;
-- a base replaces the model's rows whole: hashes of ids the base lacks are deleted.
+- a base replaces the model's rows whole: hashes of ids (and tables) the base lacks are
+  deleted, found by one scan of the model's keys.
 
 Each row is replaced in a ``MULTI``/``EXEC`` transaction (its ``DELETE`` and ``HSET`` with it),
 so a reader sees the old row or the new one, never none; pushers of one model take turns
@@ -133,8 +134,8 @@ def _push(client, model: str, export: Path, prefix: str, force: bool) -> dict[st
             pipe.execute()
             pending = 0
 
+    keep = set()
     for table, rows in params.tables.items():
-        keep = set()
         for i, key in enumerate(rows.ids.tolist()):
             fields = {"version": version}
             for name, values in rows.views.items():
@@ -142,7 +143,8 @@ def _push(client, model: str, export: Path, prefix: str, force: bool) -> dict[st
             name = row_key(model, table, key, prefix)
             pipe.delete(name)  # a row is exactly the export's fields, whatever was there
             pipe.hset(name, mapping=fields)
-            keep.add(name)
+            if is_base(manifest):
+                keep.add(name.encode())
             pending += 1
             written += 1
             flush()
@@ -152,13 +154,13 @@ def _push(client, model: str, export: Path, prefix: str, force: bool) -> dict[st
             deleted += 1
             flush()
         flush(now=True)
-        if is_base(manifest):
-            for name in client.scan_iter(match=row_key(model, table, "*", prefix), count=BATCH):
-                if name.decode() not in keep:
-                    pipe.delete(name)
-                    pending += 1
-                    deleted += 1
-                    flush()
+    if is_base(manifest):  # one pass over the model's rows, every table at once
+        for name in client.scan_iter(match=row_key(model, "*", "*", prefix), count=BATCH):
+            if name not in keep:
+                pipe.delete(name)
+                pending += 1
+                deleted += 1
+                flush()
     flush(now=True)
     record = {k: str(manifest[k]) for k in ("day", "name", "sequence", "global_step", "ev_step")}
     client.hset(f"{prefix}:{model}:applied", mapping=record)
