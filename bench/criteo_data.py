@@ -34,14 +34,16 @@ def bench_edits(work: Path, buckets: int) -> dict:
     return edits
 
 
-def prepare(rows: int, n_days: int, work: Path, buckets: int):
+def prepare(rows: int, n_days: int, work: Path, buckets: int, holdout_percent: int = 0):
     """Draw ``rows`` rows over ``n_days`` days and run the Spark job on each (once; kept in
-    ``work`` while ``rows`` and ``n_days`` stay the same). Returns the pipeline config."""
+    ``work`` while ``rows``, ``n_days`` and ``holdout_percent`` stay the same). Returns the
+    pipeline config."""
     from recpipe.config import load_pipeline_config
 
-    config = load_pipeline_config(CONFIG, bench_edits(work, buckets))
+    edits = {**bench_edits(work, buckets), "data_config.holdout_percent": holdout_percent}
+    config = load_pipeline_config(CONFIG, edits)
     stamp = work / "rows"
-    wanted = f"{rows} {n_days}"
+    wanted = f"{rows} {n_days}" + (f" {holdout_percent}" if holdout_percent else "")
     marker = work / "features" / f"ds={days(n_days)[-1]}" / "_SUCCESS"
     if marker.exists() and stamp.exists() and stamp.read_text() == wanted:
         return config
