@@ -59,3 +59,21 @@ def prepare(rows: int, n_days: int, work: Path, buckets: int, holdout_percent: i
     spark.stop()
     stamp.write_text(wanted)
     return config
+
+
+def hasher(config):
+    """``features -> features`` with each id feature's strings hashed into its
+    ``hash_bucket_size`` (``trainer.hashing``), as a hand-written loop's step hashes them."""
+    from recpipe.config.data import FeatureType
+    from trainer.hashing import hash_ids
+
+    buckets = {
+        f.name: f.hash_bucket_size
+        for f in config.feature_config.features
+        if f.feature_type == FeatureType.IdFeature
+    }
+
+    def hashed(features: dict) -> dict:
+        return {k: hash_ids(v, buckets[k]) if k in buckets else v for k, v in features.items()}
+
+    return hashed

@@ -127,20 +127,12 @@ def floor_train(config, evaluate: bool) -> dict:
     rows instead. Returns the examples and the loss."""
     import tensorflow as tf
 
-    from recpipe.config.data import FeatureType
-    from trainer.hashing import hash_ids
+    from bench.criteo_data import hasher
     from trainer.losses import build_loss
     from trainer.models.builders import build_model
     from trainer.optimizers import build_optimizer
 
-    buckets = {
-        f.name: f.hash_bucket_size
-        for f in config.feature_config.features
-        if f.feature_type == FeatureType.IdFeature
-    }
-
-    def hashed(features: dict) -> dict:
-        return {k: hash_ids(v, buckets[k]) if k in buckets else v for k, v in features.items()}
+    hashed = hasher(config)
 
     batches = _batches(config, holdout=evaluate)
     first = next(batches)

@@ -122,22 +122,14 @@ def minimal_loop(config, stream: bool = False) -> tuple[float, float]:
     import tensorflow as tf
     import tf_keras as keras
 
-    from recpipe.config.data import FeatureType
-    from trainer.hashing import hash_ids
+    from bench.criteo_data import hasher
     from trainer.losses import build_loss
     from trainer.models.builders import build_model
 
     # raw string ids, as a hand-written loop reads them: its step hashes them
     batches = _parquet_batches(config) if stream else iter(list(_parquet_batches(config)))
     first = next(batches)
-    buckets = {
-        f.name: f.hash_bucket_size
-        for f in config.feature_config.features
-        if f.feature_type == FeatureType.IdFeature
-    }
-
-    def hashed(features: dict) -> dict:
-        return {k: hash_ids(v, buckets[k]) if k in buckets else v for k, v in features.items()}
+    hashed = hasher(config)
 
     model = build_model(config)
     model(hashed(first[0]))
