@@ -102,16 +102,26 @@ def raw_rows(config: PipelineConfig, ds: str, limit: int = 5):
     if not files:
         return None
 
-    def read(path: Path, fields, separator: str) -> pa.Table:
+    def read(path: Path, fields, separator: str, rows: int | None = None) -> pa.Table:
         # every column as text: raw logs hold bad values ("unknown" years) that the Spark job
         # turns into nulls; the same happens below
-        return pacsv.read_csv(
-            path,
+        options = dict(
             parse_options=pacsv.ParseOptions(delimiter=separator),
             convert_options=pacsv.ConvertOptions(column_types={f.input_name: pa.string() for f in fields}),
         )
+        if rows is None:  # a dimension table: all of it
+            return pacsv.read_csv(path, **options)
+        # the first rows only, streamed: a production day's file is gigabytes
+        with pacsv.open_csv(path, read_options=pacsv.ReadOptions(block_size=1 << 20), **options) as reader:
+            batches = []
+            while sum(b.num_rows for b in batches) < rows:
+                try:
+                    batches.append(reader.read_next_batch())
+                except StopIteration:
+                    break
+            return pa.Table.from_batches(batches, schema=reader.schema).slice(0, rows)
 
-    table = read(files[0], dc.input_fields, dc.separator).slice(0, limit)
+    table = read(files[0], dc.input_fields, dc.separator, rows=limit)
     for dim in dc.dimension_tables:
         path = Path(dim.path) if Path(dim.path).is_absolute() else Path(config.raw_input_path) / dim.path
         table = table.join(read(path, dim.input_fields, dim.separator), dim.key, join_type="left outer")
