@@ -3,16 +3,16 @@
 A table starts at ``init_capacity`` rows (``float32 [C, dim]``, named
 ``<table>/embedding_weights`` as the hashed tables are) and doubles, up to ``max_capacity``,
 when an admission finds no free row: its variables have an unknown first dimension, so the
-train step grows them in place (with the optimizer's slots and, when it follows the table,
-the admission sketch) and is never traced again. A ``tf.lookup.experimental.MutableHashTable``
-maps an id's full 64-bit fingerprint (``trainer.hashing`` without a modulo: no collisions
-beyond Fingerprint64's own) to its row. Per row, ``ev_keys`` (the id, -1 for a free row),
-``ev_freqs`` (sightings), ``ev_versions`` (the ``EVClock.stamp`` of the step it was last
-looked up in training) and ``ev_days`` (the last day it was seen) are variables, shared by the
-layers that look the table up (the deep and wide embeddings of a feature, each with its own
-weights). They are checkpointed with the weights, and the map is rebuilt from ``ev_keys``
-after every restore (``refresh``), so checkpoints need no hash-table format and re-shard to
-any world size.
+train step grows them in place (with the optimizer's slots) and is never traced again; the
+admission sketch widens by its own fill (``trainer.online.admission``). A
+``tf.lookup.experimental.MutableHashTable`` maps an id's full 64-bit fingerprint
+(``trainer.hashing`` without a modulo: no collisions beyond Fingerprint64's own) to its row.
+Per row, ``ev_keys`` (the id, -1 for a free row), ``ev_freqs`` (sightings), ``ev_versions``
+(the ``EVClock.stamp`` of the step it was last looked up in training) and ``ev_days`` (the last
+day it was seen) are variables, shared by the layers that look the table up (the deep and wide
+embeddings of a feature, each with its own weights). They are checkpointed with the weights,
+and the map is rebuilt from ``ev_keys`` after every restore (``refresh``), so checkpoints need
+no hash-table format and re-shard to any world size.
 
 In training a lookup first updates the table (``admit``), then reads it:
 
