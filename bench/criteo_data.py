@@ -11,6 +11,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "conf/criteo_deepfm.yaml"
+# the optimizers the benchmarks compare (``train_config.optimizer_config`` entries)
+ADAM = {"adam_optimizer": {"learning_rate": {"constant_learning_rate": {"learning_rate": 0.001}}}}
+LAZY = {"lazy_adam_optimizer": {"learning_rate": {"constant_learning_rate": {"learning_rate": 0.001}}}}
 START = "2024-01-01"
 
 
@@ -77,3 +80,35 @@ def hasher(config):
         return {k: hash_ids(v, buckets[k]) if k in buckets else v for k, v in features.items()}
 
     return hashed
+
+
+def parquet_batches(config, ds: str, holdout: bool | None = None, batch_size: int = 1024):
+    """Day ``ds``'s prepared rows as a hand-written loop reads them: pyarrow record batches of
+    ``batch_size`` rows, each column to a tensor (ids as strings, dense values as float32);
+    ``holdout``: only the rows of that side of the Spark job's ``_holdout`` split. Yields
+    ``(features, labels)``."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    import tensorflow as tf
+
+    from recpipe.config.data import FeatureType
+    from recpipe.layout import finished_partitions
+
+    names = [f.name for f in config.feature_config.features]
+    dense = {f.name for f in config.feature_config.features if f.feature_type == FeatureType.RawFeature}
+    label = config.data_config.label_fields[0]
+    columns = [label, *names] + (["_holdout"] if holdout is not None else [])
+    for part in finished_partitions(config.train_input_path, [ds]):
+        for path in sorted(part.glob("*.parquet")):
+            for rb in pq.ParquetFile(path).iter_batches(batch_size=batch_size, columns=columns):
+                if holdout is not None:
+                    rb = rb.filter(pc.equal(rb["_holdout"], holdout))
+                    if rb.num_rows == 0:
+                        continue
+                features = {
+                    n: tf.constant(rb[n].fill_null(0.0).to_numpy().astype("float32"))
+                    if n in dense
+                    else tf.constant(rb[n].to_numpy(zero_copy_only=False).astype(object))
+                    for n in names
+                }
+                yield features, tf.constant(rb[label].to_numpy().astype("float32"))

@@ -43,9 +43,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from bench.criteo_data import CONFIG, LAZY, bench_edits  # noqa: E402
 from bench.process_tree import Measured, run  # noqa: E402
 
-CONFIG = ROOT / "conf/criteo_deepfm.yaml"
 DS = "2024-01-01"
 BATCH = 1024
 HOLDOUT = 10
@@ -57,20 +57,16 @@ STEPS = ("features", "train", "eval", "export", "push")
 def edits(work: Path, buckets: int, online: dict | None = None, checkpoint_steps: int = 100_000) -> dict:
     """``--edit_config_json`` for the bench's data, lazy Adam and the day's holdout; ``online``:
     ``model_config.ev_params`` (every id feature gets an online table)."""
-    out = {
-        "raw_input_path": str(work / "raw"),
-        "train_input_path": str(work / "features"),
-        "data_config.batch_size": BATCH,
-        "data_config.holdout_percent": HOLDOUT,
-        "train_config.log_step_count_steps": 200,
-        "train_config.save_checkpoints_steps": checkpoint_steps,
-        "train_config.save_summary_steps": 1_000_000,
-        "train_config.optimizer_config": [
-            {"lazy_adam_optimizer": {"learning_rate": {"constant_learning_rate": {"learning_rate": 0.001}}}}
-        ],
-    }
-    for i in range(1, 27):
-        out[f"feature_config.features[input_names=C{i}].hash_bucket_size"] = buckets
+    out = bench_edits(work, buckets)
+    out.update(
+        {
+            "data_config.holdout_percent": HOLDOUT,
+            "train_config.log_step_count_steps": 200,
+            "train_config.save_checkpoints_steps": checkpoint_steps,
+            "train_config.save_summary_steps": 1_000_000,
+            "train_config.optimizer_config": [LAZY],
+        }
+    )
     if online is not None:
         out["model_config.ev_params"] = online
     return out
@@ -89,52 +85,20 @@ def _load_config(edit: dict):
     return load_pipeline_config(CONFIG, edit)
 
 
-def _feature_files(config) -> list[Path]:
-    part = Path(config.train_input_path) / f"ds={DS}"
-    return sorted(part.glob("*.parquet"))
-
-
-def _batches(config, holdout: bool):
-    """The day's rows of one side of the holdout as a bare loop reads them: pyarrow record
-    batches of ``BATCH`` rows, ids as strings, dense values as float32."""
-    import numpy as np
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-    import tensorflow as tf
-
-    from recpipe.config.data import FeatureType
-
-    names = [f.name for f in config.feature_config.features]
-    dense = {f.name for f in config.feature_config.features if f.feature_type == FeatureType.RawFeature}
-    label = config.data_config.label_fields[0]
-    for path in _feature_files(config):
-        for rb in pq.ParquetFile(path).iter_batches(batch_size=BATCH, columns=[label, "_holdout", *names]):
-            rb = rb.filter(pc.equal(rb["_holdout"], holdout))
-            if rb.num_rows == 0:
-                continue
-            features = {
-                n: tf.constant(rb[n].fill_null(0.0).to_numpy().astype(np.float32))
-                if n in dense
-                else tf.constant(rb[n].fill_null("").to_numpy(zero_copy_only=False).astype(object))
-                for n in names
-            }
-            yield features, tf.constant(rb[label].to_numpy().astype(np.float32))
-
-
 def floor_train(config, evaluate: bool) -> dict:
     """The same model and optimizer as ``recpipe train`` (hashed tables) in a bare
-    ``tf.function`` step over ``_batches``; ``evaluate``: the forward pass over the held-out
-    rows instead. Returns the examples and the loss."""
+    ``tf.function`` step over ``bench.criteo_data.parquet_batches``; ``evaluate``: the forward
+    pass over the held-out rows instead. Returns the examples and the loss."""
     import tensorflow as tf
 
-    from bench.criteo_data import hasher
+    from bench.criteo_data import hasher, parquet_batches
     from trainer.losses import build_loss
     from trainer.models.builders import build_model
     from trainer.optimizers import build_optimizer
 
     hashed = hasher(config)
 
-    batches = _batches(config, holdout=evaluate)
+    batches = parquet_batches(config, DS, holdout=evaluate, batch_size=BATCH)
     first = next(batches)
     model = build_model(config)
     model(hashed(first[0]))
@@ -172,13 +136,13 @@ def _chain(first, rest):
 
 def floor_spark(config, out: Path) -> dict:
     """Spark reading the day's CSV with the config's schema and writing it as Parquet."""
-    from pyspark.sql.types import DoubleType, IntegerType, StringType, StructField, StructType
+    from pyspark.sql.types import StructField, StructType
 
+    from features.schema import SPARK_TYPES
     from features.session import get_spark
 
-    kinds = {"INT32": IntegerType(), "DOUBLE": DoubleType(), "STRING": StringType()}
     schema = StructType(
-        [StructField(f.input_name, kinds[f.input_type.value]) for f in config.data_config.input_fields]
+        [StructField(f.input_name, SPARK_TYPES[f.input_type]) for f in config.data_config.input_fields]
     )
     spark = get_spark("recpipe-floor")
     frame = spark.read.csv(str(Path(config.raw_input_path) / f"ds={DS}"), header=True, schema=schema)
@@ -334,8 +298,6 @@ class Day:
             )  # fmt: skip
 
     def export(self) -> None:
-        from recpipe.layout import ModelDir  # noqa: F401  (light: no TensorFlow)
-
         online = self.work / "online"
         checkpoints = _checkpoints(online)
         exports = self.work / "exports"
@@ -376,13 +338,13 @@ class Day:
 
 
 def _checkpoints(model_dir: Path) -> list[str]:
-    import re
+    """The model dir's checkpoints, oldest first (TensorFlow's ``checkpoint`` file)."""
+    import tensorflow as tf
 
-    found = (re.fullmatch(r"model\.ckpt-(\d+)\.index", p.name) for p in model_dir.glob("model.ckpt-*.index"))
-    steps = sorted(int(m.group(1)) for m in found if m)
-    if not steps:
+    state = tf.train.get_checkpoint_state(str(model_dir))
+    if state is None or not state.all_model_checkpoint_paths:
         raise SystemExit(f"{model_dir}: no checkpoint")
-    return [str(model_dir / f"model.ckpt-{s}") for s in steps]
+    return list(state.all_model_checkpoint_paths)
 
 
 def _print_row(rows: int, name: str, step: Measured, floor: Measured | None) -> None:

@@ -92,42 +92,18 @@ def _preload(reader) -> list:
     return [tuple(tf.convert_to_tensor(x) for x in flat) for flat in reader.batches()]
 
 
-def _parquet_batches(config):
-    """The day's rows as a hand-written loop reads them: pyarrow record batches of 1024 rows,
-    each column to a tensor (ids as strings, dense values as float32)."""
-    import pyarrow.parquet as pq
-    import tensorflow as tf
-
-    from recpipe.config.data import FeatureType
-    from recpipe.layout import finished_partitions
-
-    names = [f.name for f in config.feature_config.features]
-    dense = {f.name for f in config.feature_config.features if f.feature_type == FeatureType.RawFeature}
-    label = config.data_config.label_fields[0]
-    for part in finished_partitions(config.train_input_path, [DS]):
-        for path in sorted(part.glob("*.parquet")):
-            for rb in pq.ParquetFile(path).iter_batches(batch_size=1024, columns=[label, *names]):
-                features = {
-                    n: tf.constant(rb[n].fill_null(0.0).to_numpy().astype("float32"))
-                    if n in dense
-                    else tf.constant(rb[n].to_numpy(zero_copy_only=False).astype(object))
-                    for n in names
-                }
-                yield features, tf.constant(rb[label].to_numpy().astype("float32"))
-
-
 def minimal_loop(config, stream: bool = False) -> tuple[float, float]:
     """The same model and optimizer in a bare ``tf.function`` step: over batches pre-loaded in
     memory (``stream=False``: compute only), or reading the Parquet files as it goes."""
     import tensorflow as tf
     import tf_keras as keras
 
-    from bench.criteo_data import hasher
+    from bench.criteo_data import hasher, parquet_batches
     from trainer.losses import build_loss
     from trainer.models.builders import build_model
 
     # raw string ids, as a hand-written loop reads them: its step hashes them
-    batches = _parquet_batches(config) if stream else iter(list(_parquet_batches(config)))
+    batches = parquet_batches(config, DS) if stream else iter(list(parquet_batches(config, DS)))
     first = next(batches)
     hashed = hasher(config)
 

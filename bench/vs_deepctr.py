@@ -33,13 +33,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from bench.criteo_data import CONFIG, bench_edits, days, prepare  # noqa: E402
+from bench.criteo_data import ADAM, CONFIG, LAZY, bench_edits, days, prepare  # noqa: E402
 
 DEEPCTR = "deepctr==0.9.4"
 DEEPCTR_DIR = ROOT / "var/bench/deepctr-0.9.4"
 N_DAYS = 6  # five training days, one held out
-ADAM = {"adam_optimizer": {"learning_rate": {"constant_learning_rate": {"learning_rate": 0.001}}}}
-LAZY = {"lazy_adam_optimizer": {"learning_rate": {"constant_learning_rate": {"learning_rate": 0.001}}}}
 VARIANTS = {
     "a_deepctr": "(a) DeepCTR DeepFM + model.fit",
     "b_dense_adam": "(b) train_eval, dense Adam",

@@ -42,6 +42,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+# stdlib only at import: the TorchRec child imports this module too
+from bench.criteo_data import ADAM, CONFIG, LAZY  # noqa: E402
+
 VENV = ROOT / "var/bench/torchrec-venv"
 TORCH = ["torch==2.13.0", "fbgemm-gpu-cpu==1.8.0", "numpy", "pyarrow"]
 # torchrec's metadata asks for the CUDA fbgemm-gpu: it goes in without dependencies, with
@@ -57,8 +60,6 @@ NO_DEPS = [
 DS = "2024-01-01"
 FIELDS = [f"C{i}" for i in range(1, 27)]
 DENSE = [f"I{i}" for i in range(1, 14)]
-LAZY = {"lazy_adam_optimizer": {"learning_rate": {"constant_learning_rate": {"learning_rate": 0.001}}}}
-ADAM = {"adam_optimizer": {"learning_rate": {"constant_learning_rate": {"learning_rate": 0.001}}}}
 ADAGRAD = {"adagrad_optimizer": {"learning_rate": {"constant_learning_rate": {"learning_rate": 0.05}}}}
 VARIANTS = {
     "a_torchrec": "(a) TorchRec, fused tables, row-wise Adagrad",
@@ -111,7 +112,6 @@ def recpipe_edits(work: Path, vocab: dict[str, int], variant: str) -> dict:
 
 
 def run_recpipe(work: Path, vocab: dict[str, int], variant: str, log: Path):
-    from bench.criteo_data import CONFIG
     from bench.process_tree import run
 
     model_dir = work / "models" / variant
@@ -161,6 +161,8 @@ def torchrec_child(work: Path) -> dict:
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
     from torchrec.optim.optimizers import in_backward_optimizer_filter
     from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
+
+    from recpipe.stats import auc  # numpy only
 
     columns = ["label", "_holdout", *DENSE, *FIELDS]
     table = pq.read_table(work / "features" / f"ds={DS}", columns=columns)
@@ -257,27 +259,9 @@ def torchrec_child(work: Path) -> dict:
     return {
         "examples_per_sec": train.num_rows / wall,
         "loop_cpu_s": cpu,
-        "auc": _auc(labels, scores),
+        "auc": auc(labels, scores),
         "rows": train.num_rows,
     }
-
-
-def _auc(labels, scores) -> float:
-    """ROC AUC by ranks (ties averaged)."""
-    import numpy as np
-
-    order = np.argsort(scores, kind="mergesort")
-    ranks = np.empty(len(scores))
-    ranks[order] = np.arange(1, len(scores) + 1)
-    sorted_scores = scores[order]
-    # average the ranks of ties
-    _, start, counts = np.unique(sorted_scores, return_index=True, return_counts=True)
-    for s, c in zip(start, counts, strict=True):
-        if c > 1:
-            ranks[order[s : s + c]] = s + (c + 1) / 2
-    pos = labels == 1
-    n_pos, n_neg = pos.sum(), (~pos).sum()
-    return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
 def main() -> int:

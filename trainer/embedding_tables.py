@@ -15,7 +15,9 @@ from __future__ import annotations
 import json
 
 import tensorflow as tf
+from tensorflow.python.distribute import values as distribute_values
 from tensorflow.python.distribute.sharded_variable import ShardedVariable
+from tensorflow.python.ops import resource_variable_ops
 from tensorflow.python.trackable.base import Trackable
 
 from recpipe.config.data import FeatureSpec
@@ -217,3 +219,20 @@ def sharded_names(model) -> frozenset[str]:
         if getattr(layer, "sharding", None) is not None:
             names |= {variable_name(v) for v in getattr(layer, "fused", {}).values()}
     return frozenset(names)
+
+
+def plain_variable(variable) -> bool:
+    """A variable of this process (not a distributed or sharded one): fused kernels and
+    ``VariableShape`` take its handle."""
+    return isinstance(variable, resource_variable_ops.BaseResourceVariable) and not isinstance(
+        variable, distribute_values.DistributedValues
+    )
+
+
+def rows_of(variable) -> tf.Tensor:
+    """``int64 []``: the first dimension of ``variable``, read from its shape only.
+    ``tf.shape(variable)`` reads the whole value, and a scatter or in-place update of it later
+    in the step then copies every row first (copy on write of a buffer still shared)."""
+    if plain_variable(variable):
+        return tf.raw_ops.VariableShape(input=variable.handle, out_type=tf.int64)[0]
+    return tf.shape(variable, out_type=tf.int64)[0]

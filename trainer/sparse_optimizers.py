@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 import tf_keras as keras
-from tensorflow.python.distribute import values as distribute_values
-from tensorflow.python.ops import resource_variable_ops
+
+from trainer.embedding_tables import plain_variable, rows_of
 
 
 def _set_rows(slot: tf.Variable, indices: tf.Tensor, rows: tf.Tensor) -> None:
@@ -70,7 +70,7 @@ class Adam(GrowableSlots, keras.optimizers.Adam):
     """
 
     def update_step(self, gradient, variable):
-        fused = not (self.amsgrad or getattr(self, "adaptive_epsilon", False)) and _plain(variable)
+        fused = not (self.amsgrad or getattr(self, "adaptive_epsilon", False)) and plain_variable(variable)
         if not fused:
             return super().update_step(gradient, variable)
         dtype = variable.dtype
@@ -78,7 +78,7 @@ class Adam(GrowableSlots, keras.optimizers.Adam):
         beta_1, beta_2 = tf.cast(self.beta_1, dtype), tf.cast(self.beta_2, dtype)
         key = self._index_dict[self._var_key(variable)]
         if isinstance(gradient, tf.IndexedSlices):
-            rows = tf.shape(variable, out_type=gradient.indices.dtype)[0]  # rows summed, the rest zero
+            rows = tf.cast(rows_of(variable), gradient.indices.dtype)  # rows summed, the rest zero
             gradient = tf.math.unsorted_segment_sum(gradient.values, gradient.indices, rows)
         tf.raw_ops.ResourceApplyAdam(
             var=variable.handle,
@@ -93,14 +93,6 @@ class Adam(GrowableSlots, keras.optimizers.Adam):
             grad=gradient,
             use_locking=False,
         )
-
-
-def _plain(variable) -> bool:
-    """A variable of this process (not a distributed or sharded one): the fused kernels take
-    its handle."""
-    return isinstance(variable, resource_variable_ops.BaseResourceVariable) and not isinstance(
-        variable, distribute_values.DistributedValues
-    )
 
 
 class AdamW(GrowableSlots, keras.optimizers.AdamW):

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.distribute import values as distribute_values
-from tensorflow.python.ops import resource_variable_ops
+
+from trainer.embedding_tables import rows_of
 
 SKETCH_DEPTH = 4
 SKETCH_SHIFT = 11  # bits between the sketch's hashes of a (uniform) fingerprint
@@ -32,20 +32,10 @@ SKETCH_SHIFT = 11  # bits between the sketch's hashes of a (uniform) fingerprint
 SKETCH_NAME = "ev_filter_counts"  # the sketch variable's name in its table's scope
 
 
-def rows_of(var: tf.Variable) -> tf.Tensor:
-    """``int64 []``: the first dimension of ``var``, read from the variable's shape only.
-    ``tf.shape(var)`` reads the whole value, and a scatter into ``var`` later in the step then
-    copies every row first (copy on write of a buffer still shared): O(rows) a step."""
-    if isinstance(var, resource_variable_ops.BaseResourceVariable) and not isinstance(
-        var, distribute_values.DistributedValues
-    ):
-        return tf.raw_ops.VariableShape(input=var.handle, out_type=tf.int64)[0]
-    return tf.shape(var, out_type=tf.int64)[0]
-
-
 def widened(counts: tf.Tensor, width) -> tf.Tensor:
     """A flat sketch (``float32 [SKETCH_DEPTH * w]``) at ``width`` counters per hash, a
-    multiple of ``w``: each hash's counters repeated (``CountMinSketch.widen``)."""
+    multiple of ``w``: each hash's counters repeated, so every count stays an upper bound
+    (a restore into a wider sketch, per-rank sketches summed at a save)."""
     rows = tf.reshape(counts, [SKETCH_DEPTH, -1])
     times = tf.maximum(tf.cast(width, tf.int64) // tf.shape(rows, out_type=tf.int64)[1], 1)
     return tf.reshape(tf.tile(rows, tf.stack([tf.constant(1, tf.int64), times])), [-1])
@@ -82,12 +72,6 @@ class CountMinSketch:
         extra = tf.cast(width, tf.int64) - tf.shape(rows, out_type=tf.int64)[1]
         zeros = tf.zeros(tf.stack([tf.constant(SKETCH_DEPTH, tf.int64), extra]), tf.float32)
         self.counts.assign(tf.reshape(tf.concat([rows, zeros], 1), [-1]))
-
-    def widen(self, width) -> None:
-        """Widen to ``width`` counters per hash (a multiple of the width now; no change when
-        not wider). A key's position ``h mod width`` covers ``h mod`` the old width, so the
-        sketch tiled holds every count it held."""
-        self.counts.assign(widened(self.counts, width))
 
     def load(self, saved: np.ndarray, width: int | None) -> bool:
         """Take a saved sketch (``float32 [4 * w]``): as it is, or (``width``, a wider one

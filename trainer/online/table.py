@@ -47,9 +47,9 @@ import tf_keras as keras
 
 from recpipe.config.data import EVParams
 from recpipe.exports.files import TableRows
-from trainer.embedding_tables import variable_name
+from trainer.embedding_tables import rows_of, variable_name
 from trainer.online import eviction
-from trainer.online.admission import SKETCH_DEPTH, SKETCH_NAME, CountMinSketch, fitted_width, ready, rows_of
+from trainer.online.admission import SKETCH_DEPTH, SKETCH_NAME, CountMinSketch, fitted_width, ready
 from trainer.online.clock import EVClock
 from trainer.online.initializer import initial_rows
 
