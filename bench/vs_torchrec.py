@@ -56,6 +56,7 @@ NO_DEPS = [
     "pyre-extensions==0.0.32",
     "typing-inspect==0.9.0",
     "mypy-extensions==1.1.0",
+    "cloudpickle==3.1.3",  # tensordict imports it
 ]
 DS = "2024-01-01"
 FIELDS = [f"C{i}" for i in range(1, 27)]
