@@ -46,7 +46,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from bench.criteo_data import ADAM, CONFIG, LAZY  # noqa: E402
 
 VENV = ROOT / "var/bench/torchrec-venv"
-TORCH = ["torch==2.13.0", "fbgemm-gpu-cpu==1.8.0", "numpy", "pyarrow"]
+TORCH = ["torch==2.13.0", "fbgemm-gpu-cpu==1.8.0", "numpy", "pyarrow", "scipy"]
 # torchrec's metadata asks for the CUDA fbgemm-gpu: it goes in without dependencies, with
 # the ones it imports on the CPU
 NO_DEPS = [
@@ -163,7 +163,7 @@ def torchrec_child(work: Path) -> dict:
     from torchrec.optim.optimizers import in_backward_optimizer_filter
     from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
-    from recpipe.stats import auc  # numpy only
+    from recpipe.stats import auc  # numpy and scipy, both in the bench environment
 
     columns = ["label", "_holdout", *DENSE, *FIELDS]
     table = pq.read_table(work / "features" / f"ds={DS}", columns=columns)
