@@ -9,11 +9,13 @@ during a save never makes a partial checkpoint the latest.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
@@ -26,6 +28,7 @@ from trainer.embedding_tables import (
     saved_layout,
     variable_name,
 )
+from trainer.online.admission import SKETCH_DEPTH
 
 log = logging.getLogger(__name__)
 
@@ -183,14 +186,95 @@ def fine_tune_restore(
     return report
 
 
+GROUPS_KEY = "online_groups"
+
+
+def online_groups(evs: list) -> tf.Variable:
+    """Which tables each online group holds, saved with the checkpoint (``online_groups``:
+    JSON ``{group variable scope: {table: tag}}``) so that its rows can be read per table
+    (``saved_online_tables``) and restored into any grouping."""
+    doc = {
+        variable_name(ev.keys).rsplit("/", 1)[0]: dict(zip(ev.members, ev.tags, strict=True))
+        for ev in evs
+        if ev.grouped
+    }
+    return tf.Variable(json.dumps(doc, sort_keys=True), dtype=tf.string, trainable=False)
+
+
+@dataclass
+class SavedTable:
+    """One online table's rows in a checkpoint, whether it was saved alone or in a group.
+
+    Attributes:
+        ids: ``int64 [n]`` the admitted ids (as the data holds them).
+        freqs, versions, days: ``int64 [n]`` their state.
+        arrays: ``float32 [n, dim]`` per saved view and optimizer slot, by the table's own
+            names (``<scope>/<table>/embedding_weights``, ``m/<scope>/<table>/...``).
+        source: the variable scope it was saved under (``<scope>/<table or group>``).
+        tag: the table's tag in that group (0 alone).
+    """
+
+    ids: np.ndarray
+    freqs: np.ndarray
+    versions: np.ndarray
+    days: np.ndarray
+    arrays: dict[str, np.ndarray]
+    source: str
+    tag: int
+
+
+def saved_online_tables(path: str | Path) -> dict[str, SavedTable]:
+    """Every online table in a checkpoint by ``<scope>/<table>`` (a group split by its rows'
+    tags, ``online_groups``).
+
+    Raises:
+        CheckpointError: no checkpoint there.
+    """
+    path = resolve(path)
+    reader = tf.train.load_checkpoint(path)
+    saved = saved_names(path)
+    key = GROUPS_KEY + VALUE_SUFFIX
+    groups = json.loads(reader.get_tensor(key)) if reader.has_tensor(key) else {}
+    out = {}
+    for name, ckpt_key in sorted(saved.items()):
+        if not name.endswith("/ev_keys") or ckpt_key.startswith("optimizer_"):
+            continue
+        source = name.rsplit("/", 1)[0]
+        scope, table = source.rsplit("/", 1)
+
+        def read(field, source=source):
+            return reader.get_tensor(saved[f"{source}/ev_{field}"])
+
+        keys = read("keys")
+        # the views and slots of this table or group, in any layer: <...>/<table>/embedding_weights
+        suffix = f"/{table}/embedding_weights"
+        arrays = {n: k for n, k in saved.items() if n.endswith(suffix)}
+        members = groups.get(source, {table: 0})
+        tags = read("tables") if source in groups else np.zeros_like(keys)
+        values = {n: reader.get_tensor(k) for n, k in arrays.items()}
+        state = {f: read(f) for f in ("freqs", "versions", "days")}
+        for member, tag in members.items():
+            index = np.flatnonzero((keys >= 0) & (tags == tag))
+            out[f"{scope}/{member}"] = SavedTable(
+                keys[index] ^ tag,
+                *(state[f][index] for f in ("freqs", "versions", "days")),
+                {n.replace(suffix, f"/{member}/embedding_weights"): v[index] for n, v in values.items()},
+                source,
+                int(tag),
+            )
+    return out
+
+
 def restore_embedding_variables(evs: list, checkpoint: str | Path, owner=None) -> dict[str, int]:
     """Restore online tables (``EmbeddingVariable``) by name from ``checkpoint``: each takes
     the saved rows of the ids it owns (``owner``: an embedding-parallel ``Sharding``, or None
-    for all), with their optimizer slots, whatever world size or ``max_capacity`` wrote them
-    (``EmbeddingVariable.load``). A table the checkpoint lacks keeps its empty state.
+    for all), with their optimizer slots, whatever world size, ``max_capacity`` or grouping
+    wrote them (``EmbeddingVariable.load``; a group takes each member's rows by table name).
+    The admission sketch and counts are kept where the table or group was saved as it is
+    now, and start empty otherwise. A table the checkpoint lacks keeps its empty state.
 
     Returns:
-        table (``<layer scope>/<table>``) -> rows restored.
+        table or group (``<layer scope>/<name>``) -> rows restored.
 
     Raises:
         CheckpointError: no checkpoint there.
@@ -200,25 +284,38 @@ def restore_embedding_variables(evs: list, checkpoint: str | Path, owner=None) -
     path = resolve(checkpoint)
     reader = tf.train.load_checkpoint(path)
     saved = saved_names(path)
+    tables = saved_online_tables(path)
     out = {}
     for ev in evs:
         base = variable_name(ev.keys).rsplit("/", 1)[0]
-        fields = ("keys", "freqs", "versions", "days", "filter_counts", "stats")
-        keys = {field: saved.get(f"{base}/ev_{field}") for field in fields}
-        if any(k is None for k in keys.values()):
-            log.warning("online table %s not in checkpoint %s: it starts empty", base, path)
+        scope = base.rsplit("/", 1)[0]
+        found = [(m, tag, tables.get(f"{scope}/{m}")) for m, tag in zip(ev.members, ev.tags, strict=True)]
+        for member, _, table in found:
+            if table is None:
+                log.warning("online table %s/%s not in checkpoint %s: it starts empty", scope, member, path)
+        found = [f for f in found if f[2] is not None]
+        if not found:
             continue
         values = {
-            field.replace("filter_counts", "sketch"): reader.get_tensor(key) for field, key in keys.items()
+            "keys": np.concatenate([t.ids ^ tag for _, tag, t in found]),
+            "tables": np.concatenate([np.full(len(t.ids), tag, np.int64) for _, tag, t in found]),
+            **{f: np.concatenate([getattr(t, f) for *_, t in found]) for f in ("freqs", "versions", "days")},
         }
-        weights = []
-        for view in ev.views:
-            key = saved.get(variable_name(view.weights))
-            weights.append(reader.get_tensor(key) if key is not None else None)
-        slots = []
-        for slot, _ in ev.optimizer_slots:  # saved under the slot's own name, m/<weights>
-            key = saved.get(variable_name(slot))
-            slots.append(reader.get_tensor(key) if key is not None and key.startswith("optimizer_") else None)
+        same = len(found) == len(ev.members) and all(t.source == base for *_, t in found)
+        if same:  # saved as it is now: its sketch and counts hold
+            values["sketch"] = reader.get_tensor(saved[f"{base}/ev_filter_counts"])
+            values["stats"] = reader.get_tensor(saved[f"{base}/ev_stats"])
+        else:
+            values["sketch"] = np.zeros(int(ev.counter.width().numpy()) * SKETCH_DEPTH, np.float32)
+            values["stats"] = np.zeros(ev.stats.shape, np.int64)
+
+        def joined(name: str, ev=ev, found=found):
+            # the rows of `name` (a view or slot of ev) of every member, by the member's names
+            parts = [t.arrays.get(name.replace(f"/{ev.table}/", f"/{m}/")) for m, _, t in found]
+            return None if any(p is None for p in parts) else np.concatenate(parts)
+
+        weights = [joined(variable_name(v.weights)) for v in ev.views]
+        slots = [joined(variable_name(slot)) for slot, _ in ev.optimizer_slots]
         out[base] = ev.load(values, weights, slots, owner)
         ev.refresh()
     log.info("online tables restored from %s: %s rows", path, out)
@@ -308,17 +405,17 @@ def _restore_slots(
 
 
 def list_online_tables(path: str | Path) -> list[tuple[str, int, int]]:
-    """(table variable, rows used, capacity) of each online table (``ev_params``) in a
-    checkpoint, from its ``ev_keys`` (-1 marks a free row).
+    """(table, rows used, capacity) of each online table (``ev_params``) in a checkpoint
+    (the capacity of a group's tables is the group's).
 
     Raises:
         CheckpointError: no checkpoint there.
     """
     path = resolve(path)
     reader = tf.train.load_checkpoint(path)
+    saved = saved_names(path)
     out = []
-    for name, key in sorted(saved_names(path).items()):
-        if name.endswith("/ev_keys") and not key.startswith("optimizer_"):
-            keys = reader.get_tensor(key)
-            out.append((name.rsplit("/", 1)[0], int((keys >= 0).sum()), int(keys.shape[0])))
-    return out
+    for name, table in saved_online_tables(path).items():
+        capacity = reader.get_variable_to_shape_map()[saved[f"{table.source}/ev_keys"]][0]
+        out.append((name, len(table.ids), int(capacity)))
+    return sorted(out)

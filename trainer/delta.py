@@ -145,11 +145,11 @@ def write_export(
         exports = exports[: exports.index(target)]
     previous = read_manifest(exports[-1]) if exports else None
     params, ev_step = snapshot(model, normalization, since_step=previous["ev_step"] if previous else None)
-    now = {ev.table: ev.ids() for ev in online.tables(model)}
+    now = {table: ids for ev in online.tables(model) for table, ids in ev.member_ids().items()}
     if previous is not None:
         for table, ids in alive_ids(exports).items():
             current = now.get(table, np.zeros(0, np.int64))
-            params.tables[table].tombstones = np.sort(ids[~np.isin(ids, current[current != online.FREE])])
+            params.tables[table].tombstones = np.sort(ids[~np.isin(ids, current)])
     with atomic.directory(target) as tmp:
         if saved_model is not None:
             saved_model(tmp)
@@ -157,8 +157,8 @@ def write_export(
         day = day or read_manifest(exports[0])["day"]
         sequence = previous["sequence"] + 1 if previous else 0
         doc = new_manifest(day, name, sequence, previous, global_step, ev_step, params, files)
-        for t, keys in now.items():
-            doc["tables"][t]["rows_used"] = int((keys != online.FREE).sum())
+        for t, ids in now.items():
+            doc["tables"][t]["rows_used"] = len(ids)
         (tmp / MANIFEST).write_text(json.dumps(doc, indent=2, sort_keys=True))  # the rename covers it
         (tmp / SUCCESS).touch()
     return target

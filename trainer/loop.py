@@ -374,12 +374,13 @@ class Trainer:
         ranks each hold their ids: summed; Horovod ranks hold equal tables: the chief's)."""
         out = {}
         for ev in self.state.evs:
-            summary = ev.summary()
-            if self.dist.sharding is not None:
-                summary = dict(
-                    zip(summary, self.dist.sum_over_processes(list(summary.values())), strict=True)
-                )
-            out[variable_name(ev.keys).rsplit("/", 1)[0]] = summary
+            scope = variable_name(ev.keys).rsplit("/", 2)[0]
+            for member, summary in ev.member_summaries().items():
+                if self.dist.sharding is not None:
+                    summary = dict(
+                        zip(summary, self.dist.sum_over_processes(list(summary.values())), strict=True)
+                    )
+                out[f"{scope}/{member}"] = summary
         return out
 
     def _online_metrics(self, start: dict) -> dict[str, float]:

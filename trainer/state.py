@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from recpipe.config.pipeline import PipelineConfig
 from trainer import online
+from trainer.checkpoints import online_groups
 from trainer.embedding_tables import (
     checkpoint_map,
     embedding_layout,
@@ -113,6 +114,7 @@ def build_state(
     checkpoint = tf.train.Checkpoint(
         variables=variables,
         embedding_layout=embedding_layout(variables),
+        online_groups=online_groups(online.tables(model)),
         global_step=global_step,
         epoch=epoch,
         batch_in_epoch=batch_in_epoch,

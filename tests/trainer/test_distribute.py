@@ -42,7 +42,7 @@ def _train(
     strategy = f"--train_config.train_distribute={distribute}"
     argv = [*RECPIPE, "train", *train_args(config_path, model_dir, edits, strategy, *launch, *extra)]
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=1200)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, done.stderr[-30000:]
     logs = sorted((model_dir / "logs").glob("train-*.log"), key=lambda p: int(p.stem.split("-")[1]))
     return json.loads(done.stdout.strip().splitlines()[-1]), logs
 
@@ -445,30 +445,26 @@ ONLINE_EDITS = {
 def _online_state(model_dir: Path) -> tuple[dict, dict]:
     """The latest checkpoint as (online table -> {id: its deep and wide rows, their Adam m and
     v rows, its count}, every other float variable and slot by name): online rows sit in
-    different rows on different world sizes, so they are compared by id."""
-    from trainer.checkpoints import list_online_tables, saved_names
+    different rows on different world sizes and groupings, so they are compared by id, table
+    by table (``saved_online_tables``: a group is split by its rows' tags)."""
+    from trainer.checkpoints import saved_names, saved_online_tables
 
     path = tf.train.latest_checkpoint(str(model_dir))
     reader = tf.train.load_checkpoint(path)
     names = saved_names(path)
-    online, views = {}, []
-    for table, _, _ in list_online_tables(path):
-        short = table.rsplit("/", 1)[1]
-        mine = [
-            n for n in names if n.endswith(f"/{short}/embedding_weights") and not n.startswith(("m/", "v/"))
-        ]
-        views += mine
-        parts = [reader.get_tensor(names[f"{p}{view}"]) for view in mine for p in ("", "m/", "v/")]
-        keys = reader.get_tensor(names[f"{table}/ev_keys"])
-        freqs = reader.get_tensor(names[f"{table}/ev_freqs"])
+    online, sources = {}, set()
+    for table, saved in saved_online_tables(path).items():
+        sources.add(saved.source.rsplit("/", 1)[1])
+        parts = [saved.arrays[n] for n in sorted(saved.arrays)]
+        assert len(parts) == 6, sorted(saved.arrays)  # deep and wide rows, each with m and v
         online[table] = {
-            int(k): np.concatenate([p[i] for p in parts] + [[freqs[i]]]) for i, k in enumerate(keys) if k >= 0
+            int(k): np.concatenate([p[i] for p in parts] + [[saved.freqs[i]]])
+            for i, k in enumerate(saved.ids)
         }
     dense = {
         name: reader.get_tensor(key)
         for name, key in names.items()
-        if not any(t in name for t in [*online, *views])
-        and reader.get_variable_to_dtype_map()[key].is_floating
+        if not any(f"/{s}/" in name for s in sources) and reader.get_variable_to_dtype_map()[key].is_floating
     }
     return online, dense
 
@@ -509,8 +505,11 @@ def test_online_tables_under_embedding_parallel_equal_horovod_and_re_shard(confi
     admitted = two["online_tables"]["ev/deepfm/input_layer/item_id/admitted"]
     assert admitted > 50  # new ids admitted by the 2-rank jobs
     for result in (two, ref):  # from 64 rows (32 a rank), as far as the rows need
+        # one group holds both tables (one ev_params, one dimension): its capacity is theirs
+        used = sum(
+            result["online_tables"][f"ev/deepfm/input_layer/{t}/rows_used"] for t in ("user_id", "item_id")
+        )
         for table in ("user_id", "item_id"):
-            used = result["online_tables"][f"ev/deepfm/input_layer/{table}/rows_used"]
             capacity = result["online_tables"][f"ev/deepfm/input_layer/{table}/capacity"]
             assert capacity <= 2 * used + 64, (table, used, capacity)
         assert result["online_tables"]["ev/deepfm/input_layer/item_id/capacity"] > 64  # grew

@@ -50,11 +50,18 @@ def horovod_alltoall() -> AllToAll:
 
 
 def _route(
-    ids: tf.Tensor, world_size: int, alltoall: AllToAll, local_rows, dim, with_counts: bool
+    ids: tf.Tensor,
+    world_size: int,
+    alltoall: AllToAll,
+    local_rows,
+    dim,
+    with_counts: bool,
+    members: tf.Tensor | None = None,
 ) -> tf.Tensor:
     """Send each distinct id of ``ids`` to rank ``id mod W``, get ``local_rows(wanted,
-    counts)`` there, bring the rows back in ``ids``' shape (``counts``: how often each id
-    occurs in the sender's batch, sent only ``with_counts``)."""
+    counts, members)`` there, bring the rows back in ``ids``' shape (``counts``: how often
+    each id occurs in the sender's batch, sent only ``with_counts``; ``members``: each id's
+    table in an online group, ``int64`` in ``ids``' shape, sent with its id)."""
     flat = tf.reshape(ids, [-1])
     unique, index, counts = tf.unique_with_counts(flat, out_idx=tf.int64)
     owner = tf.cast(unique % world_size, tf.int32)
@@ -63,7 +70,13 @@ def _route(
     splits = tf.math.bincount(owner, minlength=world_size, maxlength=world_size, dtype=tf.int32)
     wanted, wanted_splits = alltoall(send, splits)
     wanted_counts = alltoall(tf.gather(counts, order), splits)[0] if with_counts else None
-    received, _ = alltoall(local_rows(wanted, wanted_counts), wanted_splits)
+    wanted_members = None
+    if members is not None:
+        member = tf.math.unsorted_segment_max(
+            tf.reshape(members, [-1]), index, tf.size(unique, out_type=tf.int64)
+        )
+        wanted_members = alltoall(tf.gather(member, order), splits)[0]
+    received, _ = alltoall(local_rows(wanted, wanted_counts, wanted_members), wanted_splits)
     by_unique = tf.gather(received, tf.argsort(order))
     out = tf.gather(by_unique, index)
     return tf.reshape(out, tf.concat([tf.shape(ids), [dim]], axis=0))
@@ -84,7 +97,7 @@ def sharded_lookup(shard: tf.Variable, ids: tf.Tensor, world_size: int, alltoall
         ``float32 [*S, dim]``, equal to ``tf.gather(full_table, ids)``.
     """
 
-    def local_rows(wanted, _):
+    def local_rows(wanted, *_):
         return tf.gather(shard, wanted // world_size)
 
     return _route(ids, world_size, alltoall, local_rows, shard.shape[1], with_counts=False)
@@ -110,14 +123,15 @@ class Sharding:
         """``sharded_lookup`` over this job's ranks (collective: every rank calls it)."""
         return sharded_lookup(shard, ids, self.world_size, self.alltoall)
 
-    def lookup_keys(self, ev, keys: tf.Tensor, training: bool) -> tf.Tensor:
-        """An online table's rows (``EmbeddingVariable``) of ``keys``: each id is admitted,
-        counted and looked up on rank ``id mod W``, which holds its row (collective)."""
+    def lookup_keys(self, ev, keys: tf.Tensor, training: bool, members: tf.Tensor | None = None) -> tf.Tensor:
+        """An online table's rows (an ``EVView``) of ``keys`` (of ``members`` in a group): each
+        id is admitted, counted and looked up on rank ``id mod W``, which holds its row
+        (collective)."""
 
-        def local_rows(wanted, counts):
-            return ev.lookup(wanted, counts, training)
+        def local_rows(wanted, counts, wanted_members):
+            return ev.lookup(wanted, counts, training, wanted_members)
 
-        return _route(keys, self.world_size, self.alltoall, local_rows, ev.dim, with_counts=training)
+        return _route(keys, self.world_size, self.alltoall, local_rows, ev.dim, training, members)
 
     def local(self, rows, first_global_row: int = 0):
         """The rows of ``rows`` (global rows from ``first_global_row`` on, a numpy array or

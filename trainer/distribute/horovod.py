@@ -51,16 +51,20 @@ class HorovodDistribution(Distribution):
         total = self.hvd.allreduce(tf.constant(values, tf.int64), op=self.hvd.Sum, name="recpipe_sum_values")
         return [int(v) for v in total.numpy()]
 
-    def key_union(self, keys: tf.Tensor, counts: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        """An online table's distinct ids of this step on every rank (``int64 [U]``) and their
-        summed counts, in the same order on every rank: each rank holds the whole table, so
-        all must admit and evict the same ids (``EmbeddingVariable``)."""
+    def key_union(self, keys: tf.Tensor, counts: tf.Tensor, members: tf.Tensor | None = None):
+        """An online table's distinct ids of this step on every rank (``int64 [U]``), their
+        summed counts and (a group's) their member tables (``int64 [U]`` or None), in the same
+        order on every rank: each rank holds the whole table, so all must admit and evict the
+        same ids (``EmbeddingVariable``)."""
         if self.world_size == 1:
-            return keys, counts
+            return keys, counts, members
         every_key = self.hvd.allgather(keys)
         every_count = self.hvd.allgather(counts)
         unique, index = tf.unique(every_key, out_idx=tf.int64)
-        return unique, tf.math.unsorted_segment_sum(every_count, index, tf.size(unique, out_type=tf.int64))
+        n = tf.size(unique, out_type=tf.int64)
+        if members is not None:
+            members = tf.math.unsorted_segment_max(self.hvd.allgather(members), index, n)
+        return unique, tf.math.unsorted_segment_sum(every_count, index, n), members
 
     def job_loss(self, loss: tf.Tensor) -> tf.Tensor:
         return self.hvd.allreduce(loss, op=self.hvd.Sum, name="recpipe_job_loss")

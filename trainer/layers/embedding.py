@@ -12,8 +12,9 @@ a step become ~500). Checkpoints still hold one ``<table>/embedding_weights`` en
 EasyRec users know them, and checkpoints written before tables were fused still restore.
 
 Features with ``ev_params`` use online tables instead (``EmbeddingVariable``: ids keyed by
-their full fingerprint, admission and eviction), one variable per table; under
-embedding-parallel sharding their ids go to rank ``id mod W``.
+their full fingerprint, admission and eviction). Tables of one ``ev_params`` and dimension
+form a group looked up once a step (``trainer.online.table``); under embedding-parallel
+sharding a key (``id XOR tag`` in a group) goes to rank ``key mod W``.
 """
 
 from __future__ import annotations
@@ -126,18 +127,22 @@ class FeatureEmbedding(keras.layers.Layer):
                 offset += rows
         maps = {}
         clock, key_union = self._index.clock, self._index.key_union
+        groups = clock.groups(table_specs(self.features)) if self.ev_params else {}
+        views: dict[str, EVView] = {}
         for table, (params, width) in self.ev_params.items():
-            # this process's share of the bounds under embedding-parallel sharding
-            share = self.sharding.rows if self.sharding else (lambda n: n)
-            rows, start = share(params.max_capacity), max(1, share(params.start_capacity))
+            group, members = groups[table]
+            if group not in views:
+                # this process's share of the bounds under embedding-parallel sharding
+                share = self.sharding.rows if self.sharding else (lambda n: n)
+                rows, start = share(params.max_capacity), max(1, share(params.start_capacity))
 
-            def create(table=table, params=params, rows=rows, start=start):
-                return EmbeddingVariable(self, table, params, clock, rows, key_union, start)
+                def create(group=group, members=members, params=params, rows=rows, start=start):
+                    return EmbeddingVariable(self, group, params, clock, rows, key_union, start, members)
 
-            # the deep and wide lookups of a feature share its table (ids, map, admission)
-            view = clock.table(table, create).view(self, width)
-            self.evs[table] = view
-            maps[table] = view.ev.map
+                # the deep and wide lookups of a feature share its table (ids, map, admission)
+                views[group] = clock.table(group, create).view(self, width)
+                maps[group] = views[group].ev.map
+            self.evs[table] = views[group]
         # tracked, so that a SavedModel holds each id -> row map
         self.ev_maps = maps
         super().build(input_shape)
@@ -172,7 +177,11 @@ class FeatureEmbedding(keras.layers.Layer):
 
     def _pooled(self, f: FeatureSpec, fused, ids: tf.RaggedTensor, training: bool = False) -> tf.Tensor:
         """A tag feature's rows combined per example: ``float32 [B, width]``."""
-        rows = self._gather(fused, ids.flat_values, training)
+        return self._combined(f, self._gather(fused, ids.flat_values, training), ids)
+
+    def _combined(self, f: FeatureSpec, rows: tf.Tensor, ids: tf.RaggedTensor) -> tf.Tensor:
+        """A tag feature's rows (``float32 [n, width]`` of ``ids.flat_values``) combined per
+        example by ``combiner``: ``float32 [B, width]``."""
         summed = tf.math.unsorted_segment_sum(rows, ids.value_rowids(), num_segments=ids.nrows())
         if f.combiner == "mean":
             counts = tf.cast(tf.maximum(ids.row_lengths(), 1), summed.dtype)
@@ -187,14 +196,19 @@ class FeatureEmbedding(keras.layers.Layer):
             )
         pooled: dict[str, tf.Tensor] = {}
         by_width: dict[int, list[tuple[str, tf.Tensor]]] = {}
+        groups: dict[int, list] = {}
         for f in self.features:
             ids, fused = self._ids(f, inputs[f.name])
-            if f.feature_type == FeatureType.TagFeature:
+            if isinstance(fused, EVView) and fused.ev.grouped:
+                groups.setdefault(id(fused), []).append((f, ids, fused))
+            elif f.feature_type == FeatureType.TagFeature:
                 pooled[f.name] = self._pooled(f, fused, ids, training)
             elif isinstance(fused, EVView):  # one lookup per online table
                 pooled[f.name] = self._gather(fused, ids, training)
             else:
                 by_width.setdefault(fused.shape[1], []).append((f.name, ids))
+        for named in groups.values():
+            pooled.update(self._group_rows(named, training))
         if stacked:
             return self._stacked(by_width.get(self.width, []), pooled)
         out = dict(pooled)
@@ -203,6 +217,25 @@ class FeatureEmbedding(keras.layers.Layer):
             rows = self._gather(self.fused[width], tf.stack([ids for _, ids in named]))
             out.update(zip([n for n, _ in named], tf.unstack(rows), strict=True))
         return {f.name: out[f.name] for f in self.features}
+
+    def _group_rows(self, named: list, training: bool) -> dict[str, tf.Tensor]:
+        """One lookup of a group's ids of every feature in ``named`` (``(feature, ids, view)``):
+        feature name -> ``float32 [B, width]``."""
+        view = named[0][2]
+        parts = []
+        for f, ids, _ in named:
+            flat = ids.flat_values if f.feature_type == FeatureType.TagFeature else ids
+            parts.append((view.ev.members.index(f.embedding_name or f.name), flat))
+        keys, members = view.member_keys(parts)
+        if self.sharding:
+            rows = self.sharding.lookup_keys(view, keys, training, members)
+        else:
+            rows = view.lookup(keys, training=training, members=members)
+        sizes = tf.stack([tf.shape(flat, out_type=tf.int64)[0] for _, flat in parts])
+        out = {}
+        for (f, ids, _), piece in zip(named, tf.split(rows, sizes, num=len(parts)), strict=True):
+            out[f.name] = self._combined(f, piece, ids) if f.feature_type == FeatureType.TagFeature else piece
+        return out
 
     def _stacked(self, named: list[tuple[str, tf.Tensor]], pooled: dict[str, tf.Tensor]) -> tf.Tensor:
         """``float32 [B, F, width]`` in feature order: one gather of ``[B, F_id]`` ids, the

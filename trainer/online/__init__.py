@@ -20,7 +20,7 @@ from recpipe.exports.files import TableRows
 from trainer.embedding_tables import EmbeddingConfigError, variable_name
 from trainer.online.admission import SKETCH_DEPTH, SKETCH_NAME, widened
 from trainer.online.clock import EVClock, day_number
-from trainer.online.table import FREE, STATS, EmbeddingVariable, EVView
+from trainer.online.table import FREE, STATS, EmbeddingVariable, EVView, table_tag
 
 __all__ = [
     "FREE",
@@ -40,6 +40,7 @@ __all__ = [
     "start_day",
     "summed_names",
     "table_specs",
+    "table_tag",
     "tables",
     "variable_names",
     "widened",
@@ -69,7 +70,8 @@ def table_specs(features: list[FeatureSpec], dim: int | None = None) -> dict[str
 
 
 def tables(model) -> list[EmbeddingVariable]:
-    """Every online table of ``model`` (shared by its views), in a fixed order."""
+    """Every online table of ``model`` (shared by its views), in a fixed order: a group of
+    tables is one (``EmbeddingVariable.members``)."""
     out: list[EmbeddingVariable] = []
     for layer in model.submodules:
         for view in getattr(layer, "evs", {}).values():
@@ -107,7 +109,7 @@ def refresh(model) -> None:
 def snapshot(model, since_step: int | None = None) -> tuple[dict[str, TableRows], int]:
     """Each table's admitted rows, or (``since_step``) those looked up in training after it
     (``EmbeddingVariable.rows_since``); and the clock's step now (the newest version)."""
-    rows = {ev.table: ev.rows_since(since_step) for ev in tables(model)}
+    rows = {table: part for ev in tables(model) for table, part in ev.rows_since(since_step).items()}
     return rows, int(clock(model).step.numpy())
 
 
@@ -118,9 +120,7 @@ def load_rows(model, rows: dict[str, TableRows]) -> None:
         ValueError: a table ``rows`` lacks, or one with more ids than its ``max_capacity``.
     """
     for ev in tables(model):
-        if ev.table not in rows:
-            raise ValueError(f"no rows for online table {ev.table!r}")
-        ev.set_rows(rows[ev.table])
+        ev.set_rows(rows)  # a group takes each member's
     refresh(model)
 
 

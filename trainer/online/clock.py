@@ -26,6 +26,28 @@ class EVClock(keras.layers.Layer):
         super().__init__(**kwargs)
         self._tables = _Tables()
 
+    def groups(self, specs: dict) -> dict[str, tuple[str, list[str]]]:
+        """The group of each online table of ``specs`` (table -> ``(ev_params, embedding_dim)``):
+        ``(group name, member tables)``. Tables of one ``ev_params`` and dimension share a group
+        (``ev_group_dim<dim>``); a table alone is its own group, named after it. A table keeps
+        the group the first layer gave it, so the model's layers agree."""
+        given = self._tables.groups
+        buckets: dict = {}
+        for table, (params, dim) in specs.items():
+            if table not in given:
+                buckets.setdefault((params.model_dump_json(), dim), []).append(table)
+        taken = {name for name, _ in given.values()}
+        for (_, dim), members in buckets.items():
+            if len(members) == 1:
+                given.update({t: (t, [t]) for t in members})
+                continue
+            name, k = f"ev_group_dim{dim}", 1
+            while name in taken or name in specs:
+                name, k = f"ev_group_dim{dim}_{k}", k + 1
+            taken.add(name)
+            given.update({t: (name, members) for t in members})
+        return {t: given[t] for t in specs}
+
     def table(self, name: str, create):
         """The table ``name`` (an ``EmbeddingVariable``), made by ``create()`` the first time."""
         if name not in self._tables.by_name:
@@ -58,3 +80,4 @@ class _Tables:
     # a plain holder: Keras would track a dict attribute of the clock
     def __init__(self):
         self.by_name: dict = {}
+        self.groups: dict = {}  # table -> (group name, members)

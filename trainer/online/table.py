@@ -33,8 +33,21 @@ In training a lookup first updates the table (``admit``), then reads it:
 At the day boundary (``new_day``) the sketch decays and, with ``delete_after_unseen_days``,
 rows not seen for that many days are evicted. Serving and evaluation only read.
 
+Tables of one ``ev_params`` and embedding dimension form one group (``EmbeddingVariable``
+over several tables, named ``ev_group_dim<dim>``), as hashed tables of one width share a
+fused variable: a step's ids of every table in the group are admitted, counted, evicted and
+looked up by one set of ops, and the optimizer updates one variable per view, instead of one
+set per table (26 Criteo tables: ~26x fewer ops a step). Table ``t``'s ids are keyed by
+``id XOR tag(t)`` (``table_tag``: a 63-bit hash of the table's name, so ids of two tables
+never share a key beyond the 2^-63 chance of any two fingerprints) and each row keeps its
+table's tag in ``ev_tables``: exports, deltas and summaries are still per table, and a
+checkpoint restores into any grouping (rows are matched by tag, not by position). A group of
+one table is the table alone: no tag, no ``ev_tables``, named after the table, exactly as
+before grouping.
+
 References: DeepRec ``Feature-Filter.md`` / ``Feature-Eviction.md`` (EmbeddingVariable);
-PaddleRec ``doc/online_trainer.md`` (``delete_after_unseen_days``).
+PaddleRec ``doc/online_trainer.md`` (``delete_after_unseen_days``); TorchRec's grouped
+(fused) embedding-bag collections for the grouping.
 """
 
 from __future__ import annotations
@@ -58,6 +71,14 @@ FREE = -1
 STATS = ("admitted", "evicted", "refused", "lookups", "filtered")
 
 
+def table_tag(table: str) -> int:
+    """The tag of ``table`` in a group, in ``[1, 2**63)``: its ids (``[0, 2**63)``,
+    ``trainer.hashing``) are keyed by ``id XOR tag`` there, so keys stay non-negative (``FREE``
+    and ``>= 0`` keep their meaning), and its rows carry the tag in ``ev_tables``."""
+    high, low = zlib.crc32(table.encode()), zlib.crc32(f"{table}#recpipe".encode())
+    return ((high << 32 | low) & (2**63 - 1)) or 1
+
+
 def _set(var: tf.Variable, index: tf.Tensor, values) -> None:
     """``var[index] = values`` (a scalar ``values`` fills every indexed row): one op."""
     tf.raw_ops.ResourceScatterUpdate(resource=var.handle, indices=index, updates=values)
@@ -72,20 +93,27 @@ class EmbeddingVariable:
     Args:
         layer: the ``FeatureEmbedding`` building the table (its ``add_weight`` makes model
             variables, named ``<table>/ev_*``).
-        table: the table's name.
+        table: the table's name (a group's: ``ev_group_dim<dim>``).
         params: the features' ``ev_params``.
         clock: the model's ``EVClock``.
         rows: rows this process holds (``max_capacity``, or its share under
             embedding-parallel sharding).
-        key_union: ``(keys, counts) -> (keys, counts)`` over every process (Horovod, where
-            each process holds the whole table and all must admit the same ids), or None.
+        key_union: ``(keys, counts, members) -> (keys, counts, members)`` over every
+            process (Horovod, where each process holds the whole table and all must admit the
+            same ids), or None.
+        start_rows: rows allocated at first (default ``init_capacity``).
+        members: the tables of a group (default ``[table]``: a table alone).
 
     Attributes:
+        members: the group's tables; ``grouped``: more than one; ``tags``: each member's
+            ``table_tag`` (``[0]`` for a table alone).
+        row_tags: ``int64 [rows]`` each row's member tag (``ev_tables``), or None alone.
         views: each layer's ``EVView`` (weights ``float32 [rows, dim]``), the admitting one
             first.
         keys, freqs, versions, days: ``int64 [rows]`` per-row state.
         sketch: ``float32 [4 * counter_width]`` counts of ids without a row.
-        stats: ``int64 [5]``: admitted, evicted, refused, lookups, filtered (``STATS``).
+        stats: ``int64 [5 * members]``: admitted, evicted, refused, lookups, filtered
+            (``STATS``) of each member in turn.
         sketch_used: ``int64 []`` counters of the sketch in use (an upper bound, recounted
             by ``refresh``), which decides its widening.
         map: the id -> row hash table (rebuilt from ``keys`` by ``refresh``).
@@ -101,13 +129,19 @@ class EmbeddingVariable:
         rows: int,
         key_union=None,
         start_rows: int | None = None,
+        members: list[str] | None = None,
     ):
         self.table, self.params, self.clock, self.max_rows = table, params, clock, rows
+        self.members = list(members or [table])
+        self.grouped = len(self.members) > 1
+        self.tags = [table_tag(t) for t in self.members] if self.grouped else [0]
         self.start_rows = min(rows, start_rows or params.start_capacity)
         self.key_union = key_union
         self.salt = zlib.crc32(table.encode())
         state = _weights_of(layer, table, self.start_rows)
         self.keys = state("ev_keys", (None,), tf.int64, FREE)
+        # each row's table tag (table_tag), in a group of several tables only
+        self.row_tags = state("ev_tables", (None,), tf.int64) if self.grouped else None
         self.freqs = state("ev_freqs", (None,), tf.int64)
         self.versions = state("ev_versions", (None,), tf.int64)
         self.days = state("ev_days", (None,), tf.int64)
@@ -119,7 +153,7 @@ class EmbeddingVariable:
         self.sketch = _weights_of(layer, table, SKETCH_DEPTH * width)(SKETCH_NAME, (None,), tf.float32, 0.0)
         self.counter = CountMinSketch(self.sketch)
         self.sketch_used = state("ev_filter_used", (), tf.int64)  # counters in use (an upper bound)
-        self.stats = state("ev_stats", (len(STATS),), tf.int64)
+        self.stats = state("ev_stats", (len(STATS) * len(self.members),), tf.int64)  # per member
         # free rows as a stack (rows [0, top) of ev_free_rows), so that a step takes rows in
         # O(new ids); rebuilt from ev_keys by refresh(), whatever a checkpoint held
         self.free = state(
@@ -130,6 +164,8 @@ class EmbeddingVariable:
         self.views: list[EVView] = []
         # (ids, their (where, rows)) of the admitting view's last training lookup
         self.step_rows: tuple | None = None
+        # (the parts, (keys, members)) of the step's group keys (EVView.member_keys)
+        self.step_keys: tuple | None = None
         self.optimizer_slots: list[tuple[tf.Variable, float]] = []
 
     def view(self, layer, dim: int) -> EVView:
@@ -155,12 +191,22 @@ class EmbeddingVariable:
         included: what ``grow`` and ``resize`` extend, and the value of a new row."""
         rows = [(v.weights, 0.0) for v in self.views]
         rows += [(self.keys, FREE), (self.freqs, 0), (self.versions, 0), (self.days, 0), (self.free, 0)]
+        rows += [(self.row_tags, 0)] if self.grouped else []
         return rows + list(self.optimizer_slots)
 
     @property
     def row_variables(self) -> list[tf.Variable]:
         """The variables with one entry per row (sharded with the rows)."""
-        return [*(v.weights for v in self.views), self.keys, self.freqs, self.versions, self.days, self.free]
+        tags = [self.row_tags] if self.grouped else []
+        return [
+            *(v.weights for v in self.views),
+            self.keys,
+            self.freqs,
+            self.versions,
+            self.days,
+            self.free,
+            *tags,
+        ]
 
     @property
     def derived_variables(self) -> list[tf.Variable]:
@@ -174,25 +220,50 @@ class EmbeddingVariable:
         return [self.sketch, self.stats]
 
     # -- training-time updates -------------------------------------------------------------
-    def count(self, keys: tf.Tensor, counts: tf.Tensor | None) -> None:
+    def count(self, keys: tf.Tensor, counts: tf.Tensor | None, members: tf.Tensor | None = None) -> None:
         """Admit, count and evict for one step's ``keys`` (``int64 [N]``), each standing for
-        ``counts`` sightings (``int64 [N]``; default 1). Returns the rows of ``keys`` after
-        admission (``int64 [N]``, -1 for ids without one), or None where the ids admitted are
-        the union over processes (``key_union``) and the caller looks them up."""
+        ``counts`` sightings (``int64 [N]``; default 1); in a group ``members`` (``int64 [N]``)
+        is each key's member index. Returns the rows of ``keys`` after admission (``int64
+        [N]``, -1 for ids without one), or None where the ids admitted are the union over
+        processes (``key_union``) and the caller looks them up.
+
+        Raises:
+            ValueError: a group's keys without ``members``."""
+        if self.grouped and members is None:
+            raise ValueError(f"online table group {self.table}: keys need their member tables")
         if counts is None:
             unique, index, occurrences = tf.unique_with_counts(keys, out_idx=tf.int64)
         else:
             unique, index = tf.unique(keys, out_idx=tf.int64)
             occurrences = tf.math.unsorted_segment_sum(counts, index, tf.size(unique, out_type=tf.int64))
+        member = None
+        if self.grouped:  # a key's member is the same wherever it occurs
+            member = tf.math.unsorted_segment_max(members, index, tf.size(unique, out_type=tf.int64))
         if self.key_union is not None:
-            unique, occurrences = self.key_union(unique, occurrences)
-            self.admit(unique, occurrences)
+            unique, occurrences, member = self.key_union(unique, occurrences, member)
+            self.admit(unique, occurrences, member)
             return None
-        return tf.gather(self.admit(unique, occurrences), index)
+        return tf.gather(self.admit(unique, occurrences, member), index)
 
-    def admit(self, keys: tf.Tensor, occurrences: tf.Tensor) -> tf.Tensor:
+    def _per_member(self, values: tf.Tensor, member: tf.Tensor | None) -> tf.Tensor:
+        """``int64 [n]`` values of keys of ``member`` (``int64 [n]``, None alone) summed per
+        member: ``int64 [members]``."""
+        if member is None:
+            return tf.reshape(tf.reduce_sum(values, 0), [1])
+        return tf.math.unsorted_segment_sum(values, member, len(self.members))
+
+    def _members_of_rows(self, slots: tf.Tensor) -> tf.Tensor | None:
+        """Each of ``slots``' member index (``int64 [n]``, from its tag), None alone."""
+        if not self.grouped:
+            return None
+        tags = tf.gather(self.row_tags, slots)
+        match = tf.equal(tf.expand_dims(tags, 1), tf.constant(self.tags, tf.int64))
+        return tf.argmax(tf.cast(match, tf.int32), axis=1, output_type=tf.int64)
+
+    def admit(self, keys: tf.Tensor, occurrences: tf.Tensor, member: tf.Tensor | None = None) -> tf.Tensor:
         """Update the table for one step's distinct ``keys`` (``int64 [U]``) seen
-        ``occurrences`` (``int64 [U]``) times each: count, evict, admit (module docstring).
+        ``occurrences`` (``int64 [U]``) times each, of ``member`` (``int64 [U]``, a group's
+        member index; None alone): count, evict, admit (module docstring).
         Returns their rows now (``int64 [U]``, -1 for ids left without one): the rows they
         had (eviction spares the rows used in this step) and the ones admission gave them."""
         p = self.params
@@ -203,17 +274,18 @@ class EmbeddingVariable:
         miss, _ = tf.dynamic_partition(keys, part, 2)
         miss_occ, hit_occ = tf.dynamic_partition(occurrences, part, 2)
         _, hit_slots = tf.dynamic_partition(slots, part, 2)
+        miss_member = None if member is None else tf.dynamic_partition(member, part, 2)[0]
         tf.raw_ops.ResourceScatterAdd(resource=self.freqs.handle, indices=hit_slots, updates=hit_occ)
         _set(self.versions, hit_slots, step)
         _set(self.days, hit_slots, day)
-        evicted = tf.constant(0, tf.int64)
+        evicted = tf.zeros([len(self.members)], tf.int64)
         if p.steps_to_live:
             # an O(rows) scan, every steps_to_live / 8 steps (exact up to 15 steps to live)
             period = max(1, p.steps_to_live // 8)
             evicted += tf.cond(
                 step % period == 0,
                 lambda: self.evict(eviction.stale_by_steps(self.keys, self.versions, step, p.steps_to_live)),
-                lambda: tf.constant(0, tf.int64),
+                lambda: tf.zeros([len(self.members)], tf.int64),
             )
         ready_ids, count, index = ready(self.counter, miss, miss_occ, p.filter_freq)
         flags = tf.cast(ready_ids, tf.int64)
@@ -228,12 +300,19 @@ class EmbeddingVariable:
             if self.sketch_follows:
                 self._widen_sketch()
         new_keys = tf.gather(miss, admitted_at)
-        self._fill(targets, new_keys, tf.cast(tf.gather(count, admitted_at), tf.int64), step, day)
-        total = tf.reduce_sum(occurrences, 0)
-        filtered = tf.reduce_sum(tf.where(admitted, tf.zeros_like(miss_occ), miss_occ), 0)
-        refused = n_ready - m
-        evicted += tf.size(victims, out_type=tf.int64)
-        self.stats.assign_add(tf.stack([m, evicted, refused, total, filtered]))
+        new_member = None if miss_member is None else tf.gather(miss_member, admitted_at)
+        evicted += self._per_member(tf.ones_like(victims), self._members_of_rows(victims))
+        self._fill(targets, new_keys, tf.cast(tf.gather(count, admitted_at), tf.int64), step, day, new_member)
+        filtered = tf.where(admitted, tf.zeros_like(miss_occ), miss_occ)
+        refused = tf.cast(ready_ids & tf.logical_not(admitted), tf.int64)
+        per_member = [
+            self._per_member(tf.cast(admitted, tf.int64), miss_member),
+            evicted,
+            self._per_member(refused, miss_member),
+            self._per_member(occurrences, member),
+            self._per_member(filtered, miss_member),
+        ]
+        self.stats.assign_add(tf.reshape(tf.stack(per_member, axis=1), [-1]))
         # the admitted ids' places among `keys`: misses keep their order in dynamic_partition
         placed = tf.gather(tf.where(slots < 0), admitted_at)
         return tf.tensor_scatter_nd_update(slots, placed, targets)
@@ -270,7 +349,7 @@ class EmbeddingVariable:
 
         def lru():
             victims = eviction.least_recently_used(self.keys, self.versions, step, need)
-            self.evict(victims)
+            self.evict(victims)  # keeps their tags: admit counts them per member
             return victims
 
         victims = tf.cond(need > 0, lru, lambda: tf.zeros([0], tf.int64))
@@ -313,7 +392,8 @@ class EmbeddingVariable:
 
     def evict(self, slots: tf.Tensor) -> tf.Tensor:
         """Free ``slots`` (``int64 [n]``): drop their ids from the map, clear their rows, push
-        them on the free stack. Returns n (int64)."""
+        them on the free stack. Returns the rows freed per member (``int64 [members]``)."""
+        freed = self._per_member(tf.ones_like(slots), self._members_of_rows(slots))
         self.map.remove(tf.gather(self.keys, slots))
         _set(self.keys, slots, tf.constant(FREE, tf.int64))
         zero = tf.constant(0, tf.int64)
@@ -325,11 +405,14 @@ class EmbeddingVariable:
         top = tf.convert_to_tensor(self.free_top)
         _set(self.free, tf.range(top, top + n), tf.reverse(slots, [0]))
         self.free_top.assign_add(n)
-        return n
+        return freed
 
-    def _fill(self, slots, keys, freqs, step, day) -> None:
-        """Give ``keys`` the rows ``slots``: fresh initial values, optimizer slots reset."""
+    def _fill(self, slots, keys, freqs, step, day, member=None) -> None:
+        """Give ``keys`` (of ``member``, a group's member indices) the rows ``slots``: fresh
+        initial values, optimizer slots reset."""
         self.map.insert(keys, slots)
+        if member is not None:
+            _set(self.row_tags, slots, tf.gather(tf.constant(self.tags, tf.int64), member))
         _set(self.keys, slots, keys)
         _set(self.freqs, slots, freqs)
         _set(self.versions, slots, step)
@@ -382,9 +465,10 @@ class EmbeddingVariable:
         self.counter.decay(p.filter_counter_decay)
         if not p.delete_after_unseen_days:
             return 0
-        n = int(self.evict(eviction.unseen_for_days(self.keys, self.days, day, p.delete_after_unseen_days)))
-        self.stats.assign_add(tf.constant([0, n, 0, 0, 0], tf.int64))
-        return n
+        freed = self.evict(eviction.unseen_for_days(self.keys, self.days, day, p.delete_after_unseen_days))
+        zero = tf.zeros_like(freed)
+        self.stats.assign_add(tf.reshape(tf.stack([zero, freed, zero, zero, zero], axis=1), [-1]))
+        return int(tf.reduce_sum(freed))
 
     def load(
         self,
@@ -397,12 +481,15 @@ class EmbeddingVariable:
         an ``owner`` sharding of W ranks, all otherwise), the most recently used first when
         more are saved than fit. ``saved`` holds ``keys``, ``freqs``, ``versions``, ``days``
         (whole-table arrays) and ``sketch``, ``stats``; ``weights`` each view's saved rows and
-        ``slots`` each ``optimizer_slots`` entry's (None: start from initial values).
+        ``slots`` each ``optimizer_slots`` entry's (None: start from initial values); a group's
+        ``saved`` also holds ``tables`` (each row's tag): rows of other tables are left out.
         The table is reallocated at the capacity that holds the rows (``fitted``), so a
         checkpoint restores into any ``init_capacity`` / ``max_capacity``. Returns the rows
         kept; call ``refresh`` after."""
         keys = saved["keys"]
         keep = keys >= 0
+        if self.grouped:  # rows of tables no longer in the group are left out
+            keep &= np.isin(saved["tables"], self.tags)
         if owner is not None and owner.world_size > 1:
             keep &= keys % owner.world_size == owner.rank
         index = np.flatnonzero(keep)
@@ -419,6 +506,8 @@ class EmbeddingVariable:
         self.keys.assign(packed(keys, FREE))
         for var, name in ((self.freqs, "freqs"), (self.versions, "versions"), (self.days, "days")):
             var.assign(packed(saved[name], 0))
+        if self.grouped:
+            self.row_tags.assign(packed(saved["tables"], 0))
         # only a view the checkpoint lacks starts from the initializer
         starts = self.initial_values(tf.constant(keys[index])) if any(w is None for w in weights) else None
         for i, (view, saved_rows) in enumerate(zip(self.views, weights, strict=True)):
@@ -432,57 +521,114 @@ class EmbeddingVariable:
         # a sketch that widens with its fill keeps the saved width (at least its start)
         self.counter.load(saved["sketch"], self.sketch_start if self.sketch_follows else None)
         first = owner is None or owner.rank == 0  # the job's counts, once
-        self.stats.assign(saved["stats"] if first else np.zeros(len(STATS), np.int64))
+        stats = saved["stats"]
+        fits = first and stats.shape == tuple(self.stats.shape)
+        self.stats.assign(stats if fits else np.zeros(self.stats.shape, np.int64))
         return n
 
     def ids(self) -> np.ndarray:
-        """``int64 [rows]``: each row's id, ``FREE`` for a free row."""
+        """``int64 [rows]``: each row's key (``id XOR tag`` in a group), ``FREE`` for a free row."""
         return self.keys.numpy()
 
-    def rows_since(self, step: int | None = None) -> TableRows:
-        """Every admitted row, or those looked up in training after ``step`` (versions above
-        it: see ``EVClock.stamp``)."""
-        keys = self.ids()
-        keep = keys != FREE
-        if step is not None:
-            keep &= self.versions.numpy() > step
-        index = np.flatnonzero(keep)
-        return TableRows(
-            keys[index], {variable_name(v.weights): v.weights.numpy()[index] for v in self.views}
-        )
+    def member_name(self, view: EVView, member: str) -> str:
+        """The name ``member``'s rows of ``view`` are exported under (``<scope>/<member>/
+        embedding_weights``, as a table alone names its weights)."""
+        prefix, _, leaf = variable_name(view.weights).rsplit("/", 2)
+        return f"{prefix}/{member}/{leaf}"
 
-    def set_rows(self, rows: TableRows) -> None:
-        """Hold exactly ``rows`` (ids in the first rows, each view's weights by variable
-        name); call ``refresh`` after.
+    def _member_index(self) -> list[tuple[str, int, np.ndarray]]:
+        """``(member, tag, its used rows)`` of each member (eager)."""
+        keys = self.ids()
+        used = keys != FREE
+        if not self.grouped:
+            return [(self.table, 0, np.flatnonzero(used))]
+        tags = self.row_tags.numpy()
+        return [
+            (m, tag, np.flatnonzero(used & (tags == tag)))
+            for m, tag in zip(self.members, self.tags, strict=True)
+        ]
+
+    def member_ids(self) -> dict[str, np.ndarray]:
+        """Each member's admitted ids (``int64 [n]``, the ids as the data holds them)."""
+        keys = self.ids()
+        return {m: keys[index] ^ tag for m, tag, index in self._member_index()}
+
+    def rows_since(self, step: int | None = None) -> dict[str, TableRows]:
+        """Each member's admitted rows, or those looked up in training after ``step``
+        (versions above it: see ``EVClock.stamp``), under the member's own names."""
+        keys = self.ids()
+        recent = self.versions.numpy() > step if step is not None else None
+        weights = [(v, v.weights.numpy()) for v in self.views]
+        out = {}
+        for member, tag, index in self._member_index():
+            if recent is not None:
+                index = index[recent[index]]
+            out[member] = TableRows(
+                keys[index] ^ tag, {self.member_name(v, member): w[index] for v, w in weights}
+            )
+        return out
+
+    def set_rows(self, rows: dict[str, TableRows]) -> None:
+        """Hold exactly ``rows`` (each member's ids in the first rows, each view's weights by
+        the member's names, ``member_name``); call ``refresh`` after.
 
         Raises:
-            ValueError: more ids than rows, or a view ``rows`` lacks.
+            ValueError: a member ``rows`` lacks, more ids than rows, or a view ``rows`` lacks.
         """
-        n = len(rows.ids)
+        keys, tags, values = [], [], {id(v): [] for v in self.views}
+        for member, tag in zip(self.members, self.tags, strict=True):
+            if member not in rows:
+                raise ValueError(f"no rows for online table {member!r}")
+            part = rows[member]
+            keys.append(np.asarray(part.ids, np.int64) ^ tag)
+            tags.append(np.full(len(part.ids), tag, np.int64))
+            for view in self.views:
+                name = self.member_name(view, member)
+                if name not in part.views:
+                    raise ValueError(f"table {member}: no rows for {name}")
+                values[id(view)].append(part.views[name])
+        n = sum(len(k) for k in keys)
         if n > self.max_rows:
             raise ValueError(f"table {self.table}: {n} ids over max_capacity {self.max_rows}")
-        for view in self.views:
-            if variable_name(view.weights) not in rows.views:
-                raise ValueError(f"table {self.table}: no rows for {variable_name(view.weights)}")
         size = self.fitted(n)
         self.resize(size)
-        keys = np.full(size, FREE, np.int64)
-        keys[:n] = rows.ids
-        self.keys.assign(keys)
+        self.keys.assign(_packed(np.concatenate(keys), size, FREE))
+        if self.grouped:
+            self.row_tags.assign(_packed(np.concatenate(tags), size, 0))
         for view in self.views:
-            values = np.zeros((size, view.dim), np.float32)
-            values[:n] = rows.views[variable_name(view.weights)]
-            view.weights.assign(values)
+            rows_of_view = np.concatenate(values[id(view)]).reshape(-1, view.dim).astype(np.float32)
+            view.weights.assign(_packed(rows_of_view, size, 0.0))
 
     def summary(self) -> dict[str, int]:
         """``rows_used``, ``capacity`` (rows allocated now) and the cumulative ``STATS`` of
-        this process's table."""
+        this process's table (a group's: over its members)."""
         capacity = self.capacity_now()
+        stats = self.stats.numpy().reshape(-1, len(STATS)).sum(axis=0)
         return {
             "rows_used": capacity - int(self.free_top.numpy()),
             "capacity": capacity,
-            **dict(zip(STATS, self.stats.numpy().tolist(), strict=True)),
+            **dict(zip(STATS, stats.tolist(), strict=True)),
         }
+
+    def member_summaries(self) -> dict[str, dict[str, int]]:
+        """``summary`` of each member (``capacity``: the group's)."""
+        capacity = self.capacity_now()
+        stats = self.stats.numpy().reshape(-1, len(STATS))
+        return {
+            member: {
+                "rows_used": len(index),
+                "capacity": capacity,
+                **dict(zip(STATS, stats[i].tolist(), strict=True)),
+            }
+            for i, (member, _, index) in enumerate(self._member_index())
+        }
+
+
+def _packed(values: np.ndarray, rows: int, fill) -> np.ndarray:
+    """``values`` (``[n, ...]``) in the first of ``rows`` rows, the rest ``fill``."""
+    out = np.full((rows, *values.shape[1:]), fill, values.dtype)
+    out[: len(values)] = values
+    return out
 
 
 class EVView:
@@ -507,15 +653,24 @@ class EVView:
         shape = tf.stack([tf.size(keys, out_type=tf.int64), tf.constant(self.dim, tf.int64)])
         return tf.scatter_nd(where, got, shape)
 
-    def lookup(self, keys: tf.Tensor, counts: tf.Tensor | None = None, training: bool = False) -> tf.Tensor:
+    def lookup(
+        self,
+        keys: tf.Tensor,
+        counts: tf.Tensor | None = None,
+        training: bool = False,
+        members: tf.Tensor | None = None,
+    ) -> tf.Tensor:
         """Rows of ``keys`` (``int64`` of shape ``S``) -> ``float32 [*S, dim]``; in training the
         admitting view first updates the table (``EmbeddingVariable.count``). ``counts``
-        (``int64``, shape ``S``) are the sightings each key stands for (default 1 each)."""
+        (``int64``, shape ``S``) are the sightings each key stands for (default 1 each);
+        ``members`` (``int64 [N]``, flat keys only) each key's member in a group."""
         flat = keys.shape.rank == 1  # an id feature's batch: no reshapes to trace
         ids = keys if flat else tf.reshape(keys, [-1])
         found = None
         if training and self.admits:
-            slots = self.ev.count(ids, counts if counts is None or flat else tf.reshape(counts, [-1]))
+            slots = self.ev.count(
+                ids, counts if counts is None or flat else tf.reshape(counts, [-1]), members
+            )
             # the step's other views (the wide embedding of the feature) look the same ids
             # up after this one: they take these rows instead of the map's (one lookup a step)
             self.ev.step_rows = None if slots is None else (keys, _found(slots))
@@ -526,6 +681,25 @@ class EVView:
             return self.rows_of(keys, found)
         rows = self.rows_of(ids, found)
         return tf.reshape(rows, tf.concat([tf.shape(keys), [self.dim]], axis=0))
+
+    def member_keys(self, parts: list[tuple[int, tf.Tensor]]) -> tuple[tf.Tensor, tf.Tensor]:
+        """A group's keys for one step: ``parts`` (member index, its ids ``int64 [n_i]``) ->
+        ``(keys int64 [sum n_i], members int64 [sum n_i])``, each id XOR its member's tag. The
+        layers of one step that pass the same ids get the same tensors, so that a later view
+        takes the admitting view's rows (``step_rows``) instead of looking them up again."""
+        ev = self.ev
+        sig = tuple((i, ids.ref()) for i, ids in parts)
+        cached = ev.step_keys
+        if not tf.executing_eagerly() and cached is not None and cached[0] == sig:
+            return cached[1]
+        keys = tf.concat(
+            [tf.bitwise.bitwise_xor(ids, tf.constant(ev.tags[i], tf.int64)) for i, ids in parts], 0
+        )
+        members = tf.concat(
+            [tf.fill(tf.shape(ids, out_type=tf.int64), tf.constant(i, tf.int64)) for i, ids in parts], 0
+        )
+        ev.step_keys = (sig, (keys, members))
+        return keys, members
 
 
 def _found(slots: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
