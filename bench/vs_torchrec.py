@@ -130,8 +130,29 @@ def run_recpipe(work: Path, vocab: dict[str, int], variant: str, log: Path):
         "examples_per_sec": r["examples_per_sec"],
         "loop_cpu_s": r["cpu_seconds"],
         "auc": r["eval"]["auc"],
+        "phases": r.get("phases", {}),
     }
     return measured, loop
+
+
+def input_child(work: Path, edits: str) -> dict:
+    """The input pipeline alone over the training rows: ``FeatureReader.flat_dataset`` (Parquet
+    -> the batches the step takes), no model. Examples per second and per CPU-second."""
+    from bench.train_throughput import input_only
+    from recpipe.config import load_pipeline_config
+
+    rates = input_only(load_pipeline_config(CONFIG, json.loads(edits)))
+    return {"examples_per_sec": rates[0], "examples_per_cpu_s": rates[1]}
+
+
+def run_input(work: Path, vocab: dict[str, int], log: Path) -> dict:
+    from bench.process_tree import run
+
+    edits = json.dumps(recpipe_edits(work, vocab, "c_online"))
+    measured = run([sys.executable, __file__, "--input_child", edits, "--workdir", str(work)], log)
+    if measured.returncode:
+        raise SystemExit(f"the input pipeline failed, see {log}:\n{log.read_text()[-3000:]}")
+    return measured.result
 
 
 def run_torchrec(python: Path, work: Path, log: Path):
@@ -272,8 +293,12 @@ def main() -> int:
     parser.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=sorted(VARIANTS))
     parser.add_argument("--workdir", default=str(ROOT / "var/bench/vs_torchrec"))
     parser.add_argument("--torchrec_child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--input_child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     work = Path(args.workdir)
+    if args.input_child:
+        print(json.dumps(input_child(work, args.input_child)))
+        return 0
     if args.torchrec_child:
         print(json.dumps(torchrec_child(work)))
         return 0
@@ -329,6 +354,20 @@ def main() -> int:
             f"{gap:+7.4f} {mean(rss):8,.0f} {ratio(rss):6.2f}"
         )
     print("ratios are each round's variant over (a) of the same round, averaged over the rounds")
+    print("\nrecpipe's step by phase (last round): first step (tracing + first run), later steps, graph ops")
+    for variant in args.variants:
+        p = rounds[-1][variant][1].get("phases") if variant != "a_torchrec" else None
+        if p:
+            print(
+                f"{VARIANTS[variant]:48s} first {p['first_step_s']:6.2f} s "
+                f"({p['first_step_cpu_s']:.2f} CPU-s), "
+                f"then {p['step_ms']:6.2f} ms a step ({p['step_cpu_ms']:.2f} CPU-ms), {p['step_ops']:,} ops"
+            )
+    pipe = run_input(work, vocab, work / "logs" / "input.log")
+    print(
+        f"input pipeline alone (Parquet -> batches, no model): {pipe['examples_per_sec']:,.0f} ex/s, "
+        f"{pipe['examples_per_cpu_s']:,.0f} ex/CPU-s"
+    )
     print("goals: (c) >= 1.0x (a) by loop CPU-s and wall at an AUC within 0.002; (b) >= 1.3x (a)")
     print("by loop CPU-s; peak RSS <= 1.5x (a)")
     return 0

@@ -28,7 +28,7 @@ from trainer.embedding_tables import (
     saved_layout,
     variable_name,
 )
-from trainer.online.admission import SKETCH_DEPTH
+from trainer.online import SKETCH_DEPTH
 
 log = logging.getLogger(__name__)
 

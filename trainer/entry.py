@@ -113,6 +113,8 @@ def _train_eval(args, extra) -> int:
         # the chief's peak resident memory, and up to the end of each phase (MiB)
         "peak_rss_mb": peak_rss_mb(),
         "memory_mb": result.memory_mb,
+        # the first step (tracing and first run), the later steps, the traced step's operations
+        "phases": result.phases,
     }
     if result.online_tables:  # the day's rows used, admitted, evicted, filtered share per table
         summary["online_tables"] = result.online_tables

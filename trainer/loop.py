@@ -88,7 +88,9 @@ class TrainJob:
 @dataclass
 class TrainResult:
     """What a finished ``train()`` reports (step, checkpoint, last loss, examples/s, fine-tune report,
-    the online tables' figures, this process's CPU-seconds in the training loop)."""
+    the online tables' figures, this process's CPU-seconds in the training loop, the peak
+    memory of each phase, and ``phases``: the first step's wall and CPU seconds (tracing and
+    first run), the later steps' mean wall and CPU milliseconds, the traced step's operations)."""
 
     global_step: int
     checkpoint: str
@@ -98,6 +100,18 @@ class TrainResult:
     online_tables: dict = field(default_factory=dict)
     cpu_seconds: float = 0.0
     memory_mb: dict = field(default_factory=dict)
+    phases: dict = field(default_factory=dict)
+
+
+def graph_ops(step) -> int | None:
+    """Operations in a traced train step (a ``tf.function`` with a pinned signature): its
+    graph and every function it calls (branches of conditions, loop bodies); None where the
+    step is not one ``tf.function`` (a parameter-server chief's schedule)."""
+    try:
+        graph = step.get_concrete_function().graph.as_graph_def()
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return len(graph.node) + sum(len(f.node_def) for f in graph.library.function)
 
 
 def _l2_on_rows(grads: list, variables: list, tables: set, reg: float) -> tuple[list, tf.Tensor]:
@@ -292,6 +306,7 @@ class Trainer:
         window_start, window_examples = time.time(), 0
         total_start, total_examples, cpu_start = time.time(), 0, time.process_time()
         loss = float("nan")
+        phases: dict = {}
         # the step is counted here too: reading global_step every step would sync with the device
         step = int(self.global_step.numpy())
         done = tc.num_steps is not None and step >= tc.num_steps
@@ -301,9 +316,15 @@ class Trainer:
                 signature = dist.input_signature(data, self.reader.signature())
                 self.train_step = train_step = self._train_step_fn(signature)
             for element in data:
+                if not total_examples:
+                    first = (time.perf_counter(), time.process_time())
                 loss_t = dist.run_step(train_step, element)
                 if not total_examples:
+                    dist.fetch(loss_t)
                     memory.mark("first_step")  # the step traced and run once
+                    phases["first_step_s"] = round(time.perf_counter() - first[0], 3)
+                    phases["first_step_cpu_s"] = round(time.process_time() - first[1], 3)
+                    steady = (time.perf_counter(), time.process_time(), step + 1)
                 step += 1
                 n = dist.local_examples(element)
                 window_examples += n
@@ -348,6 +369,11 @@ class Trainer:
         if total_examples:
             check_finite(loss, step, last_save_step)
         memory.mark("train")
+        if phases and step > steady[2]:  # every step after the first, saves and logs included
+            phases["step_ms"] = round(1e3 * (time.perf_counter() - steady[0]) / (step - steady[2]), 3)
+            phases["step_cpu_ms"] = round(1e3 * (time.process_time() - steady[1]) / (step - steady[2]), 3)
+        if train_step is not None:
+            phases["step_ops"] = graph_ops(train_step)
         if saver and (step != last_save_step or (start_latest is None and not saved)):
             self._save(step)
         memory.mark("save")
@@ -367,6 +393,7 @@ class Trainer:
             figures,
             cpu,
             memory.phases(),
+            phases,
         )
 
     def _online_stats(self) -> dict[str, dict[str, int]]:

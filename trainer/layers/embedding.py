@@ -132,9 +132,11 @@ class FeatureEmbedding(keras.layers.Layer):
         for table, (params, width) in self.ev_params.items():
             group, members = groups[table]
             if group not in views:
-                # this process's share of the bounds under embedding-parallel sharding
+                # this process's share of the bounds under embedding-parallel sharding; a group
+                # holds up to max_capacity rows per member table, in any mix
                 share = self.sharding.rows if self.sharding else (lambda n: n)
-                rows, start = share(params.max_capacity), max(1, share(params.start_capacity))
+                rows = share(params.max_capacity * len(members))
+                start = max(1, share(params.start_capacity))
 
                 def create(group=group, members=members, params=params, rows=rows, start=start):
                     return EmbeddingVariable(self, group, params, clock, rows, key_union, start, members)
