@@ -209,55 +209,90 @@ class FeatureEmbedding(keras.layers.Layer):
                 pooled[f.name] = self._gather(fused, ids, training)
             else:
                 by_width.setdefault(fused.shape[1], []).append((f.name, ids))
+        # blocks: (feature names, float32 [B, F, width]) of rows already side by side
+        blocks: list[tuple[list[str], tf.Tensor]] = []
         for named in groups.values():
-            pooled.update(self._group_rows(named, training))
+            block, tags = self._group_rows(named, training)
+            pooled.update(tags)
+            if block is not None:
+                blocks.append(block)
         if stacked:
-            return self._stacked(by_width.get(self.width, []), pooled)
+            named = by_width.get(self.width, [])
+            if named:
+                # one gather for every hashed id feature: [B, F] ids -> [B, F, width]
+                rows = self._gather(self.fused[self.width], tf.stack([ids for _, ids in named], axis=1))
+                blocks.append(([n for n, _ in named], rows))
+            return self._stacked(blocks, pooled)
         out = dict(pooled)
+        for names, block in blocks:
+            out.update(zip(names, tf.unstack(block, axis=1), strict=True))
         for width, named in by_width.items():
             # one gather for every id feature of this width: [F, B] ids -> [F, B, width]
             rows = self._gather(self.fused[width], tf.stack([ids for _, ids in named]))
             out.update(zip([n for n, _ in named], tf.unstack(rows), strict=True))
         return {f.name: out[f.name] for f in self.features}
 
-    def _group_rows(self, named: list, training: bool) -> dict[str, tf.Tensor]:
-        """One lookup of a group's ids of every feature in ``named`` (``(feature, ids, view)``):
-        feature name -> ``float32 [B, width]``."""
+    def _group_rows(self, named: list, training: bool) -> tuple[tuple | None, dict[str, tf.Tensor]]:
+        """One lookup of a group's ids of every feature in ``named`` (``(feature, ids, view)``).
+        Returns the id features' rows as a block ``(names, float32 [B, F, width])`` (their ids
+        go batch-major, ``EVView.member_keys``, so the rows come side by side) or None, and
+        each tag feature's combined rows (name -> ``float32 [B, width]``)."""
         view = named[0][2]
-        parts = []
-        for f, ids, _ in named:
-            flat = ids.flat_values if f.feature_type == FeatureType.TagFeature else ids
-            parts.append((view.ev.members.index(f.embedding_name or f.name), flat))
-        keys, members = view.member_keys(parts)
+        index = {f.name: view.ev.members.index(f.embedding_name or f.name) for f, _, _ in named}
+        columns = [(f, ids) for f, ids, _ in named if f.feature_type != FeatureType.TagFeature]
+        tails = [(f, ids) for f, ids, _ in named if f.feature_type == FeatureType.TagFeature]
+        keys, members = view.member_keys(
+            [(index[f.name], ids) for f, ids in columns],
+            [(index[f.name], ids.flat_values) for f, ids in tails],
+        )
         if self.sharding:
             rows = self.sharding.lookup_keys(view, keys, training, members)
         else:
             rows = view.lookup(keys, training=training, members=members)
-        sizes = tf.stack([tf.shape(flat, out_type=tf.int64)[0] for _, flat in parts])
-        out = {}
-        for (f, ids, _), piece in zip(named, tf.split(rows, sizes, num=len(parts)), strict=True):
-            out[f.name] = self._combined(f, piece, ids) if f.feature_type == FeatureType.TagFeature else piece
-        return out
+        tags = {}
+        if tails:
+            sizes = [tf.size(keys) - sum(tf.size(ids.flat_values) for _, ids in tails)]
+            sizes += [tf.size(ids.flat_values) for _, ids in tails]
+            rows, *pieces = tf.split(rows, tf.stack(sizes), num=len(sizes))
+            tags = {f.name: self._combined(f, p, ids) for (f, ids), p in zip(tails, pieces, strict=True)}
+        if not columns:
+            return None, tags
+        return ([f.name for f, _ in columns], tf.reshape(rows, [-1, len(columns), view.dim])), tags
 
-    def _stacked(self, named: list[tuple[str, tf.Tensor]], pooled: dict[str, tf.Tensor]) -> tf.Tensor:
-        """``float32 [B, F, width]`` in feature order: one gather of ``[B, F_id]`` ids, the
-        pooled tags put in their places."""
-        rows = (
-            self._gather(self.fused[self.width], tf.stack([ids for _, ids in named], axis=1))
-            if named
-            else None
-        )
-        if not pooled:
-            return rows
-        pieces, start, k = [], 0, 0  # rows[:, start:k]: id features not placed yet
+    def _stacked(self, blocks: list[tuple[list[str], tf.Tensor]], pooled: dict[str, tf.Tensor]) -> tf.Tensor:
+        """``float32 [B, F, width]`` in feature order from ``blocks`` (feature names and their
+        rows ``[B, F_i, width]``: the hashed features' one gather, each online group's lookup)
+        and the ``pooled`` features (``[B, width]``): runs of features side by side in a block
+        are sliced from it (the whole block when it is all of them), runs of pooled features
+        stacked, and the pieces concatenated."""
+        where = {name: (b, j) for b, (names, _) in enumerate(blocks) for j, name in enumerate(names)}
+        pieces: list[tf.Tensor] = []
+        run: list = []  # ("block", b, first, end) or ("pooled", tensors)
+
+        def flush():
+            if not run:
+                return
+            if run[0] == "pooled":
+                pieces.append(tf.stack(run[1], axis=1))
+            else:
+                _, b, first, end = run
+                block = blocks[b][1]
+                pieces.append(block if (first, end) == (0, len(blocks[b][0])) else block[:, first:end])
+            run.clear()
+
         for f in self.features:
-            if f.name not in pooled:
-                k += 1
-                continue
-            if k > start:
-                pieces.append(rows[:, start:k])
-            pieces.append(pooled[f.name][:, None, :])
-            start = k
-        if k > start:
-            pieces.append(rows[:, start:k])
-        return tf.concat(pieces, axis=1)
+            if f.name in where:
+                b, j = where[f.name]
+                if run and run[0] == "block" and run[1] == b and run[3] == j:
+                    run[3] = j + 1
+                    continue
+                flush()
+                run.extend(["block", b, j, j + 1])
+            else:
+                if run and run[0] == "pooled":
+                    run[1].append(pooled[f.name])
+                    continue
+                flush()
+                run.extend(["pooled", [pooled[f.name]]])
+        flush()
+        return pieces[0] if len(pieces) == 1 else tf.concat(pieces, axis=1)
