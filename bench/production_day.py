@@ -424,14 +424,19 @@ def table_summary(tables: dict) -> str:
     if not used:
         return "-"
     largest = max(used, key=used.get)
-    total = {
-        f: sum(v for k, v in tables.items() if k.endswith(f"/{f}"))
-        for f in ("rows_used", "capacity", "admitted")
-    }
+    total = {f: sum(v for k, v in tables.items() if k.endswith(f"/{f}")) for f in ("rows_used", "admitted")}
+    # a group's capacity is reported by each of its tables: counted once
+    total["capacity"] = round(
+        sum(
+            v / tables.get(k[: -len("capacity")] + "group_size", 1)
+            for k, v in tables.items()
+            if k.endswith("/capacity")
+        )
+    )
     return (
         f"{total['rows_used']:,} rows used of {total['capacity']:,} allocated, "
         f"{total['admitted']:,} admitted; "
-        f"largest {largest.rsplit('/', 1)[-1]}: {used[largest]:,} rows of {tables[largest + '/capacity']:,}"
+        f"largest {largest.rsplit('/', 1)[-1]}: {used[largest]:,} rows"
     )
 
 

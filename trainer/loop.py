@@ -407,12 +407,14 @@ class Trainer:
                     summary = dict(
                         zip(summary, self.dist.sum_over_processes(list(summary.values())), strict=True)
                     )
-                out[f"{scope}/{member}"] = summary
+                out[f"{scope}/{member}"] = {**summary, "group_size": len(ev.members)}
         return out
 
     def _online_metrics(self, start: dict) -> dict[str, float]:
-        """``ev/<table>/{rows_used, capacity, admitted, evicted, refused, filtered_share}``
-        since the job started (``filtered_share``: lookups in training that found no row)."""
+        """``ev/<table>/{rows_used, capacity, group_size, admitted, evicted, refused,
+        filtered_share}`` since the job started (``capacity``: the rows its group holds, shared
+        by the ``group_size`` tables of the group; ``filtered_share``: lookups in training that
+        found no row)."""
         out: dict[str, float] = {}
         for name, now in self._online_stats().items():
             first = start.get(name, {})
@@ -422,6 +424,7 @@ class Trainer:
             prefix = f"ev/{name}/"
             out[prefix + "rows_used"] = now["rows_used"]
             out[prefix + "capacity"] = now["capacity"]
+            out[prefix + "group_size"] = now["group_size"]
             for k in ("admitted", "evicted", "refused"):
                 out[prefix + k] = delta[k]
             out[prefix + "filtered_share"] = delta["filtered"] / max(delta["lookups"], 1)

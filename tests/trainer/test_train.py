@@ -54,6 +54,10 @@ def test_train_writes_checkpoints_summaries_and_refuses_to_overwrite(ml_early, t
     assert list(result.memory_mb) == ["build", "first_step", "train", "save"]
     peaks = list(result.memory_mb.values())
     assert peaks == sorted(peaks) and 100 < peaks[0] < 64_000
+    # the step by phase: the first (traced, then run) takes longer than a later one
+    phases = result.phases
+    assert set(phases) == {"first_step_s", "first_step_cpu_s", "step_ms", "step_cpu_ms", "step_ops"}
+    assert phases["first_step_s"] > phases["step_ms"] / 1e3 > 0 and 100 < phases["step_ops"] < 10_000
     assert [s for s, _ in logged] == [10, 20, 30, 40, 50, 60]
     assert set(logged[0][1]) == {"loss", "learning_rate", "examples_per_sec"}
     kept = sorted(p.name for p in tmp_path.glob("model.ckpt-*.index"))
