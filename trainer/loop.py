@@ -32,7 +32,7 @@ from trainer.distribute.base import StepParts, online_tables_refused
 from trainer.embedding_tables import placement, variable_name
 from trainer.input import FeatureReader, holdout_split
 from trainer.losses import build_loss
-from trainer.memory import MemoryProfile, return_freed_buffers
+from trainer.memory import MemoryProfile
 from trainer.sidecar_evaluator import evaluate_and_record, mark_train_done
 from trainer.state import build_state
 
@@ -151,8 +151,6 @@ class Trainer:
         features = self.config.feature_config.online_features
         if features and not self.dist.holds_online_tables:
             raise online_tables_refused(self.config.train_config.train_distribute.value, features)
-        if features:  # growing tables free their old buffers: give them back (trainer.memory)
-            return_freed_buffers()
         self.strategy = self.dist.strategy
         tc = self.config.train_config
         self.partitions, holdout = holdout_split(self.config, job.train_days, "train")

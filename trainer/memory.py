@@ -28,26 +28,6 @@ def peak_rss_mb() -> float:
     return round(peak / MB, 2)
 
 
-M_MMAP_THRESHOLD = -3  # mallopt's parameter (glibc malloc.h)
-MMAP_THRESHOLD = 4 << 20  # above a step's own buffers (26k rows x 16 floats: 1.7 MiB)
-
-
-def return_freed_buffers() -> bool:
-    """Make glibc serve every allocation of 4 MiB or more by ``mmap``, so that a freed one goes
-    back to the system at once. By default glibc raises this threshold to the size of the
-    largest block freed so far (up to 32 MiB), after which the online tables' old row buffers,
-    freed each time a table grows, stay in the heap: 257 MiB of a 1M-row Criteo day's 2.05 GiB
-    (issue 40). Linux with glibc only; returns whether it was set."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD))
-    except (OSError, AttributeError):
-        return False
-
-
 class MemoryProfile:
     """The peak resident memory (MiB) up to the end of each phase of a job, in order: what a
     phase added is its peak less the one before (``phases``)."""

@@ -294,19 +294,3 @@ def test_recpipe_train_exit_codes_and_messages_name_commands_that_exist(ml_early
     assert no_data.returncode == 1 and "no finished feature partition" in no_data.stderr
     failed_job = run("--num_workers", "1", "--train_ds=2001-01-01")  # the job's process fails
     assert failed_job.returncode == 1 and "train worker 0 exited with code 1" in failed_job.stderr
-
-
-def test_freed_buffers_of_4_mib_or_more_go_back_to_the_system():
-    """``return_freed_buffers`` (set by a job with online tables, whose growth frees its old
-    row buffers): a block of 4 MiB or more is mapped on its own and unmapped when freed."""
-    import psutil
-
-    from trainer.memory import return_freed_buffers
-
-    assert return_freed_buffers()
-    process = psutil.Process()
-    before = process.memory_info().rss
-    blocks = [np.ones(6 << 20, np.uint8) for _ in range(32)]  # 192 MiB, written
-    assert process.memory_info().rss > before + (150 << 20)
-    del blocks
-    assert process.memory_info().rss < before + (40 << 20)
