@@ -104,7 +104,7 @@ def test_tables_of_one_ev_params_form_one_group_and_export_per_table(configs):
     assert sorted(keys[keys >= 0].tolist()) == sorted(3 ^ table_tag(t) for t in (*ID_FEATURES, "genres"))
 
 
-@settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=4, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.lists(
         st.lists(
