@@ -231,8 +231,12 @@ def saved_online_tables(path: str | Path) -> dict[str, SavedTable]:
         CheckpointError: no checkpoint there.
     """
     path = resolve(path)
-    reader = tf.train.load_checkpoint(path)
-    saved = saved_names(path)
+    return _online_tables(tf.train.load_checkpoint(path), saved_names(path))
+
+
+def _online_tables(reader, saved: dict, arrays: bool = True) -> dict[str, SavedTable]:
+    """``saved_online_tables`` from an open ``reader`` and its ``saved_names``; without
+    ``arrays`` the views and slots are not read (``SavedTable.arrays`` empty)."""
     key = GROUPS_KEY + VALUE_SUFFIX
     groups = json.loads(reader.get_tensor(key)) if reader.has_tensor(key) else {}
     out = {}
@@ -248,10 +252,9 @@ def saved_online_tables(path: str | Path) -> dict[str, SavedTable]:
         keys = read("keys")
         # the views and slots of this table or group, in any layer: <...>/<table>/embedding_weights
         suffix = f"/{table}/embedding_weights"
-        arrays = {n: k for n, k in saved.items() if n.endswith(suffix)}
+        values = {n: reader.get_tensor(k) for n, k in saved.items() if arrays and n.endswith(suffix)}
         members = groups.get(source, {table: 0})
         tags = read("tables") if source in groups else np.zeros_like(keys)
-        values = {n: reader.get_tensor(k) for n, k in arrays.items()}
         state = {f: read(f) for f in ("freqs", "versions", "days")}
         for member, tag in members.items():
             index = np.flatnonzero((keys >= 0) & (tags == tag))
@@ -284,7 +287,7 @@ def restore_embedding_variables(evs: list, checkpoint: str | Path, owner=None) -
     path = resolve(checkpoint)
     reader = tf.train.load_checkpoint(path)
     saved = saved_names(path)
-    tables = saved_online_tables(path)
+    tables = _online_tables(reader, saved)
     out = {}
     for ev in evs:
         base = variable_name(ev.keys).rsplit("/", 1)[0]
@@ -311,7 +314,7 @@ def restore_embedding_variables(evs: list, checkpoint: str | Path, owner=None) -
 
         def joined(name: str, ev=ev, found=found):
             # the rows of `name` (a view or slot of ev) of every member, by the member's names
-            parts = [t.arrays.get(name.replace(f"/{ev.table}/", f"/{m}/")) for m, _, t in found]
+            parts = [t.arrays.get(ev.member_name(name, m)) for m, _, t in found]
             return None if any(p is None for p in parts) else np.concatenate(parts)
 
         weights = [joined(variable_name(v.weights)) for v in ev.views]
@@ -414,8 +417,8 @@ def list_online_tables(path: str | Path) -> list[tuple[str, int, int]]:
     path = resolve(path)
     reader = tf.train.load_checkpoint(path)
     saved = saved_names(path)
+    shapes = reader.get_variable_to_shape_map()
     out = []
-    for name, table in saved_online_tables(path).items():
-        capacity = reader.get_variable_to_shape_map()[saved[f"{table.source}/ev_keys"]][0]
-        out.append((name, len(table.ids), int(capacity)))
+    for name, table in _online_tables(reader, saved, arrays=False).items():
+        out.append((name, len(table.ids), int(shapes[saved[f"{table.source}/ev_keys"]][0])))
     return sorted(out)

@@ -499,9 +499,7 @@ class EmbeddingVariable:
         rows = self.fitted(n)
 
         def packed(values, fill, selected=False):
-            out = np.full((rows, *values.shape[1:]), fill, values.dtype)
-            out[:n] = values if selected else values[index]
-            return out
+            return _packed(values if selected else values[index], rows, fill)
 
         self.keys.assign(packed(keys, FREE))
         for var, name in ((self.freqs, "freqs"), (self.versions, "versions"), (self.days, "days")):
@@ -530,11 +528,11 @@ class EmbeddingVariable:
         """``int64 [rows]``: each row's key (``id XOR tag`` in a group), ``FREE`` for a free row."""
         return self.keys.numpy()
 
-    def member_name(self, view: EVView, member: str) -> str:
-        """The name ``member``'s rows of ``view`` are exported under (``<scope>/<member>/
-        embedding_weights``, as a table alone names its weights)."""
-        prefix, _, leaf = variable_name(view.weights).rsplit("/", 2)
-        return f"{prefix}/{member}/{leaf}"
+    def member_name(self, name: str, member: str) -> str:
+        """``member``'s name for a variable of this table or group (a view's weights, an
+        optimizer slot of one: ``<scope>/<group>/embedding_weights`` ->
+        ``<scope>/<member>/embedding_weights``, as a table alone names them)."""
+        return name.replace(f"/{self.table}/", f"/{member}/")
 
     def _member_index(self) -> list[tuple[str, int, np.ndarray]]:
         """``(member, tag, its used rows)`` of each member (eager)."""
@@ -558,13 +556,13 @@ class EmbeddingVariable:
         (versions above it: see ``EVClock.stamp``), under the member's own names."""
         keys = self.ids()
         recent = self.versions.numpy() > step if step is not None else None
-        weights = [(v, v.weights.numpy()) for v in self.views]
+        weights = [(variable_name(v.weights), v.weights.numpy()) for v in self.views]
         out = {}
         for member, tag, index in self._member_index():
             if recent is not None:
                 index = index[recent[index]]
             out[member] = TableRows(
-                keys[index] ^ tag, {self.member_name(v, member): w[index] for v, w in weights}
+                keys[index] ^ tag, {self.member_name(n, member): w[index] for n, w in weights}
             )
         return out
 
@@ -583,7 +581,7 @@ class EmbeddingVariable:
             keys.append(np.asarray(part.ids, np.int64) ^ tag)
             tags.append(np.full(len(part.ids), tag, np.int64))
             for view in self.views:
-                name = self.member_name(view, member)
+                name = self.member_name(variable_name(view.weights), member)
                 if name not in part.views:
                     raise ValueError(f"table {member}: no rows for {name}")
                 values[id(view)].append(part.views[name])
