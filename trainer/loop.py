@@ -32,7 +32,7 @@ from trainer.distribute.base import StepParts, online_tables_refused
 from trainer.embedding_tables import placement, variable_name
 from trainer.input import FeatureReader, holdout_split
 from trainer.losses import build_loss
-from trainer.memory import MemoryProfile
+from trainer.memory import MemoryProfile, release_free_memory
 from trainer.sidecar_evaluator import evaluate_and_record, mark_train_done
 from trainer.state import build_state
 
@@ -322,6 +322,7 @@ class Trainer:
                 if not total_examples:
                     dist.fetch(loss_t)
                     memory.mark("first_step")  # the step traced and run once
+                    release_free_memory()  # what tracing freed
                     phases["first_step_s"] = round(time.perf_counter() - first[0], 3)
                     phases["first_step_cpu_s"] = round(time.process_time() - first[1], 3)
                     steady = (time.perf_counter(), time.process_time(), step + 1)
@@ -331,6 +332,7 @@ class Trainer:
                 total_examples += n
                 if step % tc.log_step_count_steps == 0:
                     loss = dist.fetch(loss_t)
+                    release_free_memory()  # before a growing table's next doubling adds to it
                     check_finite(loss, step, last_save_step)
                     elapsed = max(time.time() - window_start, 1e-9)
                     rate = window_examples / elapsed

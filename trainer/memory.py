@@ -4,9 +4,36 @@ far); ``getrusage`` where it is missing."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import resource
 
 MB = 1 << 20
+
+
+def _libc():
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return libc if hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+_LIBC = _libc()
+
+
+def release_free_memory() -> bool:
+    """Hand the pages that malloc holds free back to the system (glibc's ``malloc_trim(0)``,
+    which also releases free pages inside its heaps, not only at their tops). TensorFlow's CPU
+    tensors come from malloc, and a training step frees as much as it allocates; the holes
+    they leave (about 0.45 GB at steady state in a 3M-row day's online training, issue 40) stay
+    resident until trimmed, and a growing table's next doubling then adds to them. A few
+    milliseconds; the training loop calls it after the first step and at every logged step.
+    Returns whether it ran (False where the C library has no ``malloc_trim``: not glibc)."""
+    if _LIBC is None:
+        return False
+    _LIBC.malloc_trim(0)
+    return True
 
 
 def _status(field: str) -> int | None:

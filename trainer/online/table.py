@@ -298,7 +298,8 @@ class EmbeddingVariable:
         if index is not None:  # ids left without a row keep their counts (max with 0: no-op)
             self.sketch_used.assign_add(self.counter.keep(index, tf.where(admitted, 0.0, count)))
             if self.sketch_follows:
-                self._widen_sketch()
+                with tf.control_dependencies([targets]):  # not while the rows grow (peak RSS)
+                    self._widen_sketch()
         new_keys = tf.gather(miss, admitted_at)
         new_member = None if miss_member is None else tf.gather(miss_member, admitted_at)
         evicted += self._per_member(tf.ones_like(victims), self._members_of_rows(victims))
@@ -366,9 +367,17 @@ class EmbeddingVariable:
         cap = self.capacity()
         extra = rows - cap
         top = tf.convert_to_tensor(self.free_top)
+        # one variable at a time: the old and new buffers of all of them at once would be a
+        # transient of 3x the rows' memory (the job's peak RSS), one at a time it is one variable's
+        done: list = []
         for var, fill in self.grown_variables:
-            shape = tf.concat([[extra], tf.shape(var, out_type=tf.int64)[1:]], 0)
-            var.assign(tf.concat([var, tf.fill(shape, tf.constant(fill, var.dtype))], 0))
+            with tf.control_dependencies(done):
+                # pad, not concat with a filled block: one new buffer, not two
+                pads = tf.pad(tf.reshape(extra, [1, 1]), [[0, var.shape.rank - 1], [1, 0]])
+                longer = tf.pad(var.read_value(), pads, constant_values=tf.constant(fill, var.dtype))
+                done = [var.assign(longer, read_value=False)]
+        with tf.control_dependencies(done):
+            top = tf.identity(top)
         # the free stack now has `rows` entries: push the new rows above the top
         _set(self.free, tf.range(top, top + extra), tf.range(rows - 1, cap - 1, -1, dtype=tf.int64))
         self.free_top.assign_add(extra)
