@@ -25,4 +25,4 @@ ENV RECPIPE_HOME=/opt/recpipe \
     RECPIPE_GIT_COMMIT=${GIT_COMMIT} \
     AIRFLOW_HOME=/var/lib/airflow \
     AIRFLOW__CORE__DAGS_FOLDER=/opt/recpipe/dags \
-    PYTHONPATH=/opt/recpipe
+    PYTHONPATH=/opt/recpipe:/opt/recpipe/deploy/airflow

@@ -62,7 +62,8 @@ def airflow_env(
         "MLFLOW_TRACKING_URI": os.environ.get("MLFLOW_TRACKING_URI")
         or f"sqlite:///{home / 'var' / 'mlflow' / 'mlflow.db'}",
         "SPARK_LOCAL_IP": "127.0.0.1",
-        "PYTHONPATH": str(home),
+        # deploy/airflow: airflow_local_settings, which pre-imports what every task imports
+        "PYTHONPATH": os.pathsep.join([str(home), str(home / "deploy" / "airflow")]),
         "PATH": venv_bin + os.pathsep + os.environ.get("PATH", ""),
     }
 

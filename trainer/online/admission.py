@@ -71,7 +71,9 @@ class CountMinSketch:
         rows = tf.reshape(self.counts, [SKETCH_DEPTH, -1])
         extra = tf.cast(width, tf.int64) - tf.shape(rows, out_type=tf.int64)[1]
         # pad, not concat with zeros: one new buffer, not two (the sketch is the job's largest)
-        self.counts.assign(tf.reshape(tf.pad(rows, [[0, 0], tf.stack([tf.constant(0, tf.int64), extra])]), [-1]))
+        self.counts.assign(
+            tf.reshape(tf.pad(rows, [[0, 0], tf.stack([tf.constant(0, tf.int64), extra])]), [-1])
+        )
 
     def load(self, saved: np.ndarray, width: int | None) -> bool:
         """Take a saved sketch (``float32 [4 * w]``): as it is, or (``width``, a wider one
