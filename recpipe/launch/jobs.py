@@ -4,9 +4,11 @@ machine or manifests for a cluster; and running it to its result line."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,8 @@ from recpipe.launch.kubeflow import render
 from recpipe.launch.kubernetes import KubernetesLauncher
 from recpipe.launch.local import LocalLauncher
 from recpipe.launch.topology import evaluator_process, job_spec, training_processes
+
+log = logging.getLogger(__name__)
 
 # what every job process gets: unbuffered logs, no TensorFlow C++ start-up chatter
 JOB_ENV = {"PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
@@ -98,7 +102,11 @@ def run_job(launcher: Launcher, job: JobSpec) -> Any:
     Raises:
         JobFailedError: a process failed; the message names its role and has its log's tail.
     """
-    return job_result(launcher.run(job)[0])
+    start = time.perf_counter()
+    logs = launcher.run(job)
+    # the job's own time, apart from its task's (bench/production_dag.py reads this line)
+    log.info("recpipe job %s ran %.2f s", job.name, time.perf_counter() - start)
+    return job_result(logs[0])
 
 
 # horovodrun prefixes each rank's lines: "[0]<stdout>:" (rank 0 prints the result)
