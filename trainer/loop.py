@@ -140,6 +140,10 @@ def eta_text(steps_left: float, steps_per_sec: float) -> str:
     return f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"
 
 
+# steps between two releases of malloc's free pages (``release_free_memory``: milliseconds)
+TRIM_STEPS = 100
+
+
 class Trainer:
     """Builds model, optimizers and checkpoint for a job, then runs ``train()``."""
 
@@ -330,9 +334,10 @@ class Trainer:
                 n = dist.local_examples(element)
                 window_examples += n
                 total_examples += n
+                if step % TRIM_STEPS == 0:
+                    release_free_memory()  # before a growing table's next doubling adds to it
                 if step % tc.log_step_count_steps == 0:
                     loss = dist.fetch(loss_t)
-                    release_free_memory()  # before a growing table's next doubling adds to it
                     check_finite(loss, step, last_save_step)
                     elapsed = max(time.time() - window_start, 1e-9)
                     rate = window_examples / elapsed

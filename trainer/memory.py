@@ -28,7 +28,8 @@ def release_free_memory() -> bool:
     tensors come from malloc, and a training step frees as much as it allocates; the holes
     they leave (about 0.45 GB at steady state in a 3M-row day's online training, issue 40) stay
     resident until trimmed, and a growing table's next doubling then adds to them. A few
-    milliseconds; the training loop calls it after the first step and at every logged step.
+    milliseconds; the training loop calls it after the first step and every 100 steps
+    (``trainer.loop.TRIM_STEPS``).
     Returns whether it ran (False where the C library has no ``malloc_trim``: not glibc)."""
     if _LIBC is None:
         return False
