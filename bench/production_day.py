@@ -178,14 +178,13 @@ def floor_export(checkpoint: str, out: Path) -> dict:
 
 def floor_push(exports: list[Path]) -> dict:
     """Pipelined HSETs of the exports' rows (their bytes, one hash per row), 1,000 a round
-    trip, into the bench's Redis database, which is flushed first and after."""
+    trip, into the bench's Redis database (the parent empties it before and after)."""
     import numpy as np
     import redis
 
     from recpipe.exports.files import read_params
 
     client = redis.Redis.from_url(REDIS)
-    client.flushdb()
     pipe = client.pipeline(transaction=False)
     rows = 0
     for export in exports:
@@ -197,7 +196,6 @@ def floor_push(exports: list[Path]) -> dict:
                 if rows % 1000 == 0:
                     pipe.execute()
     pipe.execute()
-    client.flushdb()
     return {"rows": rows}
 
 
@@ -238,11 +236,14 @@ class Day:
     def edit(self, online: bool = False, checkpoint_steps: int = 100_000) -> dict:
         return edits(self.work, self.buckets, self.online if online else None, checkpoint_steps)
 
-    def measure(self, name: str, argv: list[str], floor: list[str] | None) -> None:
+    def measure(self, name: str, argv: list[str], floor: list[str] | None, between=None) -> None:
+        """Run ``argv``, then ``between()`` (unmeasured), then the floor."""
         step = run(argv, self.logs / f"{name}.log")
         if step.returncode:
             tail = (self.logs / f"{name}.log").read_text(errors="replace")[-3000:]
             raise SystemExit(f"{name} failed ({step.returncode}), log {self.logs / name}.log:\n{tail}")
+        if between is not None:
+            between()
         base = None
         if floor is not None:
             base = run([sys.executable, __file__, "floor", *floor], self.logs / f"{name}.floor.log")
@@ -328,13 +329,18 @@ class Day:
 
         day = self.work / "exports" / DS
         chain = [str(day / "base"), *sorted(str(p) for p in day.glob("delta-*"))]
-        redis.Redis.from_url(REDIS).flushdb()
+
+        def flush():  # millions of keys: seconds, outside what is measured
+            redis.Redis.from_url(REDIS, socket_timeout=900).flushdb()
+
+        flush()
         self.measure(
             "push",
             [*RECPIPE, "serve", "push", *chain, "--model", "bench", "--redis_url", REDIS],
             ["push", "--exports", *chain],
+            between=flush,
         )
-        redis.Redis.from_url(REDIS).flushdb()
+        flush()
 
 
 def _checkpoints(model_dir: Path) -> list[str]:
