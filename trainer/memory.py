@@ -27,8 +27,8 @@ def release_free_memory() -> bool:
     which also releases free pages inside its heaps, not only at their tops). TensorFlow's CPU
     tensors come from malloc, and a training step frees as much as it allocates; the holes
     they leave (about 0.45 GB at steady state in a 3M-row day's online training, issue 40) stay
-    resident until trimmed, and a growing table's next doubling then adds to them. A few
-    milliseconds; the training loop calls it after the first step and every 100 steps
+    resident until trimmed, and a growing table's next doubling then adds to them. About
+    2 ms (1M-row day); the training loop calls it after the first step and every 100 steps
     (``trainer.loop.TRIM_STEPS``).
     Returns whether it ran (False where the C library has no ``malloc_trim``: not glibc)."""
     if _LIBC is None:
