@@ -102,33 +102,29 @@ def job_seconds(logs: Path, ds: str, task: str) -> float | None:
     return float(JOB_LINE.search(str(done[-1]["event"])).group(1))
 
 
-def task_durations(db: Path) -> dict[tuple[str, str], float]:
-    """``{(ds, task): seconds}`` of the backfill's task instances, in the order they ran."""
+def task_instances(db: Path) -> list[tuple[str, str, str | None, str | None, float | None]]:
+    """The backfill's task instances as ``(ds, task, start, end, duration s)``, in the order
+    they started, from the Airflow metadata database (SQLite)."""
     with sqlite3.connect(db) as conn:
-        rows = conn.execute(
-            "SELECT substr(r.logical_date, 1, 10), t.task_id, t.duration FROM dag_run r "
-            "JOIN task_instance t ON t.run_id = r.run_id AND t.dag_id = r.dag_id "
+        return conn.execute(
+            "SELECT substr(r.logical_date, 1, 10), t.task_id, t.start_date, t.end_date, t.duration "
+            "FROM dag_run r JOIN task_instance t ON t.run_id = r.run_id AND t.dag_id = r.dag_id "
             "WHERE r.dag_id = ? ORDER BY t.start_date",
             (DAG_ID,),
         ).fetchall()
-    return {(ds, task): duration or 0.0 for ds, task, duration in rows}
 
 
-def dag_runs(db: Path) -> dict[str, float]:
-    """Each backfill run's seconds from its first task's start to its last task's end, by
-    ``ds``, from the Airflow metadata database (SQLite)."""
-    with sqlite3.connect(db) as conn:
-        rows = conn.execute(
-            "SELECT substr(r.logical_date, 1, 10), min(t.start_date), max(t.end_date) "
-            "FROM dag_run r JOIN task_instance t ON t.run_id = r.run_id AND t.dag_id = r.dag_id "
-            "WHERE r.dag_id = ? GROUP BY r.run_id",
-            (DAG_ID,),
-        ).fetchall()
-    out = {}
-    for ds, first, last in rows:
+def dag_runs(instances) -> dict[str, float]:
+    """Each run's seconds from its first task's start to its last task's end, by ``ds``."""
+    spans: dict[str, list[str]] = {}
+    for ds, _, first, last, _ in instances:
         if first and last:
-            out[ds] = (datetime.fromisoformat(last) - datetime.fromisoformat(first)).total_seconds()
-    return out
+            span = spans.setdefault(ds, [first, last])
+            span[0], span[1] = min(span[0], first), max(span[1], last)
+    return {
+        ds: (datetime.fromisoformat(last) - datetime.fromisoformat(first)).total_seconds()
+        for ds, (first, last) in spans.items()
+    }
 
 
 def backfill(rows: int, days: list[str], airflow_home: Path, timeout: float) -> dict[str, str]:
@@ -169,8 +165,9 @@ def main() -> int:
     )
     if not bench:
         print(f"no figures for {args.rows:,} rows in {args.bench}: run bench/production_day.py first")
-    runs = dag_runs(airflow_home / "airflow.db")
-    durations = task_durations(airflow_home / "airflow.db")
+    instances = task_instances(airflow_home / "airflow.db")
+    runs = dag_runs(instances)
+    durations = {(ds, task): took or 0.0 for ds, task, _, _, took in instances}
     tasks = list(dict.fromkeys(task for _, task in durations))
     logs = airflow_home / "logs"
     jobs = {(ds, t): job_seconds(logs, ds, t) for ds in days for t in tasks}
