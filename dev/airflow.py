@@ -32,11 +32,13 @@ from airflow_client.client.api.task_instance_api import TaskInstanceApi
 from airflow_client.client.api.x_com_api import XComApi
 from airflow_client.client.exceptions import ApiException, NotFoundException
 from airflow_client.client.models import (
+    BackfillPostBody,
     ClearTaskInstancesBody,
     ClearTaskInstancesBodyTaskIdsInner,
     DAGPatchBody,
     DagRunMutableStates,
     DAGRunPatchBody,
+    ReprocessBehavior,
     TriggerDAGRunPostBody,
 )
 
@@ -279,7 +281,7 @@ def run_backfill(
 
     Starts a ``deployment`` (the scheduler creating no scheduled runs of its own:
     ``[scheduler] use_job_schedule = False``; the DAG file parsed once), creates the backfill
-    with ``airflow backfill create`` (one active run at a time, every day re-run;
+    through the REST API (one active run at a time, every day re-run;
     ``_create_backfill``), unpauses the DAG, calls ``echo`` with a line per task instance and
     per run as each ends, and pauses the DAG again if it was paused.
 
@@ -320,7 +322,7 @@ def run_backfill(
             for part in [days[i : i + size] for i in range(0, len(days), size)]:
                 since = datetime.now(UTC).isoformat()  # runs queued earlier are not this backfill's
                 conf = (confs or {}).get(part[0])
-                _create_backfill(api, env, extra, dag_id, part, echo, conf)
+                _create_backfill(api, dag_id, part, echo, conf)
                 states.update(follow_runs(api, dag_id, part, timeout, echo, durations, since))
                 if any(states.get(ds) != "success" for ds in part):
                     break
@@ -334,40 +336,51 @@ def run_backfill(
             api.set_paused(dag_id, was_paused)
 
 
-def _create_backfill(
-    api: Api, env: dict, extra: dict, dag_id: str, days: list[str], echo, conf: dict | None = None
-) -> None:
-    """``airflow backfill create`` of ``days`` while the DAG is paused (the scheduler leaves its
-    runs alone while they are inserted), then unpause it. SQLite may still refuse the write
-    ("database is locked"): what was committed is cancelled and the create tried again.
+def _create_backfill(api: Api, dag_id: str, days: list[str], echo, conf: dict | None = None) -> None:
+    """Create the backfill of ``days`` through the REST API (``POST /backfills``, what
+    ``airflow backfill create`` does, without a CLI process to start each chunk) while the DAG
+    is paused (the scheduler leaves its runs alone while they are inserted), then unpause it.
+    SQLite may still refuse the write ("database is locked"): what was committed is cancelled
+    and the create tried again.
 
     Raises:
-        RuntimeError: the command failed otherwise, or four times.
+        RuntimeError: the API refused it otherwise, or four times.
     """
-    command = [
-        "airflow", "backfill", "create", "--dag-id", dag_id, "--from-date", days[0],
-        "--to-date", days[-1], "--max-active-runs", "1", "--reprocess-behavior", "completed",
-        *(["--dag-run-conf", json.dumps(conf)] if conf else []),
-    ]  # fmt: skip
-    echo(" ".join(command))
-    # the scheduler marks the previous chunk's backfill completed a little after its last run
+
+    def utc(d: str) -> datetime:
+        return datetime.fromisoformat(f"{d}:00+00:00" if "T" in d else f"{d}T00:00:00+00:00")
+
+    body = BackfillPostBody(
+        dag_id=dag_id, from_date=utc(days[0]), to_date=utc(days[-1]), max_active_runs=1,
+        reprocess_behavior=ReprocessBehavior.COMPLETED, dag_run_conf=conf or {},
+    )  # fmt: skip
+    echo(f"backfill {dag_id} {days[0]} .. {days[-1]}" + (f" conf {json.dumps(conf)}" if conf else ""))
+    # the scheduler marks the previous chunk's backfill completed up to 30 s after its last
+    # run (not cancelled here: a cancelled backfill is paused, and a run of it cleared later
+    # would stay queued)
     deadline = time.monotonic() + 120
     while api.unfinished_backfills(dag_id) and time.monotonic() < deadline:
-        time.sleep(2)
+        time.sleep(1)
     api.set_paused(dag_id, True)
+    error = None
     for attempt in range(4):
-        proc = subprocess.run(
-            [sys.executable, "-m", *command], env={**env, **extra}, capture_output=True, text=True
-        )
-        if proc.returncode == 0 or "database is locked" not in proc.stderr or attempt == 3:
+        try:
+            api.backfills.create_backfill(body)
+            error = None
             break
+        except ApiException as err:
+            error = err
+            # SQLite's "database is locked" reaches the client as a server error
+            locked = (err.status or 0) >= 500 or "database is locked" in str(err.body)
+            if not locked or attempt == 3:
+                break
         cancel_backfills(api, dag_id, echo)
         fail_stale_runs(api, dag_id, days, echo)
-        echo("the metadata database was locked; creating the backfill again in 5 s")
+        echo(f"creating the backfill failed ({error.status}: the metadata database locked?); again in 5 s")
         time.sleep(5)
     api.set_paused(dag_id, False)
-    if proc.returncode:
-        raise RuntimeError(f"{' '.join(command)} exited {proc.returncode}: {proc.stderr[-2000:]}")
+    if error is not None:
+        raise RuntimeError(f"creating the backfill of {dag_id} {days[0]} .. {days[-1]} failed: {error}")
 
 
 def fail_stale_runs(api: Api, dag_id: str, days: list[str], echo=print) -> list[str]:

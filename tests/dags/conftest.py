@@ -25,9 +25,10 @@ def stack(movielens_raw, tmp_path_factory) -> dict:
     return new_stack(movielens_raw, tmp_path_factory.mktemp("stack"))
 
 
-def new_stack(movielens_raw, base, **overrides) -> dict:
+def new_stack(movielens_raw, base, edits: dict | None = None, **overrides) -> dict:
     """A fresh local deployment in ``base`` over a copy of the raw logs; its env and paths.
-    ``overrides`` replace top-level fields of the retrain config."""
+    ``edits`` update the retrain config's ``edit_config_json``; ``overrides`` replace its
+    top-level fields."""
     from dev.env import airflow_env
 
     var = base / "var"
@@ -64,6 +65,7 @@ def new_stack(movielens_raw, base, **overrides) -> dict:
         "tracking": {"retries": 0},
         "timeouts": {"default_s": 1800, "tasks": {"train": 3600}},
     }
+    retrain["edit_config_json"].update(edits or {})
     retrain.update(overrides)
     (base / "retrain.yaml").write_text(yaml.safe_dump(retrain))
     env = {

@@ -32,6 +32,9 @@ def rare(movielens_raw, tmp_path_factory) -> dict:
     stack = new_stack(
         raw,
         base,
+        # a week's window holds up to 60,000 rows: batches of 512 (not 64) keep each day's
+        # training to 100-200 steps, enough for the occupation's signal
+        edits={"data_config.batch_size": 512},
         start_date=DAYS[0],
         validation={
             "min_rows": 1000,
