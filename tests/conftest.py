@@ -29,17 +29,38 @@ DAILY_RUNS_FILES = frozenset(
 )
 
 
+# The units that take longest (seconds from CI's --durations), started first: pytest-xdist
+# orders units by their number of tests, which put these few-test, many-minute files last and
+# left one worker running them alone at the end.
+LONGEST_FIRST = (
+    "daily_runs",  # four days of airflow dags test, a backfill, two deployments
+    "tests/dags/test_stream_days.py",
+    "tests/trainer/test_acceptance.py",
+    "tests/dags/test_rare_positives.py",
+    "tests/dags/test_executors.py",
+    "tests/trainer/test_distribute.py",
+    "tests/trainer/test_faults.py",
+    "tests/trainer/test_train.py",
+)
+
+
+def _unit(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    return "daily_runs" if path in DAILY_RUNS_FILES else path
+
+
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
 def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     class FileUnits(LoadScopeScheduling):
-        """One work unit a file, the daily_runs files one unit together."""
+        """One work unit a file, the daily_runs files one unit together, handed out in the
+        collection's order (``pytest_collection_modifyitems``: the longest first)."""
 
         def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
-            return "daily_runs" if path in DAILY_RUNS_FILES else path
+            return _unit(nodeid)
 
+    config.option.loadscopereorder = False
     return FileUnits(config, log)
 
 
@@ -49,6 +70,13 @@ def pytest_collection_modifyitems(config, items):
         path = item.nodeid.split("::", 1)[0]
         if "daily_runs" in getattr(item, "fixturenames", ()) and path not in DAILY_RUNS_FILES:
             raise pytest.UsageError(f"{path} uses daily_runs: add it to tests/conftest.py's DAILY_RUNS_FILES")
+    # the longest units first, then the others by their number of tests (xdist's own order);
+    # a stable sort keeps each file's tests in order
+    sizes: dict[str, int] = {}
+    for item in items:
+        sizes[_unit(item.nodeid)] = sizes.get(_unit(item.nodeid), 0) + 1
+    rank = {unit: i for i, unit in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: (rank.get(_unit(item.nodeid), len(rank)), -sizes[_unit(item.nodeid)]))
 
 
 def pytest_configure(config):
