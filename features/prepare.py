@@ -17,6 +17,7 @@ Output, replaced whole on a re-run (temporary directory, then rename)::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -42,6 +43,7 @@ from features.schema import (
     read_parquet_strings,
     read_strings,
 )
+from features.sequence import add_histories, state_root, write_state
 from features.session import get_spark
 from features.transform import feature_columns, needs_statistics, normalization_params
 from recpipe import atomic
@@ -188,7 +190,11 @@ def _write_features(rows: DataFrame, config: PipelineConfig, out: Path, normaliz
 def _features(rows: DataFrame, config: PipelineConfig, normalization: dict) -> DataFrame:
     """The good rows' labels and features, normalised by ``normalization``."""
     dc, fc = config.data_config, config.feature_config
-    columns = [*[F.col(c) for c in dc.label_fields], *feature_columns(fc, dc.all_fields(), normalization)]
+    histories = frozenset(dc.behavior_sequence.columns if dc.behavior_sequence else ())
+    columns = [
+        *[F.col(c) for c in dc.label_fields],
+        *feature_columns(fc, dc.all_fields(), normalization, histories),
+    ]
     if dc.holdout_percent:
         # a function of the raw row, so a re-run of the day holds out the same rows
         raw = F.xxhash64(*[F.col(f.input_name) for f in dc.input_fields])
@@ -228,7 +234,22 @@ def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
     window, earlier = _window_moments(spark, config, ds)
     window.append(ds)
     final = ds_partition(config.train_input_path, ds)
-    with atomic.directory(final) as tmp:
+    seq = dc.behavior_sequence
+    parsed = rows  # the raw rows, as quarantine keeps them (no history columns)
+    new_state, seq_figures = None, {}
+    if seq is not None:
+        good = ~F.col(BAD)
+        if seq.positive_only:
+            good = good & (F.col(dc.label_fields[0]) > 0)
+        rows, new_state, seq_figures = add_histories(
+            spark, rows, seq, dc.all_fields(sequences=False), config.train_input_path, ds, good
+        )
+    state_dir = (
+        atomic.directory(ds_partition(state_root(config.train_input_path), ds))
+        if seq is not None
+        else contextlib.nullcontext()
+    )
+    with state_dir as state_tmp, atomic.directory(final) as tmp:
         _, normalization = _window_normalization(config, earlier, every_row)
         gathering, day_figures = figures.gathering(rows, config, moments=not first_pass)
         try:
@@ -239,7 +260,7 @@ def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
             raise _read_error(err, files) from err
         counted = day_figures()
         total, bad_count = counted["__total"], counted["__bad"] or 0
-        bad = quarantined(rows, dc.input_fields)
+        bad = quarantined(parsed, dc.input_fields)
         quarantine_root = Path(config.effective_quarantine_path)
         _quarantine(bad, bad_count, quarantine_root, ds)
         if total == 0 and "/" not in ds:  # a quiet hour is a pass with no rows; a day is not
@@ -253,7 +274,7 @@ def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
         if not first_pass:
             moments = figures.moments_from_row(counted, config.feature_config.features)
         elif bad_count:  # the first pass's moments counted the quarantined rows' dense values
-            moments = figures.dense_moments(rows, config, ~F.col(BAD))
+            moments = figures.dense_moments(parsed, config, ~F.col(BAD))
         else:
             moments = every_row
         dense_stats, observed = _window_normalization(config, earlier, moments)
@@ -275,9 +296,40 @@ def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
         written.stats.write_text(json.dumps(stats, indent=2, sort_keys=True))
         norm_doc = {"window": window, "statistics": dense_stats, "features": observed}
         written.normalization.write_text(json.dumps(norm_doc, indent=2, sort_keys=True))
+        if new_state is not None:
+            # the state is renamed after the features (the with's order): a day whose state
+            # is published has its features published too
+            write_state(new_state, state_tmp)
+            stats["sequence"] = {
+                **seq_figures,
+                "users": spark.read.parquet(str(state_tmp)).count(),
+                **_sequence_lengths(spark, config, tmp),
+            }
+            written.stats.write_text(json.dumps(stats, indent=2, sort_keys=True))
         written.success.touch()  # last: the partition is complete
     log.info("ds=%s: %d rows -> %s (%d quarantined)", ds, stats["rows"], final, bad_count)
     return stats
+
+
+def _sequence_lengths(spark: SparkSession, config: PipelineConfig, written: Path) -> dict:
+    """Per SequenceFeature over a history column: its mean length and its share of empty
+    histories in the written features (``<feature>.mean_length``, ``<feature>.empty_share``)."""
+    columns = set(config.data_config.behavior_sequence.columns)
+    names = [
+        f.name
+        for f in config.feature_config.features
+        if f.feature_type == FeatureType.SequenceFeature and f.input_names[0] in columns
+    ]
+    if not names:
+        return {}
+    aggs = []
+    for name in names:
+        size = F.size(F.col(name))
+        aggs += [
+            F.mean(size).alias(f"{name}.mean_length"),
+            F.mean((size == 0).cast("double")).alias(f"{name}.empty_share"),
+        ]
+    return spark.read.parquet(str(written)).agg(*aggs).first().asDict()
 
 
 def _with_hours(days: list[str], hh: str) -> list[str]:

@@ -80,13 +80,19 @@ def feature_columns(
     feature_config: FeatureConfig,
     types: dict[str, InputType],
     normalization: dict[str, dict[str, float | str]],
+    histories: frozenset[str] = frozenset(),
 ) -> list[Column]:
-    """One output column per feature, named by the feature's name."""
+    """One output column per feature, named by the feature's name. A SequenceFeature over one
+    of ``histories`` (the job's own ``array<string>`` columns, ids cleaned) keeps it as it is;
+    over a raw column it splits it like a tag string, keeping the order."""
     out = []
     for f in feature_config.features:
         col = F.col(f.input_names[0])
         if f.feature_type == FeatureType.IdFeature:
             out.append(clean_id(col, types[f.input_names[0]]).alias(f.name))
+        elif f.feature_type == FeatureType.SequenceFeature:
+            seq = col if f.input_names[0] in histories else split_tags(col, f.separator)
+            out.append(seq.alias(f.name))
         elif f.feature_type == FeatureType.TagFeature:
             out.append(split_tags(col, f.separator).alias(f.name))
         else:

@@ -46,6 +46,34 @@ class DimensionTable(Section):
     input_fields: list[InputField]
 
 
+class BehaviorSequence(Section):
+    """Each event's behaviour history, derived by the Spark job (``features.sequence``): the
+    ``fields`` of the user's last ``max_length`` events before the event's ``time_field``,
+    oldest first, as columns ``<prefix><field>`` (``array<string>``) that a
+    ``SequenceFeature`` reads. Only events strictly earlier than the event enter its history
+    (never the event itself, a later one, or one at the same time); earlier days come from a
+    per-user state the job carries day to day (``<train_input_path>/_sequence_state/``).
+    With ``positive_only`` only events whose first label is positive (clicks) enter it.
+    The sequences DIN attends over (Zhou et al., 2018, "Deep Interest Network").
+    """
+
+    user_field: str
+    time_field: str
+    fields: list[str] = Field(min_length=1)
+    max_length: int = Field(20, gt=0)
+    prefix: str = "hist_"
+    positive_only: bool = False
+
+    def column(self, field: str) -> str:
+        """The history column of ``field``: ``<prefix><field>``."""
+        return f"{self.prefix}{field}"
+
+    @property
+    def columns(self) -> list[str]:
+        """The history columns, in ``fields`` order."""
+        return [self.column(f) for f in self.fields]
+
+
 class DataConfig(Section):
     """Raw log format and the input pipeline's batching (EasyRec ``data_config``)."""
 
@@ -68,6 +96,7 @@ class DataConfig(Section):
     # Share of each day's rows (by a hash of the raw row) marked ``_holdout``: on a day that is
     # in both train_ds and eval_ds, training skips them and evaluation reads only them.
     holdout_percent: int = Field(0, ge=0, lt=100)
+    behavior_sequence: BehaviorSequence | None = None
 
     @model_validator(mode="after")
     def _labels_declared(self) -> DataConfig:
@@ -77,14 +106,31 @@ class DataConfig(Section):
         missing = [name for name in self.label_fields if name not in names]
         if missing:
             raise ValueError(f"label_fields {missing} are not among input_fields")
+        seq = self.behavior_sequence
+        if seq is not None:
+            known = self.all_fields(sequences=False)
+            for where, name in [("user_field", seq.user_field), ("time_field", seq.time_field)] + [
+                ("fields", f) for f in seq.fields
+            ]:
+                if name not in known:
+                    raise ValueError(f"behavior_sequence.{where}: {name!r} is not an input field")
+            if known[seq.time_field] not in (InputType.INT32, InputType.INT64):
+                raise ValueError(f"behavior_sequence.time_field: {seq.time_field!r} must be INT32 or INT64")
+            clash = [c for c in seq.columns if c in known]
+            if clash:
+                raise ValueError(f"behavior_sequence.prefix: {clash} are input fields already")
         return self
 
-    def all_fields(self) -> dict[str, InputType]:
-        """Every column available to features: the events' and the dimension tables'."""
+    def all_fields(self, sequences: bool = True) -> dict[str, InputType]:
+        """Every column available to features: the events' and the dimension tables', and
+        (``sequences``) the behaviour history's (STRING: each element is an id string)."""
         fields = {f.input_name: f.input_type for f in self.input_fields}
         for table in self.dimension_tables:
             for f in table.input_fields:
                 fields.setdefault(f.input_name, f.input_type)
+        if sequences and self.behavior_sequence is not None:
+            for column in self.behavior_sequence.columns:
+                fields[column] = InputType.STRING
         return fields
 
 
@@ -94,6 +140,9 @@ class FeatureType(StrEnum):
     IdFeature = "IdFeature"
     RawFeature = "RawFeature"
     TagFeature = "TagFeature"
+    # an ordered list of ids (a behaviour history), its last ``sequence_length`` kept; the
+    # sub feature is an IdFeature (EasyRec's ``sub_feature_type``)
+    SequenceFeature = "SequenceFeature"
 
 
 class Normalizer(StrEnum):
@@ -183,6 +232,14 @@ class FeatureSpec(Section):
     normalizer: Normalizer = Normalizer.none
     default_val: float | None = None
     ev_params: EVParams | None = None
+    sequence_length: int = Field(50, gt=0)
+    sub_feature_type: FeatureType = FeatureType.IdFeature
+
+    @model_validator(mode="after")
+    def _sequence_of_ids(self) -> FeatureSpec:
+        if self.sub_feature_type != FeatureType.IdFeature:
+            raise ValueError(f"sub_feature_type: only IdFeature, got {self.sub_feature_type.value}")
+        return self
 
     @property
     def name(self) -> str:

@@ -64,10 +64,11 @@ class PipelineConfig(Section):
                 raise ValueError(
                     f"feature_config.features[{i}].ev_params: RawFeature {feature.name!r} has no table"
                 )
-            if feature.feature_type == FeatureType.TagFeature and kind != InputType.STRING:
+            listed = (FeatureType.TagFeature, FeatureType.SequenceFeature)
+            if feature.feature_type in listed and kind != InputType.STRING:
                 raise ValueError(
-                    f"feature_config.features[{i}]: TagFeature {feature.name!r} needs a STRING "
-                    f"column, {column!r} is {kind.value}"
+                    f"feature_config.features[{i}]: {feature.feature_type.value} {feature.name!r} needs "
+                    f"a STRING column (or a behavior_sequence history), {column!r} is {kind.value}"
                 )
         if self.model_config_ is not None:
             default = self.model_config_.ev_params

@@ -1,0 +1,174 @@
+"""Behaviour sequences: each event's history of the user's earlier events, without leakage.
+
+For ``data_config.behavior_sequence`` the Spark job adds, to every row of a day (or pass),
+the ``fields`` of the same user's last ``max_length`` events before it, oldest first. Two
+sources, so that a day never rescans months of logs:
+
+- earlier days: a per-user state, ``<train_input_path>/_sequence_state/ds=D[/hh=HH]/``
+  (Parquet, one row a user: the user's last ``max_length`` events up to the end of ``D``),
+  written by the day's job beside its features and read by the next one;
+- the day itself: the user's events with a strictly earlier time.
+
+An event's own time bounds its history: events at the same time (ties) never enter each
+other's history, whatever their order in the file. Within a history, events are ordered by
+time, then by their field values (text), so a re-run gives the same lists. The state's
+partitions start with ``_``: Spark and pyarrow readers of the feature root skip them.
+
+The design follows DIN's user behaviour features (Zhou et al., 2018, "Deep Interest Network
+for Click-Through Rate Prediction"; EasyRec's ``SequenceFeature``, whose logs carry the
+history precomputed).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from features.transform import clean_id
+from recpipe.config.data import BehaviorSequence, InputType
+from recpipe.layout import SUCCESS, ds_partition, is_finished, split_ds
+
+STATE_DIR = "_sequence_state"
+_EVENTS = "_events"  # array<struct<t: long, v: array<string>>>: oldest first
+_T, _V = "t", "v"
+
+
+def state_root(train_input_path: str | Path) -> Path:
+    """``<train_input_path>/_sequence_state``: the per-user states, one partition a day or pass."""
+    return Path(train_input_path) / STATE_DIR
+
+
+def _order(ds: str) -> tuple[str, int]:
+    # a whole day's state holds the day's last hour too: it sorts after the day's passes
+    day, hour = split_ds(ds)
+    return day, 24 if hour is None else hour
+
+
+def previous_state(train_input_path: str | Path, ds: str) -> str | None:
+    """The latest finished state before ``ds`` (a day ``D`` or a pass ``D/HH``), as its ds,
+    or None when there is none (the first day: every history starts empty)."""
+    root = state_root(train_input_path)
+    if not root.is_dir():
+        return None
+    found = []
+    for day_dir in root.glob("ds=*"):
+        day = day_dir.name.removeprefix("ds=")
+        if is_finished(day_dir):
+            found.append(day)
+        found += [f"{day}/{p.name.removeprefix('hh=')}" for p in day_dir.glob("hh=*") if is_finished(p)]
+    earlier = [d for d in found if _order(d) < _order(ds)]
+    return max(earlier, key=_order) if earlier else None
+
+
+def _last(col: Column, n: int) -> Column:
+    """The last ``n`` elements of an array column (all of them when it is shorter)."""
+    return F.slice(col, F.greatest(F.size(col) - F.lit(n) + F.lit(1), F.lit(1)), n)
+
+
+def _value(i: int):
+    """``event -> its i-th field value``, for ``F.transform`` (a one-argument function: a
+    second argument would be bound to the element's index)."""
+    return lambda e: e.getField(_V)[i]
+
+
+def _event(seq: BehaviorSequence, types: dict[str, InputType]) -> Column:
+    """One event as ``struct<t: long, v: array<string>>``: its time and cleaned field values."""
+    values = F.array(*[clean_id(F.col(f), types[f]) for f in seq.fields])
+    return F.struct(F.col(seq.time_field).cast(T.LongType()).alias(_T), values.alias(_V))
+
+
+def add_histories(
+    spark: SparkSession,
+    rows: DataFrame,
+    seq: BehaviorSequence,
+    types: dict[str, InputType],
+    train_input_path: str | Path,
+    ds: str,
+    good: Column,
+) -> tuple[DataFrame, DataFrame, dict]:
+    """Add the history columns to ``rows`` (``<prefix><field>``: ``array<string>``, oldest
+    first, at most ``max_length``) and build the state at the end of ``ds``.
+
+    Args:
+        rows: the day's parsed rows (with the dimension columns joined).
+        types: input type of every column (``data_config.all_fields``).
+        ds: the day or pass being prepared.
+        good: the rows that count as events (not quarantined); with ``positive_only`` also
+            a positive first label is needed.
+
+    Returns:
+        (rows with the history columns, the new state: ``user string, _events``, figures:
+        ``{"state_from": ds or None}``).
+    """
+    n = seq.max_length
+    rows = rows.withColumn("_seq_user", clean_id(F.col(seq.user_field), types[seq.user_field]))
+    rows = rows.withColumn("_seq_t", F.col(seq.time_field).cast(T.LongType()))
+    counts = good & F.col("_seq_t").isNotNull()
+    events = rows.filter(counts).select(F.col("_seq_user").alias("user"), _event(seq, types).alias("e"))
+
+    # the day's events grouped by user and time ("moments", each its events in order); a
+    # moment's running history: the last n events up to and including it (n moments hold at
+    # least n events)
+    moments = events.groupBy("user", F.col("e").getField(_T).alias(_T)).agg(
+        F.array_sort(F.collect_list("e")).alias("here")
+    )
+    running = Window.partitionBy("user").orderBy(_T).rowsBetween(-(n - 1), 0)
+    moments = moments.select(
+        "user",
+        _T,
+        F.lit(1).alias("kind"),
+        _last(F.flatten(F.collect_list("here").over(running)), n).alias("cum"),
+    )
+    # each row's history: the running history of the user's last moment strictly before its
+    # time (a row sorts before a moment at its own time; a row without a time gets none)
+    asked = rows.select(F.col("_seq_user").alias("user"), F.col("_seq_t").alias(_T)).distinct()
+    asked = asked.select(
+        "user", _T, F.lit(0).alias("kind"), F.lit(None).cast(moments.schema["cum"].dataType).alias("cum")
+    )
+    prior = (
+        Window.partitionBy("user")
+        .orderBy(F.col(_T).asc_nulls_first(), "kind")
+        .rowsBetween(Window.unboundedPreceding, -1)
+    )
+    today = (
+        asked.unionByName(moments)
+        .withColumn("prior", F.last("cum", ignorenulls=True).over(prior))
+        .filter(F.col("kind") == 0)
+    )
+
+    source = previous_state(train_input_path, ds)
+    if source is not None:
+        state = spark.read.parquet(str(ds_partition(state_root(train_input_path), source)))
+    else:
+        event_type = moments.schema["cum"].dataType
+        schema = T.StructType([T.StructField("user", T.StringType()), T.StructField(_EVENTS, event_type)])
+        state = spark.createDataFrame([], schema)
+    empty = F.array().cast(state.schema[_EVENTS].dataType)
+
+    def both(earlier: str, later: str) -> Column:
+        return _last(F.concat(F.coalesce(F.col(earlier), empty), F.coalesce(F.col(later), empty)), n)
+
+    history = today.join(state, "user", "left").select(
+        F.col("user").alias("_seq_user"), F.col(_T).alias("_seq_t"), both(_EVENTS, "prior").alias("_seq_h")
+    )
+    joined = rows.join(history, ["_seq_user", "_seq_t"], "left")
+    histories = F.coalesce(F.col("_seq_h"), empty)
+    columns = [F.transform(histories, _value(i)).alias(seq.column(f)) for i, f in enumerate(seq.fields)]
+    out = joined.select(*[c for c in rows.columns if not c.startswith("_seq_")], *columns)
+
+    ends = events.groupBy("user").agg(F.array_sort(F.collect_list("e")).alias("today"))
+    new_state = (
+        state.join(ends, "user", "full")
+        .select("user", both(_EVENTS, "today").alias(_EVENTS))
+        .filter(F.size(_EVENTS) > 0)
+    )
+    return out, new_state, {"state_from": source}
+
+
+def write_state(state: DataFrame, path: Path) -> None:
+    """Write a state to ``path`` (a temporary directory the caller renames), ``_SUCCESS`` last."""
+    state.write.mode("overwrite").parquet(str(path))
+    (path / SUCCESS).touch()
