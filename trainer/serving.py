@@ -73,7 +73,8 @@ class ServingModule(tf.Module):
             x = raw[f.input_names[0]]
             if f.feature_type == FeatureType.IdFeature:
                 out[f.name] = hash_ids(clean_ids(x), f.id_buckets)
-            elif f.feature_type == FeatureType.TagFeature:
+            elif f.feature_type in (FeatureType.TagFeature, FeatureType.SequenceFeature):
+                # a history arrives as the separated string the logs hold, oldest first
                 out[f.name] = hash_ids(split_tags(x, f.separator), f.id_buckets)
             else:
                 out[f.name] = normalize(x, self.normalization.get(f.name, {}))

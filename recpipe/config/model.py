@@ -70,6 +70,46 @@ class DCNModel(Section):
     final_dnn: DNN | None = None
 
 
+class Tower(Section):
+    """One ``multi_tower.towers`` entry: an MLP over the feature group ``input``."""
+
+    input: str
+    dnn: DNN = Field(default_factory=lambda: DNN(hidden_units=[64, 32]))
+
+
+class DINTower(Section):
+    """One ``multi_tower.din_towers`` entry: DIN's attention over the ``seq_att_groups`` group
+    ``input``; ``dnn`` scores each history element (its last layer must have one unit)."""
+
+    input: str
+    dnn: DNN = Field(default_factory=lambda: DNN(hidden_units=[64, 32, 1]))
+
+
+class MultiTowerModel(Section):
+    """``model_config.multi_tower`` (EasyRec's MultiTower / MultiTowerDIN): a tower per feature
+    group and a DIN tower per ``seq_att_groups`` group, concatenated into ``final_dnn``."""
+
+    towers: list[Tower] = Field(min_length=1)
+    din_towers: list[DINTower] = Field(default_factory=list)
+    final_dnn: DNN = Field(default_factory=lambda: DNN(hidden_units=[64, 32]))
+
+
+class SeqAttMap(Section):
+    """One ``seq_att_map``: the target feature ``key`` (the candidate's item, say) and the
+    SequenceFeature ``hist_seq`` of the user's earlier ones, embedded by the same table."""
+
+    key: str
+    hist_seq: str
+
+
+class SeqAttGroup(Section):
+    """EasyRec ``seq_att_groups``: named (key, history) pairs attended over together: the
+    keys' embeddings are concatenated into the query, the histories' into its keys."""
+
+    group_name: str
+    seq_att_map: list[SeqAttMap] = Field(min_length=1)
+
+
 class ModelClass(StrEnum):
     """EasyRec ``model_class`` names supported by recpipe."""
 
@@ -78,6 +118,7 @@ class ModelClass(StrEnum):
     DeepFM = "DeepFM"
     DLRM = "DLRM"
     DCN = "DCN"
+    MultiTowerDIN = "MultiTowerDIN"
 
 
 class LossType(StrEnum):
@@ -109,6 +150,8 @@ class ModelConfig(Section):
     deepfm: DeepFMModel | None = None
     dlrm: DLRMModel | None = None
     dcn: DCNModel | None = None
+    multi_tower: MultiTowerModel | None = None
+    seq_att_groups: list[SeqAttGroup] = Field(default_factory=list)
     # L2 weight on each embedding row a batch looks up (EasyRec), so table updates stay sparse
     embedding_regularization: float = Field(0.0, ge=0)
     loss_type: LossType = LossType.CLASSIFICATION

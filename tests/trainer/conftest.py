@@ -19,11 +19,11 @@ def ml_root(movielens_raw, tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("ml")
 
 
-def _config(movielens_raw, root):
+def _config(movielens_raw, root, conf: str = "conf/movielens_deepfm.yaml"):
     from recpipe.config import load_pipeline_config
 
     return load_pipeline_config(
-        ROOT / "conf/movielens_deepfm.yaml",
+        ROOT / conf,
         {
             "raw_input_path": str(movielens_raw / "events"),
             "train_input_path": str(root / "features"),

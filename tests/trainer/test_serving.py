@@ -19,14 +19,15 @@ from trainer.serving import export_saved_model, find_export
 LAST = EARLY[1]
 
 
-def _raw_requests(config) -> dict[str, np.ndarray]:
-    """The last training day's raw events joined with the dimension snapshots, as a client
-    would send them: raw strings and floats, NaN where a value is missing."""
+def _raw_requests(config, day: str = LAST) -> dict[str, np.ndarray]:
+    """``day``'s raw events (default: the last training day's) joined with the dimension
+    snapshots, as a client would send them: raw strings and floats, NaN where a value is
+    missing."""
     raw = Path(config.raw_input_path)
     strings = pacsv.ConvertOptions(
         column_types={"user_id": "string", "item_id": "string", "zip_code": "string"}
     )
-    events = pacsv.read_csv(raw / f"ds={LAST}" / "part-00000.csv", convert_options=strings).to_pandas()
+    events = pacsv.read_csv(raw / f"ds={day}" / "part-00000.csv", convert_options=strings).to_pandas()
     users = pacsv.read_csv(raw / "../dims/users.csv", convert_options=strings).to_pandas()
     items = pacsv.read_csv(raw / "../dims/items.csv", convert_options=strings).to_pandas()
     rows = events.merge(users, on="user_id", how="left").merge(items, on="item_id", how="left")

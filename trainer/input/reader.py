@@ -35,7 +35,7 @@ from recpipe.ids import HOLDOUT
 from trainer.hashing import hash_ids
 from trainer.input.columns import Columns, _kept, _string_buffers
 from trainer.input.sharding import RowGroup, row_groups, shard
-from trainer.input.specs import feature_spec
+from trainer.input.specs import LISTS, feature_spec
 
 # tf.data's autotuner held the end of an epoch for ~7 s in 3 runs of 4 (bench/vs_deepctr.py);
 # the pipeline has nothing to tune beyond its fixed prefetch
@@ -86,7 +86,8 @@ class FeatureReader:
         self.holdout = holdout or {}
         self._ids = [f.name for f in self.features if f.feature_type == FeatureType.IdFeature]
         self._dense = [f.name for f in self.features if f.feature_type == FeatureType.RawFeature]
-        self._tags = [f.name for f in self.features if f.feature_type == FeatureType.TagFeature]
+        # tag and sequence features: ragged lists of ids (a sequence keeps its order)
+        self._tags = [f.name for f in self.features if f.feature_type in LISTS]
         self._buckets = {f.name: f.id_buckets for f in self.features}
         unknown = [n for n in self.raw_columns if n not in self._ids]
         if unknown:

@@ -7,6 +7,8 @@ import tensorflow as tf
 from recpipe.config.data import FeatureType
 from recpipe.config.pipeline import PipelineConfig
 
+LISTS = (FeatureType.TagFeature, FeatureType.SequenceFeature)  # ragged lists of ids
+
 
 def feature_spec(config: PipelineConfig) -> dict[str, tf.TypeSpec]:
     """The type spec of the model's features dict (pins a step's input signature): id
@@ -17,7 +19,7 @@ def feature_spec(config: PipelineConfig) -> dict[str, tf.TypeSpec]:
     for f in config.feature_config.features:
         if f.feature_type == FeatureType.IdFeature:
             spec[f.name] = tf.TensorSpec([None], ids)
-        elif f.feature_type == FeatureType.TagFeature:
+        elif f.feature_type in LISTS:
             spec[f.name] = tf.RaggedTensorSpec([None, None], ids, ragged_rank=1, row_splits_dtype=tf.int64)
         else:
             spec[f.name] = tf.TensorSpec([None], tf.float32)
@@ -30,7 +32,7 @@ def sample_inputs(config: PipelineConfig) -> dict[str, tf.Tensor]:
     for f in config.feature_config.features:
         if f.feature_type == FeatureType.IdFeature:
             sample[f.name] = tf.constant([0], tf.int64)
-        elif f.feature_type == FeatureType.TagFeature:
+        elif f.feature_type in LISTS:
             sample[f.name] = tf.RaggedTensor.from_row_splits(
                 tf.constant([], tf.int64), tf.constant([0, 0], tf.int64)
             )

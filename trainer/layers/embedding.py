@@ -84,9 +84,22 @@ class FeatureEmbedding(keras.layers.Layer):
     ):
         super().__init__(**kwargs)
         self.sharding = sharding
-        self.features = [f for f in features if f.feature_type != FeatureType.RawFeature]
-        self.shapes = table_shapes(self.features, dim)
+        pooled = (FeatureType.RawFeature, FeatureType.SequenceFeature)
+        self.features = [f for f in features if f.feature_type not in pooled]
+        # looked up as sequences (``sequence``), never pooled; their tables built here too
+        self.sequences = [f for f in features if f.feature_type == FeatureType.SequenceFeature]
+        self.shapes = table_shapes(self.features + self.sequences, dim)
         self.ev_params = table_specs(self.features, dim)
+        online = [
+            f.name
+            for f in self.sequences
+            if f.ev_params is not None or (f.embedding_name or f.name) in self.ev_params
+        ]
+        if online:
+            raise EmbeddingConfigError(
+                f"feature_config: SequenceFeatures {online} use online tables (ev_params); histories "
+                "are looked up in hashed tables only so far (set hash_bucket_size, no ev_params)"
+            )
         if self.ev_params and clock is None:
             raise EmbeddingConfigError(f"{self.name}: ev_params tables need the model's EVClock")
         widths = {width for _, width in self.shapes.values()} | {w for _, w in self.ev_params.values()}
@@ -189,6 +202,25 @@ class FeatureEmbedding(keras.layers.Layer):
             counts = tf.cast(tf.maximum(ids.row_lengths(), 1), summed.dtype)
             summed = summed / counts[:, None]
         return summed
+
+    def sequence(self, inputs: dict, f: FeatureSpec) -> tuple[tf.Tensor, tf.Tensor]:
+        """A SequenceFeature's last ``sequence_length`` ids looked up in its table (shared with
+        the feature its ``embedding_name`` names).
+
+        Args:
+            inputs: the features dict; ``inputs[f.name]`` is ``RaggedTensor int64 [B, (n)]``,
+                oldest first.
+
+        Returns:
+            (``float32 [B, L, width]``, zero rows past each history's end; ``bool [B, L]``,
+            the valid elements), ``L`` = ``sequence_length``.
+        """
+        length = f.sequence_length
+        ids, fused = self._ids(f, inputs[f.name][:, -length:])
+        rows = self._gather(fused, ids.flat_values)
+        width = rows.shape[-1]
+        padded = ids.with_flat_values(rows).to_tensor(shape=[None, length, width])
+        return padded, tf.sequence_mask(ids.row_lengths(), length)
 
     def call(self, inputs: dict, stacked: bool = False, training=None):
         training = bool(training)

@@ -10,12 +10,13 @@ from recpipe.config.model import (
     DLRMModel,
     DNNModel,
     ModelClass,
+    MultiTowerModel,
     WideAndDeepModel,
     WideDeep,
 )
 from recpipe.config.pipeline import PipelineConfig
 from trainer.models.ranking import RankingModel, WideLogit
-from trainer.models.towers import ConcatMLPTower, DCNTower, DeepFMTower, DLRMTower
+from trainer.models.towers import ConcatMLPTower, DCNTower, DeepFMTower, DLRMTower, MultiTowerDINTower
 from trainer.online import EVClock
 
 
@@ -44,6 +45,8 @@ def build_model(config: PipelineConfig, sharding=None, key_union=None) -> Rankin
     mc = config.model
     if mc is None:
         raise ModelConfigError("model_config is missing")
+    if mc.model_class == ModelClass.MultiTowerDIN:
+        return _multi_tower_din(config, sharding, key_union)
     deep = _group_features(config, WideDeep.DEEP)
     wide = _group_features(config, WideDeep.WIDE)
     if not deep:
@@ -84,3 +87,72 @@ def build_model(config: PipelineConfig, sharding=None, key_union=None) -> Rankin
     parts = {"sharding": sharding, "clock": clock, "key_union": key_union}
     wide_part = WideLogit(wide, wide_dim, name="wide", **parts) if wide else None
     return RankingModel(deep, tower, wide_part, name=cls.value.lower(), **parts)
+
+
+def _multi_tower_din(config: PipelineConfig, sharding, key_union) -> RankingModel:
+    """EasyRec's MultiTowerDIN: ``multi_tower.towers`` over feature groups, ``din_towers``
+    over ``seq_att_groups`` (keys and their SequenceFeature histories), ``final_dnn``.
+
+    Raises:
+        ModelConfigError: a tower's input names no group, a history is not a SequenceFeature,
+            a key is one, or a key and its history are embedded by different tables.
+    """
+    mc = config.model
+    multi = mc.multi_tower or MultiTowerModel(towers=[{"input": g.group_name} for g in mc.feature_groups])
+    fc = config.feature_config
+    groups = {g.group_name: g.feature_names for g in mc.feature_groups}
+    atts = {g.group_name: g for g in mc.seq_att_groups}
+    names: list[str] = []
+    towers = []
+    raw = [n for g in groups.values() for n in g if fc.feature(n).feature_type == FeatureType.RawFeature]
+    raw = list(dict.fromkeys(raw))
+    for i, tower in enumerate(multi.towers):
+        if tower.input not in groups:
+            raise ModelConfigError(
+                f"model_config.multi_tower.towers[{i}].input: no feature group {tower.input!r} "
+                f"(groups: {sorted(groups)})"
+            )
+        members = groups[tower.input]
+        embedded = [n for n in members if fc.feature(n).feature_type != FeatureType.RawFeature]
+        columns = [raw.index(n) for n in members if n in raw]
+        towers.append((embedded, columns, tower.dnn))
+        names += members
+    din = []
+    for i, tower in enumerate(multi.din_towers):
+        where = f"model_config.multi_tower.din_towers[{i}]"
+        if tower.input not in atts:
+            raise ModelConfigError(
+                f"{where}.input: no seq_att_groups group {tower.input!r} (groups: {sorted(atts)})"
+            )
+        keys, hists = [], []
+        for j, pair in enumerate(atts[tower.input].seq_att_map):
+            at = f"model_config.seq_att_groups[{tower.input}].seq_att_map[{j}]"
+            try:
+                key, hist = fc.feature(pair.key), fc.feature(pair.hist_seq)
+            except KeyError as err:
+                raise ModelConfigError(f"{at}: {err.args[0]}") from err
+            if hist.feature_type != FeatureType.SequenceFeature:
+                raise ModelConfigError(
+                    f"{at}.hist_seq: {hist.name!r} is a {hist.feature_type.value}, not a SequenceFeature"
+                )
+            if key.feature_type in (FeatureType.SequenceFeature, FeatureType.RawFeature):
+                raise ModelConfigError(f"{at}.key: {key.name!r} must be an IdFeature or TagFeature")
+            if (hist.embedding_name or hist.name) != (key.embedding_name or key.name):
+                raise ModelConfigError(
+                    f"{at}: {hist.name!r} must share {key.name!r}'s table: set its embedding_name to "
+                    f"{key.embedding_name or key.name!r}"
+                )
+            keys.append(key.name)
+            hists.append(hist.name)
+        din.append((keys, hists, tower.dnn))
+        names += keys + hists
+    deep = [fc.feature(n) for n in dict.fromkeys(names)]
+    # the dense inputs in the order the towers index them
+    deep = [f for f in deep if f.feature_type != FeatureType.RawFeature] + [fc.feature(n) for n in raw]
+    tower = MultiTowerDINTower(towers, din, multi.final_dnn, name="tower")
+    clock = None
+    if any(f.ev_params is not None for f in deep):
+        clock = EVClock(name="ev_clock")
+        clock.build(None)
+    parts = {"sharding": sharding, "clock": clock, "key_union": key_union}
+    return RankingModel(deep, tower, None, name="multitowerdin", **parts)

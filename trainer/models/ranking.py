@@ -55,10 +55,13 @@ class RankingModel(keras.Model):
     """Inputs: the features dict of ``trainer.input.feature_spec``, ids hashed
     (``FeatureReader`` hashes them as it reads, the serving module from raw values). Output:
     logits ``float32 [B]``. The tower gets the deep embeddings as one ``float32 [B, F, D]``
-    tensor when every deep table has width ``D``, else as a dict.
+    tensor when every deep table has width ``D``, else as a dict; with SequenceFeatures among
+    the deep features (DIN), the dict, and the histories as ``sequences`` (name ->
+    ``float32 [B, L, D]`` rows and their ``bool [B, L]`` mask).
 
     Args:
-        deep_features: features of the DEEP groups (id / tag embedded, raw as dense inputs).
+        deep_features: features of the DEEP groups (id / tag embedded, raw as dense inputs,
+            sequences looked up element by element).
         tower: a ``trainer.models.towers`` layer.
         wide: a ``WideLogit`` or None.
         sharding: embedding rows sharded across ranks (``EmbeddingParallelStrategy``), or None.
@@ -89,10 +92,15 @@ class RankingModel(keras.Model):
         self.head = keras.layers.Dense(1, name="logit")
 
     def call(self, inputs, training=False):
-        # tables of one width: the tower takes the fused lookup's [B, F, D] as it is
-        embeddings = self.embedding(inputs, stacked=self.embedding.width is not None, training=training)
         dense = tf.stack([inputs[n] for n in self.dense_names], axis=1) if self.dense_names else None
-        hidden, extra = self.tower(embeddings, dense, training=training)
+        if self.embedding.sequences:  # DIN: pooled features by name, histories as sequences
+            embeddings = self.embedding(inputs, training=training)
+            sequences = {f.name: self.embedding.sequence(inputs, f) for f in self.embedding.sequences}
+            hidden, extra = self.tower(embeddings, dense, training=training, sequences=sequences)
+        else:
+            # tables of one width: the tower takes the fused lookup's [B, F, D] as it is
+            embeddings = self.embedding(inputs, stacked=self.embedding.width is not None, training=training)
+            hidden, extra = self.tower(embeddings, dense, training=training)
         logit = self.head(hidden)
         if extra is not None:
             logit += extra

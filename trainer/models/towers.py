@@ -12,6 +12,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from recpipe.config.model import DNN
+from trainer.layers.attention import DINAttention
 from trainer.layers.cross import Cross
 from trainer.layers.dot_interaction import DotInteraction
 from trainer.layers.fm import FM
@@ -98,3 +99,42 @@ class DCNTower(keras.layers.Layer):
         if self.final is not None:
             h = self.final(h, training=training)
         return h, None
+
+
+class MultiTowerDINTower(keras.layers.Layer):
+    """EasyRec's MultiTowerDIN: an MLP tower per feature group, a DIN attention per
+    ``seq_att_groups`` group, their outputs concatenated through ``final_dnn``.
+
+    Args:
+        towers: (group features: names, the group's dense feature indices into ``dense``,
+            its MLP config), one per ``multi_tower.towers`` entry.
+        din: (key feature names, history feature names, the attention's MLP config), one per
+            ``din_towers`` entry.
+        final: ``final_dnn``.
+
+    Call:
+        embeddings: dict name -> ``float32 [B, D_i]`` (pooled id / tag features).
+        dense: ``float32 [B, n]`` or None.
+        sequences: dict history name -> (``float32 [B, L, D]``, ``bool [B, L]`` mask).
+    """
+
+    def __init__(self, towers: list, din: list, final: DNN, **kwargs):
+        super().__init__(**kwargs)
+        self.groups = [(names, columns) for names, columns, _ in towers]
+        self.towers = [MLP(cfg, name=f"tower_{i}") for i, (_, _, cfg) in enumerate(towers)]
+        self.din = [(keys, hists) for keys, hists, _ in din]
+        self.attention = [DINAttention(cfg, name=f"din_{i}") for i, (_, _, cfg) in enumerate(din)]
+        self.final = MLP(final, name="final_dnn")
+
+    def call(self, embeddings, dense, training=False, sequences=None):
+        parts = []
+        for (names, columns), tower in zip(self.groups, self.towers, strict=True):
+            x = [embeddings[n] for n in names]
+            if columns:
+                x.append(tf.gather(dense, columns, axis=1))
+            parts.append(tower(tf.concat(x, axis=1) if len(x) > 1 else x[0], training=training))
+        for (keys, hists), attention in zip(self.din, self.attention, strict=True):
+            query = tf.concat([embeddings[k] for k in keys], axis=-1)
+            history = tf.concat([sequences[h][0] for h in hists], axis=-1)
+            parts.append(attention(query, history, sequences[hists[0]][1], training=training))
+        return self.final(tf.concat(parts, axis=1), training=training), None
