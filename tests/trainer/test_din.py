@@ -17,7 +17,7 @@ from recpipe.layout import finished_partitions, parse_ds_range
 from tests.support import ROOT, with_edits
 from trainer.layers.attention import DINAttention
 
-WEEK = "1997-09-20:1997-09-26"  # the first days of the replay (histories take ~8 s a day to prepare)
+WEEK = "1997-09-20:1997-09-26"  # a week: a fresh root prepares each day in several seconds
 
 
 def test_attention_ignores_padding_and_pools_an_empty_history_to_zeros():
