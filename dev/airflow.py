@@ -336,6 +336,11 @@ def run_backfill(
             api.set_paused(dag_id, was_paused)
 
 
+def _utc(d: str) -> datetime:
+    """A logical date, ``YYYY-MM-DD`` or ``YYYY-MM-DDTHH:MM``, as a UTC datetime."""
+    return datetime.fromisoformat(f"{d}:00+00:00" if "T" in d else f"{d}T00:00:00+00:00")
+
+
 def _create_backfill(api: Api, dag_id: str, days: list[str], echo, conf: dict | None = None) -> None:
     """Create the backfill of ``days`` through the REST API (``POST /backfills``, what
     ``airflow backfill create`` does, without a CLI process to start each chunk) while the DAG
@@ -347,11 +352,8 @@ def _create_backfill(api: Api, dag_id: str, days: list[str], echo, conf: dict | 
         RuntimeError: the API refused it otherwise, or four times.
     """
 
-    def utc(d: str) -> datetime:
-        return datetime.fromisoformat(f"{d}:00+00:00" if "T" in d else f"{d}T00:00:00+00:00")
-
     body = BackfillPostBody(
-        dag_id=dag_id, from_date=utc(days[0]), to_date=utc(days[-1]), max_active_runs=1,
+        dag_id=dag_id, from_date=_utc(days[0]), to_date=_utc(days[-1]), max_active_runs=1,
         reprocess_behavior=ReprocessBehavior.COMPLETED, dag_run_conf=conf or {},
     )  # fmt: skip
     echo(f"backfill {dag_id} {days[0]} .. {days[-1]}" + (f" conf {json.dumps(conf)}" if conf else ""))
@@ -425,10 +427,7 @@ def follow_runs(
     run of that date that the backfill has not re-run yet: it counts as pending. Returns
     ``{ds: state}`` once every run ended, at the first failed run, or at the deadline."""
 
-    def utc(d: str) -> datetime:
-        return datetime.fromisoformat(f"{d}:00+00:00" if "T" in d else f"{d}T00:00:00+00:00")
-
-    window = {"logical_date_gte": utc(days[0]), "logical_date_lte": utc(days[-1])}
+    window = {"logical_date_gte": _utc(days[0]), "logical_date_lte": _utc(days[-1])}
     durations = {} if durations is None else durations
     printed: set[tuple[str, str]] = set()
     states: dict[str, str] = {}

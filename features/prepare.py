@@ -292,10 +292,6 @@ def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
             "normalization_window": window,
             "raw_files": [str(p) for p in files],
         }
-        written = FeaturePartition(tmp)
-        written.stats.write_text(json.dumps(stats, indent=2, sort_keys=True))
-        norm_doc = {"window": window, "statistics": dense_stats, "features": observed}
-        written.normalization.write_text(json.dumps(norm_doc, indent=2, sort_keys=True))
         if new_state is not None:
             # the state is renamed after the features (the with's order): a day whose state
             # is published has its features published too
@@ -305,7 +301,10 @@ def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
                 "users": spark.read.parquet(str(state_tmp)).count(),
                 **_sequence_lengths(spark, config, tmp),
             }
-            written.stats.write_text(json.dumps(stats, indent=2, sort_keys=True))
+        written = FeaturePartition(tmp)
+        written.stats.write_text(json.dumps(stats, indent=2, sort_keys=True))
+        norm_doc = {"window": window, "statistics": dense_stats, "features": observed}
+        written.normalization.write_text(json.dumps(norm_doc, indent=2, sort_keys=True))
         written.success.touch()  # last: the partition is complete
     log.info("ds=%s: %d rows -> %s (%d quarantined)", ds, stats["rows"], final, bad_count)
     return stats

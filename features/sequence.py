@@ -159,7 +159,8 @@ def add_histories(
     columns = [F.transform(histories, _value(i)).alias(seq.column(f)) for i, f in enumerate(seq.fields)]
     out = joined.select(*[c for c in rows.columns if not c.startswith("_seq_")], *columns)
 
-    ends = events.groupBy("user").agg(F.array_sort(F.collect_list("e")).alias("today"))
+    # the user's last moment's running history: the day's last n events
+    ends = moments.groupBy("user").agg(F.max_by("cum", _T).alias("today"))
     new_state = (
         state.join(ends, "user", "full")
         .select("user", both(_EVENTS, "today").alias(_EVENTS))

@@ -32,6 +32,15 @@ def _group_features(config: PipelineConfig, kind: WideDeep):
     return [config.feature_config.feature(n) for n in names]
 
 
+def _clock(features) -> EVClock | None:
+    """The model's ``EVClock`` when any of ``features`` has an online table, else None."""
+    if not any(f.ev_params is not None for f in features):
+        return None
+    clock = EVClock(name="ev_clock")
+    clock.build(None)
+    return clock
+
+
 def build_model(config: PipelineConfig, sharding=None, key_union=None) -> RankingModel:
     """Build the model named by ``model_config.model_class``; with a ``sharding``
     (``trainer.distribute.embedding_parallel.Sharding``) its embedding tables hold this
@@ -80,11 +89,7 @@ def build_model(config: PipelineConfig, sharding=None, key_union=None) -> Rankin
         sub = mc.dcn or DCNModel()
         tower = DCNTower(sub.cross_num, sub.deep_tower, sub.final_dnn, name="tower")
         wide = []
-    clock = None
-    if any(f.ev_params is not None for f in deep + wide):
-        clock = EVClock(name="ev_clock")
-        clock.build(None)
-    parts = {"sharding": sharding, "clock": clock, "key_union": key_union}
+    parts = {"sharding": sharding, "clock": _clock(deep + wide), "key_union": key_union}
     wide_part = WideLogit(wide, wide_dim, name="wide", **parts) if wide else None
     return RankingModel(deep, tower, wide_part, name=cls.value.lower(), **parts)
 
@@ -150,9 +155,5 @@ def _multi_tower_din(config: PipelineConfig, sharding, key_union) -> RankingMode
     # the dense inputs in the order the towers index them
     deep = [f for f in deep if f.feature_type != FeatureType.RawFeature] + [fc.feature(n) for n in raw]
     tower = MultiTowerDINTower(towers, din, multi.final_dnn, name="tower")
-    clock = None
-    if any(f.ev_params is not None for f in deep):
-        clock = EVClock(name="ev_clock")
-        clock.build(None)
-    parts = {"sharding": sharding, "clock": clock, "key_union": key_union}
+    parts = {"sharding": sharding, "clock": _clock(deep), "key_union": key_union}
     return RankingModel(deep, tower, None, name="multitowerdin", **parts)
