@@ -184,7 +184,7 @@ class Trainer:
             max_to_keep=tc.keep_checkpoint_max,
             checkpoint_name=CHECKPOINT_PREFIX,
         )
-        self.loss_fn = build_loss(self.config.model)
+        self.loss_fn = build_loss(self.config.model, self.config.task_labels())
         self.train_step: Callable | None = None
 
     def _restore(self) -> dict:

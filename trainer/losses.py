@@ -75,8 +75,37 @@ LOSSES: dict[LossType, Callable] = {
 }
 
 
-def build_loss(model_config: ModelConfig) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
-    """``losses`` (weighted sum) if given, else the single ``loss_type``."""
+def task_targets(labels: tf.Tensor, task_labels: list[tuple[int, float | None]]) -> tf.Tensor:
+    """Each task's target ``float32 [B, T]`` from the label fields ``float32 [B, L]``: the
+    task's field, or 1.0 where it is at least the task's ``label_threshold``, else 0.0
+    (``PipelineConfig.task_labels``)."""
+    columns = []
+    for index, threshold in task_labels:
+        column = labels[:, index]
+        columns.append(column if threshold is None else tf.cast(column >= threshold, column.dtype))
+    return tf.stack(columns, axis=1)
+
+
+def build_loss(
+    model_config: ModelConfig, task_labels: list[tuple[int, float | None]] | None = None
+) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
+    """``losses`` (weighted sum) if given, else the single ``loss_type``: labels and logits
+    ``float32 [B]``. A multi-task model (``task_labels``, from ``PipelineConfig.task_labels``)
+    gets the sum of each task tower's ``weight`` x its ``loss_type`` on its target: labels
+    ``float32 [B, L]`` (the label fields), logits ``float32 [B, T]``."""
+    if task_labels:
+        tasks = model_config.tasks
+
+        def multi(labels, logits):
+            targets = task_targets(labels, task_labels)
+            return tf.add_n(
+                [
+                    t.weight * LOSSES[t.loss_type](targets[:, i], logits[:, i], Loss(loss_type=t.loss_type))
+                    for i, t in enumerate(tasks)
+                ]
+            )
+
+        return multi
     terms = list(model_config.losses) or [Loss(loss_type=model_config.loss_type)]
 
     def loss(labels, logits):

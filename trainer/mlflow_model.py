@@ -25,6 +25,7 @@ import pyarrow.csv as pacsv
 
 from recpipe import atomic
 from recpipe.config.data import InputType
+from recpipe.config.model import ModelClass
 from recpipe.config.pipeline import PipelineConfig
 from recpipe.layout import ds_partition
 
@@ -73,9 +74,9 @@ class SavedModelPyfunc(mlflow.pyfunc.PythonModel):
                 values = column.to_numpy(dtype=spec.dtype.as_numpy_dtype)
             feed[name] = tf.constant(values, dtype=spec.dtype)
         out = self._serve(**feed)
-        return pd.DataFrame(
-            {k: np.asarray(out[k].numpy(), dtype=np.float32) for k in ("probability", "logit")}
-        )
+        # probability and logit first, then a multi-task model's per task
+        names = ["probability", "logit", *sorted(k for k in out if k not in ("probability", "logit"))]
+        return pd.DataFrame({k: np.asarray(out[k].numpy(), dtype=np.float32) for k in names})
 
 
 def serving_inputs(config: PipelineConfig) -> dict[str, InputType]:
@@ -90,7 +91,14 @@ def signature(config: PipelineConfig):
     from mlflow.types import ColSpec, Schema
 
     inputs = Schema([ColSpec(MLFLOW_TYPES[t], name) for name, t in serving_inputs(config).items()])
-    outputs = Schema([ColSpec("float", "probability"), ColSpec("float", "logit")])
+    names = ["probability", "logit"]
+    model = config.model
+    if model is not None and model.tasks:
+        tasks = list(model.task_names)
+        if model.model_class == ModelClass.ESMM:
+            tasks.append(model.tasks[1].tower_name)  # p_cvr beside p_ctr and p_ctcvr
+        names += sorted([f"probability_{t}" for t in tasks] + [f"logit_{t}" for t in model.task_names])
+    outputs = Schema([ColSpec("float", n) for n in names])
     return ModelSignature(inputs=inputs, outputs=outputs)
 
 

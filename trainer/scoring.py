@@ -18,6 +18,7 @@ from trainer import online
 from trainer.checkpoints import resolve
 from trainer.embedding_tables import checkpoint_map
 from trainer.input import FeatureReader, holdout_split, sample_inputs
+from trainer.losses import task_targets
 from trainer.metrics import compute_metrics
 from trainer.models.builders import build_model
 from trainer.models.ranking import RankingModel
@@ -44,7 +45,8 @@ def load_model(config: PipelineConfig, checkpoint: str | Path) -> tuple[RankingM
 
 def predict(model: RankingModel, reader: FeatureReader) -> tuple[np.ndarray, np.ndarray, dict]:
     """Labels ``float32 [N]``, probabilities ``float32 [N]`` and the raw values (``object [N]``
-    of bytes) of the reader's ``raw_columns`` over the reader."""
+    of bytes) of the reader's ``raw_columns`` over the reader; a multi-task model's labels are
+    ``float32 [N, L]`` (every label field) and probabilities ``float32 [N, T]``."""
     spec = [reader.feature_spec()]
     call = tf.function(lambda f: tf.sigmoid(model(f, training=False)), input_signature=spec, autograph=False)
     labels, probs, kept = [], [], {k: [] for k in reader.raw_columns}
@@ -83,15 +85,36 @@ def evaluate(
     path = resolve(checkpoint or model_dir)
     model, step = load_model(config, path)
     labels, probs, kept = predict(model, reader)
+    columns = {}
+    if probs.ndim == 2:  # a multi-task model: each task's metrics as <task>/<metric>
+        tasks, names = config.model.tasks, config.model.task_names
+        targets = task_targets(labels, config.task_labels()).numpy()
+        metrics = {}
+        for t, (task, name) in enumerate(zip(tasks, names, strict=True)):
+            chosen = task.metrics_set or config.eval_config.metrics_set
+            got = compute_metrics(chosen, targets[:, t], probs[:, t], kept)
+            metrics.update({f"{name}/{k}": v for k, v in got.items()})
+            columns[f"label_{name}"], columns[f"probability_{name}"] = targets[:, t], probs[:, t]
+        # the first task's, unprefixed as well: what a single-task reader (the gate) expects
+        metrics.update({k.split("/", 1)[1]: v for k, v in metrics.items() if k.startswith(f"{names[0]}/")})
+        labels, probs = targets[:, 0], probs[:, 0]
+    else:
+        metrics = compute_metrics(config.eval_config.metrics_set, labels, probs, kept)
     result = {
         "global_step": step,
         "checkpoint": path,
         "eval_days": [partition_ds(p) for p in partitions],
         "num_examples": int(labels.size),
-        **compute_metrics(config.eval_config.metrics_set, labels, probs, kept),
+        **metrics,
     }
     if predictions_path is not None:
-        table = pa.table({"label": labels.astype(np.float32), "probability": probs.astype(np.float32)})
+        table = pa.table(
+            {
+                "label": labels.astype(np.float32),
+                "probability": probs.astype(np.float32),
+                **{k: v.astype(np.float32) for k, v in columns.items()},
+            }
+        )
         with atomic.file(predictions_path) as tmp:
             pq.write_table(table, tmp)
     atomic.write_text(result_path or ModelDir(model_dir).eval_result, json.dumps(result, indent=2))

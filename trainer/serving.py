@@ -81,8 +81,18 @@ class ServingModule(tf.Module):
         return out
 
     def _serve(self, raw):
-        logit = self.model(self.transform(raw), training=False)
-        return {"probability": tf.sigmoid(logit), "logit": logit}
+        features = self.transform(raw)
+        logit = self.model(features, training=False)
+        if logit.shape.rank == 1:
+            return {"probability": tf.sigmoid(logit), "logit": logit}
+        # a multi-task model: the first task as probability / logit, then every task by name
+        names = self.model.task_names
+        out = {"probability": tf.sigmoid(logit[:, 0]), "logit": logit[:, 0]}
+        for i, name in enumerate(names):
+            out[f"probability_{name}"] = tf.sigmoid(logit[:, i])
+            out[f"logit_{name}"] = logit[:, i]
+        out.update({f"probability_{k}": v for k, v in self.model.extra_probabilities(features).items()})
+        return out
 
 
 EXPORT_RECORD = "recpipe_export.json"  # in assets.extra/: which model dir and step it holds

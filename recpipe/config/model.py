@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from recpipe.config.base import OneOf, Section
 from recpipe.config.data import EVParams
@@ -119,6 +119,12 @@ class ModelClass(StrEnum):
     DLRM = "DLRM"
     DCN = "DCN"
     MultiTowerDIN = "MultiTowerDIN"
+    MMoE = "MMoE"
+    ESMM = "ESMM"
+    DBMTL = "DBMTL"
+
+
+MULTI_TASK_BLOCK = {ModelClass.MMoE: "mmoe", ModelClass.ESMM: "esmm", ModelClass.DBMTL: "dbmtl"}
 
 
 class LossType(StrEnum):
@@ -140,6 +146,65 @@ class Loss(Section):
     f1_beta_square: float = Field(1.0, gt=0)
 
 
+class TaskTower(Section):
+    """One EasyRec ``task_towers`` entry (MMoE, DBMTL; ESMM's ``ctr_tower`` / ``cvr_tower``):
+    a task's tower over the shared bottom, its label, loss and metrics.
+
+    ``label_name`` is one of ``data_config.label_fields`` (default: the field at the
+    tower's position). ``label_threshold`` (recpipe's): the task's target is 1 where the
+    label is at least this, else 0, so that one logged value (a rating) gives several binary
+    tasks; unset, the label is the target as it is. ``metrics_set`` defaults to ``eval_config``'s."""
+
+    tower_name: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_]*$")
+    label_name: str | None = None
+    label_threshold: float | None = None
+    dnn: DNN = Field(default_factory=lambda: DNN(hidden_units=[64, 32]))
+    num_class: int = Field(1, ge=1, le=1)
+    weight: float = Field(1.0, ge=0)
+    loss_type: LossType = LossType.CLASSIFICATION
+    metrics_set: list[Metric] = Field(default_factory=list)
+
+
+class MMoEModel(Section):
+    """``model_config.mmoe``: ``num_expert`` expert MLPs over the shared input, one softmax
+    gate and tower per task (Ma et al., "Modeling Task Relationships in Multi-task Learning
+    with Multi-gate Mixture-of-Experts", KDD 2018; EasyRec's ``mmoe``)."""
+
+    expert_dnn: DNN = Field(default_factory=lambda: DNN(hidden_units=[128, 64]))
+    num_expert: int = Field(3, ge=1)
+    task_towers: list[TaskTower] = Field(min_length=2)
+
+
+class DBMTLModel(Section):
+    """``model_config.dbmtl``: a shared ``bottom_dnn`` (or MMoE experts with ``num_expert``
+    > 0), a tower per task, and each task's ``relation_tower_names`` feeding it their tower
+    outputs through its ``relation_dnn`` (Bayesian dependencies between tasks: EasyRec's
+    DBMTL, after Ma et al., "Deep Bayesian Multi-Target Learning", 2019)."""
+
+    bottom_dnn: DNN | None = Field(default_factory=lambda: DNN(hidden_units=[128, 64]))
+    expert_dnn: DNN | None = None
+    num_expert: int = Field(0, ge=0)
+    task_towers: list[DBMTLTaskTower] = Field(min_length=2)
+
+
+class DBMTLTaskTower(TaskTower):
+    """A DBMTL task tower: ``relation_tower_names`` (earlier towers) and ``relation_dnn``."""
+
+    relation_tower_names: list[str] = Field(default_factory=list)
+    relation_dnn: DNN = Field(default_factory=lambda: DNN(hidden_units=[32]))
+
+
+class ESMMModel(Section):
+    """``model_config.esmm``: a CTR tower and a CVR tower over shared embeddings, trained over
+    the whole exposure space: the CTR task on ``ctr_tower``'s label, the CTCVR task
+    (p_ctr x p_cvr) on ``cvr_tower``'s label, which must imply the first (a conversion is
+    a click); p_cvr itself is never fitted on clicked rows alone (Ma et al., "Entire Space
+    Multi-Task Model", SIGIR 2018; EasyRec's ``esmm``)."""
+
+    ctr_tower: TaskTower = Field(default_factory=lambda: TaskTower(tower_name="ctr"))
+    cvr_tower: TaskTower = Field(default_factory=lambda: TaskTower(tower_name="cvr"))
+
+
 class ModelConfig(Section):
     """EasyRec ``model_config``: the class, its feature groups, and its own block."""
 
@@ -151,6 +216,9 @@ class ModelConfig(Section):
     dlrm: DLRMModel | None = None
     dcn: DCNModel | None = None
     multi_tower: MultiTowerModel | None = None
+    mmoe: MMoEModel | None = None
+    esmm: ESMMModel | None = None
+    dbmtl: DBMTLModel | None = None
     seq_att_groups: list[SeqAttGroup] = Field(default_factory=list)
     # L2 weight on each embedding row a batch looks up (EasyRec), so table updates stay sparse
     embedding_regularization: float = Field(0.0, ge=0)
@@ -158,6 +226,49 @@ class ModelConfig(Section):
     losses: list[Loss] = Field(default_factory=list)
     # default ev_params of every id / tag feature that has none (EasyRec EasyRecModel.ev_params)
     ev_params: EVParams | None = None
+
+    @model_validator(mode="after")
+    def _multi_task_block(self) -> ModelConfig:
+        block = MULTI_TASK_BLOCK.get(self.model_class)
+        if block is None:
+            return self
+        if self.model_class != ModelClass.ESMM and getattr(self, block) is None:
+            raise ValueError(f"model_config.{block}: model_class {self.model_class.value} needs it")
+        names = [t.tower_name for t in self.tasks]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"model_config.{block}: tower_name {twice} given twice")
+        if self.model_class == ModelClass.DBMTL:
+            for i, tower in enumerate(self.dbmtl.task_towers):
+                earlier = names[:i]
+                wrong = [n for n in tower.relation_tower_names if n not in earlier]
+                if wrong:
+                    raise ValueError(
+                        f"model_config.dbmtl.task_towers[{i}].relation_tower_names: {wrong} are not "
+                        f"towers before {tower.tower_name!r} (those are {earlier})"
+                    )
+        return self
+
+    @property
+    def tasks(self) -> list[TaskTower]:
+        """The task towers in output order (empty for a single-task model): MMoE's and
+        DBMTL's ``task_towers``; ESMM's CTR task, then its CTCVR task (the ``cvr_tower``'s
+        label, p_ctr x p_cvr)."""
+        if self.model_class == ModelClass.ESMM:
+            esmm = self.esmm or ESMMModel()
+            return [esmm.ctr_tower, esmm.cvr_tower]
+        block = MULTI_TASK_BLOCK.get(self.model_class)
+        return list(getattr(self, block).task_towers) if block else []
+
+    @property
+    def task_names(self) -> list[str]:
+        """Each task's name, as its metrics (``<name>/auc``) and outputs
+        (``probability_<name>``) are keyed: the tower names; ESMM's second task is the CTCVR
+        one, ``ctcvr`` (towers ``ctr`` and ``cvr``) or ``<ctr>_<cvr>``."""
+        names = [t.tower_name for t in self.tasks]
+        if self.model_class == ModelClass.ESMM:
+            names[1] = "ctcvr" if names == ["ctr", "cvr"] else f"{names[0]}_{names[1]}"
+        return names
 
 
 class AUC(Section):

@@ -8,7 +8,7 @@ from pydantic import Field, model_validator
 
 from recpipe.config.base import Section
 from recpipe.config.data import DataConfig, FeatureConfig, FeatureType, InputType
-from recpipe.config.model import EvalConfig, ExportConfig, ModelConfig
+from recpipe.config.model import MULTI_TASK_BLOCK, EvalConfig, ExportConfig, ModelConfig
 from recpipe.config.train import TrainConfig
 
 # a day or a pass (an hour), then optionally ":" and the range's last one
@@ -76,6 +76,7 @@ class PipelineConfig(Section):
                 categorical = feature.feature_type != FeatureType.RawFeature
                 if default is not None and categorical and feature.ev_params is None:
                     feature.ev_params = default
+            self.task_labels()  # every task's label is a label field
             names = {f.name for f in self.feature_config.features}
             for g, group in enumerate(self.model_config_.feature_groups):
                 unknown = [n for n in group.feature_names if n not in names]
@@ -84,6 +85,28 @@ class PipelineConfig(Section):
                         f"model_config.feature_groups[{g}].feature_names: unknown features {unknown}"
                     )
         return self
+
+    def task_labels(self) -> list[tuple[int, float | None]]:
+        """Each task's label as (its index in ``data_config.label_fields``, its
+        ``label_threshold``), in the model's task order; empty for a single-task model.
+
+        Raises:
+            ValueError: a task's ``label_name`` is not a label field (or, unset, there is no
+                label field at the tower's position)."""
+        if self.model_config_ is None:
+            return []
+        fields = self.data_config.label_fields
+        block = MULTI_TASK_BLOCK.get(self.model_config_.model_class)
+        out = []
+        for i, task in enumerate(self.model_config_.tasks):
+            name = task.label_name or (fields[i] if i < len(fields) else None)
+            if name not in fields:
+                raise ValueError(
+                    f"model_config.{block} tower {task.tower_name!r}: label_name {name!r} is not among "
+                    f"data_config.label_fields {fields}"
+                )
+            out.append((fields.index(name), task.label_threshold))
+        return out
 
     def resolved(self, home: Path) -> PipelineConfig:
         """A copy whose relative paths (model_dir, inputs, quarantine) are made absolute

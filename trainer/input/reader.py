@@ -75,6 +75,7 @@ class FeatureReader:
         self.config = config
         self.features = list(config.feature_config.features)
         self.labels = list(dc.label_fields)
+        self.multi_task = bool(config.model is not None and config.model.tasks)
         self.batch_size = batch_size or dc.batch_size
         self.shuffle = dc.shuffle if shuffle is None else shuffle
         self.buffer_rows = dc.shuffle_buffer_size * self.batch_size
@@ -239,8 +240,9 @@ class FeatureReader:
         return dict(zip(self.raw_columns, tf.unstack(flat[-1], num=len(self.raw_columns)), strict=True))
 
     def structure(self, flat: tuple) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
-        """Flat tuple -> (features dict, labels [B] of the first label field)."""
-        labels = flat[0]
+        """Flat tuple -> (features dict, labels ``float32 [B]`` of the first label field, or
+        ``float32 [B, L]`` of every label field for a multi-task model)."""
+        labels = tf.stack(flat[: len(self.labels)], axis=1) if self.multi_task else flat[0]
         i = len(self.labels)
         features: dict[str, tf.Tensor] = {}
         if self._ids:

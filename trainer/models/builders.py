@@ -5,6 +5,7 @@ from __future__ import annotations
 from recpipe.config.data import FeatureType
 from recpipe.config.errors import ConfigError
 from recpipe.config.model import (
+    MULTI_TASK_BLOCK,
     DCNModel,
     DeepFMModel,
     DLRMModel,
@@ -15,6 +16,7 @@ from recpipe.config.model import (
     WideDeep,
 )
 from recpipe.config.pipeline import PipelineConfig
+from trainer.models.multitask import MultiTaskModel
 from trainer.models.ranking import RankingModel, WideLogit
 from trainer.models.towers import ConcatMLPTower, DCNTower, DeepFMTower, DLRMTower, MultiTowerDINTower
 from trainer.online import EVClock
@@ -56,6 +58,8 @@ def build_model(config: PipelineConfig, sharding=None, key_union=None) -> Rankin
         raise ModelConfigError("model_config is missing")
     if mc.model_class == ModelClass.MultiTowerDIN:
         return _multi_tower_din(config, sharding, key_union)
+    if mc.model_class in MULTI_TASK_BLOCK:
+        return _multi_task(config, sharding, key_union)
     deep = _group_features(config, WideDeep.DEEP)
     wide = _group_features(config, WideDeep.WIDE)
     if not deep:
@@ -157,3 +161,25 @@ def _multi_tower_din(config: PipelineConfig, sharding, key_union) -> RankingMode
     tower = MultiTowerDINTower(towers, din, multi.final_dnn, name="tower")
     parts = {"sharding": sharding, "clock": _clock(deep), "key_union": key_union}
     return RankingModel(deep, tower, None, name="multitowerdin", **parts)
+
+
+def _multi_task(config: PipelineConfig, sharding, key_union) -> MultiTaskModel:
+    """MMoE, ESMM or DBMTL over the DEEP groups' features (a WIDE group has no part here).
+
+    Raises:
+        ModelConfigError: no DEEP group, a WIDE group, or a SequenceFeature among the inputs.
+    """
+    mc = config.model
+    block = MULTI_TASK_BLOCK[mc.model_class]
+    deep = _group_features(config, WideDeep.DEEP)
+    if not deep:
+        raise ModelConfigError("model_config.feature_groups: a DEEP group is needed")
+    if _group_features(config, WideDeep.WIDE):
+        raise ModelConfigError(f"model_config.feature_groups: {mc.model_class.value} has no WIDE part")
+    seq = [f.name for f in deep if f.feature_type == FeatureType.SequenceFeature]
+    if seq:
+        raise ModelConfigError(
+            f"model_config.{block}: SequenceFeature {seq} needs model_class MultiTowerDIN's attention"
+        )
+    parts = {"sharding": sharding, "clock": _clock(deep), "key_union": key_union}
+    return MultiTaskModel(deep, mc, name=mc.model_class.value.lower(), **parts)

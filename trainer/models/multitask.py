@@ -1,0 +1,126 @@
+"""Multi-task ranking models: EasyRec's MMoE, ESMM and DBMTL over one set of embeddings.
+
+    logits[:, t] = head_t(tower_t(bottom_t(embeddings, dense)))
+
+Each task is one binary target; the model returns ``float32 [B, T]`` logits in the order of
+``ModelConfig.tasks`` (ESMM's second column is the CTCVR logit, ``logit(p_ctr * p_cvr)``), so
+the loss, the metrics and the serving signature treat every task alike.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+import tf_keras as keras
+
+from recpipe.config.data import FeatureSpec, FeatureType
+from recpipe.config.model import ModelClass, ModelConfig
+from trainer.layers.embedding import FeatureEmbedding
+from trainer.layers.mlp import MLP
+from trainer.layers.mmoe import MMoE
+from trainer.models.towers import _concat
+from trainer.online import EVClock
+
+# log p_ctcvr is kept below this, so that log(1 - p) stays finite
+_LOG_ONE = -1e-7
+
+
+def ctcvr_logit(ctr_logit: tf.Tensor, cvr_logit: tf.Tensor) -> tf.Tensor:
+    """``logit(sigmoid(a) * sigmoid(b))`` for ``float32 [B]`` logits, in log space: the
+    sigmoid cross entropy of it is ESMM's CTCVR loss on the product of probabilities."""
+    log_p = tf.minimum(-tf.nn.softplus(-ctr_logit) - tf.nn.softplus(-cvr_logit), _LOG_ONE)
+    return log_p - tf.math.log(-tf.math.expm1(log_p))
+
+
+class MultiTaskModel(keras.Model):
+    """Inputs as ``RankingModel``'s; output logits ``float32 [B, T]``, one column per task.
+
+    Args:
+        deep_features: the DEEP groups' features (id / tag embedded, raw as dense inputs).
+        model_config: ``model_config`` with ``model_class`` MMoE, ESMM or DBMTL.
+        sharding, clock, key_union: as ``RankingModel``'s.
+    """
+
+    def __init__(
+        self,
+        deep_features: list[FeatureSpec],
+        model_config: ModelConfig,
+        sharding=None,
+        clock: EVClock | None = None,
+        key_union=None,
+        **kw,
+    ):
+        super().__init__(**kw)
+        if clock is not None:
+            self.ev_clock = clock
+        self.model_class = model_config.model_class
+        tasks = model_config.tasks
+        self.task_names = model_config.task_names
+        self.cvr_name = tasks[1].tower_name if self.model_class == ModelClass.ESMM else None
+        self.dense_names = [f.name for f in deep_features if f.feature_type == FeatureType.RawFeature]
+        self.embedding = FeatureEmbedding(
+            deep_features, sharding=sharding, clock=clock, key_union=key_union, name="input_layer"
+        )
+        self.wide = None
+        self.bottom = None
+        self.mmoe = None
+        self.relations: list[tuple[list[int], MLP | None]] = []
+        if self.model_class == ModelClass.MMoE:
+            cfg = model_config.mmoe
+            self.mmoe = MMoE(cfg.expert_dnn, cfg.num_expert, len(tasks), name="mmoe")
+        elif self.model_class == ModelClass.DBMTL:
+            cfg = model_config.dbmtl
+            if cfg.bottom_dnn is not None:
+                self.bottom = MLP(cfg.bottom_dnn, name="bottom_dnn")
+            if cfg.num_expert:
+                expert = cfg.expert_dnn or cfg.bottom_dnn
+                self.mmoe = MMoE(expert, cfg.num_expert, len(tasks), name="mmoe")
+            names = [t.tower_name for t in tasks]
+            for t in tasks:
+                related = [names.index(n) for n in t.relation_tower_names]
+                dnn = MLP(t.relation_dnn, name=f"relation_{t.tower_name}") if related else None
+                self.relations.append((related, dnn))
+        self.towers = [MLP(t.dnn, name=f"tower_{t.tower_name}") for t in tasks]
+        self.heads = [keras.layers.Dense(1, name=f"logit_{t.tower_name}") for t in tasks]
+
+    def _inputs(self, inputs, training):
+        dense = tf.stack([inputs[n] for n in self.dense_names], axis=1) if self.dense_names else None
+        embeddings = self.embedding(inputs, stacked=self.embedding.width is not None, training=training)
+        return _concat(embeddings, dense)
+
+    def task_logits(self, inputs, training=False) -> list[tf.Tensor]:
+        """Each tower's own logit ``float32 [B]`` (ESMM: the CTR and the CVR logits)."""
+        x = self._inputs(inputs, training)
+        if self.bottom is not None:
+            x = self.bottom(x, training=training)
+        shared = self.mmoe(x, training=training) if self.mmoe is not None else [x] * len(self.towers)
+        hidden = []
+        for tower, bottom in zip(self.towers, shared, strict=True):
+            hidden.append(tower(bottom, training=training))
+        if self.relations:  # DBMTL: a task also reads the towers it depends on
+            related_hidden = []
+            for h, (related, dnn) in zip(hidden, self.relations, strict=True):
+                if related:
+                    h = dnn(tf.concat([h, *(related_hidden[i] for i in related)], axis=1), training=training)
+                related_hidden.append(h)
+            hidden = related_hidden
+        return [tf.squeeze(head(h), axis=1) for head, h in zip(self.heads, hidden, strict=True)]
+
+    def call(self, inputs, training=False):
+        logits = self.task_logits(inputs, training=training)
+        if self.model_class == ModelClass.ESMM:
+            ctr, cvr = logits
+            logits = [ctr, ctcvr_logit(ctr, cvr)]
+        return tf.stack(logits, axis=1)
+
+    def extra_probabilities(self, inputs) -> dict[str, tf.Tensor]:
+        """Outputs beside the tasks' (``float32 [B]`` by name): ESMM's p_cvr, else none."""
+        if self.model_class != ModelClass.ESMM:
+            return {}
+        return {self.cvr_name: tf.sigmoid(self.task_logits(inputs)[1])}
+
+    def variable_groups(self) -> dict[str, list[tf.Variable]]:
+        """As ``RankingModel.variable_groups`` (no wide part)."""
+        embedding = self.embedding.trainable_variables
+        taken = {id(v) for v in embedding}
+        dense = [v for v in self.trainable_variables if id(v) not in taken]
+        return {"wide": [], "embedding": embedding, "dense": dense}
