@@ -66,22 +66,49 @@ def gate(
         )
     old = (champion or {}).get(metric)
     if old is None or not math.isfinite(old):
-        return GateDecision(
+        first = GateDecision(
             PROMOTED,
             True,
             f"no champion {metric} on these rows; new {metric}={new:.4f} >= floor {rules.min_metric}",
         )
-    if paired is not None and metric == "auc":
-        return _paired(paired, rules)
+        return _guarded(first, candidate, champion or {}, rules)
+    if paired is not None and metric.rsplit("/", 1)[-1] == "auc":
+        return _guarded(_paired(paired, rules), candidate, champion, rules)
     if new >= old - tolerance:
-        return GateDecision(
-            PROMOTED, True, f"new {metric}={new:.4f} >= champion {old:.4f} - tolerance {tolerance}"
+        return _guarded(
+            GateDecision(
+                PROMOTED, True, f"new {metric}={new:.4f} >= champion {old:.4f} - tolerance {tolerance}"
+            ),
+            candidate,
+            champion,
+            rules,
         )
     return GateDecision(
         REJECTED,
         False,
         f"new {metric}={new:.4f} is worse than champion {old:.4f} by {old - new:.4f} > tolerance {tolerance}",
     )
+
+
+def _guarded(decision: GateDecision, candidate: dict, champion: dict, rules: GateConfig) -> GateDecision:
+    """``decision``, unless it promotes and a ``guard_tasks`` task loses more than
+    ``tolerance`` of the gate's metric (``<task>/<auc|gauc>``) against the champion, or the
+    new model has no such metric: then rejected, naming the task."""
+    if not decision.promote or not rules.guard_tasks:
+        return decision
+    base = rules.metric.rsplit("/", 1)[-1]
+    for task in rules.guard_tasks:
+        key = f"{task}/{base}"
+        new, old = candidate.get(key), champion.get(key)
+        if new is None or not math.isfinite(new):
+            return GateDecision(REJECTED, False, f"gate.guard_tasks: the new model has no finite {key}")
+        if old is not None and math.isfinite(old) and new < old - rules.tolerance:
+            reason = (
+                f"gate.guard_tasks: {key}={new:.4f} is worse than the champion's {old:.4f} by "
+                f"{old - new:.4f} > tolerance {rules.tolerance} (the gate's own: {decision.reason})"
+            )
+            return GateDecision(REJECTED, False, reason, decision.numbers)
+    return decision
 
 
 def _paired(p: PairedAUC, rules: GateConfig) -> GateDecision:
@@ -111,9 +138,15 @@ def _paired(p: PairedAUC, rules: GateConfig) -> GateDecision:
     return GateDecision(REJECTED, False, reason, numbers)
 
 
-def paired_scores(champion_predictions: str | None, candidate_predictions: str | None, confidence: float):
+def paired_scores(
+    champion_predictions: str | None,
+    candidate_predictions: str | None,
+    confidence: float,
+    task: str | None = None,
+):
     """DeLong's test from the two evaluations' per-row files (``EvalOperator``'s
-    ``predictions``), or None with why not (a file missing, or the rows differ)."""
+    ``predictions``), or None with why not (a file missing, or the rows differ). ``task``:
+    a multi-task model's task (its ``label_<task>`` / ``probability_<task>`` columns)."""
     import numpy as np
     import pyarrow.parquet as pq
 
@@ -121,9 +154,10 @@ def paired_scores(champion_predictions: str | None, candidate_predictions: str |
     if not all(p is not None and p.exists() for p in paths):
         return None, "no per-row scores of both models"
     old, new = (pq.read_table(p).to_pydict() for p in paths)
-    if len(old["label"]) != len(new["label"]) or old["label"] != new["label"]:
+    label, prob = (f"label_{task}", f"probability_{task}") if task else ("label", "probability")
+    if label not in old or label not in new:
+        return None, f"no {label} column in both evaluations"
+    if len(old[label]) != len(new[label]) or old[label] != new[label]:
         return None, "the two evaluations scored different rows"
-    labels = np.asarray(new["label"])
-    return paired_auc_test(
-        labels, np.asarray(old["probability"]), np.asarray(new["probability"]), confidence
-    ), ""
+    labels = np.asarray(new[label])
+    return paired_auc_test(labels, np.asarray(old[prob]), np.asarray(new[prob]), confidence), ""

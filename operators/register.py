@@ -96,6 +96,7 @@ class RegisterModelOperator(RecpipeOperator):
                 (champion_eval or {}).get("predictions"),
                 (evaluation or {}).get("predictions"),
                 rules.confidence,
+                rules.metric.split("/")[0] if "/" in rules.metric else None,
             )
             if paired is None and champion:
                 log.info("gate without a paired test: %s", why)

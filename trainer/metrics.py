@@ -82,7 +82,9 @@ def pooled_eval(predictions: list[str | Path], out: str | Path) -> dict:
     ``out`` (Parquet, ``label`` and ``probability``; temporary file, then rename).
 
     Args:
-        predictions: Parquet files with ``label`` (float) and ``probability`` (float) columns.
+        predictions: Parquet files with ``label`` (float) and ``probability`` (float) columns
+            (and a multi-task model's ``label_<task>`` / ``probability_<task>``, pooled into
+            ``<task>/auc`` and ``<task>/logloss``).
         out: the pooled file.
 
     Returns:
@@ -96,11 +98,17 @@ def pooled_eval(predictions: list[str | Path], out: str | Path) -> dict:
 
     if not predictions:
         raise ValueError("pooled_eval: no predictions to pool")
-    columns = ["label", "probability"]
+    # a multi-task model's files also hold label_<task> / probability_<task>: pooled per task
+    first = pq.read_schema(predictions[0]).names
+    tasks = [c[len("label_") :] for c in first if c.startswith("label_") and f"probability_{c[6:]}" in first]
+    columns = ["label", "probability", *(f"{k}_{t}" for t in tasks for k in ("label", "probability"))]
     joined = pa.concat_tables([pq.read_table(p, columns=columns) for p in predictions])
     labels = joined.column("label").to_numpy()
     probs = joined.column("probability").to_numpy()
     metrics = {"auc": auc(labels, probs), "logloss": logloss(labels, probs)}
+    for t in tasks:
+        y, p = joined.column(f"label_{t}").to_numpy(), joined.column(f"probability_{t}").to_numpy()
+        metrics.update({f"{t}/auc": auc(y, p), f"{t}/logloss": logloss(y, p)})
     with atomic.file(Path(out)) as tmp:
         pq.write_table(joined, tmp)
     return {

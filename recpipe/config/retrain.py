@@ -61,9 +61,14 @@ class GateConfig(Section):
     not the day's alone, so that days with few positives (rare clicks) pool into a test with
     power; the daily DAG keeps every one of those rows out of training, so neither model
     trained on them. ``max_inconclusive_days``: that many inconclusive days in a row fail
-    the gate's task loudly (0: never), instead of keeping a stale champion for ever."""
+    the gate's task loudly (0: never), instead of keeping a stale champion for ever.
 
-    metric: str = Field("auc", pattern="^(auc|gauc)$")
+    A multi-task model (``model_config.task_towers``): ``metric`` may name a task,
+    ``<task>/auc``, whose rows the paired test then reads; ``guard_tasks`` refuses a
+    promotion that loses more than ``tolerance`` of the metric on any of those tasks."""
+
+    metric: str = Field("auc", pattern=r"^([A-Za-z][A-Za-z0-9_]*/)?(auc|gauc)$")
+    guard_tasks: list[str] = Field(default_factory=list)
     tolerance: float = Field(0.002, ge=0.0)
     min_metric: float = Field(0.5, ge=0.0, le=1.0)
     min_positives: int = Field(30, ge=0)

@@ -118,6 +118,63 @@ def test_the_gate_never_promotes_nan_or_a_model_below_the_floor_champion_or_not(
     assert _gate({"auc": 0.6}, {"auc": float("nan")}).promote
 
 
+def test_a_multi_task_gate_reads_its_task_and_guards_the_others_over_random_metrics():
+    """``gate.metric: <task>/auc`` decides on that task; ``guard_tasks`` refuses any promotion
+    that loses more than the tolerance on a guarded task, whatever the numbers."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    value = st.floats(0.5, 1.0)
+
+    @settings(max_examples=200, deadline=None)
+    @given(value, value, value, value)
+    def check(new, old, guard_new, guard_old):
+        candidate = {"like/auc": new, "rated_high/auc": guard_new, "auc": new}
+        champion = {"like/auc": old, "rated_high/auc": guard_old, "auc": old}
+        decision = _gate(candidate, champion, "like/auc", guard_tasks=["rated_high"])
+        main, guarded = new >= old - 0.002, guard_new >= guard_old - 0.002
+        assert decision.promote == (main and guarded)
+        if main and not guarded:
+            assert decision.reason.startswith("gate.guard_tasks: rated_high/auc=")
+
+    check()
+    missing = _gate({"like/auc": 0.7}, None, "like/auc", guard_tasks=["rated_high"])
+    assert not missing.promote and "has no finite rated_high/auc" in missing.reason
+    with pytest.raises(ValueError, match="metric"):
+        GateConfig(metric="like/precision")
+
+
+def test_the_paired_test_of_a_task_reads_that_tasks_rows(tmp_path):
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from operators.gate import paired_scores
+    from recpipe.stats import paired_auc_test
+
+    rng = np.random.default_rng(0)
+    y = (rng.random(400) < 0.3).astype(np.float32)
+    files = []
+    for i in range(2):
+        p = np.clip(y * 0.3 + rng.random(400) * 0.7, 0, 1).astype(np.float32)
+        cols = {
+            "label": y,
+            "probability": rng.random(400).astype(np.float32),
+            "label_high": y,
+            "probability_high": p,
+        }
+        files.append(tmp_path / f"{i}.parquet")
+        pq.write_table(pa.table(cols), files[-1])
+    got, why = paired_scores(str(files[0]), str(files[1]), 0.95, task="high")
+    old, new = (pq.read_table(f).to_pydict() for f in files)
+    want = paired_auc_test(y, np.asarray(old["probability_high"]), np.asarray(new["probability_high"]), 0.95)
+    assert why == "" and got.diff == pytest.approx(want.diff) and got.diff > 0 or got.diff < 0
+    assert paired_scores(str(files[0]), str(files[1]), 0.95, task="like") == (
+        None,
+        "no label_like column in both evaluations",
+    )
+
+
 def test_drift_reports_relative_changes_above_tolerance():
     before = {
         "rows": 100,
