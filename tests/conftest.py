@@ -12,6 +12,9 @@ from tests.support import ROOT
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# as trainer/__init__.py sets them, for the tests that import TensorFlow first
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 # in-process Airflow imports (operators, config checks) keep their state in var/, not ~/airflow;
 # one home per pytest-xdist worker
 WORKER = os.environ.get("PYTEST_XDIST_WORKER", "main")
