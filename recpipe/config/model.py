@@ -172,7 +172,7 @@ class MMoEModel(Section):
 
     expert_dnn: DNN = Field(default_factory=lambda: DNN(hidden_units=[128, 64]))
     num_expert: int = Field(3, ge=1)
-    task_towers: list[TaskTower] = Field(min_length=2)
+    task_towers: list[TaskTower] = Field(min_length=1)
 
 
 class DBMTLModel(Section):
