@@ -49,6 +49,7 @@ def test_days_conserve_rows_and_write_markers(spark, movielens_config):
     assert table.schema.field("genres").type.value_type == "string"
     assert table.column_names == [
         "label",
+        "rating",
         "user_id",
         "item_id",
         "gender",

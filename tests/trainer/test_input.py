@@ -66,7 +66,8 @@ def test_ids_are_hashed_as_read_and_equal_the_hash_of_the_raw_values(ml_early):
     config = with_edits(ml_early, {"data_config.shuffle_buffer_size": 3})
     ids = [f for f in config.feature_config.features if f.feature_type.value == "IdFeature"]
     reader = FeatureReader(config, parts, batch_size=97, raw_columns=tuple(f.name for f in ids))
-    assert reader.signature()[1].dtype == tf.int64 and reader.signature()[-1].dtype == tf.string
+    labels = len(reader.labels)  # one float32 [B] per label field, then the ids
+    assert reader.signature()[labels].dtype == tf.int64 and reader.signature()[-1].dtype == tf.string
     n = 0
     for flat in reader.batches(epoch=3):
         features, labels = reader.structure(flat)
