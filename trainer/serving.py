@@ -25,6 +25,7 @@ from recpipe.config.data import FeatureSpec, FeatureType, InputType
 from recpipe.config.pipeline import PipelineConfig
 from recpipe.layout import ModelDir
 from trainer.hashing import clean_ids, hash_ids, split_tags
+from trainer.models.multitask import MultiTaskModel
 from trainer.models.ranking import RankingModel
 
 TF_TYPES = {
@@ -82,16 +83,16 @@ class ServingModule(tf.Module):
 
     def _serve(self, raw):
         features = self.transform(raw)
-        logit = self.model(features, training=False)
-        if logit.shape.rank == 1:
+        if not isinstance(self.model, MultiTaskModel):
+            logit = self.model(features, training=False)
             return {"probability": tf.sigmoid(logit), "logit": logit}
         # a multi-task model: the first task as probability / logit, then every task by name
-        names = self.model.task_names
+        logit, extra = self.model.task_outputs(features, training=False)
         out = {"probability": tf.sigmoid(logit[:, 0]), "logit": logit[:, 0]}
-        for i, name in enumerate(names):
+        for i, name in enumerate(self.model.task_names):
             out[f"probability_{name}"] = tf.sigmoid(logit[:, i])
             out[f"logit_{name}"] = logit[:, i]
-        out.update({f"probability_{k}": v for k, v in self.model.extra_probabilities(features).items()})
+        out.update({f"probability_{k}": v for k, v in extra.items()})
         return out
 
 

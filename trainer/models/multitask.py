@@ -12,11 +12,11 @@ from __future__ import annotations
 import tensorflow as tf
 import tf_keras as keras
 
-from recpipe.config.data import FeatureSpec, FeatureType
+from recpipe.config.data import FeatureSpec
 from recpipe.config.model import ModelClass, ModelConfig
-from trainer.layers.embedding import FeatureEmbedding
 from trainer.layers.mlp import MLP
 from trainer.layers.mmoe import MMoE
+from trainer.models.ranking import EmbeddedModel
 from trainer.models.towers import _concat
 from trainer.online import EVClock
 
@@ -31,7 +31,7 @@ def ctcvr_logit(ctr_logit: tf.Tensor, cvr_logit: tf.Tensor) -> tf.Tensor:
     return log_p - tf.math.log(-tf.math.expm1(log_p))
 
 
-class MultiTaskModel(keras.Model):
+class MultiTaskModel(EmbeddedModel):
     """Inputs as ``RankingModel``'s; output logits ``float32 [B, T]``, one column per task.
 
     Args:
@@ -49,18 +49,11 @@ class MultiTaskModel(keras.Model):
         key_union=None,
         **kw,
     ):
-        super().__init__(**kw)
-        if clock is not None:
-            self.ev_clock = clock
+        super().__init__(deep_features, sharding, clock, key_union, **kw)
         self.model_class = model_config.model_class
         tasks = model_config.tasks
         self.task_names = model_config.task_names
         self.cvr_name = tasks[1].tower_name if self.model_class == ModelClass.ESMM else None
-        self.dense_names = [f.name for f in deep_features if f.feature_type == FeatureType.RawFeature]
-        self.embedding = FeatureEmbedding(
-            deep_features, sharding=sharding, clock=clock, key_union=key_union, name="input_layer"
-        )
-        self.wide = None
         self.bottom = None
         self.mmoe = None
         self.relations: list[tuple[list[int], MLP | None]] = []
@@ -83,9 +76,8 @@ class MultiTaskModel(keras.Model):
         self.heads = [keras.layers.Dense(1, name=f"logit_{t.tower_name}") for t in tasks]
 
     def _inputs(self, inputs, training):
-        dense = tf.stack([inputs[n] for n in self.dense_names], axis=1) if self.dense_names else None
         embeddings = self.embedding(inputs, stacked=self.embedding.width is not None, training=training)
-        return _concat(embeddings, dense)
+        return _concat(embeddings, self.dense_inputs(inputs))
 
     def task_logits(self, inputs, training=False) -> list[tf.Tensor]:
         """Each tower's own logit ``float32 [B]`` (ESMM: the CTR and the CVR logits)."""
@@ -105,22 +97,15 @@ class MultiTaskModel(keras.Model):
             hidden = related_hidden
         return [tf.squeeze(head(h), axis=1) for head, h in zip(self.heads, hidden, strict=True)]
 
-    def call(self, inputs, training=False):
+    def task_outputs(self, inputs, training=False) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
+        """One forward pass: the tasks' logits ``float32 [B, T]`` and the probabilities
+        served beside them (``float32 [B]`` by name: ESMM's p_cvr, else none)."""
         logits = self.task_logits(inputs, training=training)
+        extra = {}
         if self.model_class == ModelClass.ESMM:
             ctr, cvr = logits
-            logits = [ctr, ctcvr_logit(ctr, cvr)]
-        return tf.stack(logits, axis=1)
+            logits, extra = [ctr, ctcvr_logit(ctr, cvr)], {self.cvr_name: tf.sigmoid(cvr)}
+        return tf.stack(logits, axis=1), extra
 
-    def extra_probabilities(self, inputs) -> dict[str, tf.Tensor]:
-        """Outputs beside the tasks' (``float32 [B]`` by name): ESMM's p_cvr, else none."""
-        if self.model_class != ModelClass.ESMM:
-            return {}
-        return {self.cvr_name: tf.sigmoid(self.task_logits(inputs)[1])}
-
-    def variable_groups(self) -> dict[str, list[tf.Variable]]:
-        """As ``RankingModel.variable_groups`` (no wide part)."""
-        embedding = self.embedding.trainable_variables
-        taken = {id(v) for v in embedding}
-        dense = [v for v in self.trainable_variables if id(v) not in taken]
-        return {"wide": [], "embedding": embedding, "dense": dense}
+    def call(self, inputs, training=False):
+        return self.task_outputs(inputs, training=training)[0]

@@ -51,7 +51,44 @@ class WideLogit(keras.layers.Layer):
         return tf.add_n(parts)
 
 
-class RankingModel(keras.Model):
+class EmbeddedModel(keras.Model):
+    """What every recpipe model shares: the deep features' embedding layer (``embedding``,
+    named ``input_layer``), their raw features as dense inputs (``dense_names``), the online
+    tables' ``EVClock`` (tracked as ``ev_clock``) and the split of the variables for EasyRec's
+    multi-optimizer. ``wide`` is None unless a subclass sets it. Args as ``RankingModel``'s."""
+
+    def __init__(
+        self,
+        deep_features: list[FeatureSpec],
+        sharding=None,
+        clock: EVClock | None = None,
+        key_union=None,
+        **kw,
+    ):
+        super().__init__(**kw)
+        if clock is not None:
+            self.ev_clock = clock
+        self.dense_names = [f.name for f in deep_features if f.feature_type == FeatureType.RawFeature]
+        self.embedding = FeatureEmbedding(
+            deep_features, sharding=sharding, clock=clock, key_union=key_union, name="input_layer"
+        )
+        self.wide = None
+
+    def dense_inputs(self, inputs) -> tf.Tensor | None:
+        """The raw features ``float32 [B, n]`` in ``dense_names`` order, or None."""
+        return tf.stack([inputs[n] for n in self.dense_names], axis=1) if self.dense_names else None
+
+    def variable_groups(self) -> dict[str, list[tf.Variable]]:
+        """Trainable variables split as EasyRec's multi-optimizer needs: ``wide`` (wide
+        embeddings and linear terms), ``embedding`` (deep tables), ``dense`` (the rest)."""
+        wide = self.wide.trainable_variables if self.wide is not None else []
+        embedding = self.embedding.trainable_variables
+        taken = {id(v) for v in wide + embedding}
+        dense = [v for v in self.trainable_variables if id(v) not in taken]
+        return {"wide": wide, "embedding": embedding, "dense": dense}
+
+
+class RankingModel(EmbeddedModel):
     """Inputs: the features dict of ``trainer.input.feature_spec``, ids hashed
     (``FeatureReader`` hashes them as it reads, the serving module from raw values). Output:
     logits ``float32 [B]``. The tower gets the deep embeddings as one ``float32 [B, F, D]``
@@ -80,19 +117,13 @@ class RankingModel(keras.Model):
         key_union=None,
         **kw,
     ):
-        super().__init__(**kw)
-        if clock is not None:
-            self.ev_clock = clock
-        self.dense_names = [f.name for f in deep_features if f.feature_type == FeatureType.RawFeature]
-        self.embedding = FeatureEmbedding(
-            deep_features, sharding=sharding, clock=clock, key_union=key_union, name="input_layer"
-        )
+        super().__init__(deep_features, sharding, clock, key_union, **kw)
         self.tower = tower
         self.wide = wide
         self.head = keras.layers.Dense(1, name="logit")
 
     def call(self, inputs, training=False):
-        dense = tf.stack([inputs[n] for n in self.dense_names], axis=1) if self.dense_names else None
+        dense = self.dense_inputs(inputs)
         if self.embedding.sequences:  # DIN: pooled features by name, histories as sequences
             embeddings = self.embedding(inputs, training=training)
             sequences = {f.name: self.embedding.sequence(inputs, f) for f in self.embedding.sequences}
@@ -107,12 +138,3 @@ class RankingModel(keras.Model):
         if self.wide is not None:
             logit += self.wide(inputs, training=training)
         return tf.squeeze(logit, axis=1)
-
-    def variable_groups(self) -> dict[str, list[tf.Variable]]:
-        """Trainable variables split as EasyRec's multi-optimizer needs: ``wide`` (wide
-        embeddings and linear terms), ``embedding`` (deep tables), ``dense`` (the rest)."""
-        wide = self.wide.trainable_variables if self.wide is not None else []
-        embedding = self.embedding.trainable_variables
-        taken = {id(v) for v in wide + embedding}
-        dense = [v for v in self.trainable_variables if id(v) not in taken]
-        return {"wide": wide, "embedding": embedding, "dense": dense}
