@@ -19,9 +19,12 @@ from recpipe.config.data import FeatureConfig, FeatureSpec, FeatureType, InputTy
 
 
 def clean_id(col: Column, input_type: InputType) -> Column:
-    """Clean an id value to its canonical string (``recpipe.ids`` step 1)."""
+    """Clean an id value to its canonical string (``recpipe.ids`` step 1). A float (a rating
+    in a behaviour history) is Spark's text of it: ``4.0``."""
     if input_type in (InputType.INT32, InputType.INT64):
         return F.coalesce(col.cast(T.LongType()).cast(T.StringType()), F.lit(""))
+    if input_type != InputType.STRING:
+        col = col.cast(T.StringType())
     return F.coalesce(trim_whitespace(col), F.lit(""))
 
 

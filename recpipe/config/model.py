@@ -96,10 +96,17 @@ class MultiTowerModel(Section):
 
 class SeqAttMap(Section):
     """One ``seq_att_map``: the target feature ``key`` (the candidate's item, say) and the
-    SequenceFeature ``hist_seq`` of the user's earlier ones, embedded by the same table."""
+    SequenceFeature ``hist_seq`` of the user's earlier ones, embedded by the same table.
+
+    ``aux_hist_seq`` (EasyRec's name): SequenceFeatures of the same events that have no key
+    of their own (the rating the user gave each film, say). They take no part in the scores;
+    the attention pools them with the same weights as the history, so the tower sees how the
+    user met the earlier items most like the candidate.
+    """
 
     key: str
     hist_seq: str
+    aux_hist_seq: list[str] = Field(default_factory=list)
 
 
 class SeqAttGroup(Section):

@@ -37,6 +37,26 @@ def test_attention_ignores_padding_and_pools_an_empty_history_to_zeros():
         DINAttention(DNN(hidden_units=[8, 4]))
 
 
+def test_aux_history_is_pooled_with_the_history_weights_and_takes_no_part_in_them():
+    tf.random.set_seed(1)
+    layer = DINAttention(DNN(hidden_units=[8, 1]))
+    query, keys = tf.random.normal([4, 3]), tf.random.normal([4, 6, 3])
+    mask = tf.sequence_mask([6, 2, 1, 0], 6)
+    ratings = tf.random.normal([4, 6, 2])
+    out = layer(query, keys, mask, values=ratings)
+    assert out.shape == (4, 5)
+    np.testing.assert_allclose(out[:, :3].numpy(), layer(query, keys, mask).numpy(), atol=1e-6)
+    # the same weights: pooling [keys, ratings] is pooling the keys and the ratings apiece
+    both = layer(query, keys, mask, values=tf.concat([ratings, keys], axis=-1))
+    np.testing.assert_allclose(both[:, 3:5].numpy(), out[:, 3:].numpy(), atol=1e-6)
+    np.testing.assert_allclose(both[:, 5:].numpy(), out[:, :3].numpy(), atol=1e-6)
+    # the ratings move no weight: doubled, they pool to twice as much beside the same keys
+    twice = layer(query, keys, mask, values=2 * ratings)
+    np.testing.assert_allclose(twice[:, :3].numpy(), out[:, :3].numpy(), atol=1e-6)
+    np.testing.assert_allclose(twice[:, 3:].numpy(), 2 * out[:, 3:].numpy(), atol=1e-5)
+    np.testing.assert_array_equal(out[3].numpy(), np.zeros(5))
+
+
 @pytest.mark.parametrize(
     "edits, message",
     [
@@ -64,6 +84,19 @@ def test_attention_ignores_padding_and_pools_an_empty_history_to_zeros():
             },
             r"seq_att_map\[0\].hist_seq: 'genres' is a TagFeature, not a SequenceFeature",
         ),
+        (
+            {
+                "model_config.seq_att_groups": [
+                    {
+                        "group_name": "din",
+                        "seq_att_map": [
+                            {"key": "item_id", "hist_seq": "hist_item_id", "aux_hist_seq": ["age"]}
+                        ],
+                    }
+                ]
+            },
+            r"seq_att_map\[0\].aux_hist_seq\[0\]: 'age' is a RawFeature, not a SequenceFeature",
+        ),
     ],
 )
 def test_a_bad_multi_tower_din_names_its_field(edits, message):
@@ -89,7 +122,6 @@ def ml_din(spark, movielens_raw, tmp_path_factory):
 
 
 def test_din_trains_and_the_saved_model_scores_raw_histories_as_the_trainer(ml_din, tmp_path):
-    from tests.trainer.test_serving import _raw_requests
     from trainer.input import FeatureReader
     from trainer.loop import Trainer, TrainJob
     from trainer.scoring import load_model
@@ -112,16 +144,75 @@ def test_din_trains_and_the_saved_model_scores_raw_histories_as_the_trainer(ml_d
     expected = tf.sigmoid(model(features)).numpy()
     assert tf.reduce_max(features["hist_item_id"].row_lengths()).numpy() > 1
 
-    # the raw request: the day's rows in the features' order (the history joins reorder them),
-    # each history as the logs would hold it, the separated string
-    raw = _raw_requests(config, last)
-    part = next((Path(config.train_input_path) / f"ds={last}").glob("*.parquet"))
-    written = pq.read_table(part, columns=["user_id", "item_id", "hist_item_id", "hist_genres"]).to_pydict()
+    got = _serve(final, _requests(config, last))
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)
+
+
+HISTORIES = ["hist_item_id", "hist_genres", "hist_rating"]
+
+
+def _requests(config, day: str) -> dict[str, np.ndarray]:
+    """The raw requests of ``day``: its rows in the features' order (the history joins reorder
+    them), each history as the logs would hold it, the separated string."""
+    from tests.trainer.test_serving import _raw_requests
+
+    raw = _raw_requests(config, day)
+    part = next((Path(config.train_input_path) / f"ds={day}").glob("*.parquet"))
+    written = pq.read_table(part, columns=["user_id", "item_id", *HISTORIES]).to_pydict()
     at = {key: i for i, key in enumerate(zip(raw["user_id"], raw["item_id"], strict=True))}
     order = [at[key] for key in zip(written["user_id"], written["item_id"], strict=True)]
     request = {name: values[order] for name, values in raw.items()}
-    request["hist_item_id"] = np.array(["|".join(h) for h in written["hist_item_id"]], dtype=object)
-    request["hist_genres"] = np.array(["|".join(h) for h in written["hist_genres"]], dtype=object)
-    served = tf.saved_model.load(str(final)).signatures["serving_default"]
-    got = served(**{k: tf.constant(v) for k, v in request.items()})
-    np.testing.assert_allclose(got["probability"].numpy(), expected, rtol=0, atol=1e-5)
+    for name in HISTORIES:
+        request[name] = np.array(["|".join(h) for h in written[name]], dtype=object)
+    return request
+
+
+def _serve(saved_model: Path, request: dict) -> np.ndarray:
+    served = tf.saved_model.load(str(saved_model)).signatures["serving_default"]
+    return served(**{k: tf.constant(v) for k, v in request.items()})["probability"].numpy()
+
+
+def _days(config) -> list[str]:
+    return [d for d in parse_ds_range(WEEK) if (Path(config.train_input_path) / f"ds={d}").exists()]
+
+
+def test_histories_in_online_tables_are_looked_up_carried_by_deltas_and_pushed(ml_din, tmp_path):
+    """``model_config.ev_params`` on every id feature, histories included: a history reads its
+    item's online rows (no table of its own); a film met only in histories moves, so the delta
+    carries it; base + delta serves as a full export and the Redis push holds every table."""
+    from recpipe.exports.files import read_params
+    from tests.trainer.chain import (
+        assert_base_plus_delta_serves_as_the_full_export,
+        assert_the_push_carries_every_table,
+        base_and_delta,
+    )
+    from trainer import online
+    from trainer.hashing import hash_ids
+
+    days = _days(ml_din)
+    chain = base_and_delta(ml_din, days[:-2], days[-2:-1], tmp_path)
+    members = {m for ev in online.tables(chain["model"]) for m in ev.members}
+    assert {"user_id", "item_id", "genre_set", "hist_rating"} <= members
+    assert not members & {"hist_item_id", "hist_genres"}
+
+    part = next((Path(ml_din.train_input_path) / f"ds={days[-2]}").glob("*.parquet"))
+    written = pq.read_table(part, columns=["item_id", "hist_item_id"]).to_pydict()
+    only_in_histories = {i for h in written["hist_item_id"] for i in h} - set(written["item_id"])
+    keys = set(hash_ids(tf.constant(sorted(only_in_histories))).numpy().tolist())
+    exports = chain["exports"]
+    in_base = keys & set(read_params(exports / "base").tables["item_id"].ids.tolist())
+    assert len(in_base) > 10
+    assert in_base <= set(read_params(exports / "delta-01").tables["item_id"].ids.tolist())
+
+    request = _requests(chain["config"], days[-1])
+    assert_base_plus_delta_serves_as_the_full_export(chain, request, ["probability"], tmp_path / "sm")
+    assert_the_push_carries_every_table(chain)
+
+
+@pytest.mark.slow
+def test_din_trains_alike_under_embedding_parallel_and_horovod(ml_din, tmp_path):
+    """Every rank looks the histories up across ranks (all-to-all) in the item's sharded
+    online table, uncounted, as Horovod's whole tables do."""
+    from tests.trainer.test_distribute import assert_ep_trains_as_horovod
+
+    assert_ep_trains_as_horovod(ml_din, tmp_path, WEEK, ["user_id", "item_id", "hist_item_id"])

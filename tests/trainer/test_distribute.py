@@ -514,3 +514,32 @@ def test_online_tables_under_embedding_parallel_equal_horovod_and_re_shard(confi
             assert capacity <= 2 * used + 64, (table, used, capacity)
         assert result["online_tables"]["ev/deepfm/input_layer/item_id/capacity"] > 64  # grew
     _assert_same_online_state(tmp_path / "ep2", tmp_path / "hvd2")
+
+
+def assert_ep_trains_as_horovod(config, tmp_path: Path, train_ds: str, online: list[str]) -> dict:
+    """``config`` (another model's, on its own features) with online tables for ``online``:
+    from one process's checkpoint (hashed rows are drawn per rank), 2-rank EmbeddingParallel
+    (rows sharded by id, looked up by all-to-all) and 2-rank Horovod (every rank the whole
+    table) train on to step 10 with the same loss and table figures. Returns the
+    EmbeddingParallel job's result."""
+    import yaml
+
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(config.to_dict()))
+    edits = {
+        **{f"feature_config.features[input_names={name}].ev_params": EV for name in online},
+        **{k: v for k, v in ONLINE_EDITS.items() if not k.startswith("feature_config")},
+    }
+    days = f"--train_ds={train_ds}"
+    _train(path, tmp_path / "start", "NoStrategy", 1, days, **edits, **{"train_config.num_steps": 2})
+    _copies(tmp_path / "start", "ep", "hvd")
+    on = ("--continue_train", days)
+    steps = {"train_config.num_steps": 10}
+    ep, _ = _train(path, tmp_path / "ep", "EmbeddingParallelStrategy", 2, *on, **edits, **steps)
+    hvd, _ = _train(path, tmp_path / "hvd", "HorovodStrategy", 2, *on, **edits, **steps)
+    assert ep["global_step"] == hvd["global_step"] == 10
+    assert abs(ep["loss"] - hvd["loss"]) < 1e-4
+    figures = {k: v for k, v in ep["online_tables"].items() if not k.endswith("/capacity")}
+    assert figures == {k: v for k, v in hvd["online_tables"].items() if not k.endswith("/capacity")}
+    assert any(k.endswith("/admitted") and v > 50 for k, v in figures.items())
+    return ep

@@ -112,7 +112,9 @@ def test_a_sequence_feature_is_refused_by_a_multi_task_model():
             },
         },
     )
-    with pytest.raises(ModelConfigError, match=r"SequenceFeature \['hist_item_id', 'hist_genres'\]"):
+    with pytest.raises(
+        ModelConfigError, match=r"SequenceFeature \['hist_item_id', 'hist_genres', 'hist_rating'\]"
+    ):
         build_model(config)
 
 
@@ -190,3 +192,29 @@ def test_multi_task_trains_evaluates_per_task_and_serves_every_task(ml_mmoe, tmp
         np.testing.assert_allclose(got["probability_ctcvr"].numpy(), product, rtol=1e-4, atol=1e-6)
     outputs = signature(config).outputs.input_names()
     assert sorted(outputs) == sorted(got)  # the MLflow signature names every output
+
+
+def test_multi_task_online_tables_are_carried_by_deltas_and_pushed(ml_mmoe, tmp_path):
+    """MMoE with online tables (``model_config.ev_params``): base + delta serves every task as a
+    full export does, and the Redis push holds every table."""
+    from tests.trainer.chain import (
+        assert_base_plus_delta_serves_as_the_full_export,
+        assert_the_push_carries_every_table,
+        base_and_delta,
+    )
+    from tests.trainer.test_serving import _raw_requests
+
+    days = _days(ml_mmoe)
+    chain = base_and_delta(ml_mmoe, days[:-2], days[-2:-1], tmp_path)
+    request = _raw_requests(chain["config"], days[-1])
+    outputs = ["probability_like", "probability_rated_high"]
+    assert_base_plus_delta_serves_as_the_full_export(chain, request, outputs, tmp_path / "sm")
+    params = assert_the_push_carries_every_table(chain)
+    assert {"user_id", "item_id", "genres"} <= set(params.tables)
+
+
+@pytest.mark.slow
+def test_mmoe_trains_alike_under_embedding_parallel_and_horovod(ml_mmoe, tmp_path):
+    from tests.trainer.test_distribute import assert_ep_trains_as_horovod
+
+    assert_ep_trains_as_horovod(ml_mmoe, tmp_path, WEEK, ["user_id", "item_id"])

@@ -123,12 +123,17 @@ class Sharding:
         """``sharded_lookup`` over this job's ranks (collective: every rank calls it)."""
         return sharded_lookup(shard, ids, self.world_size, self.alltoall)
 
-    def lookup_keys(self, ev, keys: tf.Tensor, training: bool, members: tf.Tensor | None = None) -> tf.Tensor:
+    def lookup_keys(
+        self, ev, keys: tf.Tensor, training: bool, members: tf.Tensor | None = None, counted: bool = True
+    ) -> tf.Tensor:
         """An online table's rows (an ``EVView``) of ``keys`` (of ``members`` in a group): each
         id is admitted, counted and looked up on rank ``id mod W``, which holds its row
-        (collective)."""
+        (collective). ``counted=False``: the ids go through admission with a count of zero (a
+        history's ids, ``FeatureEmbedding.sequence``)."""
 
         def local_rows(wanted, counts, wanted_members):
+            if counts is not None and not counted:
+                counts = tf.zeros_like(counts)
             return ev.lookup(wanted, counts, training, wanted_members)
 
         return _route(keys, self.world_size, self.alltoall, local_rows, ev.dim, training, members)

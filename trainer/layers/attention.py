@@ -24,9 +24,11 @@ class DINAttention(keras.layers.Layer):
         query: ``float32 [B, D]`` (the candidate's embeddings).
         keys: ``float32 [B, L, D]`` (the history's embeddings, padded).
         mask: ``bool [B, L]``, the valid elements; a row without any pools to zeros.
+        values: ``float32 [B, L, A]`` or None: ``aux_hist_seq`` embeddings of the same
+            elements, pooled with the same weights and appended.
 
     Returns:
-        ``float32 [B, D]``.
+        ``float32 [B, D]``, or ``[B, D + A]`` with ``values``.
 
     Raises:
         ValueError: ``dnn.hidden_units`` does not end with 1.
@@ -40,7 +42,7 @@ class DINAttention(keras.layers.Layer):
         self.mlp = MLP(hidden, name="att_dnn") if hidden.hidden_units else None
         self.score = keras.layers.Dense(1, name="att_score")
 
-    def call(self, query, keys, mask, training=False):
+    def call(self, query, keys, mask, values=None, training=False):
         length = tf.shape(keys)[1]
         q = tf.tile(query[:, None, :], [1, length, 1])
         x = tf.concat([q, keys, q - keys, q * keys], axis=-1)
@@ -49,4 +51,6 @@ class DINAttention(keras.layers.Layer):
         scores = tf.squeeze(self.score(x), axis=-1)  # [B, L]
         scores = tf.where(mask, scores, tf.fill(tf.shape(scores), tf.constant(-1e9, scores.dtype)))
         weights = tf.nn.softmax(scores, axis=-1) * tf.cast(mask, scores.dtype)
+        if values is not None:
+            keys = tf.concat([keys, values], axis=-1)
         return tf.einsum("bl,bld->bd", weights, keys)

@@ -89,17 +89,7 @@ class FeatureEmbedding(keras.layers.Layer):
         # looked up as sequences (``sequence``), never pooled; their tables built here too
         self.sequences = [f for f in features if f.feature_type == FeatureType.SequenceFeature]
         self.shapes = table_shapes(self.features + self.sequences, dim)
-        self.ev_params = table_specs(self.features, dim)
-        online = [
-            f.name
-            for f in self.sequences
-            if f.ev_params is not None or (f.embedding_name or f.name) in self.ev_params
-        ]
-        if online:
-            raise EmbeddingConfigError(
-                f"feature_config: SequenceFeatures {online} use online tables (ev_params); histories "
-                "are looked up in hashed tables only so far (set hash_bucket_size, no ev_params)"
-            )
+        self.ev_params = table_specs(self.features + self.sequences, dim)
         if self.ev_params and clock is None:
             raise EmbeddingConfigError(f"{self.name}: ev_params tables need the model's EVClock")
         widths = {width for _, width in self.shapes.values()} | {w for _, w in self.ev_params.values()}
@@ -140,7 +130,7 @@ class FeatureEmbedding(keras.layers.Layer):
                 offset += rows
         maps = {}
         clock, key_union = self._index.clock, self._index.key_union
-        groups = clock.groups(table_specs(self.features)) if self.ev_params else {}
+        groups = clock.groups(table_specs(self.features + self.sequences)) if self.ev_params else {}
         views: dict[str, EVView] = {}
         for table, (params, width) in self.ev_params.items():
             group, members = groups[table]
@@ -203,9 +193,16 @@ class FeatureEmbedding(keras.layers.Layer):
             summed = summed / counts[:, None]
         return summed
 
-    def sequence(self, inputs: dict, f: FeatureSpec) -> tuple[tf.Tensor, tf.Tensor]:
+    def sequence(self, inputs: dict, f: FeatureSpec, training=None) -> tuple[tf.Tensor, tf.Tensor]:
         """A SequenceFeature's last ``sequence_length`` ids looked up in its table (shared with
         the feature its ``embedding_name`` names).
+
+        In an online table (``ev_params``) a history's ids are looked up without being
+        counted: in training they go through the table's admission with a count of zero, so
+        a row they read is stamped as used at this step (a delta carries what its gradient
+        moves; eviction spares it), and an id without a row gets one only when admission
+        would admit it on the sightings it has had as a feature (``filter_freq`` 0: at once).
+        Ids still without a row read zeros.
 
         Args:
             inputs: the features dict; ``inputs[f.name]`` is ``RaggedTensor int64 [B, (n)]``,
@@ -217,10 +214,25 @@ class FeatureEmbedding(keras.layers.Layer):
         """
         length = f.sequence_length
         ids, fused = self._ids(f, inputs[f.name][:, -length:])
-        rows = self._gather(fused, ids.flat_values)
+        if isinstance(fused, EVView):
+            rows = self._history_rows(f, fused, ids.flat_values, bool(training))
+        else:
+            rows = self._gather(fused, ids.flat_values)
         width = rows.shape[-1]
         padded = ids.with_flat_values(rows).to_tensor(shape=[None, length, width])
         return padded, tf.sequence_mask(ids.row_lengths(), length)
+
+    def _history_rows(self, f: FeatureSpec, view: EVView, ids: tf.Tensor, training: bool) -> tf.Tensor:
+        """Rows of a history's ids (``int64 [n]``) in an online table, uncounted (``sequence``):
+        ``float32 [n, dim]``."""
+        members = None
+        if view.ev.grouped:  # a group's key: the id XOR its member's tag
+            i = view.ev.members.index(f.embedding_name or f.name)
+            ids = tf.bitwise.bitwise_xor(ids, tf.constant(view.ev.tags[i], tf.int64))
+            members = tf.fill(tf.shape(ids, out_type=tf.int64), tf.constant(i, tf.int64))
+        if self.sharding:
+            return self.sharding.lookup_keys(view, ids, training, members, counted=False)
+        return view.lookup(ids, tf.zeros_like(ids) if training else None, training=training, members=members)
 
     def call(self, inputs: dict, stacked: bool = False, training=None):
         training = bool(training)

@@ -133,7 +133,7 @@ def _multi_tower_din(config: PipelineConfig, sharding, key_union) -> RankingMode
             raise ModelConfigError(
                 f"{where}.input: no seq_att_groups group {tower.input!r} (groups: {sorted(atts)})"
             )
-        keys, hists = [], []
+        keys, hists, auxes = [], [], []
         for j, pair in enumerate(atts[tower.input].seq_att_map):
             at = f"model_config.seq_att_groups[{tower.input}].seq_att_map[{j}]"
             try:
@@ -153,8 +153,19 @@ def _multi_tower_din(config: PipelineConfig, sharding, key_union) -> RankingMode
                 )
             keys.append(key.name)
             hists.append(hist.name)
-        din.append((keys, hists, tower.dnn))
-        names += keys + hists
+            for k, name in enumerate(pair.aux_hist_seq):
+                try:
+                    aux = fc.feature(name)
+                except KeyError as err:
+                    raise ModelConfigError(f"{at}.aux_hist_seq[{k}]: {err.args[0]}") from err
+                if aux.feature_type != FeatureType.SequenceFeature:
+                    kind = aux.feature_type.value
+                    raise ModelConfigError(
+                        f"{at}.aux_hist_seq[{k}]: {name!r} is a {kind}, not a SequenceFeature"
+                    )
+                auxes.append(name)
+        din.append((keys, hists, auxes, tower.dnn))
+        names += keys + hists + auxes
     deep = [fc.feature(n) for n in dict.fromkeys(names)]
     # the dense inputs in the order the towers index them
     deep = [f for f in deep if f.feature_type != FeatureType.RawFeature] + [fc.feature(n) for n in raw]

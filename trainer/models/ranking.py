@@ -126,7 +126,10 @@ class RankingModel(EmbeddedModel):
         dense = self.dense_inputs(inputs)
         if self.embedding.sequences:  # DIN: pooled features by name, histories as sequences
             embeddings = self.embedding(inputs, training=training)
-            sequences = {f.name: self.embedding.sequence(inputs, f) for f in self.embedding.sequences}
+            sequences = {
+                f.name: self.embedding.sequence(inputs, f, training=training)
+                for f in self.embedding.sequences
+            }
             hidden, extra = self.tower(embeddings, dense, training=training, sequences=sequences)
         else:
             # tables of one width: the tower takes the fused lookup's [B, F, D] as it is

@@ -108,8 +108,8 @@ class MultiTowerDINTower(keras.layers.Layer):
     Args:
         towers: (group features: names, the group's dense feature indices into ``dense``,
             its MLP config), one per ``multi_tower.towers`` entry.
-        din: (key feature names, history feature names, the attention's MLP config), one per
-            ``din_towers`` entry.
+        din: (key feature names, history feature names, ``aux_hist_seq`` names, the
+            attention's MLP config), one per ``din_towers`` entry.
         final: ``final_dnn``.
 
     Call:
@@ -122,8 +122,8 @@ class MultiTowerDINTower(keras.layers.Layer):
         super().__init__(**kwargs)
         self.groups = [(names, columns) for names, columns, _ in towers]
         self.towers = [MLP(cfg, name=f"tower_{i}") for i, (_, _, cfg) in enumerate(towers)]
-        self.din = [(keys, hists) for keys, hists, _ in din]
-        self.attention = [DINAttention(cfg, name=f"din_{i}") for i, (_, _, cfg) in enumerate(din)]
+        self.din = [(keys, hists, auxes) for keys, hists, auxes, _ in din]
+        self.attention = [DINAttention(cfg, name=f"din_{i}") for i, (*_, cfg) in enumerate(din)]
         self.final = MLP(final, name="final_dnn")
 
     def call(self, embeddings, dense, training=False, sequences=None):
@@ -133,8 +133,9 @@ class MultiTowerDINTower(keras.layers.Layer):
             if columns:
                 x.append(tf.gather(dense, columns, axis=1))
             parts.append(tower(tf.concat(x, axis=1) if len(x) > 1 else x[0], training=training))
-        for (keys, hists), attention in zip(self.din, self.attention, strict=True):
+        for (keys, hists, auxes), attention in zip(self.din, self.attention, strict=True):
             query = tf.concat([embeddings[k] for k in keys], axis=-1)
             history = tf.concat([sequences[h][0] for h in hists], axis=-1)
-            parts.append(attention(query, history, sequences[hists[0]][1], training=training))
+            values = tf.concat([sequences[a][0] for a in auxes], axis=-1) if auxes else None
+            parts.append(attention(query, history, sequences[hists[0]][1], values=values, training=training))
         return self.final(tf.concat(parts, axis=1), training=training), None
