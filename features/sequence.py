@@ -90,7 +90,8 @@ def add_histories(
     good: Column,
 ) -> tuple[DataFrame, DataFrame, dict]:
     """Add the history columns to ``rows`` (``<prefix><field>``: ``array<string>``, oldest
-    first, at most ``max_length``) and build the state at the end of ``ds``.
+    first, at most ``max_length``) and build the state at the end of ``ds``. The rows keep
+    their order (a config with histories writes a day's rows as one without them does).
 
     Args:
         rows: the day's parsed rows (with the dimension columns joined).
@@ -104,6 +105,8 @@ def add_histories(
         ``{"state_from": ds or None}``).
     """
     n = seq.max_length
+    # the join below shuffles: each row's place, to give the day back in its logged order
+    rows = rows.withColumn("_seq_row", F.monotonically_increasing_id())
     rows = rows.withColumn("_seq_user", clean_id(F.col(seq.user_field), types[seq.user_field]))
     rows = rows.withColumn("_seq_t", F.col(seq.time_field).cast(T.LongType()))
     counts = good & F.col("_seq_t").isNotNull()
@@ -154,7 +157,7 @@ def add_histories(
     history = today.join(state, "user", "left").select(
         F.col("user").alias("_seq_user"), F.col(_T).alias("_seq_t"), both(_EVENTS, "prior").alias("_seq_h")
     )
-    joined = rows.join(history, ["_seq_user", "_seq_t"], "left")
+    joined = rows.join(history, ["_seq_user", "_seq_t"], "left").orderBy("_seq_row")
     histories = F.coalesce(F.col("_seq_h"), empty)
     columns = [F.transform(histories, _value(i)).alias(seq.column(f)) for i, f in enumerate(seq.fields)]
     out = joined.select(*[c for c in rows.columns if not c.startswith("_seq_")], *columns)

@@ -20,6 +20,12 @@ log = logging.getLogger(__name__)
 METRIC_KEYS = ("auc", "gauc", "logloss", "accuracy", "precision", "recall")
 
 
+def _metric_key(key: str) -> bool:
+    """A metric of ``eval_result.json``: one of ``METRIC_KEYS``, or a multi-task model's
+    ``<task>/<metric>``."""
+    return key.rsplit("/", 1)[-1] in METRIC_KEYS and key.count("/") <= 1
+
+
 class EvalOperator(JobOperator):
     """Evaluate ``checkpoint_path`` (or ``model_dir``'s latest, or the registered champion's)
     on ``eval_ds``; days also in ``train_ds`` contribute only their held-out rows.
@@ -104,9 +110,9 @@ class EvalOperator(JobOperator):
         result = json.loads(result_path.read_text())
         # an undefined metric (NaN: GAUC with no user holding both labels) is None: XCom is JSON
         metrics = {
-            k: result[k] if math.isfinite(result[k]) else None
-            for k in METRIC_KEYS
-            if isinstance(result.get(k), (int, float))
+            k: v if math.isfinite(v) else None
+            for k, v in result.items()
+            if _metric_key(k) and isinstance(v, (int, float))
         }
         out = {
             "metrics": metrics,

@@ -62,7 +62,7 @@ def day_history(
     (whether the alias moved: an inconclusive day may move it), the paired test's AUC
     difference (new - champion) ``diff`` and its DeLong interval ``ci_low`` .. ``ci_high``
     (None without a paired test), ``version``, ``rows`` and ``positives`` of the day,
-    ``run_id``."""
+    ``run_id``; for a multi-task model, then each task's ``<task>/auc`` (the new model's)."""
     dag_id = dag_id or retrain_dag(client, experiment_id)
     dag = f" and tags.`airflow.dag_id` = '{dag_id}'" if dag_id else ""
     runs = client.search_runs(
@@ -74,7 +74,7 @@ def day_history(
     newest: dict[str, object] = {}
     for run in runs:
         newest.setdefault(run.data.tags.get("ds", ""), run)
-    rows = []
+    rows, tasks = [], {}
     for ds in sorted(d for d in newest if until is None or d <= until)[-last:]:
         run = newest[ds]
         m, t = run.data.metrics, run.data.tags
@@ -99,7 +99,13 @@ def day_history(
                 "run_id": run.info.run_id,
             }
         )
-    return pd.DataFrame(rows, columns=DAY_COLUMNS)
+        # eval.<task>/auc: a multi-task model's tasks (trainer.scoring)
+        for key, value in m.items():
+            if key.startswith("eval.") and key.endswith("/auc"):
+                task = key.removeprefix("eval.")
+                tasks.setdefault(task, None)
+                rows[-1][task] = value
+    return pd.DataFrame(rows, columns=DAY_COLUMNS + list(tasks))
 
 
 def day_figure(days: pd.DataFrame, title: str):

@@ -49,7 +49,13 @@ def ml_early(spark, movielens_raw, ml_root):
 
 
 @pytest.fixture(scope="session")
-def ml_all(spark, ml_early, movielens_raw):
-    """The same, with every one of the 213 days prepared."""
-    _prepare(spark, ml_early, _days(movielens_raw / "events", "1997-01-01", "1999-01-01"))
-    return ml_early
+def ml_all(spark, movielens_raw, tmp_path_factory):
+    """Every one of the 213 days prepared with conf/movielens_din.yaml, as the DeepFM config.
+
+    The DIN config's columns hold the DeepFM and MMoE configs' (the same values, the rows in
+    the same order) and the histories: every acceptance model trains on the same rows, and
+    the days are prepared once."""
+    root = tmp_path_factory.mktemp("ml_all")
+    din = _config(movielens_raw, root, "conf/movielens_din.yaml")
+    _prepare(spark, din, _days(movielens_raw / "events", "1997-01-01", "1999-01-01"))
+    return _config(movielens_raw, root)

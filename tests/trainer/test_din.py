@@ -152,8 +152,8 @@ HISTORIES = ["hist_item_id", "hist_genres", "hist_rating"]
 
 
 def _requests(config, day: str) -> dict[str, np.ndarray]:
-    """The raw requests of ``day``: its rows in the features' order (the history joins reorder
-    them), each history as the logs would hold it, the separated string."""
+    """The raw requests of ``day``: its rows in the features' order (matched by user and item;
+    no row is quarantined), each history as the logs would hold it, the separated string."""
     from tests.trainer.test_serving import _raw_requests
 
     raw = _raw_requests(config, day)
@@ -161,6 +161,7 @@ def _requests(config, day: str) -> dict[str, np.ndarray]:
     written = pq.read_table(part, columns=["user_id", "item_id", *HISTORIES]).to_pydict()
     at = {key: i for i, key in enumerate(zip(raw["user_id"], raw["item_id"], strict=True))}
     order = [at[key] for key in zip(written["user_id"], written["item_id"], strict=True)]
+    assert order == sorted(order)  # the Spark job keeps the logged order through the history join
     request = {name: values[order] for name, values in raw.items()}
     for name in HISTORIES:
         request[name] = np.array(["|".join(h) for h in written[name]], dtype=object)
