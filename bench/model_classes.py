@@ -1,0 +1,129 @@
+"""Benchmark: examples per second and per CPU-second of DIN and MMoE beside DeepFM, on the same
+rows, and each job's peak RSS.
+
+MovieLens-100K replayed as daily logs and prepared once by the Spark job with
+``conf/movielens_din.yaml`` (so the rows carry the histories and the rating): DeepFM, MMoE
+(``conf/movielens_mmoe.yaml``: two tasks) and MultiTowerDIN (20 films of history, their
+genres and ratings) then each train one epoch over the same partitions, each in a fresh
+process (``--only``), in turn, ``--repeats`` times (a wall-clock ratio on a shared machine
+swings between runs; the CPU-second rate moves less).
+
+Printed per model and repeat: rows, wall s, CPU s, examples/s, examples per CPU-second,
+peak RSS (MiB), and the ratio of each model's examples per CPU-second to DeepFM's.
+
+Usage: ``python bench/model_classes.py [--days 213] [--repeats 2] [--work var/bench/models]``
+(``make data`` first: the raw days under data/raw/movielens).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+MODELS = {
+    "DeepFM": "conf/movielens_deepfm.yaml",
+    "MMoE": "conf/movielens_mmoe.yaml",
+    "DIN": "conf/movielens_din.yaml",
+}
+
+
+def _paths(work: Path) -> dict:
+    return {
+        "raw_input_path": str(ROOT / "data/raw/movielens/events"),
+        "train_input_path": str(work / "features"),
+    }
+
+
+def prepare(work: Path, days: int) -> list[str]:
+    """The first ``days`` raw days prepared with the DIN config (histories need day order)."""
+    from features.prepare import prepare_day
+    from features.session import get_spark
+    from recpipe.config import load_pipeline_config
+
+    raw = ROOT / "data/raw/movielens/events"
+    if not raw.is_dir():
+        raise SystemExit(f"{raw} is missing: run `make data` first")
+    all_days = sorted(p.name.removeprefix("ds=") for p in raw.iterdir() if p.name.startswith("ds="))[:days]
+    config = load_pipeline_config(ROOT / MODELS["DIN"], _paths(work))
+    todo = [d for d in all_days if not (work / "features" / f"ds={d}" / "_SUCCESS").exists()]
+    if todo:
+        spark = get_spark("bench-models", master="local[2]")
+        for ds in todo:
+            prepare_day(spark, config, ds)
+        spark.stop()
+    return all_days
+
+
+def train_one(name: str, work: Path, days: list[str]) -> dict:
+    """One epoch of ``name`` over ``days``; the figures of this process."""
+    from recpipe.config import load_pipeline_config
+    from tests.support import with_edits
+    from trainer.loop import Trainer, TrainJob
+
+    config = load_pipeline_config(ROOT / MODELS[name], _paths(work))
+    config = with_edits(config, {"data_config.num_epochs": 1, "train_config.save_checkpoints_steps": 10**6})
+    model_dir = work / "models" / name
+    import shutil
+
+    shutil.rmtree(model_dir, ignore_errors=True)
+    wall, cpu = time.perf_counter(), time.process_time()
+    result = Trainer(TrainJob(config=config, model_dir=model_dir, train_days=days)).train()
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    rows = result.global_step * config.data_config.batch_size
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"model": name, "rows": rows, "wall_s": wall, "cpu_s": cpu, "peak_rss_mib": peak}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--days", type=int, default=213)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--work", type=Path, default=ROOT / "var/bench/models")
+    parser.add_argument("--only", choices=sorted(MODELS), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.only:
+        days = json.loads(os.environ["BENCH_DAYS"])
+        print(json.dumps(train_one(args.only, args.work, days)))
+        return
+
+    days = prepare(args.work, args.days)
+    print(f"{len(days)} MovieLens days ({days[0]} .. {days[-1]}), prepared with histories")
+    names = ["rows", "wall s", "CPU s", "ex/s", "ex/CPU-s", "peak MiB", "vs DeepFM"]
+    widths = [8, 7, 7, 7, 9, 9, 9]
+    print(f"{'model':8s} " + " ".join(f"{n:>{w}s}" for n, w in zip(names, widths, strict=True)))
+    for _ in range(args.repeats):
+        base = None
+        for name in MODELS:
+            env = {**os.environ, "BENCH_DAYS": json.dumps(days)}
+            out = subprocess.run(
+                [sys.executable, __file__, "--only", name, "--work", str(args.work)],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            r = json.loads(out.stdout.strip().splitlines()[-1])
+            per_cpu = r["rows"] / r["cpu_s"]
+            base = base or per_cpu
+            print(
+                f"{name:8s} {r['rows']:8,d} {r['wall_s']:7.1f} {r['cpu_s']:7.1f} "
+                f"{r['rows'] / r['wall_s']:7,.0f} {per_cpu:9,.0f} {r['peak_rss_mib']:9,.0f} "
+                f"{per_cpu / base:9.2f}",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
