@@ -23,7 +23,9 @@ import yaml
 
 from tests.support import ROOT, write_click_log
 
-pytestmark = pytest.mark.slow
+# the module's backfill of 7 passes runs in the first test's time: up to its own 1500 s limit
+# (11-18 min on the 2-core machine), past pytest's 1200 s default
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 DAYS = ["1997-11-12", "1997-11-13", "1997-11-14"]
 HOURS = ["19", "20"]
