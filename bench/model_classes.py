@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -67,14 +68,11 @@ def prepare(work: Path, days: int) -> list[str]:
 def train_one(name: str, work: Path, days: list[str]) -> dict:
     """One epoch of ``name`` over ``days``; the figures of this process."""
     from recpipe.config import load_pipeline_config
-    from tests.support import with_edits
     from trainer.loop import Trainer, TrainJob
 
-    config = load_pipeline_config(ROOT / MODELS[name], _paths(work))
-    config = with_edits(config, {"data_config.num_epochs": 1, "train_config.save_checkpoints_steps": 10**6})
+    edits = {**_paths(work), "data_config.num_epochs": 1, "train_config.save_checkpoints_steps": 10**6}
+    config = load_pipeline_config(ROOT / MODELS[name], edits)
     model_dir = work / "models" / name
-    import shutil
-
     shutil.rmtree(model_dir, ignore_errors=True)
     wall, cpu = time.perf_counter(), time.process_time()
     result = Trainer(TrainJob(config=config, model_dir=model_dir, train_days=days)).train()

@@ -73,7 +73,7 @@ def assert_the_push_carries_every_table(chain: dict) -> dict:
     import redis
 
     from recpipe.exports.files import apply, read_params
-    from recpipe.exports.store import push, read_rows
+    from recpipe.exports.store import push
 
     client = redis.Redis(host="127.0.0.1", port=6379, db=0)
     model = f"test-{uuid.uuid4().hex[:8]}"
@@ -82,13 +82,22 @@ def assert_the_push_carries_every_table(chain: dict) -> dict:
         push(client, model, exports / "base")
         assert push(client, model, exports / "delta-01")["rows"] > 0
         params = apply(read_params(exports / "base"), read_params(exports / "delta-01"))
-        for table, rows in params.tables.items():
-            stored = read_rows(client, model, table)
-            assert set(stored) == set(rows.ids.tolist()) and stored, table
-            for i, key in enumerate(rows.ids.tolist()):
-                for view, values in rows.views.items():
-                    np.testing.assert_array_equal(stored[key][view], values[i])
+        assert all(len(rows.ids) for rows in params.tables.values())
+        assert_store_holds(client, model, params)
     finally:
         for key in client.scan_iter(match=f"recpipe:{model}:*"):
             client.delete(key)
     return params
+
+
+def assert_store_holds(client, model: str, params) -> None:
+    """The store holds exactly ``params``' rows (``recpipe.exports.files.Params``), table by
+    table, each view's values as written."""
+    from recpipe.exports.store import read_rows
+
+    for table, rows in params.tables.items():
+        stored = read_rows(client, model, table)
+        assert set(stored) == set(rows.ids.tolist()), table
+        for i, key in enumerate(rows.ids.tolist()):
+            for view, values in rows.views.items():
+                np.testing.assert_array_equal(stored[key][view], values[i])

@@ -191,6 +191,7 @@ def test_pushes_to_redis_are_idempotent_ordered_and_delete_tombstones(chain):
 
     from recpipe.exports.files import apply, read_params
     from recpipe.exports.store import StoreError, applied, push, read_rows
+    from tests.trainer.chain import assert_store_holds
 
     client = redis.Redis(host="127.0.0.1", port=6379, db=0)
     model = f"test-{uuid.uuid4().hex[:8]}"
@@ -206,12 +207,7 @@ def test_pushes_to_redis_are_idempotent_ordered_and_delete_tombstones(chain):
         params = read_params(exports / "base")
         for name in ("delta-19", "delta-20"):
             params = apply(params, read_params(exports / name))
-        for table, rows in params.tables.items():
-            stored = read_rows(client, model, table)
-            assert set(stored) == set(rows.ids.tolist()), table
-            for i, key in enumerate(rows.ids.tolist()):
-                for view, values in rows.views.items():
-                    np.testing.assert_array_equal(stored[key][view], values[i])
+        assert_store_holds(client, model, params)
         # the day's base again (a cleared push of the first pass): older than the store's,
         # so a no-op that keeps what the later passes admitted
         stored = read_rows(client, model, "user_id")
