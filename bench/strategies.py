@@ -12,7 +12,15 @@ the job's wall time including start-up.
 All processes share this machine's cores, so the ratios here measure the strategies' overhead
 (collectives, padding, start-up), not the speed-up that more machines would give.
 
-Usage: ``python bench/strategies.py [--rows 400000] [--steps 300] [--batch 2048] [--only NAME ...]``
+The parameter-server modes (``train_config.sync_mode``: async, half_async, geo with
+``geo_step`` 1, 10, 100) also print their traffic: the bytes that crossed the loopback interface
+during the job per example (everything: the chief's batches to the workers, the workers' reads
+and writes on the ps, start-up), and, where the distribution counts them, the bytes its updates
+sent to the ps per example (half_async: the merged gradients; geo: the pushed deltas and ids).
+With ``--eval`` every job is evaluated on a second synthetic day (AUC).
+
+Usage: ``python bench/strategies.py [--rows 400000] [--steps 300] [--batch 2048] [--eval]
+[--only NAME ...]``
 """
 
 from __future__ import annotations
@@ -28,21 +36,36 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-# name: (train_distribute, worker processes, ps, batches per step, sync_replicas)
+# name: (train_distribute, worker processes, ps, batches per step, train_config edits)
 STRATEGIES = {
-    "NoStrategy": ("NoStrategy", 1, 0, 1, False),
-    "MirroredStrategy": ("MirroredStrategy", 1, 0, 2, False),
-    "MultiWorkerMirroredStrategy": ("MultiWorkerMirroredStrategy", 2, 0, 2, False),
-    "HorovodStrategy": ("HorovodStrategy", 2, 0, 2, False),
-    "EmbeddingParallelStrategy": ("EmbeddingParallelStrategy", 2, 0, 2, False),
+    "NoStrategy": ("NoStrategy", 1, 0, 1, {}),
+    "MirroredStrategy": ("MirroredStrategy", 1, 0, 2, {}),
+    "MultiWorkerMirroredStrategy": ("MultiWorkerMirroredStrategy", 2, 0, 2, {}),
+    "HorovodStrategy": ("HorovodStrategy", 2, 0, 2, {}),
+    "EmbeddingParallelStrategy": ("EmbeddingParallelStrategy", 2, 0, 2, {}),
     # the chief dispatches every step: asynchronous, one batch on one worker
-    "PSStrategy": ("PSStrategy", 2, 2, 1, False),
+    "PSStrategy": ("PSStrategy", 2, 2, 1, {}),
     # one batch per worker, summed on the chief, then one update
-    "NoStrategy+sync_replicas": ("NoStrategy", 2, 1, 2, True),
+    "NoStrategy+sync_replicas": ("NoStrategy", 2, 1, 2, {"sync_replicas": True}),
+    # gradients of 2 steps merged by id on the chief, applied once, nobody waiting
+    "PSStrategy+half_async": ("PSStrategy", 2, 2, 1, {"sync_mode": "half_async"}),
+    # local copies on the workers, deltas pushed every geo_step batches
+    "PSStrategy+geo_step=1": ("PSStrategy", 2, 2, 1, {"sync_mode": "geo", "geo_step": 1}),
+    "PSStrategy+geo_step=10": ("PSStrategy", 2, 2, 1, {"sync_mode": "geo", "geo_step": 10}),
+    "PSStrategy+geo_step=100": ("PSStrategy", 2, 2, 1, {"sync_mode": "geo", "geo_step": 100}),
 }
 
 
-def run(work: Path, buckets: int, name: str, steps: int, batch: int) -> dict:
+def loopback_bytes() -> int:
+    """Bytes sent over the loopback interface since boot (``/proc/net/dev``)."""
+    for line in Path("/proc/net/dev").read_text().splitlines():
+        name, _, fields = line.partition(":")
+        if name.strip() == "lo":
+            return int(fields.split()[8])  # transmit bytes
+    return 0
+
+
+def run(work: Path, buckets: int, name: str, steps: int, batch: int, evaluate: bool = False) -> dict:
     """One job; its chief's result line, the job's examples/s and its wall time."""
     import shutil
 
@@ -51,14 +74,15 @@ def run(work: Path, buckets: int, name: str, steps: int, batch: int) -> dict:
     from recpipe.config.train import TrainDistribute
     from recpipe.launch import LocalLauncher, job_result, training_job
 
-    strategy, workers, ps, replicas, sync = STRATEGIES[name]
+    strategy, workers, ps, replicas, train_edits = STRATEGIES[name]
     edits = {
         **bench_edits(work, buckets),
         "train_ds": days(1)[0],
+        **({"eval_ds": days(2)[1]} if evaluate else {}),
         "data_config.batch_size": batch // replicas,
         "train_config.num_steps": steps,
         "train_config.train_distribute": strategy,
-        "train_config.sync_replicas": sync,
+        **{f"train_config.{k}": v for k, v in train_edits.items()},
         "train_config.num_gpus_per_worker": replicas if strategy == "MirroredStrategy" else 1,
         "train_config.log_step_count_steps": 50,
         "train_config.optimizer_config": [{"lazy_adam_optimizer": {}}, {"adam_optimizer": {}}],
@@ -66,14 +90,15 @@ def run(work: Path, buckets: int, name: str, steps: int, batch: int) -> dict:
     model_dir = work / "models" / name
     shutil.rmtree(model_dir, ignore_errors=True)
     args = ["--pipeline_config_path", str(CONFIG), "--model_dir", str(model_dir)]
-    args += ["--skip_eval", "--edit_config_json", json.dumps(edits)]
+    args += [*([] if evaluate else ["--skip_eval"]), "--edit_config_json", json.dumps(edits)]
     job = training_job(
         "train", TrainDistribute(strategy), ClusterConfig(), args, cwd=ROOT, workers=workers, ps=ps
     )
-    start, cpu_before = time.perf_counter(), _children_cpu()
+    start, cpu_before, lo_before = time.perf_counter(), _children_cpu(), loopback_bytes()
     logs = LocalLauncher(model_dir / "logs").run(job)
     wall = time.perf_counter() - start
     cpu = _children_cpu() - cpu_before
+    lo = loopback_bytes() - lo_before
     result = job_result(logs[0])
     # steady state: the chief's logged windows after the first (which holds tracing)
     lines = (model_dir / "train_metrics.jsonl").read_text().splitlines()[1:]
@@ -81,12 +106,16 @@ def run(work: Path, buckets: int, name: str, steps: int, batch: int) -> dict:
     # the chief logs its own examples/s; a parameter-server chief feeds the whole job
     rate = sum(rates) / len(rates) * (1 if ps else workers)
     examples = steps * batch  # every strategy's step is one global batch
+    to_ps = result.get("distribution", {}).get("bytes_to_ps")
     return {
         "examples_per_sec": rate,
         "wall_s": wall,
         "cpu_s": cpu,
         "per_cpu_s": examples / cpu,
         "loss": result["loss"],
+        "loopback_per_example": lo / examples,
+        "to_ps_per_example": None if to_ps is None else to_ps / examples,
+        "auc": (result.get("eval") or {}).get("auc"),
     }
 
 
@@ -106,6 +135,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--batch", type=int, default=2048, help="global batch")
     parser.add_argument("--workdir", default=str(ROOT / "var/bench/strategies"))
+    parser.add_argument("--eval", action="store_true", help="AUC of each job on a second day")
     parser.add_argument(
         "--only", nargs="+", choices=list(STRATEGIES), default=list(STRATEGIES), help="NoStrategy always runs"
     )
@@ -113,7 +143,7 @@ def main() -> None:
     from bench.criteo_data import prepare
 
     work = Path(args.workdir)
-    prepare(args.rows, 1, work, args.buckets)
+    prepare(args.rows, 2 if args.eval else 1, work, args.buckets)
     print(
         f"data: {args.rows:,} rows, {26 * args.buckets * 16 / 1e6:.1f}M embedding parameters; "
         f"global batch {args.batch}, {args.steps} steps; {os.cpu_count()} cores shared by all processes"
@@ -122,7 +152,7 @@ def main() -> None:
     for name, (_, workers, ps, _, _) in STRATEGIES.items():
         if name != "NoStrategy" and name not in args.only:
             continue
-        r = run(work, args.buckets, name, args.steps, args.batch)
+        r = run(work, args.buckets, name, args.steps, args.batch, args.eval)
         base = base or r["examples_per_sec"]
         base_cpu = base_cpu or r["per_cpu_s"]
         processes = f"x{workers}{f'+{ps}ps' if ps else ''}"
@@ -130,7 +160,10 @@ def main() -> None:
             f"{name:26s} {processes:6s} {r['examples_per_sec']:9,.0f} examples/s "
             f"(ratio {r['examples_per_sec'] / base:4.2f})  {r['per_cpu_s']:7,.0f} examples/CPU-s "
             f"(ratio {r['per_cpu_s'] / base_cpu:4.2f}, {r['cpu_s']:.0f} CPU-s)  wall {r['wall_s']:5.1f} s  "
-            f"final loss {r['loss']:.4f}",
+            f"final loss {r['loss']:.4f}"
+            + (f"  AUC {r['auc']:.4f}" if r["auc"] is not None else "")
+            + (f"  loopback {r['loopback_per_example']:8,.0f} B/example" if ps else "")
+            + (f"  to ps {r['to_ps_per_example']:8,.0f} B/example" if r["to_ps_per_example"] else ""),
             flush=True,
         )
     print(

@@ -173,6 +173,7 @@ class DistributedTrainOperator(JobOperator):
             cwd=project_home(),
             workers=self.num_workers,
             eval_args=common if config.eval_config.eval_method == EvalMethod.separate else None,
+            sync_mode=config.train_config.ps_mode,
         )
         log.info("%s with %s on %s", distribute.value, job.roles or "manifests", cluster.launcher)
         summary = self.run(job, out.logs)

@@ -116,6 +116,8 @@ def _train_eval(args, extra) -> int:
         # the first step (tracing and first run), the later steps, the traced step's operations
         "phases": result.phases,
     }
+    if result.distribution:  # a distribution's own figures (geo: bytes to and from the ps)
+        summary["distribution"] = result.distribution
     if result.online_tables:  # the day's rows used, admitted, evicted, filtered share per table
         summary["online_tables"] = result.online_tables
     if config.eval_ds and not args.skip_eval:
@@ -157,6 +159,7 @@ def _launch(args, extra, train_args: list[str]) -> int:
         workers=args.num_workers,
         ps=args.num_ps,
         eval_args=eval_args,
+        sync_mode=config.train_config.ps_mode,
     )
     logs = ModelDir(model_dir).logs
     logging.getLogger(__name__).info("%s: %s, logs in %s", job.name, job.roles or "manifests", logs)

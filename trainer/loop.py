@@ -9,6 +9,7 @@ global batch.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -90,7 +91,8 @@ class TrainResult:
     """What a finished ``train()`` reports (step, checkpoint, last loss, examples/s, fine-tune report,
     the online tables' figures, this process's CPU-seconds in the training loop, the peak
     memory of each phase, and ``phases``: the first step's wall and CPU seconds (tracing and
-    first run), the later steps' mean wall and CPU milliseconds, the traced step's operations)."""
+    first run), the later steps' mean wall and CPU milliseconds, the traced step's operations;
+    ``distribution``: the distribution's own figures, ``Distribution.figures``)."""
 
     global_step: int
     checkpoint: str
@@ -101,6 +103,7 @@ class TrainResult:
     cpu_seconds: float = 0.0
     memory_mb: dict = field(default_factory=dict)
     phases: dict = field(default_factory=dict)
+    distribution: dict = field(default_factory=dict)
 
 
 def graph_ops(step) -> int | None:
@@ -218,13 +221,21 @@ class Trainer:
         return {}
 
     def _train_step_fn(self, signature: tuple) -> Callable:
-        reader, dist = self.reader, self.dist
-        model, loss_fn, optimizers, split = self.model, self.loss_fn, self.optimizers, self.var_split
+        def replica() -> StepParts:
+            # a whole copy of model and optimizers, built under the caller's device scope
+            return self._step_parts(build_state(self.config), signature)
+
+        parts = self._step_parts(self.state, signature)
+        return self.dist.build_train_step(dataclasses.replace(parts, build_replica=replica))
+
+    def _step_parts(self, state, signature: tuple) -> StepParts:
+        reader = self.reader
+        model, loss_fn, optimizers, split = state.model, self.loss_fn, state.optimizers, state.var_split
         reg = self.config.model.embedding_regularization
-        tables = {t.ref() for t in self.model.variable_groups()["embedding"]}
+        tables = {t.ref() for t in model.variable_groups()["embedding"]}
         variables = [v for part in split for v in part]
         # a sharded table's gradient is already the job's sum (the lookup's reverse all-to-all)
-        exchanged = [i for i, v in enumerate(variables) if not self.state.is_sharded(v)]
+        exchanged = [i for i, v in enumerate(variables) if not state.is_sharded(v)]
 
         def gradients(flat: tuple, share) -> tuple[tf.Tensor, list]:
             # this replica's loss (its share of the global mean) and its gradients, unreduced
@@ -244,8 +255,7 @@ class Trainer:
                 opt.apply_gradients(zip(grads[i : i + len(part)], part, strict=True))
                 i += len(part)
 
-        counters = self.state.counters()
-        return dist.build_train_step(StepParts(signature, gradients, apply, variables, exchanged, counters))
+        return StepParts(signature, gradients, apply, variables, exchanged, state.counters(), state)
 
     def _learning_rate(self) -> float:
         opt = self.optimizers[-1]
@@ -401,6 +411,7 @@ class Trainer:
             cpu,
             memory.phases(),
             phases,
+            dist.figures(),
         )
 
     def _online_stats(self) -> dict[str, dict[str, int]]:

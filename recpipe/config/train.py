@@ -129,6 +129,29 @@ class TrainDistribute(StrEnum):
         return self in (TrainDistribute.HorovodStrategy, TrainDistribute.EmbeddingParallelStrategy)
 
 
+# the strategies that run on parameter servers (NoStrategy once the cluster has ps)
+PS_CAPABLE = (TrainDistribute.NoStrategy, TrainDistribute.PSStrategy)
+
+
+class SyncMode(StrEnum):
+    """PaddleRec's parameter-server update modes (``runner.sync_mode``, and ``half_async`` of
+    its cluster launcher's ``distribute_strategy``; shared/reference/paddlerec_distributed_modes.md).
+
+    - ``sync``: every update waits for one batch's gradient from each worker (EasyRec's
+      ``sync_replicas: true``).
+    - ``async``: each worker's gradient is applied on the ps as soon as it is computed.
+    - ``half_async``: gradients are computed without waiting, and merged by id over
+      ``max_merge_var_num`` steps before each update (PaddleRec's communicator).
+    - ``geo``: each worker trains a local copy and every ``geo_step`` batches adds the change
+      of its parameters since its last pull to the ps, then pulls the rows others changed.
+    """
+
+    sync = "sync"
+    async_ = "async"
+    half_async = "half_async"
+    geo = "geo"
+
+
 class TrainConfig(Section):
     """EasyRec ``train_config``."""
 
@@ -139,6 +162,13 @@ class TrainConfig(Section):
         max_length=3,
     )
     sync_replicas: bool = False
+    # parameter-server update mode (PaddleRec's sync_mode); None: EasyRec's sync_replicas decides
+    sync_mode: SyncMode | None = None
+    # geo: local batches between two pushes of a worker's parameter change (PaddleRec's geo_step)
+    geo_step: int = Field(100, gt=0)
+    # half_async: gradient steps merged into one update (PaddleRec's communicator's
+    # max_merge_var_num); None: the number of workers
+    max_merge_var_num: int | None = Field(None, gt=0)
     train_distribute: TrainDistribute = TrainDistribute.NoStrategy
     num_gpus_per_worker: int = Field(1, ge=0)
     num_steps: int | None = Field(None, gt=0)
@@ -165,4 +195,23 @@ class TrainConfig(Section):
             object.__setattr__(self, "save_checkpoints_steps", 1000)
         if self.sync_replicas and self.train_distribute != TrainDistribute.NoStrategy:
             raise ValueError("sync_replicas: true is only valid with train_distribute: NoStrategy")
+        if self.sync_replicas and self.sync_mode not in (None, SyncMode.sync):
+            raise ValueError(
+                f"sync_mode: {self.sync_mode.value} contradicts sync_replicas: true (EasyRec's "
+                "spelling of sync_mode: sync); set one of them"
+            )
+        if self.sync_mode is not None and self.train_distribute not in PS_CAPABLE:
+            raise ValueError(
+                f"sync_mode: {self.sync_mode.value} is a parameter-server mode; "
+                f"train_distribute: {self.train_distribute.value} has no parameter servers. Use "
+                "PSStrategy, or NoStrategy with ps in the cluster (--num_ps)"
+            )
         return self
+
+    @property
+    def ps_mode(self) -> SyncMode:
+        """The parameter-server update mode this config asks for (``sync_mode``, else
+        ``sync`` with ``sync_replicas``, else ``async``); it applies only where the job has ps."""
+        if self.sync_mode is not None:
+            return self.sync_mode
+        return SyncMode.sync if self.sync_replicas else SyncMode.async_

@@ -14,12 +14,12 @@ from typing import Any
 
 from recpipe.config.cluster import ClusterConfig
 from recpipe.config.errors import ConfigError
-from recpipe.config.train import TrainDistribute
+from recpipe.config.train import SyncMode, TrainDistribute
 from recpipe.launch.base import JobSpec, Launcher
 from recpipe.launch.kubeflow import render
 from recpipe.launch.kubernetes import KubernetesLauncher
 from recpipe.launch.local import LocalLauncher
-from recpipe.launch.topology import evaluator_process, job_spec, training_processes
+from recpipe.launch.topology import check_sync_mode, evaluator_process, job_spec, training_processes
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,7 @@ def training_job(
     workers: int | None = None,
     ps: int | None = None,
     eval_args: list[str] | None = None,
+    sync_mode: SyncMode | None = None,
 ) -> JobSpec:
     """The job that runs ``python -m trainer.train_eval <train_args>`` as a ``distribute`` job.
 
@@ -68,20 +69,23 @@ def training_job(
             (``TrainDistribute.with_parameter_servers``).
         eval_args: the separate evaluator's ``python -m trainer.eval`` arguments
             (``eval_method: separate``), or None for no evaluator.
+        sync_mode: ``train_config.sync_mode`` (a parameter-server job's update mode): checked
+            against the ps count here, and written on the Kubernetes TFJob.
 
     Returns:
         A ``JobSpec``: per process argv and environment (TF_CONFIG, horovodrun) for the local
         launcher, or the rendered TFJob / MPIJob manifests for the Kubernetes one.
 
     Raises:
-        ConfigError: a worker or ps count the strategy cannot run with, or a cluster config
-            the backend cannot render.
+        ConfigError: a worker or ps count the strategy cannot run with, a ``sync_mode``
+            without ps, or a cluster config the backend cannot render.
     """
     workers = cluster.worker.count if workers is None else workers
     if ps is not None and ps != cluster.ps.count:
         cluster = cluster.model_copy(update={"ps": cluster.ps.model_copy(update={"count": ps})})
+    check_sync_mode(distribute, sync_mode, cluster.ps.count)
     if cluster.launcher == "kubernetes":
-        manifests = render(name, distribute, cluster, train_args, eval_args, workers)
+        manifests = render(name, distribute, cluster, train_args, eval_args, workers, sync_mode)
         return JobSpec(name=name, argv=[], cwd=Path(cwd), env=dict(JOB_ENV), manifests=manifests)
     processes = training_processes(
         distribute, workers, ["trainer.train_eval", *train_args], ps=cluster.ps.count

@@ -20,7 +20,7 @@ import re
 
 from recpipe.config.cluster import ClusterConfig, RoleResources
 from recpipe.config.errors import ConfigError
-from recpipe.config.train import TrainDistribute
+from recpipe.config.train import SyncMode, TrainDistribute
 
 TFJOB = ("kubeflow.org", "v1", "tfjobs", "TFJob")
 MPIJOB = ("kubeflow.org", "v2beta1", "mpijobs", "MPIJob")
@@ -71,6 +71,9 @@ def _replica(cluster, container, command, role: RoleResources, replicas: int, re
     }
 
 
+SYNC_MODE_ANNOTATION = "recpipe.io/sync-mode"
+
+
 def render(
     name: str,
     distribute: TrainDistribute,
@@ -78,6 +81,7 @@ def render(
     train_args: list[str],
     eval_args: list[str] | None = None,
     workers: int | None = None,
+    sync_mode: SyncMode | None = None,
 ) -> list[dict]:
     """The manifests of one training job (the training job first).
 
@@ -88,6 +92,9 @@ def render(
         train_args: arguments of ``python -m trainer.train_eval``.
         eval_args: arguments of ``python -m trainer.eval`` for a separate evaluator, or None.
         workers: worker count (default ``cluster.worker.count``).
+        sync_mode: a parameter-server job's update mode (``train_config.sync_mode``), written
+            on the TFJob as the ``recpipe.io/sync-mode`` annotation (the chief reads it from the
+            config; the annotation shows it to whoever lists the jobs).
 
     Raises:
         ConfigError: no ``image`` in the cluster config; ``SokStrategy``; several workers for a
@@ -144,6 +151,7 @@ def render(
     if distribute == TrainDistribute.PSStrategy and not cluster.ps.count:
         raise ConfigError("PSStrategy needs ps.count >= 1 in the cluster config")
     if with_ps:
+        meta["annotations"] = {SYNC_MODE_ANNOTATION: SyncMode(sync_mode or SyncMode.async_).value}
         # the chief runs the trainer (TF's coordinator); workers and ps serve it. Workers are
         # restarted on failure: the coordinator runs their steps elsewhere and takes them back
         server = ["python", "-m", "trainer.distribute.server"]

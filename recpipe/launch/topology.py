@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from recpipe.config.errors import ConfigError
-from recpipe.config.train import TrainDistribute
+from recpipe.config.train import SyncMode, TrainDistribute
 from recpipe.launch.base import JobSpec
 
 SINGLE = {TrainDistribute.NoStrategy, TrainDistribute.MirroredStrategy}
@@ -50,6 +50,26 @@ def free_ports(count: int) -> list[int]:
     finally:
         for s in sockets:
             s.close()
+
+
+def check_sync_mode(distribute: TrainDistribute, sync_mode: SyncMode | None, ps: int) -> None:
+    """Refuse a parameter-server mode (``train_config.sync_mode`` other than ``async``) for a
+    job without ps, before any process starts.
+
+    Raises:
+        ConfigError: naming ``train_config.sync_mode`` and how to give the job ps.
+    """
+    if sync_mode is None or distribute.with_parameter_servers(ps):
+        return
+    sync_mode = SyncMode(sync_mode)
+    if sync_mode == SyncMode.async_:
+        return
+    spelt = " (sync_replicas: true)" if sync_mode == SyncMode.sync else ""
+    raise ConfigError(
+        f"train_config.sync_mode: {sync_mode.value}{spelt} runs on parameter servers, and this "
+        f"{distribute.value} job has none: give it ps (recpipe train --num_ps M, or the cluster "
+        "config's ps.count)"
+    )
 
 
 def training_processes(

@@ -109,6 +109,16 @@ def test_apply_edits_creates_missing_sections():
             {"train_config.sync_replicas": True, "train_config.train_distribute": "PSStrategy"},
             "sync_replicas",
         ),
+        (
+            {"train_config.sync_mode": "geo", "train_config.train_distribute": "MirroredStrategy"},
+            "sync_mode: geo is a parameter-server mode; train_distribute: MirroredStrategy has no",
+        ),
+        (
+            {"train_config.sync_mode": "geo", "train_config.sync_replicas": True},
+            "sync_mode: geo contradicts sync_replicas: true",
+        ),
+        ({"train_config.sync_mode": "gossip"}, "train_config.sync_mode: Input should be"),
+        ({"train_config.geo_step": 0}, "train_config.geo_step: Input should be greater than 0"),
         ({"train_config.optimizer_config": [{}]}, "train_config.optimizer_config[0]: set exactly one of"),
         (
             {"train_config.optimizer_config": [{"adam_optimizer": {}, "sgd_optimizer": {}}]},

@@ -11,7 +11,7 @@ import pytest
 from recpipe.config import load_cluster_config
 from recpipe.config.cluster import ClusterConfig
 from recpipe.config.train import TrainDistribute as D
-from recpipe.launch.kubeflow import render
+from recpipe.launch.kubeflow import SYNC_MODE_ANNOTATION, render
 from tests.support import ROOT
 
 ARGS = ["--pipeline_config_path", "conf/movielens_deepfm.yaml", "--model_dir", "/var/lib/recpipe/m"]
@@ -91,6 +91,12 @@ def test_multi_worker_and_ps_render_tfjobs(k8s):
     assert command["Worker"] == command["PS"] == ["python", "-m", "trainer.distribute.server"]
     assert specs["Worker"]["restartPolicy"] == "OnFailure" and specs["Chief"]["replicas"] == 1
     assert specs["PS"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "4.0"
+    # the parameter-server update mode is written on the job; asynchronous unless told
+    assert ps["metadata"]["annotations"] == {SYNC_MODE_ANNOTATION: "async"}
+    (geo,) = render("train", D.NoStrategy, k8s, ARGS, sync_mode="geo")
+    assert geo["metadata"]["annotations"] == {SYNC_MODE_ANNOTATION: "geo"}
+    assert set(_check_crd(geo, k8s)) == {"Chief", "Worker", "PS"}
+    assert "annotations" not in mwms["metadata"]
 
 
 def test_what_cannot_be_rendered_is_refused(k8s):

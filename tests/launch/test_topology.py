@@ -7,7 +7,10 @@ import sys
 
 import pytest
 
+from recpipe.config import ClusterConfig
+from recpipe.config.errors import ConfigError
 from recpipe.config.train import TrainDistribute as D
+from recpipe.launch import training_job
 from recpipe.launch.topology import free_ports, training_processes
 
 ARGS = ["trainer.train_eval", "--model_dir", "m"]
@@ -69,3 +72,20 @@ def test_the_separate_evaluator_is_restarted_and_optional_the_trainers_are_not()
     assert job.roles == ["worker 0", "evaluator"]
     assert job.restart == {1} and job.optional == {1} and job.servers == set()
     assert job.argv[1][-2:] == ["--y", "--follow"]
+
+
+def test_a_parameter_server_mode_without_ps_is_refused_before_any_process():
+    for mode, spelt in (
+        ("geo", "geo"),
+        ("half_async", "half_async"),
+        ("sync", r"sync \(sync_replicas: true\)"),
+    ):
+        with pytest.raises(
+            ConfigError, match=rf"train_config.sync_mode: {spelt} runs on parameter servers.*--num_ps"
+        ):
+            training_job("t", D.NoStrategy, ClusterConfig(), ["--x"], cwd=".", sync_mode=mode)
+    job = training_job("t", D.NoStrategy, ClusterConfig(), ["--x"], cwd=".", workers=2, ps=1, sync_mode="geo")
+    assert job.roles == ["chief", "worker 0", "worker 1", "ps 0"]
+    assert training_job("t", D.NoStrategy, ClusterConfig(), ["--x"], cwd=".", sync_mode="async").roles == [
+        "worker 0"
+    ]

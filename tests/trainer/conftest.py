@@ -66,3 +66,13 @@ def ml_all_din(spark, movielens_raw, tmp_path_factory):
     din = _config(movielens_raw, root, "conf/movielens_din.yaml")
     _prepare(spark, din, _days(movielens_raw / "events", "1997-01-01", "1999-01-01"))
     return _config(movielens_raw, root)
+
+
+@pytest.fixture(scope="module")
+def config_path(ml_early, tmp_path_factory) -> Path:
+    """``ml_early``'s config as a YAML file, for jobs started as ``recpipe train`` processes."""
+    import yaml
+
+    path = tmp_path_factory.mktemp("dist") / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(ml_early.to_dict()))
+    return path

@@ -154,9 +154,10 @@ def test_sparse_optimizers_match_dense_adam_out_of_time(ml_all, tmp_path):
 @pytest.mark.slow
 def test_strategies_match_no_strategy_out_of_time(ml_all, tmp_path):
     """Mirrored (2 replicas), MultiWorkerMirrored, Horovod and EmbeddingParallel (2 workers
-    each), asynchronous PS (2 workers, 2 ps) and synchronous PS (2 workers, 1 ps), started by
-    the local launcher as real processes, reach NoStrategy's AUC within 0.01 with the same
-    global batch (256) and the same number of steps."""
+    each), asynchronous PS (2 workers, 2 ps), synchronous PS (2 workers, 1 ps), GEO and
+    half-async PS (2 workers, 1 ps), started by the local launcher as real processes, reach
+    NoStrategy's AUC within 0.01 with the same global batch (256; GEO and half-async: each
+    worker's batch is 256) and the same number of steps."""
     import yaml
 
     from recpipe.config import ClusterConfig
@@ -199,6 +200,12 @@ def test_strategies_match_no_strategy_out_of_time(ml_all, tmp_path):
     results["PSStrategy"] = run("PSStrategy", 2, ps=2, **same)
     sync = {**half, "train_config.sync_replicas": True}
     results["NoStrategy+sync_replicas"] = run("NoStrategy", 2, ps=1, name="sync_ps", **sync)
+    # PaddleRec's modes: local copies pushing every 10 steps (2 workers, 1 ps), and 2 steps'
+    # gradients merged per update
+    geo = {**same, "train_config.sync_mode": "geo", "train_config.geo_step": 10}
+    results["NoStrategy+geo"] = run("NoStrategy", 2, ps=1, name="geo", **geo)
+    half_async = {**same, "train_config.sync_mode": "half_async"}
+    results["PSStrategy+half_async"] = run("PSStrategy", 2, ps=1, name="half_async", **half_async)
     out = ROOT / "var/acceptance/strategies.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))

@@ -47,15 +47,6 @@ def _train(
     return json.loads(done.stdout.strip().splitlines()[-1]), logs
 
 
-@pytest.fixture(scope="module")
-def config_path(ml_early, tmp_path_factory) -> Path:
-    import yaml
-
-    path = tmp_path_factory.mktemp("dist") / "pipeline.yaml"
-    path.write_text(yaml.safe_dump(ml_early.to_dict()))
-    return path
-
-
 def _weights(model_dir: Path) -> dict[str, np.ndarray]:
     reader = tf.train.load_checkpoint(str(model_dir))
     return {

@@ -12,6 +12,13 @@ from trainer.distribute import Distribution, StrategyError, distribution_for
 from trainer.distribute.parameter_server import cluster_from_tf_config
 
 
+def test_the_parameter_server_mode_follows_sync_mode_then_sync_replicas():
+    assert TrainConfig().ps_mode == "async" and TrainConfig(sync_replicas=True).ps_mode == "sync"
+    for mode in ("sync", "async", "half_async", "geo"):
+        assert TrainConfig(train_distribute="PSStrategy", sync_mode=mode).ps_mode == mode
+    assert TrainConfig(sync_mode="geo").geo_step == 100  # between PaddleRec's examples
+
+
 def test_no_strategy_is_one_chief_process_on_the_default_strategy():
     dist = distribution_for(TrainConfig())
     assert type(dist) is Distribution and dist.strategy is tf.distribute.get_strategy()
@@ -23,6 +30,11 @@ def test_strategies_that_cannot_run_fail_clearly(monkeypatch):
         distribution_for(TrainConfig(train_distribute="SokStrategy"))
     with pytest.raises(StrategyError, match="NoStrategy with sync_replicas is synchronous .* needs ps"):
         distribution_for(TrainConfig(sync_replicas=True))
+    with pytest.raises(StrategyError, match="sync_mode: geo is a parameter-server mode and needs ps"):
+        distribution_for(TrainConfig(sync_mode="geo"))
+    # geo keeps no id -> row maps on the ps: online tables are refused before anything starts
+    with pytest.raises(StrategyError, match="PSStrategy cannot train the online tables .* EmbeddingParallel"):
+        distribution_for(TrainConfig(train_distribute="PSStrategy", sync_mode="geo"), ["user_id"])
     monkeypatch.delenv("TF_CONFIG", raising=False)
     with pytest.raises(StrategyError, match="parameter-server training needs TF_CONFIG"):
         distribution_for(TrainConfig(train_distribute="PSStrategy"))

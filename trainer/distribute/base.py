@@ -41,6 +41,10 @@ class StepParts:
         exchanged: indices of the gradients summed across processes (``reduce_gradients``);
             the others are already the job's sum (embedding-parallel tables).
         counters: variables incremented once per step (global_step, batch_in_epoch).
+        state: the ``TrainState`` (model, optimizers, checkpoint) the parts were built over.
+        build_replica: ``() -> StepParts`` of a new, whole copy of model and optimizers (its
+            variables created under the caller's device scope), for a distribution that trains
+            local copies (GEO); None where no copy can be built.
     """
 
     signature: tuple
@@ -49,6 +53,8 @@ class StepParts:
     variables: list
     exchanged: list[int]
     counters: tuple
+    state: object = None
+    build_replica: Callable | None = None
 
 
 class Distribution:
@@ -138,6 +144,11 @@ class Distribution:
     def job_loss(self, loss: tf.Tensor) -> tf.Tensor:
         """This replica's share of the job's loss -> the job's loss (cross-replica context)."""
         return self.strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None)
+
+    def figures(self) -> dict:
+        """The distribution's own figures of the job (say, bytes sent to the ps), for the
+        result; none by default."""
+        return {}
 
     def broadcast(self, variables: list[tf.Variable]) -> None:
         """Make every process start from the chief's values (after restore)."""

@@ -9,7 +9,7 @@ import functools
 import json
 import os
 
-from recpipe.config.train import TrainConfig, TrainDistribute
+from recpipe.config.train import SyncMode, TrainConfig, TrainDistribute
 from trainer.distribute.base import Distribution, StrategyError, online_tables_refused
 
 
@@ -34,12 +34,26 @@ def _constructor(train_config: TrainConfig):
     """The ``Distribution`` class (or a partial of it) for ``train_distribute``."""
     kind = train_config.train_distribute
     ps = len(json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {}).get("ps", []))
+    mode = train_config.ps_mode
     if kind.with_parameter_servers(ps):
         from trainer.distribute import parameter_server
 
-        if train_config.sync_replicas:
+        if mode == SyncMode.geo:
+            from trainer.distribute.geo import GeoParameterServerDistribution
+
+            return functools.partial(GeoParameterServerDistribution, train_config.geo_step)
+        if mode == SyncMode.half_async:
+            return functools.partial(
+                parameter_server.HalfAsyncParameterServerDistribution, train_config.max_merge_var_num
+            )
+        if mode == SyncMode.sync:
             return parameter_server.SynchronousParameterServerDistribution
         return parameter_server.ParameterServerDistribution
+    if kind == TrainDistribute.NoStrategy and train_config.sync_mode not in (None, SyncMode.async_):
+        raise StrategyError(
+            f"train_config.sync_mode: {mode.value} is a parameter-server mode and needs ps in the "
+            "cluster (--num_ps M, cluster.ps.count > 0)"
+        )
     if kind == TrainDistribute.NoStrategy and not train_config.sync_replicas:
         return Distribution
     if kind == TrainDistribute.MirroredStrategy:

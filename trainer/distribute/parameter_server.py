@@ -168,6 +168,101 @@ def _groups(dataset, size: int) -> Iterator[list[tuple]]:
         yield group
 
 
+class _GradientSteps:
+    """Gradient steps scheduled on the workers, their results summed and applied by the chief.
+
+    ``schedule(share, batch)`` runs one replica's gradients (its loss scaled by ``share``) on
+    whichever worker is free and changes nothing; ``results`` fetches them (a step lost with
+    its worker is run again); ``apply`` sums a list of results (dense gradients added, the
+    tables' (rows, ids) concatenated, or with ``merge_ids`` added per id first, PaddleRec's
+    merge of sparse gradients) scaled by ``scale`` and applies them once to the variables on
+    the ps, incrementing the counters by ``steps``.
+    """
+
+    def __init__(self, strategy, coordinator, parts: StepParts):
+        self.coordinator = coordinator
+        gradients, apply = parts.gradients, parts.apply
+        self.variables, counters = parts.variables, parts.counters
+        self.kinds: list = []  # per variable: "dense", (indices dtype) or None; set when traced
+
+        @tf.function(input_signature=(tf.TensorSpec([], tf.float32), *parts.signature), autograph=False)
+        def compute(share, *flat):
+            def replica(share, *flat):
+                loss, grads = gradients(flat, share)
+                self.kinds[:], out = [], []
+                for grad in grads:
+                    if isinstance(grad, tf.IndexedSlices):
+                        self.kinds.append(grad.indices.dtype)
+                        out += [grad.values, grad.indices]
+                    else:
+                        self.kinds.append(None if grad is None else "dense")
+                        out += [] if grad is None else [grad]
+                return loss, out
+
+            return strategy.run(replica, args=(share, *flat))
+
+        self.compute = compute
+        self._apply = None
+
+        def build_apply() -> Callable:
+            # once ``compute`` is traced: the flat gradients' specs
+            specs = [tf.TensorSpec([], tf.int64)]
+            for var, kind in zip(self.variables, self.kinds, strict=True):
+                if kind == "dense":
+                    specs.append(tf.TensorSpec(var.shape, var.dtype))
+                elif kind is not None:
+                    specs += [tf.TensorSpec([None, *var.shape[1:]], var.dtype), tf.TensorSpec([None], kind)]
+
+            @tf.function(input_signature=specs, autograph=False)
+            def apply_sum(steps, *flat):
+                grads, parts = [], iter(flat)
+                for var, kind in zip(self.variables, self.kinds, strict=True):
+                    if kind == "dense":
+                        grads.append(next(parts))
+                    elif kind is not None:
+                        values, indices = next(parts), next(parts)
+                        shape = tf.constant(var.shape.as_list(), kind)
+                        grads.append(tf.IndexedSlices(values, indices, shape))
+                    else:
+                        grads.append(None)
+                strategy.run(apply, args=(grads,))  # the optimizers need a replica context
+                for counter in counters:
+                    counter.assign_add(steps)
+
+            return apply_sum
+
+        self._build_apply = build_apply
+
+    def schedule(self, share: float, batch: tuple):
+        args = (np.float32(share), *batch)
+        return args, self.coordinator.schedule(self.compute, args=args)
+
+    def result(self, scheduled):
+        """``(loss, flat gradients)`` of one scheduled step, as numpy."""
+        args, value = scheduled
+        return _fetch(self.coordinator, self.compute, args, value)
+
+    def apply(self, results: list, scale: float = 1.0, merge_ids: bool = False, steps: int = 1) -> int:
+        """Apply the sum of ``results``; returns the bytes of the gradients sent to the ps."""
+        if self._apply is None:
+            self._apply = self._build_apply()
+        per_entry = iter(list(zip(*(r[1] for r in results), strict=True)))  # every result's part of an entry
+        summed = []
+        for kind in self.kinds:
+            if kind == "dense":
+                summed.append(sum(next(per_entry)) * np.float32(scale))
+            elif kind is not None:
+                values, indices = np.concatenate(next(per_entry)), np.concatenate(next(per_entry))
+                if merge_ids:
+                    ids, at = np.unique(indices, return_inverse=True)
+                    merged = np.zeros((len(ids), *values.shape[1:]), values.dtype)
+                    np.add.at(merged, at, values)
+                    values, indices = merged, ids
+                summed += [values * np.float32(scale), indices]
+        self._apply(np.int64(steps), *summed)
+        return sum(int(a.nbytes) for a in summed)
+
+
 class SynchronousParameterServerDistribution(ParameterServerDistribution):
     """The chief of a synchronous parameter-server job (``sync_replicas: true``).
 
@@ -202,73 +297,92 @@ class SynchronousParameterServerDistribution(ParameterServerDistribution):
         Returns:
             ``update(group) -> loss``: the group's mean loss (float) once the update is applied.
         """
-        strategy, coordinator = self.strategy, self.coordinator
-        signature, gradients, apply = parts.signature, parts.gradients, parts.apply
-        variables, counters = parts.variables, parts.counters
-        kinds: list = []  # per variable: "dense", (indices dtype) or None; set when traced
-
-        @tf.function(input_signature=(tf.TensorSpec([], tf.float32), *signature), autograph=False)
-        def compute(share, *flat):
-            def replica(share, *flat):
-                loss, grads = gradients(flat, share)
-                kinds[:], out = [], []
-                for grad in grads:
-                    if isinstance(grad, tf.IndexedSlices):
-                        kinds.append(grad.indices.dtype)
-                        out += [grad.values, grad.indices]
-                    else:
-                        kinds.append(None if grad is None else "dense")
-                        out += [] if grad is None else [grad]
-                return loss, out
-
-            return strategy.run(replica, args=(share, *flat))
-
-        built: dict = {}
-
-        def build_apply() -> tuple[Callable, list[bool]]:
-            # once ``compute`` is traced: the flat gradients' specs, and which are a table's
-            # (rows, ids), summed by concatenation as IndexedSlices are
-            specs, concat = [], []
-            for var, kind in zip(variables, kinds, strict=True):
-                if kind == "dense":
-                    specs.append(tf.TensorSpec(var.shape, var.dtype))
-                    concat.append(False)
-                elif kind is not None:
-                    specs += [tf.TensorSpec([None, *var.shape[1:]], var.dtype), tf.TensorSpec([None], kind)]
-                    concat += [True, True]
-
-            @tf.function(input_signature=specs, autograph=False)
-            def apply_sum(*flat):
-                grads, parts = [], iter(flat)
-                for var, kind in zip(variables, kinds, strict=True):
-                    if kind == "dense":
-                        grads.append(next(parts))
-                    elif kind is not None:
-                        values, indices = next(parts), next(parts)
-                        shape = tf.constant(var.shape.as_list(), kind)
-                        grads.append(tf.IndexedSlices(values, indices, shape))
-                    else:
-                        grads.append(None)
-                strategy.run(apply, args=(grads,))  # the optimizers need a replica context
-                for counter in counters:
-                    counter.assign_add(1)
-
-            return apply_sum, concat
+        steps = _GradientSteps(self.strategy, self.coordinator, parts)
 
         def update(group: list[tuple]) -> float:
             sizes = [int(batch[0].shape[0]) for batch in group]
             total = sum(sizes)
-            args = [(np.float32(n / total), *batch) for n, batch in zip(sizes, group, strict=True)]
-            scheduled = [coordinator.schedule(compute, args=a) for a in args]
-            results = [_fetch(coordinator, compute, a, v) for a, v in zip(args, scheduled, strict=True)]
-            if not built:
-                built["apply"], built["concat"] = build_apply()
-            per_entry = zip(*(r[1] for r in results), strict=True)  # every worker's grads of one entry
-            summed = [
-                np.concatenate(parts) if concat else sum(parts)
-                for concat, parts in zip(built["concat"], per_entry, strict=True)
-            ]
-            built["apply"](*summed)
+            scheduled = [steps.schedule(n / total, batch) for n, batch in zip(sizes, group, strict=True)]
+            results = [steps.result(s) for s in scheduled]
+            steps.apply(results)
             return float(sum(r[0] for r in results))
 
         return update
+
+
+class _Scheduled:
+    """A half-async gradient step: scheduled, then fetched once (``result``)."""
+
+    __slots__ = ("scheduled", "result")
+
+    def __init__(self, scheduled):
+        self.scheduled, self.result = scheduled, None
+
+
+class HalfAsyncParameterServerDistribution(ParameterServerDistribution):
+    """The chief of a half-asynchronous parameter-server job (``sync_mode: half_async``).
+
+    PaddleRec's half-async communicator: workers compute gradients without waiting for each
+    other (each on the ps's values when its step starts), and the chief merges every
+    ``max_merge_var_num`` of them (dense gradients averaged, table rows of one id added and
+    averaged) into one update of the variables on the ps. Unlike ``sync`` no update waits for
+    every worker; unlike ``async`` the ps takes one merged update per ``max_merge_var_num``
+    steps, and a step's gradient is at most ``max_merge_var_num + workers`` steps stale.
+
+    Args:
+        merge: gradient steps per update (``max_merge_var_num``); None: one per worker.
+
+    Attributes:
+        traffic: ``updates`` and ``bytes_to_ps`` (the merged gradients the chief sent).
+
+    Raises:
+        StrategyError: see ``cluster_from_tf_config``.
+    """
+
+    def __init__(self, merge: int | None = None):
+        super().__init__()
+        self.merge = merge or len(self.cluster["worker"])
+        # steps kept in flight beyond one merge, so that workers compute while the chief applies
+        self.ahead = len(self.cluster["worker"])
+        self._pending: collections.deque = collections.deque()
+        self._steps: _GradientSteps | None = None
+        self.traffic = {"updates": 0, "bytes_to_ps": 0}
+
+    def build_train_step(self, parts: StepParts):
+        self._steps = _GradientSteps(self.strategy, self.coordinator, parts)
+        return self._steps
+
+    def distribute(self, make_dataset: Callable[[], tf.data.Dataset]):
+        def epoch():
+            yield from make_dataset()
+            self.sync()  # the epoch's steps count in it before the loop resets batch_in_epoch
+
+        return epoch()
+
+    def run_step(self, train_step, element):
+        item = _Scheduled(train_step.schedule(1.0, tuple(element)))
+        self._pending.append(item)
+        if len(self._pending) >= self.merge + self.ahead:
+            self._merge(self.merge)
+        return item
+
+    def _merge(self, count: int) -> None:
+        items = [self._pending.popleft() for _ in range(count)]
+        for item in items:
+            if item.result is None:
+                item.result = self._steps.result(item.scheduled)
+        sent = self._steps.apply([i.result for i in items], 1.0 / count, merge_ids=True, steps=count)
+        self.traffic["updates"] += 1
+        self.traffic["bytes_to_ps"] += sent
+
+    def fetch(self, value) -> float:
+        if value.result is None:
+            value.result = self._steps.result(value.scheduled)
+        return float(value.result[0])
+
+    def sync(self) -> None:
+        while self._pending:
+            self._merge(min(self.merge, len(self._pending)))
+
+    def figures(self) -> dict:
+        return dict(self.traffic)

@@ -1,0 +1,403 @@
+"""GEO-asynchronous parameter-server training (PaddleRec's ``sync_mode: geo``).
+
+PaddleRec's distributed-modes doc (shared/reference/paddlerec_distributed_modes.md): every
+worker runs the whole training step locally (forward, backward, optimizer) on a full copy of
+the model, and every ``geo_step`` batches sends the difference between its parameters and the
+values it last pulled to the parameter servers, which add it up; it then pulls the latest
+values and trains on without waiting for anyone.
+
+Here the chief (this process) keeps the global variables on the ps, as in asynchronous PS
+training, and builds one copy of model and optimizers on each worker (``StepParts.
+build_replica`` under the worker's device). A thread per worker feeds it batches from the
+chief's input; its step touches only that worker's variables. A push, run on the worker:
+
+- dense variables: ``global += local - last_pulled``, then ``local = last_pulled = global``;
+- tables (rank-2 variables of the embedding and wide groups): only the rows that changed on
+  this worker since its last pull travel (ids and rows), added with ``scatter_add``; the ps
+  marks them as changed for every other worker, and the worker pulls the rows marked for it
+  (PaddleRec's GEO communicator sends sparse deltas and receives the ids others updated). A
+  row-wise optimizer on the tables (``lazy_adam``, ``adagrad``, ``ftrl``) changes only the
+  rows a step looked up; Adam's momentum moves every row it has seen, and all of those travel.
+
+Each worker's optimizer slots are its own; a checkpoint holds the ps values of the model and
+the first live worker's optimizer slots (so tomorrow's fine-tune resumes them). Tables stay
+whole on one ps each (no partitioner: a row's id is its index on its ps). A worker that
+fails is dropped: the batch it held is trained by another, and what it had not pushed is lost
+(at most ``geo_step`` batches), never pushed twice; with no worker left the job fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+
+import numpy as np
+import tensorflow as tf
+
+# TensorFlow's ClusterCoordinator gives each worker's thread an executor of its own, so that a
+# failed worker's error stays in it instead of failing the chief's next op (its input); there
+# is no public API for it
+from tensorflow.python.eager import context as eager_context
+from tensorflow.python.eager import executor as eager_executor
+
+from trainer.distribute.base import Distribution, StepParts, StrategyError
+from trainer.distribute.parameter_server import LOST_RESULT, cluster_from_tf_config
+
+log = logging.getLogger(__name__)
+
+# the batches queued ahead of the workers, per worker (the chief's input runs this far ahead)
+QUEUE_PER_WORKER = 2
+# seconds between two checks that some worker is alive while the queue is full
+PUT_POLL_S = 1.0
+# what a worker's lost connection raises
+WORKER_LOST = (*LOST_RESULT, tf.errors.AbortedError)
+ALL_FAILED = "geo: every worker failed; the job stops (a retry resumes from the latest checkpoint)"
+
+
+class _Step:
+    """One batch handed to the workers: ``done`` is set once some worker trained on it."""
+
+    __slots__ = ("element", "done", "loss", "error")
+
+    def __init__(self, element):
+        self.element, self.done, self.loss, self.error = element, threading.Event(), None, None
+
+
+class _Worker:
+    """One worker's model copy, its last-pulled values and its step, push and pull functions.
+
+    Args:
+        index: the worker's task index; ``device`` its device name.
+        parts: the chief's ``StepParts`` (global variables on the ps).
+        local: the ``StepParts`` of the copy built on this worker.
+        stale: per table (index into the model's variables), one ``bool [rows]`` variable per
+            worker on the table's ps: rows another worker changed since that worker's pull.
+
+    Raises:
+        StrategyError: the copy's variables differ in shape from the chief's.
+    """
+
+    def __init__(self, index: int, device: str, parts: StepParts, local: StepParts, stale: dict):
+        self.index, self.device, self.local = index, device, local
+        self.executor = eager_executor.new_executor(enable_async=False)
+        self.pending = 0  # local steps since the last push
+        self.alive = True
+        g_vars, l_vars = parts.state.model.variables, local.state.model.variables
+        if [v.shape for v in g_vars] != [v.shape for v in l_vars]:
+            raise StrategyError("geo: a worker's model copy differs from the chief's model")
+        self.pairs = list(zip(g_vars, l_vars, strict=True))
+        g_opt = [v for opt in parts.state.optimizers for v in opt.variables]
+        l_opt = [v for opt in local.state.optimizers for v in opt.variables]
+        self.opt_pairs = list(zip(g_opt, l_opt, strict=True))
+        self.stale = stale
+        with tf.device(device):
+            self.snapshot = [tf.Variable(c.read_value(), trainable=False) for _, c in self.pairs]
+        self.step = self._step_fn(local.signature)
+        self.push = self._push_fn()
+        self.pull_all = self._pull_all_fn()
+        self.copy_slots = self._copy_slots_fn()
+
+    @contextlib.contextmanager
+    def scope(self):
+        """Ops run on this worker, their errors kept in its own executor."""
+        with eager_context.executor_scope(self.executor), tf.device(self.device):
+            yield
+
+    def _step_fn(self, signature: tuple):
+        local = self.local
+
+        @tf.function(input_signature=signature, autograph=False)
+        def step(*flat):
+            loss, grads = local.gradients(flat, 1.0)
+            local.apply(grads)
+            return loss
+
+        return step
+
+    def _push_fn(self):
+        # g: a global variable (on a ps), c: this worker's copy, s: c as last pulled
+        pairs, snapshot, stale, me = self.pairs, self.snapshot, self.stale, self.index
+
+        @tf.function(autograph=False)
+        def push():
+            sent, received = [], []
+            for i, (g, c) in enumerate(pairs):
+                s = snapshot[i]
+                if i not in stale:
+                    g.assign_add(c - s)
+                    new = g.read_value()
+                    c.assign(new)
+                    s.assign(new)
+                    continue
+                # the rows that changed here since the last pull: the ones a step looked up, and
+                # under an optimizer that moves rows without a gradient (Adam's momentum) more
+                now, then = c.read_value(), s.read_value()
+                ids = tf.where(tf.reduce_any(tf.not_equal(now, then), axis=1))[:, 0]
+                added = g.scatter_add(tf.IndexedSlices(tf.gather(now, ids) - tf.gather(then, ids), ids))
+                marks = [
+                    flags.scatter_update(tf.IndexedSlices(tf.ones_like(ids, tf.bool), ids))
+                    for k, flags in enumerate(stale[i])
+                    if k != me
+                ]
+                # own rows: the ps now holds local (unless marked changed by another worker below)
+                s.scatter_update(tf.IndexedSlices(tf.gather(now, ids), ids))
+                mine = stale[i][me]
+                with tf.control_dependencies([added, *marks]), tf.device(mine.device):
+                    changed = tf.where(mine.read_value())[:, 0]
+                cleared = mine.scatter_update(tf.IndexedSlices(tf.zeros_like(changed, tf.bool), changed))
+                # read after the marks are cleared: a mark set later is pulled next time
+                with tf.control_dependencies([cleared]):
+                    rows = tf.gather(g, changed)
+                c.scatter_update(tf.IndexedSlices(rows, changed))
+                s.scatter_update(tf.IndexedSlices(rows, changed))
+                sent.append(tf.size(ids))
+                received.append(tf.size(changed))
+            if not sent:
+                return tf.zeros([0], tf.int32), tf.zeros([0], tf.int32)
+            return tf.stack(sent), tf.stack(received)
+
+        return push
+
+    def _pull_all_fn(self):
+        pairs, snapshot, opt_pairs = self.pairs, self.snapshot, self.opt_pairs
+
+        @tf.function(autograph=False)
+        def pull_all():
+            # the start: model and optimizer state as the chief restored them
+            for (g, c), s in zip(pairs, snapshot, strict=True):
+                value = g.read_value()
+                c.assign(value)
+                s.assign(value)
+            for g, c in opt_pairs:
+                c.assign(g.read_value())
+
+        return pull_all
+
+    def _copy_slots_fn(self):
+        opt_pairs = self.opt_pairs
+
+        @tf.function(autograph=False)
+        def copy_slots():
+            for g, c in opt_pairs:
+                g.assign(c.read_value())
+
+        return copy_slots
+
+
+class GeoParameterServerDistribution(Distribution):
+    """The chief of a GEO-asynchronous parameter-server job (``train_config.sync_mode: geo``).
+
+    ``run_step`` queues a batch for the next free worker and returns at once; ``fetch`` waits
+    for that batch's loss (float); ``sync`` waits for every queued batch and makes every worker
+    push what it has not, so that the ps hold every step before a checkpoint.
+
+    Args:
+        geo_step: local batches between two pushes of a worker (PaddleRec's ``geo_step``).
+
+    Attributes:
+        traffic: ``pushes``, ``rows_sent``, ``rows_received``, ``bytes_to_ps``,
+            ``bytes_from_ps`` (the pushes' tensors: deltas and ids out, pulled values and ids
+            in) since the job started.
+
+    Raises:
+        StrategyError: see ``cluster_from_tf_config``; at ``run_step`` or ``sync`` once every
+            worker has failed.
+    """
+
+    holds_online_tables = False
+    exits_at_once_on_error = True
+
+    def __init__(self, geo_step: int):
+        self.cluster = cluster_from_tf_config()
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        # no partitioner: a table stays whole on one ps, so a row's id is its index there
+        super().__init__(tf.distribute.ParameterServerStrategy(resolver))
+        self.geo_step = geo_step
+        self.workers: list[_Worker] = []
+        self.traffic = dict.fromkeys(
+            ("pushes", "rows_sent", "rows_received", "bytes_to_ps", "bytes_from_ps"), 0
+        )
+        self._queue: queue.Queue = queue.Queue(maxsize=QUEUE_PER_WORKER * len(self.cluster["worker"]))
+        self._threads: list[threading.Thread] = []
+        self._counters: tuple = ()
+        self._dispatched = 0  # steps queued since the counters were last advanced
+        self._lock = threading.Lock()
+
+    # -- the step ------------------------------------------------------------------------------
+    def build_train_step(self, parts: StepParts):
+        """Build a model copy on every worker from the chief's (restored) values and start the
+        workers' threads; returns the function ``run_step`` is given (unused: steps run on
+        the workers' copies).
+
+        Raises:
+            StrategyError: ``parts`` cannot build copies (``build_replica`` is None).
+        """
+        if parts.build_replica is None:
+            raise StrategyError("train_config.sync_mode: geo needs model copies the loop cannot build")
+        model_vars = parts.state.model.variables
+        grouped = parts.state.model.variable_groups()
+        sparse = {v.ref() for v in grouped["embedding"] + grouped["wide"] if len(v.shape) == 2}
+        tables = {i for i, v in enumerate(model_vars) if v.ref() in sparse}
+        n = len(self.cluster["worker"])
+        stale = {}
+        for i in tables:
+            with tf.device(model_vars[i].device):
+                rows = model_vars[i].shape[0]
+                stale[i] = [tf.Variable(tf.zeros([rows], tf.bool), trainable=False) for _ in range(n)]
+        self._dense_bytes = sum(
+            int(np.prod(v.shape)) * v.dtype.size for i, v in enumerate(model_vars) if i not in tables
+        )
+        self._row_bytes = {
+            i: int(np.prod(model_vars[i].shape[1:])) * model_vars[i].dtype.size + 8 for i in tables
+        }
+        for k in range(n):
+            device = f"/job:worker/replica:0/task:{k}"
+            with tf.device(device):
+                local = parts.build_replica()
+            worker = _Worker(k, device, parts, local, stale)
+            with worker.scope():
+                worker.pull_all()
+            self.workers.append(worker)
+            log.info("geo: worker %d holds a copy of %d variables", k, len(worker.pairs))
+        self._counters = parts.counters
+        for worker in self.workers:
+            thread = threading.Thread(target=self._serve, args=(worker,), name=f"geo-worker-{worker.index}")
+            thread.daemon = True
+            thread.start()
+            self._threads.append(thread)
+        return self._serve
+
+    def _serve(self, worker: _Worker) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                self._queue.task_done()
+                return
+            try:
+                with worker.scope():
+                    item.loss = float(worker.step(*item.element))
+                    worker.pending += 1
+                    if worker.pending >= self.geo_step:
+                        self._push(worker)
+                item.done.set()
+            except WORKER_LOST as err:
+                worker.alive = False
+                log.warning(
+                    "geo: worker %d failed (%s); its %d steps since its last push are lost, the "
+                    "others train on",
+                    worker.index,
+                    type(err).__name__,
+                    worker.pending,
+                )
+                self._queue.task_done()
+                self._requeue(item)
+                return
+            except Exception as err:  # noqa: BLE001 - handed to the loop's fetch
+                item.error = err
+                item.done.set()
+            self._queue.task_done()
+
+    def _requeue(self, item: _Step) -> None:
+        if any(w.alive for w in self.workers):
+            self._queue.put(item)
+            return
+        # nobody is left to train the queued batches: each fails, and join() returns
+        while True:
+            item.error = StrategyError(ALL_FAILED)
+            item.done.set()
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            self._queue.task_done()
+            if item is None:
+                return
+
+    def _push(self, worker: _Worker) -> None:
+        sent, received = worker.push()
+        sent, received = sent.numpy(), received.numpy()
+        worker.pending = 0
+        rows = [self._row_bytes[i] for i in sorted(worker.stale)]
+        with self._lock:
+            t = self.traffic
+            t["pushes"] += 1
+            t["rows_sent"] += int(sent.sum())
+            t["rows_received"] += int(received.sum())
+            t["bytes_to_ps"] += self._dense_bytes + int(np.dot(sent, rows)) if rows else self._dense_bytes
+            t["bytes_from_ps"] += (
+                self._dense_bytes + int(np.dot(received, rows)) if rows else self._dense_bytes
+            )
+
+    def run_step(self, train_step, element):
+        item = _Step(tuple(element))
+        while True:
+            if not any(w.alive for w in self.workers):
+                raise StrategyError(ALL_FAILED)
+            try:
+                self._queue.put(item, timeout=PUT_POLL_S)
+                break
+            except queue.Full:
+                continue
+        self._dispatched += 1
+        return item
+
+    def fetch(self, value) -> float:
+        value.done.wait()
+        if value.error is not None:
+            raise value.error
+        return value.loss
+
+    def distribute(self, make_dataset):
+        def epoch():
+            yield from make_dataset()
+            self._advance_counters()  # before the loop resets batch_in_epoch
+
+        return epoch()
+
+    def _advance_counters(self) -> None:
+        self._queue.join()
+        if self._dispatched:
+            for counter in self._counters:
+                counter.assign_add(self._dispatched)
+            self._dispatched = 0
+
+    def sync(self) -> None:
+        """Wait for every queued batch, then push every worker's remaining change.
+
+        Raises:
+            StrategyError: every worker has failed.
+        """
+        if not self.workers:
+            return
+        self._advance_counters()
+        live = [w for w in self.workers if w.alive]
+        if not live:
+            raise StrategyError(ALL_FAILED)
+        for worker in live:
+            if worker.pending:
+                try:
+                    with worker.scope():
+                        self._push(worker)
+                except WORKER_LOST:
+                    worker.alive = False
+                    log.warning("geo: worker %d failed before its last push", worker.index)
+
+    def prepare_save(self, state, saved) -> None:
+        """The first live worker's optimizer slots into the chief's optimizers, which the
+        checkpoint holds (the model's values are the ps's after ``sync``)."""
+        for worker in self.workers:
+            if worker.alive:
+                with worker.scope():
+                    worker.copy_slots()
+                return
+
+    def figures(self) -> dict:
+        return dict(self.traffic)
+
+    def job_loss(self, loss):
+        return loss
+
+    def local_examples(self, element) -> int:
+        return int(element[0].shape[0])
