@@ -105,7 +105,9 @@ def run(work: Path, buckets: int, name: str, steps: int, batch: int, evaluate: b
     rates = [json.loads(line)["examples_per_sec"] for line in lines]
     # the chief logs its own examples/s; a parameter-server chief feeds the whole job
     rate = sum(rates) / len(rates) * (1 if ps else workers)
-    examples = steps * batch  # every strategy's step is one global batch
+    # every strategy's step is one global batch; the job ends at num_steps or after the day's
+    # rows (num_epochs: 1), whichever comes first
+    examples = result["global_step"] * batch
     to_ps = result.get("distribution", {}).get("bytes_to_ps")
     return {
         "examples_per_sec": rate,
@@ -143,7 +145,8 @@ def main() -> None:
     from bench.criteo_data import prepare
 
     work = Path(args.workdir)
-    prepare(args.rows, 2 if args.eval else 1, work, args.buckets)
+    # with --eval, a second day of as many rows to evaluate on
+    prepare(args.rows * 2 if args.eval else args.rows, 2 if args.eval else 1, work, args.buckets)
     print(
         f"data: {args.rows:,} rows, {26 * args.buckets * 16 / 1e6:.1f}M embedding parameters; "
         f"global batch {args.batch}, {args.steps} steps; {os.cpu_count()} cores shared by all processes"

@@ -127,7 +127,10 @@ class TableSlice(Trackable):
 
 
 def variable_name(var: tf.Variable) -> str:
-    """A variable's checkpoint name: its TensorFlow name without ``:0``."""
+    """A variable's checkpoint name: its TensorFlow name without ``:0`` (a ``ShardedVariable``'s:
+    its first part's without ``/part_0``)."""
+    if isinstance(var, ShardedVariable):
+        return var.variables[0].name.split(":")[0].removesuffix("/part_0")
     return var.name.split(":")[0]
 
 
@@ -161,7 +164,8 @@ def location(var, local: bool = True) -> tuple[str, int, int]:
 
 def checkpoint_map(model) -> dict[str, tf.Variable | TableSlice]:
     """Name -> what a checkpoint saves for each model variable: fused embedding variables
-    are replaced by their tables (``TableSlice``), so checkpoints keep one entry per table."""
+    are replaced by their tables (``TableSlice``), so checkpoints keep one entry per table,
+    and a dense weight partitioned across ps by its ``ShardedVariable`` (saved whole)."""
     tables: dict = {}
     for module in model.submodules:
         for table in getattr(module, "tables", {}).values():
@@ -171,6 +175,13 @@ def checkpoint_map(model) -> dict[str, tf.Variable | TableSlice]:
                 parts = list(fused.variables) if isinstance(fused, ShardedVariable) else [fused]
                 tables.setdefault(parts[0].ref(), []).append(table)
                 for part in parts[1:]:
+                    tables[part.ref()] = []
+        # a dense weight partitioned across ps (a kernel over 256 KiB) is saved whole, under its
+        # own name, as every other strategy saves it
+        for value in vars(module).values():
+            if isinstance(value, ShardedVariable) and value.variables[0].ref() not in tables:
+                tables[value.variables[0].ref()] = [value]
+                for part in value.variables[1:]:
                     tables[part.ref()] = []
     out: list = []
     for var in model.variables:

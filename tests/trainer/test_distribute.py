@@ -318,19 +318,29 @@ PS_EDITS = {
 }
 
 
-def test_parameter_server_job_partitions_tables_trains_and_resumes(config_path, tmp_path):
+def test_parameter_server_job_partitions_tables_trains_and_resumes(ml_early, config_path, tmp_path):
+    from tests.support import with_edits
+    from trainer.scoring import evaluate
+
     model_dir = tmp_path / "model"
-    result, logs = _train(config_path, model_dir, "PSStrategy", 2, ps=2, **PS_EDITS)
+    # a first DNN layer of 1024 units: its kernel (over 256 KiB) is partitioned too
+    wide_dnn = {**PS_EDITS, "model_config.deepfm.dnn.hidden_units": [1024, 32]}
+    result, logs = _train(config_path, model_dir, "PSStrategy", 2, ps=2, **wide_dnn)
     assert result["global_step"] == 30 and np.isfinite(result["loss"])
     chief = logs[0].read_text()
     # the item table (100,000 x 16 floats) is split over both ps; the checkpoint keeps one
-    # entry per table, as every other strategy writes it
+    # entry per table and per dense weight, as every other strategy writes it
     assert "rows in 2 parts" in chief and "/job:ps/replica:0/task:1" in chief
     names = {k: v.shape for k, v in _state(model_dir).items()}
     assert names["variables/deepfm.Sinput_layer.Sitem_id.Sembedding_weights/.ATTRIBUTES/VARIABLE_VALUE"] == (
         100000,
         16,
     )
+    kernel = "variables/deepfm.Stower.Sdnn.Sdense_0.Skernel/.ATTRIBUTES/VARIABLE_VALUE"
+    assert names[kernel][1] == 1024 and not any("part_" in k for k in names)
+    # so the evaluator and export read it as any other checkpoint
+    metrics = evaluate(with_edits(ml_early, wide_dnn), model_dir, [EARLY[1]])
+    assert 0.5 < metrics["auc"] < 1.0
     assert sorted(p.name for p in model_dir.glob("model.ckpt-*.index"))[-1] == "model.ckpt-30.index"
     assert _processes_mentioning("trainer.distribute.server") == []  # servers stopped with the job
     again, logs = _train(
@@ -340,7 +350,7 @@ def test_parameter_server_job_partitions_tables_trains_and_resumes(config_path, 
         2,
         "--continue_train",
         ps=2,
-        **{**PS_EDITS, "train_config.num_steps": 40},
+        **{**wide_dnn, "train_config.num_steps": 40},
     )
     assert again["global_step"] == 40
     assert "resumed from" in logs[0].read_text()
