@@ -81,6 +81,7 @@ def run(work: Path, buckets: int, name: str, steps: int, batch: int, evaluate: b
         **({"eval_ds": days(2)[1]} if evaluate else {}),
         "data_config.batch_size": batch // replicas,
         "train_config.num_steps": steps,
+        "data_config.num_epochs": 1000,  # num_steps ends the job, over as many epochs as it takes
         "train_config.train_distribute": strategy,
         **{f"train_config.{k}": v for k, v in train_edits.items()},
         "train_config.num_gpus_per_worker": replicas if strategy == "MirroredStrategy" else 1,
@@ -105,9 +106,7 @@ def run(work: Path, buckets: int, name: str, steps: int, batch: int, evaluate: b
     rates = [json.loads(line)["examples_per_sec"] for line in lines]
     # the chief logs its own examples/s; a parameter-server chief feeds the whole job
     rate = sum(rates) / len(rates) * (1 if ps else workers)
-    # every strategy's step is one global batch; the job ends at num_steps or after the day's
-    # rows (num_epochs: 1), whichever comes first
-    examples = result["global_step"] * batch
+    examples = result["global_step"] * batch  # every strategy's step is one global batch
     to_ps = result.get("distribution", {}).get("bytes_to_ps")
     return {
         "examples_per_sec": rate,

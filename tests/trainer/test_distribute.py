@@ -544,3 +544,36 @@ def assert_ep_trains_as_horovod(config, tmp_path: Path, train_ds: str, online: l
     assert figures == {k: v for k, v in hvd["online_tables"].items() if not k.endswith("/capacity")}
     assert any(k.endswith("/admitted") and v > 50 for k, v in figures.items())
     return ep
+
+
+def assert_trains_under_the_other_strategies(config, tmp_path: Path, train_ds: str) -> dict:
+    """``config`` (another model's, on its own features, hashed tables) trains 6 steps under
+    MirroredStrategy (2 replicas), MultiWorkerMirroredStrategy (2 workers), asynchronous PS
+    and GEO PS (2 workers, 1 ps each), each a real job: every one ends at step 6 with a finite
+    loss and a checkpoint that evaluates as any other. Returns each job's result line."""
+    import yaml
+
+    from trainer.scoring import evaluate
+
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(config.to_dict()))
+    edits = {
+        "data_config.batch_size": 64,
+        "train_config.num_steps": 6,
+        "train_config.log_step_count_steps": 3,
+    }
+    days = f"--train_ds={train_ds}"
+    jobs = {
+        "mirrored": ("MirroredStrategy", 1, 0, {"train_config.num_gpus_per_worker": 2}),
+        "multi_worker": ("MultiWorkerMirroredStrategy", 2, 0, {}),
+        "ps": ("PSStrategy", 2, 1, {}),
+        "geo": ("PSStrategy", 2, 1, {"train_config.sync_mode": "geo", "train_config.geo_step": 2}),
+    }
+    results = {}
+    for name, (strategy, workers, ps, more) in jobs.items():
+        result, _ = _train(path, tmp_path / name, strategy, workers, days, ps=ps, **edits, **more)
+        assert result["global_step"] == 6 and np.isfinite(result["loss"]), (name, result)
+        metrics = evaluate(config, tmp_path / name, [train_ds.split(":")[-1]])
+        assert 0.0 < metrics["auc"] < 1.0, (name, metrics)
+        results[name] = result
+    return results

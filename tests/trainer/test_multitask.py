@@ -218,3 +218,10 @@ def test_mmoe_trains_alike_under_embedding_parallel_and_horovod(ml_mmoe, tmp_pat
     from tests.trainer.test_distribute import assert_ep_trains_as_horovod
 
     assert_ep_trains_as_horovod(ml_mmoe, tmp_path, WEEK, ["user_id", "item_id"])
+
+
+@pytest.mark.slow
+def test_mmoe_trains_under_mirrored_multi_worker_mirrored_and_parameter_servers(ml_mmoe, tmp_path):
+    from tests.trainer.test_distribute import assert_trains_under_the_other_strategies
+
+    assert_trains_under_the_other_strategies(ml_mmoe, tmp_path, WEEK)
