@@ -19,6 +19,11 @@ gradients, sums the dense ones and concatenates the tables' (ids, rows), and app
 itself, once, to the variables on the ps; then the next update starts. Gradient steps change
 nothing, so one that is lost with its worker is simply run again on another: each update is
 applied exactly once.
+
+With ``sync_mode: half_async`` (``HalfAsyncParameterServerDistribution``, PaddleRec's
+communicator) the same gradient steps run without waiting for each other, and the chief merges
+every ``max_merge_var_num`` of them by id into one update. ``sync_mode: geo`` is
+``trainer.distribute.geo``.
 """
 
 from __future__ import annotations
@@ -172,7 +177,7 @@ class _GradientSteps:
     """Gradient steps scheduled on the workers, their results summed and applied by the chief.
 
     ``schedule(share, batch)`` runs one replica's gradients (its loss scaled by ``share``) on
-    whichever worker is free and changes nothing; ``results`` fetches them (a step lost with
+    whichever worker is free and changes nothing; ``result`` fetches one (a step lost with
     its worker is run again); ``apply`` sums a list of results (dense gradients added, the
     tables' (rows, ids) concatenated, or with ``merge_ids`` added per id first, PaddleRec's
     merge of sparse gradients) scaled by ``scale`` and applies them once to the variables on
