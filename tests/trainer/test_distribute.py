@@ -318,6 +318,17 @@ PS_EDITS = {
 }
 
 
+def ps_job_losing_a_worker(config_path: Path, model_dir: Path, killed: int, steps: int, **edits):
+    """A parameter-server job (NoStrategy, 2 workers, 1 ps) of ``steps`` steps whose process
+    ``killed`` (1: worker 0, 2: worker 1) is SIGKILLed once checkpoint 20 exists; the job must
+    end without an error. Returns (the job, its logs, the chief's result)."""
+    edits = {**PS_EDITS, "train_config.num_steps": steps, "data_config.num_epochs": 20, **edits}
+    job = _job(config_path, model_dir, "NoStrategy", 2, ps=1, **edits)
+    logs, errors = _kill_after_checkpoint_20(job, model_dir, killed, 400)
+    assert not errors, errors
+    return job, logs, job_result(logs[0])
+
+
 def test_parameter_server_job_partitions_tables_trains_and_resumes(ml_early, config_path, tmp_path):
     from tests.support import with_edits
     from trainer.scoring import evaluate
@@ -361,13 +372,9 @@ def test_asynchronous_parameter_server_training_goes_on_when_a_worker_dies(confi
     # its steps on the other worker meanwhile and takes it back
 
     model_dir = tmp_path / "model"
-    edits = {**PS_EDITS, "train_config.num_steps": 400, "data_config.num_epochs": 20}
     # NoStrategy with ps in the cluster: parameter-server training, as in EasyRec
-    job = _job(config_path, model_dir, "NoStrategy", 2, ps=1, **edits)
+    job, logs, result = ps_job_losing_a_worker(config_path, model_dir, 2, 400)
     assert job.roles == ["chief", "worker 0", "worker 1", "ps 0"]
-    logs, errors = _kill_after_checkpoint_20(job, model_dir, 2, 400)
-    assert not errors, errors
-    result = job_result(logs[0])
     # no step lost; the step running on the killed worker may have updated the ps before it
     # died and is run again (TensorFlow's coordinator runs a step at least once)
     assert 400 <= result["global_step"] <= 402
@@ -417,12 +424,8 @@ def test_synchronous_parameter_server_applies_each_update_once_when_a_worker_die
     # a gradient step lost with its worker is run again on the other one; the update waits
     # for it, so no update is lost or applied twice
     model_dir = tmp_path / "model"
-    edits = {**PS_EDITS, "train_config.num_steps": 200, "data_config.num_epochs": 20}
-    edits |= {"train_config.sync_replicas": True, "data_config.batch_size": 64}
-    job = _job(config_path, model_dir, "NoStrategy", 2, ps=1, **edits)
-    logs, errors = _kill_after_checkpoint_20(job, model_dir, 1, 400)
-    assert not errors, errors
-    result = job_result(logs[0])
+    edits = {"train_config.sync_replicas": True, "data_config.batch_size": 64}
+    _, logs, result = ps_job_losing_a_worker(config_path, model_dir, 1, 200, **edits)
     assert result["global_step"] == 200 and np.isfinite(result["loss"])
     assert logs[1].read_text().count("serving worker 0") == 2  # started again, one log
     metrics = [json.loads(line) for line in (model_dir / "train_metrics.jsonl").read_text().splitlines()]

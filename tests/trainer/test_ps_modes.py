@@ -11,16 +11,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from recpipe.launch import job_result
 from tests.trainer.test_distribute import (
     PS_EDITS,
     SPLITS,
     _assert_same_state,
     _copies,
-    _job,
-    _kill_after_checkpoint_20,
     _processes_mentioning,
     _train,
+    ps_job_losing_a_worker,
 )
 
 pytestmark = pytest.mark.slow
@@ -95,12 +93,8 @@ def test_geo_goes_on_without_a_worker_that_dies(config_path, tmp_path):
     # the dead worker's batch is trained by the other; what it had not pushed is lost, never
     # pushed twice, and every step is counted once
     model_dir = tmp_path / "model"
-    edits = {**PS_EDITS, "train_config.num_steps": 300, "data_config.num_epochs": 20}
-    edits |= {"train_config.sync_mode": "geo", "train_config.geo_step": 4}
-    job = _job(config_path, model_dir, "NoStrategy", 2, ps=1, **edits)
-    logs, errors = _kill_after_checkpoint_20(job, model_dir, 2, 400)
-    assert not errors, errors
-    result = job_result(logs[0])
+    geo = {"train_config.sync_mode": "geo", "train_config.geo_step": 4}
+    _, logs, result = ps_job_losing_a_worker(config_path, model_dir, 2, 300, **geo)
     assert result["global_step"] == 300 and np.isfinite(result["loss"])
     assert "geo: worker 1 failed" in logs[0].read_text()
     assert tf.train.latest_checkpoint(str(model_dir)).endswith("model.ckpt-300")
@@ -109,13 +103,8 @@ def test_geo_goes_on_without_a_worker_that_dies(config_path, tmp_path):
 
 
 def test_half_async_merges_steps_and_applies_each_update_once_when_a_worker_dies(config_path, tmp_path):
-    model_dir = tmp_path / "model"
-    edits = {**PS_EDITS, "train_config.num_steps": 200, "data_config.num_epochs": 20}
-    edits |= {"train_config.sync_mode": "half_async", "train_config.max_merge_var_num": 4}
-    job = _job(config_path, model_dir, "NoStrategy", 2, ps=1, **edits)
-    logs, errors = _kill_after_checkpoint_20(job, model_dir, 1, 400)
-    assert not errors, errors
-    result = job_result(logs[0])
+    half_async = {"train_config.sync_mode": "half_async", "train_config.max_merge_var_num": 4}
+    _, _, result = ps_job_losing_a_worker(config_path, tmp_path / "model", 1, 200, **half_async)
     # a gradient step lost with its worker is run again; an update applies up to 4 steps
     # once (fewer at a checkpoint, every 10 steps: it holds every step before it)
     assert result["global_step"] == 200 and np.isfinite(result["loss"])

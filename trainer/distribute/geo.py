@@ -220,7 +220,6 @@ class GeoParameterServerDistribution(Distribution):
             ("pushes", "rows_sent", "rows_received", "bytes_to_ps", "bytes_from_ps"), 0
         )
         self._queue: queue.Queue = queue.Queue(maxsize=QUEUE_PER_WORKER * len(self.cluster["worker"]))
-        self._threads: list[threading.Thread] = []
         self._counters: tuple = ()
         self._dispatched = 0  # steps queued since the counters were last advanced
         self._lock = threading.Lock()
@@ -263,18 +262,13 @@ class GeoParameterServerDistribution(Distribution):
             log.info("geo: worker %d holds a copy of %d variables", k, len(worker.pairs))
         self._counters = parts.counters
         for worker in self.workers:
-            thread = threading.Thread(target=self._serve, args=(worker,), name=f"geo-worker-{worker.index}")
-            thread.daemon = True
-            thread.start()
-            self._threads.append(thread)
+            name = f"geo-worker-{worker.index}"
+            threading.Thread(target=self._serve, args=(worker,), name=name, daemon=True).start()
         return self._serve
 
     def _serve(self, worker: _Worker) -> None:
         while True:
             item = self._queue.get()
-            if item is None:
-                self._queue.task_done()
-                return
             try:
                 with worker.scope():
                     item.loss = float(worker.step(*item.element))
@@ -312,8 +306,6 @@ class GeoParameterServerDistribution(Distribution):
             except queue.Empty:
                 return
             self._queue.task_done()
-            if item is None:
-                return
 
     def _push(self, worker: _Worker) -> None:
         sent, received = worker.push()
@@ -325,10 +317,8 @@ class GeoParameterServerDistribution(Distribution):
             t["pushes"] += 1
             t["rows_sent"] += int(sent.sum())
             t["rows_received"] += int(received.sum())
-            t["bytes_to_ps"] += self._dense_bytes + int(np.dot(sent, rows)) if rows else self._dense_bytes
-            t["bytes_from_ps"] += (
-                self._dense_bytes + int(np.dot(received, rows)) if rows else self._dense_bytes
-            )
+            t["bytes_to_ps"] += self._dense_bytes + int(np.dot(sent, rows))
+            t["bytes_from_ps"] += self._dense_bytes + int(np.dot(received, rows))
 
     def run_step(self, train_step, element):
         item = _Step(tuple(element))
