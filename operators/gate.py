@@ -45,6 +45,7 @@ def gate(
     champion: dict | None,
     rules: GateConfig,
     paired: PairedAUC | None = None,
+    held_out: tuple[int, int] | None = None,
 ) -> GateDecision:
     """Decide on promotion.
 
@@ -53,11 +54,25 @@ def gate(
         champion: the champion's metrics on the same rows, or None when there is no champion.
         rules: the gate's settings (the retrain config's ``gate``).
         paired: DeLong's test of the two models on the same rows (``paired_scores``), or None.
+        held_out: (positives, negatives) of the held-out rows (``class_counts``), or None.
+            A window of one class has no AUC: inconclusive, not rejected, so that
+            ``max_inconclusive_days`` counts it.
     """
     metric, tolerance = rules.metric, rules.tolerance
     if not candidate or metric not in candidate:
         return GateDecision(REJECTED, False, f"the new model has no {metric} on the eval data")
     new = candidate[metric]
+    if new is None and held_out is not None:
+        positives, negatives = held_out
+        if not (positives and negatives):
+            promote_anyway = rules.inconclusive == "promote"
+            policy = "promoted (gate.inconclusive: promote)" if promote_anyway else "the champion stays"
+            reason = (
+                f"inconclusive: {positives} positives and {negatives} negatives held out, no {metric} "
+                f"to compare; {policy}"
+            )
+            numbers = {"positives": positives, "negatives": negatives}
+            return GateDecision(INCONCLUSIVE, promote_anyway, reason, numbers)
     if new is None or not math.isfinite(new):
         return GateDecision(REJECTED, False, f"new {metric}={new} is not a finite number")
     if new < rules.min_metric:
@@ -161,3 +176,16 @@ def paired_scores(
         return None, "the two evaluations scored different rows"
     labels = np.asarray(new[label])
     return paired_auc_test(labels, np.asarray(old[prob]), np.asarray(new[prob]), confidence), ""
+
+
+def class_counts(predictions: str | None, task: str | None = None) -> tuple[int, int] | None:
+    """(positives, negatives) among an evaluation's scored rows (its per-row ``predictions``
+    file: ``label`` or ``label_<task>``), or None when the file is missing."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    if not predictions or not Path(predictions).exists():
+        return None
+    labels = pq.read_table(predictions, columns=[f"label_{task}" if task else "label"]).column(0)
+    positives = int(pc.sum(pc.greater(labels, 0.5)).as_py() or 0)
+    return positives, len(labels) - positives

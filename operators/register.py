@@ -9,7 +9,15 @@ from __future__ import annotations
 import logging
 
 from operators.base import RecpipeOperator
-from operators.gate import INCONCLUSIVE, PROMOTED, REJECTED, GateDecision, gate, paired_scores
+from operators.gate import (
+    INCONCLUSIVE,
+    PROMOTED,
+    REJECTED,
+    GateDecision,
+    class_counts,
+    gate,
+    paired_scores,
+)
 from recpipe.config.retrain import GateConfig
 from recpipe.errors import PipelineError
 
@@ -100,7 +108,9 @@ class RegisterModelOperator(RecpipeOperator):
             )
             if paired is None and champion:
                 log.info("gate without a paired test: %s", why)
-            decision = gate(candidate, champion, rules, paired)
+            task = rules.metric.split("/")[0] if "/" in rules.metric else None
+            held_out = class_counts((evaluation or {}).get("predictions"), task)
+            decision = gate(candidate, champion, rules, paired, held_out)
         dag_run = f"{context['dag'].dag_id}/{context['run_id']}"
         # a retry, or a re-run of a model already registered (the same checkpoint): the version
         # registered then, not a second one

@@ -134,7 +134,7 @@ class PassExportOperator(JobOperator):
             log.info("reusing the export %s of an earlier attempt", done["export"])
         else:
             has_base = is_finished(Path(export_dir) / day / BASE)
-            target = ["--delta", str(self.ds)] if has_base else ["--base", day]
+            target = ["--delta", str(self.ds)] if has_base else ["--base", str(self.ds)]
             args = [*self.config_args(), "--model_dir", str(out.path), "--export_dir", str(export_dir)]
             args += target
             done = self.run_command("export", "trainer.export", args, out.logs)

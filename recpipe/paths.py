@@ -2,7 +2,9 @@
 
 Relative paths in configs resolve against ``RECPIPE_HOME`` (``recpipe.home``). Paths that
 reach a task from a DAG run (its conf, Params, ``edit_config_json``) must stay inside the
-project's roots: ``conf/``, ``data/`` and ``var/`` (and ``$RECPIPE_VAR_DIR``).
+project's roots: ``data/`` and ``var/`` (and ``$RECPIPE_VAR_DIR``) for data, models and
+exports; ``conf/`` for files read only (a field named ``*config_path``, a var map), so that no
+run can write a model or an export over the deployment's configs.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ ROOTS = ("conf", "data", "var")
 
 
 class PathNotAllowedError(ConfigError):
-    """A path argument points outside the project's data roots."""
+    """A path argument points outside the roots it may name."""
 
 
 def allowed_roots() -> list[Path]:
@@ -40,10 +42,13 @@ def confine(value: str | os.PathLike, field: str) -> Path:
         PathNotAllowedError: the path (after resolving ``..`` and symlinks) leaves the roots.
     """
     path = (project_home() / value).resolve()
-    if not any(path == root or path.is_relative_to(root) for root in allowed_roots()):
+    roots = allowed_roots()
+    if not field.endswith(("config_path", "fine_tune_ckpt_var_map")):  # conf/: read-only files
+        roots = [r for r in roots if r != project_home() / "conf"]
+    if not any(path == root or path.is_relative_to(root) for root in roots):
         raise PathNotAllowedError(
-            f"{field}={str(value)!r} resolves to {path}, outside the project's data roots "
-            f"({', '.join(str(r) for r in allowed_roots())})"
+            f"{field}={str(value)!r} resolves to {path}, outside the roots it may name "
+            f"({', '.join(str(r) for r in roots)})"
         )
     return path
 

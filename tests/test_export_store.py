@@ -140,13 +140,12 @@ def test_random_orders_of_pushes_end_where_the_newest_export_pushed_leaves_it(da
 
 
 def test_readers_never_see_a_row_missing_while_pushes_rewrite_it(tmp_path, store):
-    from recpipe.exports.store import push, row_key
+    from recpipe.exports.store import lookup, push
 
     client, model = store
     big = tmp_path / "big"
     _export(big, "base", 0, None, _rows(range(2000), 0.5))
     push(client, model, big / "base")
-    keys = [row_key(model, "t", k) for k in range(2000)]
     missing, done = [], threading.Event()
 
     def read():
@@ -154,20 +153,91 @@ def test_readers_never_see_a_row_missing_while_pushes_rewrite_it(tmp_path, store
 
         reader = redis.Redis(host="127.0.0.1", port=6379, db=0)
         while not done.is_set():
-            pipe = reader.pipeline(transaction=False)
-            for key in keys:
-                pipe.exists(key)
-            missing.extend(k for k, there in zip(keys, pipe.execute(), strict=True) if not there)
+            found = lookup(reader, model, "t", range(2000))
+            missing.extend(k for k in range(2000) if k not in found)
 
     thread = threading.Thread(target=read)
     thread.start()
     try:
-        for _ in range(10):  # the same base again: every row deleted and written each time
+        for _ in range(10):  # the same base again: a new generation written and switched to each time
             push(client, model, big / "base")
     finally:
         done.set()
         thread.join(10)
     assert not missing, f"{len(missing)} reads found no row, e.g. {missing[:3]}"
+    assert len(list(client.scan_iter(match=f"recpipe:{model}:g*"))) == 2000  # one generation left
+
+
+def _slowed(monkeypatch, when, action):
+    """Run ``action()`` whenever the store reads the params of an export named ``when``."""
+    import recpipe.exports.store as online_store
+
+    real = online_store.read_params
+
+    def read_params(export, *args, **kwargs):
+        if export.name == when:
+            action()
+        return real(export, *args, **kwargs)
+
+    monkeypatch.setattr(online_store, "read_params", read_params)
+
+
+@pytest.fixture
+def rewrites(tmp_path):
+    """base: ids 0-9 = 0.0; delta-01: the same ids = 1.0; delta-02: the same ids = 2.0."""
+    d = tmp_path / DAY
+    base = _export(d, "base", 0, None, _rows(range(10), 0.0))
+    d1 = _export(d, f"{DELTA_PREFIX}01", 1, base, _rows(range(10), 1.0))
+    _export(d, f"{DELTA_PREFIX}02", 2, d1, _rows(range(10), 2.0))
+    return d
+
+
+def test_a_pusher_whose_lock_expired_never_writes_over_a_newer_push(rewrites, store, monkeypatch):
+    import recpipe.exports.store as online_store
+    from recpipe.exports.store import StoreFenced, applied, push, push_chain
+
+    client, model = store
+    push(client, model, rewrites / "base")
+    monkeypatch.setattr(online_store, "LOCK_TIMEOUT_S", 1)
+    late = threading.Event()
+    _slowed(
+        monkeypatch, "delta-01", lambda: late.wait(10) if threading.current_thread().name == "slow" else None
+    )
+    errors = []
+
+    def slow():
+        try:
+            push(client, model, rewrites / "delta-01")
+        except StoreFenced as err:
+            errors.append(err)
+
+    thread = threading.Thread(target=slow, name="slow")
+    thread.start()
+    import time
+
+    time.sleep(1.5)  # the slow pusher's lock expires
+    push_chain(client, model, rewrites / "delta-02")  # rebuilt from the base: delta-01 then 02
+    late.set()
+    thread.join(20)
+    assert applied(client, model)["name"] == "delta-02"
+    assert _held(client, model) == dict.fromkeys(range(10), 2.0)  # none of delta-01's values
+    assert len(errors) == 1 and "push lock expired" in str(errors[0])
+
+
+def test_a_rebuild_from_the_base_keeps_serving_every_row_until_it_switches(day, store, monkeypatch):
+    from recpipe.exports.store import applied, lookup, push_chain
+
+    client, model = store
+    push_chain(client, model, day / "base")
+    push_chain(client, model, day / "delta-01")  # the store serves ids 0-11; delta-02's push is lost
+    seen = []
+    _slowed(monkeypatch, "delta-02", lambda: seen.append(lookup(client, model, "t", range(13))))
+    _, pushed = push_chain(client, model, day / "delta-03")
+    assert [p.name for p in pushed] == ["base", "delta-01", "delta-02", "delta-03"]
+    # read while the rebuild had written the base and delta-01 only: delta-01's rows served
+    served = {k: float(v["t/embedding_weights"][0]) for k, v in seen[0].items()}
+    assert served == {**dict.fromkeys(range(10), 0.0), 10: 1.0, 11: 1.0}
+    assert _held(client, model) == FINAL and applied(client, model)["name"] == "delta-03"
 
 
 def test_pushers_of_one_model_take_turns(day, store):

@@ -32,14 +32,14 @@ from recpipe.exports.files import (
     Params,
     alive_ids,
     apply,
-    chain,
     follows,
     new_manifest,
+    previous_export,
     read_manifest,
     read_params,
     write_params,
 )
-from recpipe.layout import SUCCESS, is_finished
+from recpipe.layout import SUCCESS
 from trainer import online
 from trainer.embedding_tables import variable_name
 from trainer.input import sample_inputs
@@ -75,7 +75,13 @@ def snapshot(model, normalization: dict, since_step: int | None = None) -> tuple
 
 
 def export_base(
-    config: PipelineConfig, model, normalization: dict, day_dir: Path, day: str, global_step: int
+    config: PipelineConfig,
+    model,
+    normalization: dict,
+    day_dir: Path,
+    day: str,
+    global_step: int,
+    pass_hour: str | None = None,
 ) -> Path:
     """Write ``<day_dir>/base/``: the SavedModel and every admitted row (``write_export``).
 
@@ -93,6 +99,7 @@ def export_base(
         global_step,
         day=day,
         saved_model=lambda tmp: write_saved_model(config, model, normalization, tmp),
+        pass_hour=pass_hour,
     )
 
 
@@ -117,6 +124,7 @@ def write_export(
     global_step: int,
     day: str | None = None,
     saved_model=None,
+    pass_hour: str | None = None,
 ) -> Path:
     """Write the export ``<day_dir>/<name>/`` of ``model`` (temporary directory, then rename):
 
@@ -126,23 +134,16 @@ def write_export(
       other model variable.
 
     A re-run for the same ``name`` (a retried pass) replaces it and diffs against the exports
-    before it, as long as no later export follows it: one that does would no longer follow
-    the replaced export, so the rest of the day's chain would not apply.
+    before it, as long as no later pass exported (``recpipe.exports.files.previous_export``).
 
     Raises:
-        DeltaError: a delta without a finished base for the day, or an export that later
-            exports follow (names them).
+        DeltaError: a delta without a finished base for the day, or a pass that later
+            passes' exports follow (names them and the way out).
     """
     target = day_dir / name
-    exports = chain(day_dir) if name != BASE or is_finished(target) else []
-    if target in exports:
-        later = exports[exports.index(target) + 1 :]
-        if later:
-            raise DeltaError(
-                f"{target} is followed by {[p.name for p in later]}: re-exporting it would break "
-                f"the day's chain; export the next pass instead (or a new day's base)"
-            )
-        exports = exports[: exports.index(target)]
+    if pass_hour is None and name.startswith(DELTA_PREFIX):
+        pass_hour = name.removeprefix(DELTA_PREFIX)
+    exports = previous_export(day_dir, name, pass_hour)
     previous = read_manifest(exports[-1]) if exports else None
     params, ev_step = snapshot(model, normalization, since_step=previous["ev_step"] if previous else None)
     now = {table: ids for ev in online.tables(model) for table, ids in ev.member_ids().items()}
@@ -157,6 +158,7 @@ def write_export(
         day = day or read_manifest(exports[0])["day"]
         sequence = previous["sequence"] + 1 if previous else 0
         doc = new_manifest(day, name, sequence, previous, global_step, ev_step, params, files)
+        doc["pass"] = pass_hour
         for t, ids in now.items():
             doc["tables"][t]["rows_used"] = len(ids)
         (tmp / MANIFEST).write_text(json.dumps(doc, indent=2, sort_keys=True))  # the rename covers it

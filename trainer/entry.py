@@ -252,7 +252,12 @@ def export_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--export_dir", required=True)
     parser.add_argument("--checkpoint_path", default=None, help="default: model_dir's latest checkpoint")
     online = parser.add_mutually_exclusive_group()
-    online.add_argument("--base", metavar="DAY", default=None, help="write the base: <export_dir>/DAY/base/")
+    online.add_argument(
+        "--base",
+        metavar="DAY[/HH]",
+        default=None,
+        help="write the base: <export_dir>/DAY/base/ (DAY/HH: the pass that exports it, recorded)",
+    )
     online.add_argument(
         "--delta",
         metavar="DAY/HH",
@@ -303,10 +308,9 @@ def _export_online(config, model, model_dir, step: int, args) -> dict:
 
     normalization = read_normalization(model_dir)
     if args.base:
-        day, hour = split_ds(args.base)
-        if hour is not None:
-            raise UsageError(f"--base {args.base}: a base is a day's, give YYYY-MM-DD")
-        out = export_base(config, model, normalization, Path(args.export_dir) / day, day, step)
+        day, hour = split_ds(args.base)  # the day, or the pass that exports the day's base
+        pass_hour = None if hour is None else f"{hour:02d}"
+        out = export_base(config, model, normalization, Path(args.export_dir) / day, day, step, pass_hour)
     else:
         day, hour = split_ds(args.delta)
         if hour is None:

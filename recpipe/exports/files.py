@@ -19,7 +19,8 @@ No TensorFlow here: an online store or another language's server reads these fil
 ``manifest.json``: ``kind`` (base / delta), ``day``, ``name`` (``base``, ``delta-<HH>``),
 ``sequence`` (0 for the base, then 1, 2, ...), ``follows`` and ``follows_ev_step`` (the previous
 export's name and ``ev_step``: a delta applies to that export only),
-``global_step``, ``ev_step`` (the online tables' clock at the export), per table ``rows`` /
+``global_step``, ``ev_step`` (the online tables' clock at the export), ``pass`` (the hour
+``HH`` of the pass whose model it holds, when known), per table ``rows`` /
 ``tombstones`` / ``rows_used``, and each file's ``bytes`` and ``sha256``.
 """
 
@@ -166,6 +167,50 @@ def chain(day_dir: Path) -> list[Path]:
         raise DeltaError(f"{day_dir}: no finished {BASE}/ to apply deltas to")
     deltas = [p for p in day_dir.glob(f"{DELTA_PREFIX}*") if is_finished(p)]
     return [base, *sorted(deltas, key=lambda p: read_manifest(p)["sequence"])]
+
+
+def pass_of(export: Path) -> str | None:
+    """The pass (``HH``) whose model an export holds: its manifest's ``pass``, else a delta's
+    name (``delta-<HH>``); None for a base that does not record it."""
+    recorded = read_manifest(export).get("pass")
+    if recorded is not None:
+        return str(recorded)
+    return export.name.removeprefix(DELTA_PREFIX) if export.name.startswith(DELTA_PREFIX) else None
+
+
+def previous_export(day_dir: Path, name: str, pass_hour: str | None = None) -> list[Path]:
+    """The exports that export ``name`` of ``day_dir``, made by pass ``pass_hour`` (``HH``;
+    default: a delta's own name), follows: the day's chain before it (the whole chain for a
+    new pass; a re-run replaces its own export only when no later pass exported). Empty for
+    a new day's base.
+
+    A pass re-run after a later pass exported (pass 05 failed, 06 exported from 04, 05
+    cleared) is refused: its delta would follow the later pass's export though its model
+    never trained that pass, so the rows it trained would be skipped and the ids the later
+    pass admitted turned into tombstones.
+
+    Raises:
+        DeltaError: later passes exported (names them and the way out), or a delta without a
+            finished base.
+    """
+    target = day_dir / name
+    if name == BASE and not is_finished(target):
+        return []
+    exports = chain(day_dir)
+    mine = pass_hour if pass_hour is not None else name.removeprefix(DELTA_PREFIX)
+    if name == BASE:
+        later = exports[1:]
+    else:
+        later = [p for p in exports if p != target and (h := pass_of(p)) is not None and h > mine]
+    if later:
+        raise DeltaError(
+            f"{target}: the day's chain already holds {[p.name for p in later]}, exported by later "
+            f"passes from models that never trained this one; an export of it now would not "
+            "follow them and would lose rows in serving. Leave this pass as it is (in Airflow, "
+            "mark the failed task successful: its hour stays untrained, the chain and the store "
+            "stay consistent); the next day's base starts a new chain"
+        )
+    return [p for p in exports if p != target]
 
 
 def apply(params: Params, delta: Params) -> Params:

@@ -1,25 +1,35 @@
 """Push base and delta exports (``recpipe.exports.files``) to Redis, the online embedding store.
 
-Each row of an online table is one Redis hash, ``<prefix>:<model>:<table>:<id>``, with a field
-per layer reading the table (its variable name -> the row as little-endian float32 bytes) and
-``version`` (``<day>/<name>@<global_step>`` of the export that wrote it). A tombstone deletes
-the hash. ``<prefix>:<model>:applied`` records the last export pushed (``day``, ``name``,
-``sequence``, ``global_step``, ``ev_step`` as a hash). Exports are ordered by ``(day,
-sequence)``, so that:
+Keys of a model (``<prefix>:<model>:...``):
+
+- ``applied``: a hash, the export the store serves (``day``, ``name``, ``sequence``,
+  ``global_step``, ``ev_step``) and ``generation``, the key space its rows live in;
+- ``g<generation>:<table>:<id>``: one row, a hash with a field per layer reading the table
+  (its variable name -> the row as little-endian float32 bytes) and ``version``
+  (``<day>/<name>@<global_step>`` of the export that wrote it);
+- ``push-lock``: the pushers' lock (redis-py's ``Lock``), whose token also fences every write;
+- ``next-generation``: the counter new generations are drawn from.
+
+Exports are ordered by ``(day, sequence)``:
 
 - a push is idempotent: pushing the export already applied writes the same values again;
 - a push never moves the store backwards: an export older than the one applied (a cleared
-  or late task of an earlier pass) is a no-op with a warning (``stale``), so rows admitted
-  since are kept;
-- a delta must follow the export applied (its manifest's ``follows``); one further ahead
-  (a store that was flushed or restarted, a push lost earlier) is refused before writing
-  anything (``StoreBehind``): the caller pushes the day's chain in order instead;
-- a base replaces the model's rows whole: hashes of ids (and tables) the base lacks are
-  deleted, found by one scan of the model's keys.
+  or late task of an earlier pass) is a no-op with a warning (``stale``);
+- a delta that follows the export applied is written in place, in the current generation;
+  one further ahead (a store that was flushed or restarted, a push lost earlier) is refused
+  before anything is written (``StoreBehind``);
+- a base, and ``push_chain``'s rebuild (a day's base and its deltas up to an export), are
+  written into a new generation that no reader sees; one atomic script then checks the order
+  and switches ``applied`` to it, and the old generation is deleted. Readers that resolve the
+  generation and read rows in one script (``lookup``) never see a served row missing.
 
-Each row is replaced in a ``MULTI``/``EXEC`` transaction (its ``DELETE`` and ``HSET`` with it),
-so a reader sees the old row or the new one, never none; pushers of one model take turns
-through a Redis lock (``<prefix>:<model>:push-lock``).
+Fencing (the invariant: the store never holds a row older than the export ``applied``
+names, whatever the pushers' timing): every batch of row writes and the final switch run as
+Lua scripts that first check that the push lock still holds this pusher's token, and extend
+it. A pusher whose lock expired (a slow push, a paused process) or was lost to a Redis
+restart has every later write refused (``StoreFenced``), so it can never write over a newer
+pusher's rows. Within one batch, a row's ``DEL`` and ``HSET`` are one script: a reader sees
+the old row or the new one, never none.
 
 Dense weights stay with the SavedModel; the store holds embedding rows only (Monolith's and
 PaddleRec's split between parameter server and model file).
@@ -31,30 +41,67 @@ import logging
 from pathlib import Path
 
 import numpy as np
-from redis.exceptions import LockError
+from redis.exceptions import LockError, ResponseError
 
 from recpipe.errors import PipelineError
 from recpipe.exports.files import chain, follows, is_base, read_manifest, read_params
 
 PREFIX = "recpipe"
-BATCH = 1000  # commands per pipeline round trip
+BATCH = 1000  # rows per script call
 log = logging.getLogger(__name__)
+
+LOCK_TIMEOUT_S = 600  # a pusher that died frees the lock after this long
+LOCK_WAIT_S = 120
+RECORD = ("day", "name", "sequence", "global_step", "ev_step")
+
+# KEYS[1]: the push lock. ARGV[1]: this pusher's token, ARGV[2]: the lock's ttl in ms, then
+# ops: "S" key n field value ... (replace a row whole) or "D" key (delete a row).
+_WRITE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.error_reply('FENCED') end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+local i = 3
+while i <= #ARGV do
+  local key = ARGV[i + 1]
+  redis.call('DEL', key)
+  if ARGV[i] == 'S' then
+    local n = tonumber(ARGV[i + 2])
+    redis.call('HSET', key, unpack(ARGV, i + 3, i + 2 + 2 * n))
+    i = i + 3 + 2 * n
+  else
+    i = i + 2
+  end
+end
+return 1
+"""
+# KEYS[1]: the push lock, KEYS[2]: applied. ARGV[1]: token, ARGV[2]: the generation the pusher
+# read from applied ('' when none), ARGV[3]: the export's day, ARGV[4]: its sequence, then
+# the new record's field / value pairs. Refuses when fenced, when applied changed since it
+# was read, or when it names a later export than this one.
+_COMMIT = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.error_reply('FENCED') end
+local held = redis.call('HMGET', KEYS[2], 'generation', 'day', 'sequence')
+if (held[1] or '') ~= ARGV[2] then return redis.error_reply('MOVED') end
+if held[2] and (held[2] > ARGV[3] or (held[2] == ARGV[3] and tonumber(held[3]) > tonumber(ARGV[4]))) then
+  return redis.error_reply('MOVED')
+end
+redis.call('DEL', KEYS[2])
+redis.call('HSET', KEYS[2], unpack(ARGV, 5))
+return 1
+"""
+# KEYS[1]: applied. ARGV[1]: the key prefix up to the generation, ARGV[2]: the table, then ids.
+_LOOKUP = """
+local gen = redis.call('HGET', KEYS[1], 'generation')
+local out = {}
+for i = 3, #ARGV do
+  if gen then out[#out + 1] = redis.call('HGETALL', ARGV[1] .. gen .. ':' .. ARGV[2] .. ':' .. ARGV[i])
+  else out[#out + 1] = {} end
+end
+return out
+"""
 
 
 class StoreError(PipelineError):
     """An export cannot be pushed (out of order, another day) or the store is unreachable."""
-
-
-def row_key(model: str, table: str, key: int, prefix: str = PREFIX) -> str:
-    """The Redis key of one row: ``<prefix>:<model>:<table>:<id>``."""
-    return f"{prefix}:{model}:{table}:{key}"
-
-
-def applied(client, model: str, prefix: str = PREFIX) -> dict[str, str]:
-    """The last export pushed for ``model`` (``day``, ``name``, ``sequence``, ``global_step``,
-    ``ev_step``),
-    empty when none."""
-    return {k.decode(): v.decode() for k, v in client.hgetall(f"{prefix}:{model}:applied").items()}
 
 
 class StoreBehind(StoreError):
@@ -62,8 +109,24 @@ class StoreBehind(StoreError):
     exports between them first."""
 
 
-LOCK_TIMEOUT_S = 600  # a pusher that died frees the lock after this long
-LOCK_WAIT_S = 120
+class StoreFenced(StoreError):
+    """This pusher lost the push lock (it expired, or Redis restarted) before it finished:
+    nothing more of its push was written; another pusher may hold the store now."""
+
+
+def _key(prefix: str, model: str, *parts) -> str:
+    return ":".join((prefix, model, *map(str, parts)))
+
+
+def row_key(model: str, table: str, key: int, generation: str | int, prefix: str = PREFIX) -> str:
+    """The Redis key of one row: ``<prefix>:<model>:g<generation>:<table>:<id>``."""
+    return _key(prefix, model, f"g{generation}", table, key)
+
+
+def applied(client, model: str, prefix: str = PREFIX) -> dict[str, str]:
+    """The export the store serves for ``model`` (``day``, ``name``, ``sequence``,
+    ``global_step``, ``ev_step``, ``generation``), empty when none."""
+    return {k.decode(): v.decode() for k, v in client.hgetall(_key(prefix, model, "applied")).items()}
 
 
 def order(manifest: dict) -> tuple[str, int]:
@@ -71,130 +134,220 @@ def order(manifest: dict) -> tuple[str, int]:
     return str(manifest["day"]), int(manifest["sequence"])
 
 
-def push(client, model: str, export: Path, prefix: str = PREFIX, force: bool = False) -> dict[str, int]:
+class _Pusher:
+    """One push session: holds the model's lock, and writes only while it still does."""
+
+    def __init__(self, client, model: str, prefix: str):
+        self.client, self.model, self.prefix = client, model, prefix
+        self.lock = client.lock(
+            _key(prefix, model, "push-lock"), timeout=LOCK_TIMEOUT_S, blocking_timeout=LOCK_WAIT_S
+        )
+        self.write = client.register_script(_WRITE)
+        self.commit_script = client.register_script(_COMMIT)
+
+    def __enter__(self):
+        try:
+            if not self.lock.acquire():
+                raise StoreError(f"{self.model}: another push held the store's lock for {LOCK_WAIT_S} s")
+        except LockError as err:
+            raise StoreError(f"{self.model}: cannot take the store's push lock ({err})") from None
+        self.token = self.lock.local.token
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            self.lock.release()
+        except LockError:  # expired or taken: every write after that was refused
+            log.warning("%s: the push lock expired before the push ended", self.model)
+
+    def _run(self, script, keys, args):
+        try:
+            return script(keys=keys, args=[self.token, *args])
+        except ResponseError as err:
+            if "FENCED" in str(err):
+                raise StoreFenced(
+                    f"{self.model}: the push lock expired (after {LOCK_TIMEOUT_S} s without a write) "
+                    "or Redis restarted while this push ran; another pusher may hold the store, "
+                    "so nothing more was written. Retry the push"
+                ) from None
+            if "MOVED" in str(err):
+                raise StoreFenced(
+                    f"{self.model}: the store's applied export changed during this push"
+                ) from None
+            raise
+
+    def write_export(self, export: Path, manifest: dict, generation: str) -> dict[str, int]:
+        """Write one export's rows and tombstones into ``generation``, in fenced batches."""
+        params = read_params(export)
+        version = f"{manifest['day']}/{manifest['name']}@{manifest['global_step']}"
+        lock_ms = int(LOCK_TIMEOUT_S * 1000)
+        ops: list = []
+        count = written = deleted = 0
+
+        def flush(now: bool = False) -> None:
+            nonlocal ops, count
+            if count >= BATCH or (now and count):
+                self._run(self.write, [self.lock.name], [lock_ms, *ops])
+                ops, count = [], 0
+
+        for table, rows in params.tables.items():
+            names = list(rows.views)
+            views = [np.ascontiguousarray(rows.views[n], "<f4") for n in names]
+            for i, key in enumerate(rows.ids.tolist()):
+                ops += ["S", row_key(self.model, table, key, generation, self.prefix), len(names) + 1]
+                ops += ["version", version]
+                for name, values in zip(names, views, strict=True):
+                    ops += [name, values[i].tobytes()]
+                count += 1
+                written += 1
+                flush()
+            for key in rows.tombstones.tolist():
+                ops += ["D", row_key(self.model, table, key, generation, self.prefix)]
+                count += 1
+                deleted += 1
+                flush()
+        flush(now=True)
+        return {"rows": written, "deleted": deleted}
+
+    def switch(self, held: dict, manifest: dict, generation: str) -> None:
+        """Make ``manifest``'s export the applied one, in ``generation``: refused unless the
+        lock is still ours and ``applied`` is still ``held``."""
+        record = {k: str(manifest[k]) for k in RECORD} | {"generation": generation}
+        pairs = [x for kv in record.items() for x in kv]
+        keys = [self.lock.name, _key(self.prefix, self.model, "applied")]
+        self._run(self.commit_script, keys, [held.get("generation", ""), *order(manifest), *pairs])
+
+    def new_generation(self) -> str:
+        return str(self.client.incr(_key(self.prefix, self.model, "next-generation")))
+
+    def drop_other_generations(self, keep: str) -> int:
+        """Delete every row key of the model outside generation ``keep`` (the old generation,
+        one an interrupted push left, rows of a store written before generations)."""
+        control = {
+            _key(self.prefix, self.model, k).encode() for k in ("applied", "push-lock", "next-generation")
+        }
+        mine = _key(self.prefix, self.model, f"g{keep}", "").encode()
+        gone, batch = 0, []
+        for name in self.client.scan_iter(match=_key(self.prefix, self.model, "*"), count=BATCH):
+            if name in control or name.startswith(mine):
+                continue
+            batch.append(name)
+            if len(batch) >= BATCH:
+                gone += self.client.delete(*batch)
+                batch = []
+        if batch:
+            gone += self.client.delete(*batch)
+        return gone
+
+    def push(self, export: Path) -> dict[str, int]:
+        manifest = read_manifest(export)
+        held = applied(self.client, self.model, self.prefix)
+        if held:
+            current = (held["day"], int(held["sequence"]))
+            if current > order(manifest):
+                log.warning(
+                    "%s: the store holds %s/%s, a later export: not pushed (a push never moves the "
+                    "store backwards)",
+                    export,
+                    held["day"],
+                    held["name"],
+                )
+                return {"rows": 0, "deleted": 0, "stale": 1}
+            same = all(held[k] == str(manifest[k]) for k in ("day", "name", "ev_step"))
+            chained = {**held, "ev_step": int(held["ev_step"])}
+            in_place = "generation" in held and (same or follows(manifest, chained))
+            if not is_base(manifest) and not in_place:
+                raise StoreBehind(
+                    f"{export} follows {manifest['day']}/{manifest['follows']}, but the store holds "
+                    f"{held['day']}/{held['name']} at ev_step {held['ev_step']}: push the exports in order"
+                )
+        elif not is_base(manifest):
+            raise StoreBehind(
+                f"{export} is a delta and the store holds nothing of {self.model}: push its base first"
+            )
+        if is_base(manifest):
+            return self.rebuild([export])
+        totals = self.write_export(export, manifest, held["generation"])
+        self.switch(held, manifest, held["generation"])
+        return {**totals, "stale": 0}
+
+    def rebuild(self, exports: list[Path]) -> dict[str, int]:
+        """Write a base and its deltas into a new generation, then switch to it at once."""
+        held = applied(self.client, self.model, self.prefix)
+        last = read_manifest(exports[-1])
+        if held and (held["day"], int(held["sequence"])) > order(last):
+            return {"rows": 0, "deleted": 0, "stale": 1}
+        generation = self.new_generation()
+        totals = {"rows": 0, "deleted": 0}
+        for export in exports:
+            for k, v in self.write_export(export, read_manifest(export), generation).items():
+                totals[k] += v
+        self.switch(held, last, generation)
+        totals["deleted"] += self.drop_other_generations(generation)
+        return {**totals, "stale": 0}
+
+
+def push(client, model: str, export: Path, prefix: str = PREFIX) -> dict[str, int]:
     """Write a base or delta export's rows to Redis (``client``: a ``redis.Redis``) and record
     it as applied, holding the model's push lock. Returns ``{"rows": written, "deleted":
     removed, "stale": 0 or 1}``; ``stale`` 1: the store holds a later export, nothing was
-    written. ``force`` pushes a base even then (``push_chain``, which knows the store is not
-    ahead of the delta it brings the store to).
+    written.
 
     Raises:
         StoreBehind: a delta that does not follow the export applied, which is older (names
-            both): push the day's chain up to it instead.
+            both): push the day's chain up to it instead (``push_chain``).
+        StoreFenced: the lock was lost mid-push; what was not written stays unwritten.
         StoreError: the push lock stayed taken for ``LOCK_WAIT_S`` seconds.
         recpipe.exports.files.DeltaError: an unfinished export or a checksum mismatch.
     """
-
-    lock = client.lock(f"{prefix}:{model}:push-lock", timeout=LOCK_TIMEOUT_S, blocking_timeout=LOCK_WAIT_S)
-    try:
-        if not lock.acquire():
-            raise StoreError(f"{model}: another push held the store's lock for {LOCK_WAIT_S} s")
-    except LockError as err:
-        raise StoreError(f"{model}: cannot take the store's push lock ({err})") from None
-    try:
-        return _push(client, model, Path(export), prefix, force)
-    finally:
-        try:
-            lock.release()
-        except LockError:  # expired while pushing: another pusher may hold it now
-            log.warning("%s: the push lock expired before the push ended", model)
-
-
-def _push(client, model: str, export: Path, prefix: str, force: bool) -> dict[str, int]:
-    manifest = read_manifest(export)
-    done = applied(client, model, prefix)
-    if done:
-        held = {**done, "sequence": int(done["sequence"]), "ev_step": int(done["ev_step"])}
-        if order(held) > order(manifest) and not (force and is_base(manifest)):
-            log.warning(
-                "%s: the store holds %s/%s, a later export: not pushed (a push never moves the "
-                "store backwards)",
-                export,
-                held["day"],
-                held["name"],
-            )
-            return {"rows": 0, "deleted": 0, "stale": 1}
-        same = all(held[k] == manifest[k] for k in ("day", "name", "ev_step"))
-        if not is_base(manifest) and not same and not follows(manifest, held):
-            raise StoreBehind(
-                f"{export} follows {manifest['day']}/{manifest['follows']}, but the store holds "
-                f"{done['day']}/{done['name']} at ev_step {done['ev_step']}: push the exports in order"
-            )
-    elif not is_base(manifest):
-        raise StoreBehind(f"{export} is a delta and the store holds nothing of {model}: push its base first")
-    params = read_params(export)
-    version = f"{manifest['day']}/{manifest['name']}@{manifest['global_step']}"
-    written = deleted = 0
-    pipe = client.pipeline(transaction=True)  # MULTI/EXEC: a row is never seen deleted
-    pending = 0
-
-    def flush(now: bool = False) -> None:
-        nonlocal pending
-        if pending >= BATCH or (now and pending):
-            pipe.execute()
-            pending = 0
-
-    keep = set()
-    for table, rows in params.tables.items():
-        for i, key in enumerate(rows.ids.tolist()):
-            fields = {"version": version}
-            for name, values in rows.views.items():
-                fields[name] = np.ascontiguousarray(values[i], "<f4").tobytes()
-            name = row_key(model, table, key, prefix)
-            pipe.delete(name)  # a row is exactly the export's fields, whatever was there
-            pipe.hset(name, mapping=fields)
-            if is_base(manifest):
-                keep.add(name.encode())
-            pending += 1
-            written += 1
-            flush()
-        for key in rows.tombstones.tolist():
-            pipe.delete(row_key(model, table, key, prefix))
-            pending += 1
-            deleted += 1
-            flush()
-        flush(now=True)
-    if is_base(manifest):  # one pass over the model's rows, every table at once
-        for name in client.scan_iter(match=row_key(model, "*", "*", prefix), count=BATCH):
-            if name not in keep:
-                pipe.delete(name)
-                pending += 1
-                deleted += 1
-                flush()
-    flush(now=True)
-    record = {k: str(manifest[k]) for k in ("day", "name", "sequence", "global_step", "ev_step")}
-    client.hset(f"{prefix}:{model}:applied", mapping=record)
-    return {"rows": written, "deleted": deleted, "stale": 0}
+    with _Pusher(client, model, prefix) as pusher:
+        return pusher.push(Path(export))
 
 
 def push_chain(client, model: str, export: Path, prefix: str = PREFIX) -> tuple[dict[str, int], list[Path]]:
     """Push ``export``; when the store is behind it (``StoreBehind``: a restarted or flushed
-    store, a push lost earlier, a pass re-exported), push its day's chain up to it instead,
-    the base forced. Returns the summed totals and the exports written. Never moves the store
-    backwards: an export older than the store's is a no-op (``push``'s ``stale``).
+    store, a push lost earlier), rebuild the store from its day's chain up to it, in a new
+    generation switched to at once, under the same lock: readers keep the old rows until the
+    switch. Returns the summed totals and the exports written. Never moves the store
+    backwards: an export older than the store's is a no-op (``stale``).
 
     Raises:
-        StoreError, recpipe.exports.files.DeltaError: as ``push``.
+        StoreFenced, StoreError, recpipe.exports.files.DeltaError: as ``push``.
     """
     export = Path(export)
-    try:
-        return push(client, model, export, prefix), [export]
-    except StoreBehind as err:
-        log.warning("%s; pushing the day's exports up to it", err)
-    exports = chain(export.parent)
-    exports = exports[: [p.name for p in exports].index(export.name) + 1]
-    totals = {"rows": 0, "deleted": 0, "stale": 0}
-    for i, item in enumerate(exports):
-        for key, value in push(client, model, item, prefix, force=i == 0).items():
-            totals[key] += value
-    return totals, exports
+    with _Pusher(client, model, prefix) as pusher:
+        try:
+            return pusher.push(export), [export]
+        except StoreBehind as err:
+            log.warning("%s; rebuilding the store from the day's exports up to it", err)
+        exports = chain(export.parent)
+        exports = exports[: [p.name for p in exports].index(export.name) + 1]
+        return pusher.rebuild(exports), exports
+
+
+def _decode(fields) -> dict[str, np.ndarray]:
+    pairs = dict(zip(fields[::2], fields[1::2], strict=True)) if isinstance(fields, list) else fields
+    return {k.decode(): np.frombuffer(v, "<f4") for k, v in pairs.items() if k != b"version"}
+
+
+def lookup(client, model: str, table: str, ids, prefix: str = PREFIX) -> dict[int, dict[str, np.ndarray]]:
+    """Rows of ``table`` by id as the store serves them, read in one script with the
+    generation ``applied`` names (so never a row missing during a rebuild): id -> {view
+    name: ``float32 [dim]``}; an id the store lacks is left out."""
+    script = client.register_script(_LOOKUP)
+    ids = [int(i) for i in ids]
+    found = script(keys=[_key(prefix, model, "applied")], args=[_key(prefix, model, "g"), table, *ids])
+    return {i: _decode(fields) for i, fields in zip(ids, found, strict=True) if fields}
 
 
 def read_rows(client, model: str, table: str, prefix: str = PREFIX) -> dict[int, dict[str, np.ndarray]]:
-    """Every row the store holds for ``table``: id -> {view name: ``float32 [dim]``}."""
+    """Every row the store serves for ``table`` (the applied generation's): id -> {view name:
+    ``float32 [dim]``}; empty when nothing is applied."""
+    generation = applied(client, model, prefix).get("generation")
+    if generation is None:
+        return {}
     out = {}
-    for name in client.scan_iter(match=row_key(model, table, "*", prefix), count=BATCH):
+    for name in client.scan_iter(match=row_key(model, table, "*", generation, prefix), count=BATCH):
         key = int(name.decode().rsplit(":", 1)[1])
-        fields = client.hgetall(name)
-        out[key] = {k.decode(): np.frombuffer(v, "<f4") for k, v in fields.items() if k != b"version"}
+        out[key] = _decode(client.hgetall(name))
     return out

@@ -17,9 +17,16 @@ from recpipe.layout import expired_model_dirs
 
 
 def test_confine_keeps_paths_inside_the_roots():
-    assert confine("conf/movielens_deepfm.yaml", "p") == project_home() / "conf/movielens_deepfm.yaml"
+    assert (
+        confine("conf/movielens_deepfm.yaml", "pipeline_config_path")
+        == project_home() / "conf/movielens_deepfm.yaml"
+    )
+    # conf/ holds configs: a run's edits cannot point a model or an export into it
+    with pytest.raises(PathNotAllowedError, match="model_dir='conf/m' resolves to"):
+        confine("conf/m", "model_dir")
+    assert confine("conf/cluster/local.yaml", "cluster_config_path").name == "local.yaml"
     for bad in ("conf/../../etc/passwd", "/etc/passwd", "recpipe/cli.py", "var/../.."):
-        with pytest.raises(PathNotAllowedError, match="outside the project's data roots"):
+        with pytest.raises(PathNotAllowedError, match="outside the roots it may name"):
             confine(bad, "model_dir")
 
 
@@ -105,6 +112,26 @@ def test_gate():
     assert not decision.promote and "worse than champion 0.7000 by 0.0100" in decision.reason
     assert not _gate(None, {"auc": 0.7}).promote
     assert not _gate({"auc": 0.8}, None, "gauc").promote
+
+
+def test_a_window_without_positives_is_inconclusive_so_the_stuck_gate_counts_it(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from operators.gate import INCONCLUSIVE, class_counts
+
+    scored = tmp_path / "eval_predictions.parquet"
+    pq.write_table(pa.table({"label": [0.0] * 50, "probability": [0.1] * 50}), scored)
+    held_out = class_counts(str(scored))
+    assert held_out == (0, 50)
+    for champion in (None, {"auc": None}, {"auc": 0.7}):
+        decision = gate({"auc": None}, champion, GateConfig(), None, held_out)
+        assert decision.outcome == INCONCLUSIVE and not decision.promote
+        assert "0 positives and 50 negatives held out" in decision.reason
+    assert gate({"auc": None}, None, GateConfig(inconclusive="promote"), None, held_out).promote
+    # with both classes held out, a missing AUC is still a broken model: rejected
+    assert gate({"auc": None}, None, GateConfig(), None, (40, 60)).outcome == "rejected"
+    assert class_counts(str(tmp_path / "missing.parquet")) is None
 
 
 def test_the_gate_never_promotes_nan_or_a_model_below_the_floor_champion_or_not():

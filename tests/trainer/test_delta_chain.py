@@ -171,9 +171,12 @@ def test_an_export_that_later_ones_follow_is_not_replaced(tmp_path):
     _train_step(state, table, [5])
     again = write_export(state.model, {}, tmp_path, "delta-01", 3)
     assert read_manifest(again)["follows"] == "base"
-    write_export(state.model, {}, tmp_path, "delta-02", 3)
+    write_export(state.model, {}, tmp_path, "delta-03", 3)
     before = {p.name: read_manifest(p) for p in tmp_path.iterdir()}
-    for name in ("base", "delta-01"):
-        with pytest.raises(DeltaError, match=r"is followed by \[.*'delta-02'\]: re-exporting it would break"):
+    # delta-02: a pass that failed, then cleared after pass 03 exported from pass 01's model
+    for name in ("base", "delta-01", "delta-02"):
+        with pytest.raises(
+            DeltaError, match=r"already holds \[.*'delta-03'\].*mark the failed task successful"
+        ):
             write_export(state.model, {}, tmp_path, name, 9, day="2024-01-01" if name == "base" else None)
     assert {p.name: read_manifest(p) for p in tmp_path.iterdir()} == before

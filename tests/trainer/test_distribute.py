@@ -193,6 +193,21 @@ def _kill_after_checkpoint_20(job, model_dir: Path, index: int, join_s: float) -
     return logs, errors
 
 
+def job_processes(model_dir: Path) -> list[int]:
+    """Live processes of the job that trains ``model_dir``: those whose output goes to a log
+    under it (the launcher points each process's stdout at ``<model_dir>/logs/<job>-<i>.log``).
+    Another test's job, on the other pytest-xdist worker, never matches."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            out = os.readlink(f"/proc/{entry}/fd/1") if entry.isdigit() else ""
+        except OSError:
+            continue
+        if out.startswith(f"{model_dir}/"):
+            found.append(int(entry))
+    return found
+
+
 def _processes_mentioning(text: str) -> list[int]:
     """Processes of this checkout (run by this interpreter) whose command line holds ``text``."""
     found = []
@@ -353,7 +368,7 @@ def test_parameter_server_job_partitions_tables_trains_and_resumes(ml_early, con
     metrics = evaluate(with_edits(ml_early, wide_dnn), model_dir, [EARLY[1]])
     assert 0.5 < metrics["auc"] < 1.0
     assert sorted(p.name for p in model_dir.glob("model.ckpt-*.index"))[-1] == "model.ckpt-30.index"
-    assert _processes_mentioning("trainer.distribute.server") == []  # servers stopped with the job
+    assert job_processes(model_dir) == []  # servers stopped with the job
     again, logs = _train(
         config_path,
         model_dir,
@@ -393,7 +408,7 @@ def test_a_failed_parameter_server_chief_exits_with_its_error_and_the_job_ends(c
     assert "recpipe train: DivergedError: the loss is" in str(err.value)
     # it did not wait on the coordinator's teardown
     assert "ClusterCoordinator destructor" not in (tmp_path / "logs" / "train-0.log").read_text()
-    assert _processes_mentioning("trainer.distribute.server") == []
+    assert job_processes(tmp_path / "logs") == []
 
 
 def test_synchronous_parameter_server_equals_one_process_on_the_global_batch(config_path, tmp_path):
@@ -580,3 +595,22 @@ def assert_trains_under_the_other_strategies(config, tmp_path: Path, train_ds: s
         assert 0.0 < metrics["auc"] < 1.0, (name, metrics)
         results[name] = result
     return results
+
+
+def test_the_check_that_a_job_left_nothing_running_sees_only_that_job(tmp_path):
+    # another test's PS job, on the other pytest-xdist worker, serves meanwhile: the old
+    # check (any trainer.distribute.server of this interpreter) failed on it
+    other = tmp_path / "other" / "logs"
+    other.mkdir(parents=True)
+    mine = tmp_path / "mine" / "logs"
+    mine.mkdir(parents=True)
+    code = "import time; time.sleep(60)  # trainer.distribute.server"
+    with (other / "train-1.log").open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=out, stderr=subprocess.STDOUT)
+    try:
+        assert job_processes(tmp_path / "mine") == []
+        assert job_processes(tmp_path / "other") == [proc.pid]
+        assert proc.pid in _processes_mentioning("trainer.distribute.server")
+    finally:
+        proc.kill()
+        proc.wait()

@@ -16,8 +16,8 @@ from tests.trainer.test_distribute import (
     SPLITS,
     _assert_same_state,
     _copies,
-    _processes_mentioning,
     _train,
+    job_processes,
     ps_job_losing_a_worker,
 )
 
@@ -76,7 +76,7 @@ def test_geo_workers_exchange_changed_rows_checkpoint_and_resume(config_path, tm
         "model.ckpt-20.index",
         "model.ckpt-40.index",
     ]
-    assert _processes_mentioning("trainer.distribute.server") == []
+    assert job_processes(model_dir) == []
     again, logs = _train(
         config_path,
         model_dir,
