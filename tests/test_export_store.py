@@ -265,3 +265,18 @@ def test_the_push_tasks_redis_url_is_logged_without_its_password():
     assert redact_url("redis://user:s3cret-pw@store/1") == "redis://user:***@store/1"
     assert redact_url("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
     assert "redis_url" not in OnlineStorePushOperator.template_fields  # never rendered into the UI
+
+
+def test_the_push_command_takes_no_password_on_its_command_line(tmp_path, monkeypatch):
+    from recpipe.errors import UsageError
+    from trainer.entry import _redis_url
+
+    with pytest.raises(UsageError, match="--redis_url holds a password"):
+        _redis_url("redis://:s3cret@127.0.0.1:6379/0", None)
+    secret = tmp_path / "redis-password"
+    secret.write_text("s3cret\n")
+    assert _redis_url("redis://127.0.0.1:6379/0", str(secret)) == "redis://:s3cret@127.0.0.1:6379/0"
+    monkeypatch.setenv("RECPIPE_REDIS_URL", "redis://:from-env@store:6380/1")
+    assert _redis_url(None, None) == "redis://:from-env@store:6380/1"
+    with pytest.raises(UsageError, match="missing: No such file"):
+        _redis_url(None, str(tmp_path / "missing"))

@@ -327,6 +327,34 @@ def _export_online(config, model, model_dir, step: int, args) -> dict:
     }
 
 
+def _redis_url(given: str | None, password_file: str | None) -> str:
+    """The store's URL: ``--redis_url`` (refused with a password in it, which ``ps`` would show
+    to every user of the host), else ``$RECPIPE_REDIS_URL``; the password from
+    ``--redis_password_file`` when given.
+
+    Raises:
+        UsageError: a password on the command line, or an unreadable password file.
+    """
+    from urllib.parse import urlsplit, urlunsplit
+
+    if given and urlsplit(given).password:
+        raise UsageError(
+            "--redis_url holds a password, which any user of this host can read from the process "
+            "list: give it in $RECPIPE_REDIS_URL or --redis_password_file instead"
+        )
+    url = given or os.environ.get("RECPIPE_REDIS_URL") or "redis://127.0.0.1:6379/0"
+    if password_file:
+        try:
+            password = Path(password_file).read_text().strip()
+        except OSError as err:
+            raise UsageError(f"--redis_password_file {password_file}: {err.strerror}") from None
+        parts = urlsplit(url)
+        user = parts.username or ""
+        host = parts.hostname + (f":{parts.port}" if parts.port else "")
+        url = urlunsplit(parts._replace(netloc=f"{user}:{password}@{host}"))
+    return url
+
+
 def serve_main(argv: list[str] | None = None) -> int:
     """``recpipe serve apply-delta BASE DELTA... --out DIR``: a SavedModel from a base and its
     deltas; ``recpipe serve push EXPORT --model NAME [--redis_url URL]``: an export's rows to
@@ -340,7 +368,17 @@ def serve_main(argv: list[str] | None = None) -> int:
     push = sub.add_parser("push", help="write a base or delta export's rows to Redis")
     push.add_argument("exports", nargs="+", help="base / delta directories, pushed in the order given")
     push.add_argument("--model", required=True, help="the model's name in the store")
-    push.add_argument("--redis_url", default=os.environ.get("RECPIPE_REDIS_URL", "redis://127.0.0.1:6379/0"))
+    push.add_argument(
+        "--redis_url",
+        default=None,
+        help="redis://host:port/db, no password (ps shows a command line): default $RECPIPE_REDIS_URL, "
+        "else redis://127.0.0.1:6379/0",
+    )
+    push.add_argument(
+        "--redis_password_file",
+        default=None,
+        help="a file holding the store's password (or $RECPIPE_REDIS_URL)",
+    )
     args = parser.parse_args(argv)
 
     def run() -> int:
@@ -355,7 +393,7 @@ def serve_main(argv: list[str] | None = None) -> int:
 
         from recpipe.exports.store import push_chain
 
-        client = redis.Redis.from_url(args.redis_url)
+        client = redis.Redis.from_url(_redis_url(args.redis_url, args.redis_password_file))
         for export in args.exports:
             totals, pushed = push_chain(client, args.model, Path(export))
             print(json.dumps({"export": export, **totals, "pushed": [str(p) for p in pushed]}))

@@ -1,4 +1,6 @@
-"""Processes on this machine: each in its own session (process group), one log file each."""
+"""Processes on this machine: each in its own session (process group), one log file each, all
+of a job in one private network namespace with an allowlisted environment
+(``recpipe.launch.isolation``)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import time
 from pathlib import Path
 
 from recpipe.launch.base import JobFailedError, JobSpec, JobTimeoutError
+from recpipe.launch.isolation import PrivateNetwork, job_environment
 
 log = logging.getLogger(__name__)
 TAIL_LINES = 40
@@ -34,7 +37,9 @@ JOB_STARTED_ENV = "RECPIPE_JOB_STARTED"
 
 
 class LocalLauncher:
-    """Runs a job's processes on 127.0.0.1 and forwards their output to the task log.
+    """Runs a job's processes on 127.0.0.1 of a network namespace of their own (unreachable from
+    other hosts and from this host's other processes; ``recpipe.launch.isolation``), with an
+    allowlisted environment, and forwards their output to the task log.
 
     Each process starts a new session, so ``kill`` (Airflow's ``on_kill``) can signal its whole
     tree: SIGTERM to every process group, SIGKILL after ``grace_s`` seconds.
@@ -57,6 +62,7 @@ class LocalLauncher:
         self.degraded: dict[str, str] = {}
         self._procs: list[subprocess.Popen] = []
         self._job_env: dict[str, str] = {}
+        self._network = PrivateNetwork()
 
     def run(self, job: JobSpec) -> list[Path]:
         """Start every process of ``job``, stream their logs, wait for all.
@@ -72,6 +78,7 @@ class LocalLauncher:
         started = time.monotonic()
         # every process, restarted ones too, learns when the job began (JOB_STARTED_ENV)
         self._job_env = {JOB_STARTED_ENV: repr(time.time())}
+        self._network = PrivateNetwork().open()
         for i, path in enumerate(logs):
             self._procs.append(self._start(job, i, path, "wb"))
         log.info("started %s: %s", job.name, "; ".join(" ".join(a) for a in job.argv))
@@ -136,13 +143,15 @@ class LocalLauncher:
             raise
         finally:
             self._procs = []
+            self._network.close()
 
     def _start(self, job: JobSpec, i: int, path: Path, mode: str) -> subprocess.Popen:
         with path.open(mode) as out:
             return subprocess.Popen(
-                job.argv[i],
+                self._network.wrap(job.argv[i]),
                 cwd=job.cwd,
-                env={**os.environ, **job.process_env(i), **self._job_env},
+                # none of the worker's secrets (Airflow's, the stores' passwords) reach a job
+                env=job_environment({**job.process_env(i), **self._job_env}),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
