@@ -20,6 +20,23 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 WORKER = os.environ.get("PYTEST_XDIST_WORKER", "main")
 os.environ.setdefault("AIRFLOW_HOME", str(ROOT / "var" / f"pytest-airflow-{WORKER}"))
 
+# Hypothesis: property tests whose examples take under a second leave max_examples to the
+# profile. "ci" (the default) runs 100, derandomized, so a failure reproduces; "explore"
+# (HYPOTHESIS_PROFILE=explore) draws 1,000 fresh ones each run, to look for new failures.
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+settings.register_profile(
+    "ci", max_examples=100, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile(
+    "explore",
+    max_examples=1000,
+    derandomize=False,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
 # `make test` runs the suite in 2 pytest-xdist workers, a file at a time (--dist loadfile):
 # a file's module fixtures are built once. The files of the costliest session fixture, the
 # daily DAG's four days (daily_runs), are one unit, so that it is built once too. Cheaper

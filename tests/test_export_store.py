@@ -120,7 +120,7 @@ def test_random_orders_of_pushes_end_where_the_newest_export_pushed_leaves_it(da
             {int(k): float(v[0]) for k, v in zip(rows.ids, rows.views["t/embedding_weights"], strict=True)}
         )
 
-    @settings(max_examples=30, deadline=None, derandomize=True)
+    @settings(deadline=None)  # the profile's examples (tests/conftest.py)
     @given(st.lists(st.integers(0, len(exports) - 1), min_size=1, max_size=8), st.booleans())
     def pushes(order, restart):
         for key in client.scan_iter(match=f"recpipe:{model}:*"):

@@ -49,7 +49,7 @@ def _delete(path: Path) -> None:
         path.parent.rmdir()
 
 
-@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])  # the profile's examples
 @given(run=days, keep_days=st.integers(1, 3))
 def test_retention_never_deletes_the_champion_nor_the_newest_days(run, keep_days, tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")

@@ -55,6 +55,9 @@ def test_geo_with_one_worker_trains_as_one_process_and_pushes_every_geo_step(con
     traffic = geo["distribution"]
     assert traffic["pushes"] == 3  # steps 10, 17 and the last 3 of 20 (resumed at 3)
     assert traffic["rows_received"] == 0  # nobody else changed a row
+    # each of the 17 batches applied once, as the ps itself counted
+    assert traffic["batches_trained"] == traffic["batches_applied"] == traffic["batches_applied_on_ps"] == 17
+    assert traffic["batches_lost"] == 0
     assert "geo: worker 0 holds a copy of" in logs[0].read_text()
     _assert_same_state(tmp_path / "one", tmp_path / "geo")
 
@@ -97,6 +100,13 @@ def test_geo_goes_on_without_a_worker_that_dies(config_path, tmp_path):
     _, logs, result = ps_job_losing_a_worker(config_path, model_dir, 2, 300, **geo)
     assert result["global_step"] == 300 and np.isfinite(result["loss"])
     assert "geo: worker 1 failed" in logs[0].read_text()
+    ledger = result["distribution"]
+    # every batch trained by exactly one worker (a batch whose push reached the ps is never
+    # trained again); each applied once (the ps's own count agrees) or lost with the worker
+    assert ledger["batches_trained"] == 300
+    assert ledger["batches_applied"] == ledger["batches_applied_on_ps"]
+    assert ledger["batches_applied"] + ledger["batches_lost"] == 300
+    assert ledger["batches_lost"] <= 4  # at most the geo_step batches of one push
     assert tf.train.latest_checkpoint(str(model_dir)).endswith("model.ckpt-300")
     metrics = [json.loads(line) for line in (model_dir / "train_metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == list(range(10, 301, 10))
@@ -110,3 +120,22 @@ def test_half_async_merges_steps_and_applies_each_update_once_when_a_worker_dies
     assert result["global_step"] == 200 and np.isfinite(result["loss"])
     assert 50 < result["distribution"]["updates"] <= 80
     assert result["distribution"]["bytes_to_ps"] > 0
+
+
+def test_geo_ends_with_a_clear_error_soon_after_its_last_worker_dies(config_path, tmp_path):
+    # the chief waits to queue a batch (the queue is full) when its only worker dies: no batch
+    # may go in with no one to take it; the job ends with the reason, not at its timeout
+    import time
+
+    from recpipe.launch.base import JobFailedError
+    from tests.trainer.test_distribute import _job, _kill_after_checkpoint_20
+
+    model_dir = tmp_path / "model"
+    edits = {**PS_EDITS, "train_config.num_steps": 5000, "data_config.num_epochs": 50}
+    edits |= {"train_config.sync_mode": "geo", "train_config.geo_step": 4}
+    job = _job(config_path, model_dir, "NoStrategy", 1, ps=1, **edits)
+    started = time.monotonic()
+    _, errors = _kill_after_checkpoint_20(job, model_dir, 1, 240)
+    assert len(errors) == 1 and isinstance(errors[0], JobFailedError), errors
+    assert "every worker failed" in str(errors[0])
+    assert time.monotonic() - started < 240

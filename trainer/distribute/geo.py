@@ -19,11 +19,20 @@ chief's input; its step touches only that worker's variables. A push, run on the
   row-wise optimizer on the tables (``lazy_adam``, ``adagrad``, ``ftrl``) changes only the
   rows a step looked up; Adam's momentum moves every row it has seen, and all of those travel.
 
+A push is staged, then committed: the worker copies its change to staging variables of its
+own on the ps (nothing global changes), then one function with every op on the ps applies
+it and marks the changed rows for the other workers (after the rows hold the update), and
+counts its batches on the ps; the worker then pulls. A worker lost while staging loses its
+push whole; once staged, the commit does not need it. So each batch is applied exactly once
+or not at all, and the chief's ledger (``figures``: trained, applied, lost) says which.
+
 Each worker's optimizer slots are its own; a checkpoint holds the ps values of the model and
 the first live worker's optimizer slots (so tomorrow's fine-tune resumes them). Tables stay
 whole on one ps each (no partitioner: a row's id is its index on its ps). A worker that
-fails is dropped: the batch it held is trained by another, and what it had not pushed is lost
-(at most ``geo_step`` batches), never pushed twice; with no worker left the job fails.
+fails is dropped: a batch whose step failed with it is trained by another; batches it trained
+but had not pushed are lost (at most ``geo_step``), never trained again; with no worker left
+the job fails at once with a clear error, never waiting on a queue no one takes from. An
+error in any step fails the job at the next step, even when that step's loss was never read.
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ import contextlib
 import logging
 import queue
 import threading
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -49,20 +59,27 @@ log = logging.getLogger(__name__)
 
 # the batches queued ahead of the workers, per worker (the chief's input runs this far ahead)
 QUEUE_PER_WORKER = 2
-# seconds between two checks that some worker is alive while the queue is full
-PUT_POLL_S = 1.0
+# seconds between two tries to queue a batch while the queue is full
+PUT_POLL_S = 0.05
 # what a worker's lost connection raises
 WORKER_LOST = (*LOST_RESULT, tf.errors.AbortedError)
 ALL_FAILED = "geo: every worker failed; the job stops (a retry resumes from the latest checkpoint)"
 
 
 class _Step:
-    """One batch handed to the workers: ``done`` is set once some worker trained on it."""
+    """One batch handed to the workers (``number``: its place in the job's input): ``done``
+    is set once some worker trained on it."""
 
-    __slots__ = ("element", "done", "loss", "error")
+    __slots__ = ("element", "number", "done", "loss", "error")
 
-    def __init__(self, element):
-        self.element, self.done, self.loss, self.error = element, threading.Event(), None, None
+    def __init__(self, element, number: int):
+        self.element, self.number, self.done, self.loss, self.error = (
+            element,
+            number,
+            threading.Event(),
+            None,
+            None,
+        )
 
 
 class _Worker:
@@ -82,7 +99,7 @@ class _Worker:
     def __init__(self, index: int, device: str, parts: StepParts, local: StepParts, stale: dict):
         self.index, self.device, self.local = index, device, local
         self.executor = eager_executor.new_executor(enable_async=False)
-        self.pending = 0  # local steps since the last push
+        self.pending: list[int] = []  # the batches trained here since the last push
         self.alive = True
         g_vars, l_vars = parts.state.model.variables, local.state.model.variables
         if [v.shape for v in g_vars] != [v.shape for v in l_vars]:
@@ -94,8 +111,23 @@ class _Worker:
         self.stale = stale
         with tf.device(device):
             self.snapshot = [tf.Variable(c.read_value(), trainable=False) for _, c in self.pairs]
+        # this worker's push, staged on the ps before one commit applies it whole
+        self.staged, self.staged_ids = {}, {}
+        for i, (g, _) in enumerate(self.pairs):
+            with tf.device(g.device):
+                if i in stale:
+                    tail = g.shape[1:]
+                    self.staged[i] = tf.Variable(
+                        tf.zeros([0, *tail], g.dtype), shape=[None, *tail], trainable=False
+                    )
+                    self.staged_ids[i] = tf.Variable(tf.zeros([0], tf.int64), shape=[None], trainable=False)
+                else:
+                    self.staged[i] = tf.Variable(tf.zeros(g.shape, g.dtype), trainable=False)
+        with tf.device(self.pairs[0][0].device):
+            self.staged_batches = tf.Variable(0, dtype=tf.int64, trainable=False)
         self.step = self._step_fn(local.signature)
-        self.push = self._push_fn()
+        self.stage = self._stage_fn()
+        self.pull = self._pull_fn()
         self.pull_all = self._pull_all_fn()
         self.copy_slots = self._copy_slots_fn()
 
@@ -116,35 +148,82 @@ class _Worker:
 
         return step
 
-    def _push_fn(self):
+    def _stage_fn(self):
         # g: a global variable (on a ps), c: this worker's copy, s: c as last pulled
-        pairs, snapshot, stale, me = self.pairs, self.snapshot, self.stale, self.index
+        pairs, snapshot, stale = self.pairs, self.snapshot, self.stale
+        staged, staged_ids, staged_batches = self.staged, self.staged_ids, self.staged_batches
 
-        @tf.function(autograph=False)
-        def push():
-            sent, received = [], []
-            for i, (g, c) in enumerate(pairs):
+        @tf.function(input_signature=[tf.TensorSpec([], tf.int64)], autograph=False)
+        def stage(batches):
+            """Copy this worker's change since its last pull to its staging variables on the
+            ps; nothing global changes (a worker lost here loses its push whole)."""
+            sent = []
+            for i, (_, c) in enumerate(pairs):
                 s = snapshot[i]
                 if i not in stale:
-                    g.assign_add(c - s)
-                    new = g.read_value()
-                    c.assign(new)
-                    s.assign(new)
+                    staged[i].assign(c - s)
                     continue
                 # the rows that changed here since the last pull: the ones a step looked up, and
                 # under an optimizer that moves rows without a gradient (Adam's momentum) more
                 now, then = c.read_value(), s.read_value()
                 ids = tf.where(tf.reduce_any(tf.not_equal(now, then), axis=1))[:, 0]
-                added = g.scatter_add(tf.IndexedSlices(tf.gather(now, ids) - tf.gather(then, ids), ids))
-                marks = [
-                    flags.scatter_update(tf.IndexedSlices(tf.ones_like(ids, tf.bool), ids))
-                    for k, flags in enumerate(stale[i])
-                    if k != me
-                ]
+                staged_ids[i].assign(ids)
+                staged[i].assign(tf.gather(now, ids) - tf.gather(then, ids))
+                sent.append(tf.size(ids))
+            staged_batches.assign(batches)
+            return tf.stack(sent) if sent else tf.zeros([0], tf.int32)
+
+        return stage
+
+    def commit_fn(self, applied: tf.Variable):
+        """The function that applies this worker's staged push on the ps, whole: every op on
+        a ps, none on the worker, so the worker's death cannot cut it in two."""
+        pairs, stale, me = self.pairs, self.stale, self.index
+        staged, staged_ids, staged_batches = self.staged, self.staged_ids, self.staged_batches
+
+        @tf.function(autograph=False)
+        def commit():
+            for i, (g, _) in enumerate(pairs):
+                if i not in stale:
+                    g.assign_add(staged[i].read_value())
+                    continue
+                ids = staged_ids[i].read_value()
+                added = g.scatter_add(tf.IndexedSlices(staged[i].read_value(), ids))
+                # marked only once the rows hold the update: a worker that pulls a marked row
+                # reads it with the update in
+                with tf.control_dependencies([added]):
+                    for k, flags in enumerate(stale[i]):
+                        if k != me:
+                            flags.scatter_update(tf.IndexedSlices(tf.ones_like(ids, tf.bool), ids))
+            applied.assign_add(staged_batches.read_value())
+
+        return commit
+
+    def _pull_fn(self):
+        pairs, snapshot, stale, me, staged_ids = (
+            self.pairs,
+            self.snapshot,
+            self.stale,
+            self.index,
+            self.staged_ids,
+        )
+
+        @tf.function(autograph=False)
+        def pull():
+            """After a commit: take the dense values, and the rows other workers changed."""
+            received = []
+            for i, (g, c) in enumerate(pairs):
+                s = snapshot[i]
+                if i not in stale:
+                    new = g.read_value()
+                    c.assign(new)
+                    s.assign(new)
+                    continue
                 # own rows: the ps now holds local (unless marked changed by another worker below)
-                s.scatter_update(tf.IndexedSlices(tf.gather(now, ids), ids))
+                ids = staged_ids[i].read_value()
+                s.scatter_update(tf.IndexedSlices(tf.gather(c.read_value(), ids), ids))
                 mine = stale[i][me]
-                with tf.control_dependencies([added, *marks]), tf.device(mine.device):
+                with tf.device(mine.device):
                     changed = tf.where(mine.read_value())[:, 0]
                 cleared = mine.scatter_update(tf.IndexedSlices(tf.zeros_like(changed, tf.bool), changed))
                 # read after the marks are cleared: a mark set later is pulled next time
@@ -152,13 +231,10 @@ class _Worker:
                     rows = tf.gather(g, changed)
                 c.scatter_update(tf.IndexedSlices(rows, changed))
                 s.scatter_update(tf.IndexedSlices(rows, changed))
-                sent.append(tf.size(ids))
                 received.append(tf.size(changed))
-            if not sent:
-                return tf.zeros([0], tf.int32), tf.zeros([0], tf.int32)
-            return tf.stack(sent), tf.stack(received)
+            return tf.stack(received) if received else tf.zeros([0], tf.int32)
 
-        return push
+        return pull
 
     def _pull_all_fn(self):
         pairs, snapshot, opt_pairs = self.pairs, self.snapshot, self.opt_pairs
@@ -222,7 +298,16 @@ class GeoParameterServerDistribution(Distribution):
         self._queue: queue.Queue = queue.Queue(maxsize=QUEUE_PER_WORKER * len(self.cluster["worker"]))
         self._counters: tuple = ()
         self._dispatched = 0  # steps queued since the counters were last advanced
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # traffic, the ledger, and "is any worker alive"
+        self._commit_executor = eager_executor.new_executor(enable_async=False)
+        self._commit_lock = threading.Lock()
+        self._batches = 0  # the batches queued so far (each gets its number)
+        # the ledger: which worker trained each batch, the batches whose push was committed,
+        # those lost with a worker before their push
+        self.trained: dict[int, int] = {}
+        self.applied: set[int] = set()
+        self.lost: set[int] = set()
+        self._error: BaseException | None = None  # a step's error, raised at the next call
 
     # -- the step ------------------------------------------------------------------------------
     def build_train_step(self, parts: StepParts):
@@ -260,6 +345,9 @@ class GeoParameterServerDistribution(Distribution):
                 worker.pull_all()
             self.workers.append(worker)
             log.info("geo: worker %d holds a copy of %d variables", k, len(worker.pairs))
+        with tf.device(model_vars[0].device):
+            self.applied_on_ps = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self._commits = {w.index: w.commit_fn(self.applied_on_ps) for w in self.workers}
         self._counters = parts.counters
         for worker in self.workers:
             name = f"geo-worker-{worker.index}"
@@ -272,45 +360,97 @@ class GeoParameterServerDistribution(Distribution):
             try:
                 with worker.scope():
                     item.loss = float(worker.step(*item.element))
-                    worker.pending += 1
-                    if worker.pending >= self.geo_step:
-                        self._push(worker)
-                item.done.set()
             except WORKER_LOST as err:
-                worker.alive = False
-                log.warning(
-                    "geo: worker %d failed (%s); its %d steps since its last push are lost, the "
-                    "others train on",
-                    worker.index,
-                    type(err).__name__,
-                    worker.pending,
-                )
+                # the step ran on the worker's copy alone: nothing of this batch reached the
+                # ps, so another worker trains it
+                self._lost(worker, err)
                 self._queue.task_done()
                 self._requeue(item)
                 return
-            except Exception as err:  # noqa: BLE001 - handed to the loop's fetch
+            except Exception as err:  # noqa: BLE001 - raised by the loop's next call
                 item.error = err
+                self._fail(err)
                 item.done.set()
-            self._queue.task_done()
-
-    def _requeue(self, item: _Step) -> None:
-        if any(w.alive for w in self.workers):
-            self._queue.put(item)
-            return
-        # nobody is left to train the queued batches: each fails, and join() returns
-        while True:
-            item.error = StrategyError(ALL_FAILED)
-            item.done.set()
+                self._queue.task_done()
+                continue
+            with self._lock:
+                self.trained[item.number] = worker.index
+            worker.pending.append(item.number)
+            pushed = True
             try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                return
+                if len(worker.pending) >= self.geo_step:
+                    pushed = self._push(worker)
+            except Exception as err:  # noqa: BLE001 - a ps lost or a bug: the job fails with it
+                item.error = err
+                self._fail(err)
+            # trained and counted: its push is applied whole or lost with the worker, never
+            # trained again
+            item.done.set()
             self._queue.task_done()
+            if not pushed:
+                self._requeue(None)
+                return
 
-    def _push(self, worker: _Worker) -> None:
-        sent, received = worker.push()
-        sent, received = sent.numpy(), received.numpy()
-        worker.pending = 0
+    def _lost(self, worker: _Worker, err: BaseException) -> None:
+        with self._lock:
+            worker.alive = False
+            self.lost.update(worker.pending)
+        log.warning(
+            "geo: worker %d failed (%s); its %d batches since its last push are lost, the others train on",
+            worker.index,
+            type(err).__name__,
+            len(worker.pending),
+        )
+        worker.pending = []
+
+    def _fail(self, err: BaseException) -> None:
+        with self._lock:
+            if self._error is None:
+                self._error = err
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _requeue(self, item: _Step | None) -> None:
+        with self._lock:  # run_step checks and enqueues under it: nothing enqueued after the drain
+            if any(w.alive for w in self.workers):
+                if item is not None:
+                    self._queue.put(item)
+                return
+            # nobody is left to train the queued batches: each fails, and join() returns
+            self._fail(StrategyError(ALL_FAILED))
+            while True:
+                if item is not None:
+                    item.error = StrategyError(ALL_FAILED)
+                    item.done.set()
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    return
+                self._queue.task_done()
+
+    def _push(self, worker: _Worker) -> bool:
+        """Stage the worker's change on the ps, commit it there whole, pull the others'.
+        Returns False when the worker was lost (its push then applied whole or not at all)."""
+        batches = worker.pending
+        try:
+            with worker.scope():
+                sent = worker.stage(tf.constant(len(batches), tf.int64)).numpy()
+        except WORKER_LOST as err:
+            self._lost(worker, err)
+            return False
+        with self._commit_lock, eager_context.executor_scope(self._commit_executor):
+            self._commits[worker.index]()  # on the ps only
+        with self._lock:
+            self.applied.update(batches)
+        worker.pending = []
+        try:
+            with worker.scope():
+                received = worker.pull().numpy()
+        except WORKER_LOST as err:
+            self._lost(worker, err)
+            return False
         rows = [self._row_bytes[i] for i in sorted(worker.stale)]
         with self._lock:
             t = self.traffic
@@ -319,17 +459,22 @@ class GeoParameterServerDistribution(Distribution):
             t["rows_received"] += int(received.sum())
             t["bytes_to_ps"] += self._dense_bytes + int(np.dot(sent, rows))
             t["bytes_from_ps"] += self._dense_bytes + int(np.dot(received, rows))
+        return True
 
     def run_step(self, train_step, element):
-        item = _Step(tuple(element))
+        self._raise_error()
+        item = _Step(tuple(element), self._batches)
+        self._batches += 1
         while True:
-            if not any(w.alive for w in self.workers):
-                raise StrategyError(ALL_FAILED)
-            try:
-                self._queue.put(item, timeout=PUT_POLL_S)
-                break
-            except queue.Full:
-                continue
+            with self._lock:
+                if not any(w.alive for w in self.workers):
+                    raise StrategyError(ALL_FAILED)
+                try:
+                    self._queue.put_nowait(item)
+                    break
+                except queue.Full:
+                    pass
+            time.sleep(PUT_POLL_S)
         self._dispatched += 1
         return item
 
@@ -357,22 +502,19 @@ class GeoParameterServerDistribution(Distribution):
         """Wait for every queued batch, then push every worker's remaining change.
 
         Raises:
-            StrategyError: every worker has failed.
+            StrategyError: every worker has failed. The first error of a step (one whose
+                loss was never read), as it was raised.
         """
         if not self.workers:
             return
         self._advance_counters()
+        self._raise_error()
         live = [w for w in self.workers if w.alive]
         if not live:
             raise StrategyError(ALL_FAILED)
         for worker in live:
             if worker.pending:
-                try:
-                    with worker.scope():
-                        self._push(worker)
-                except WORKER_LOST:
-                    worker.alive = False
-                    log.warning("geo: worker %d failed before its last push", worker.index)
+                self._push(worker)
 
     def prepare_save(self, state, saved) -> None:
         """The first live worker's optimizer slots into the chief's optimizers, which the
@@ -384,7 +526,17 @@ class GeoParameterServerDistribution(Distribution):
                 return
 
     def figures(self) -> dict:
-        return dict(self.traffic)
+        """The traffic, and the ledger: ``batches_trained`` (each by one worker),
+        ``batches_applied`` (their pushes committed; the ps's own count),
+        ``batches_lost`` (trained by a worker that died before pushing them)."""
+        with self._lock:
+            ledger = {
+                "batches_trained": len(self.trained),
+                "batches_applied": len(self.applied),
+                "batches_lost": len(self.lost),
+            }
+        on_ps = int(self.applied_on_ps.numpy()) if self.workers else 0
+        return {**self.traffic, **ledger, "batches_applied_on_ps": on_ps}
 
     def job_loss(self, loss):
         return loss
