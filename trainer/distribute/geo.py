@@ -19,10 +19,10 @@ chief's input; its step touches only that worker's variables. A push, run on the
   row-wise optimizer on the tables (``lazy_adam``, ``adagrad``, ``ftrl``) changes only the
   rows a step looked up; Adam's momentum moves every row it has seen, and all of those travel.
 
-A push is staged, then committed: the worker copies its change to staging variables of its
-own on the ps (nothing global changes), then one function with every op on the ps applies
-it and marks the changed rows for the other workers (after the rows hold the update), and
-counts its batches on the ps; the worker then pulls. A worker lost while staging loses its
+A push is staged, then committed: the worker computes its change and copies it to the ps as
+tensors (nothing global changes), then one function with every op on the ps applies it,
+marks the changed rows for the other workers (after the rows hold the update) and counts
+its batches on the ps; the worker then pulls. A worker lost while staging loses its
 push whole; once staged, the commit does not need it. So each batch is applied exactly once
 or not at all, and the chief's ledger (``figures``: trained, applied, lost) says which.
 
@@ -111,20 +111,6 @@ class _Worker:
         self.stale = stale
         with tf.device(device):
             self.snapshot = [tf.Variable(c.read_value(), trainable=False) for _, c in self.pairs]
-        # this worker's push, staged on the ps before one commit applies it whole
-        self.staged, self.staged_ids = {}, {}
-        for i, (g, _) in enumerate(self.pairs):
-            with tf.device(g.device):
-                if i in stale:
-                    tail = g.shape[1:]
-                    self.staged[i] = tf.Variable(
-                        tf.zeros([0, *tail], g.dtype), shape=[None, *tail], trainable=False
-                    )
-                    self.staged_ids[i] = tf.Variable(tf.zeros([0], tf.int64), shape=[None], trainable=False)
-                else:
-                    self.staged[i] = tf.Variable(tf.zeros(g.shape, g.dtype), trainable=False)
-        with tf.device(self.pairs[0][0].device):
-            self.staged_batches = tf.Variable(0, dtype=tf.int64, trainable=False)
         self.step = self._step_fn(local.signature)
         self.stage = self._stage_fn()
         self.pull = self._pull_fn()
@@ -151,66 +137,66 @@ class _Worker:
     def _stage_fn(self):
         # g: a global variable (on a ps), c: this worker's copy, s: c as last pulled
         pairs, snapshot, stale = self.pairs, self.snapshot, self.stale
-        staged, staged_ids, staged_batches = self.staged, self.staged_ids, self.staged_batches
 
-        @tf.function(input_signature=[tf.TensorSpec([], tf.int64)], autograph=False)
-        def stage(batches):
-            """Copy this worker's change since its last pull to its staging variables on the
-            ps; nothing global changes (a worker lost here loses its push whole)."""
-            sent = []
-            for i, (_, c) in enumerate(pairs):
+        @tf.function(autograph=False)
+        def stage():
+            """This worker's change since its last pull, computed here and copied to the ps
+            (each tensor placed on its variable's ps): dense deltas, and for each table the
+            ids that changed and their deltas. Nothing global changes: a worker lost here
+            loses its push whole."""
+            out = []
+            for i, (g, c) in enumerate(pairs):
                 s = snapshot[i]
                 if i not in stale:
-                    staged[i].assign(c - s)
+                    delta = c - s
+                    with tf.device(g.device):
+                        out.append(tf.identity(delta))
                     continue
                 # the rows that changed here since the last pull: the ones a step looked up, and
                 # under an optimizer that moves rows without a gradient (Adam's momentum) more
                 now, then = c.read_value(), s.read_value()
                 ids = tf.where(tf.reduce_any(tf.not_equal(now, then), axis=1))[:, 0]
-                staged_ids[i].assign(ids)
-                staged[i].assign(tf.gather(now, ids) - tf.gather(then, ids))
-                sent.append(tf.size(ids))
-            staged_batches.assign(batches)
-            return tf.stack(sent) if sent else tf.zeros([0], tf.int32)
+                delta = tf.gather(now, ids) - tf.gather(then, ids)
+                with tf.device(g.device):
+                    out += [tf.identity(ids), tf.identity(delta)]
+            return out
 
         return stage
 
     def commit_fn(self, applied: tf.Variable):
-        """The function that applies this worker's staged push on the ps, whole: every op on
-        a ps, none on the worker, so the worker's death cannot cut it in two."""
+        """The function that applies a staged push (``stage``'s tensors, already on the ps,
+        and the number of batches in it) on the ps, whole: every op on a ps, none on the
+        worker, so the worker's death cannot cut it in two."""
         pairs, stale, me = self.pairs, self.stale, self.index
-        staged, staged_ids, staged_batches = self.staged, self.staged_ids, self.staged_batches
 
-        @tf.function(autograph=False)
-        def commit():
+        @tf.function(autograph=False, reduce_retracing=True)
+        def commit(staged, batches):
+            k = 0
             for i, (g, _) in enumerate(pairs):
                 if i not in stale:
-                    g.assign_add(staged[i].read_value())
+                    g.assign_add(staged[k])
+                    k += 1
                     continue
-                ids = staged_ids[i].read_value()
-                added = g.scatter_add(tf.IndexedSlices(staged[i].read_value(), ids))
+                ids, delta = staged[k], staged[k + 1]
+                k += 2
+                added = g.scatter_add(tf.IndexedSlices(delta, ids))
                 # marked only once the rows hold the update: a worker that pulls a marked row
                 # reads it with the update in
                 with tf.control_dependencies([added]):
-                    for k, flags in enumerate(stale[i]):
-                        if k != me:
+                    for w, flags in enumerate(stale[i]):
+                        if w != me:
                             flags.scatter_update(tf.IndexedSlices(tf.ones_like(ids, tf.bool), ids))
-            applied.assign_add(staged_batches.read_value())
+            applied.assign_add(batches)
 
         return commit
 
     def _pull_fn(self):
-        pairs, snapshot, stale, me, staged_ids = (
-            self.pairs,
-            self.snapshot,
-            self.stale,
-            self.index,
-            self.staged_ids,
-        )
+        pairs, snapshot, stale, me = self.pairs, self.snapshot, self.stale, self.index
 
-        @tf.function(autograph=False)
-        def pull():
-            """After a commit: take the dense values, and the rows other workers changed."""
+        @tf.function(autograph=False, reduce_retracing=True)
+        def pull(pushed_ids):
+            """After a commit: take the dense values, and the rows other workers changed
+            (``pushed_ids``: per table, the ids this worker pushed)."""
             received = []
             for i, (g, c) in enumerate(pairs):
                 s = snapshot[i]
@@ -220,7 +206,7 @@ class _Worker:
                     s.assign(new)
                     continue
                 # own rows: the ps now holds local (unless marked changed by another worker below)
-                ids = staged_ids[i].read_value()
+                ids = pushed_ids[len(received)]
                 s.scatter_update(tf.IndexedSlices(tf.gather(c.read_value(), ids), ids))
                 mine = stale[i][me]
                 with tf.device(mine.device):
@@ -298,7 +284,7 @@ class GeoParameterServerDistribution(Distribution):
         self._queue: queue.Queue = queue.Queue(maxsize=QUEUE_PER_WORKER * len(self.cluster["worker"]))
         self._counters: tuple = ()
         self._dispatched = 0  # steps queued since the counters were last advanced
-        self._lock = threading.Lock()  # traffic, the ledger, and "is any worker alive"
+        self._lock = threading.RLock()  # traffic, the ledger, "is any worker alive", the error
         self._commit_executor = eager_executor.new_executor(enable_async=False)
         self._commit_lock = threading.Lock()
         self._batches = 0  # the batches queued so far (each gets its number)
@@ -413,22 +399,34 @@ class GeoParameterServerDistribution(Distribution):
             raise self._error
 
     def _requeue(self, item: _Step | None) -> None:
-        with self._lock:  # run_step checks and enqueues under it: nothing enqueued after the drain
-            if any(w.alive for w in self.workers):
-                if item is not None:
-                    self._queue.put(item)
-                return
-            # nobody is left to train the queued batches: each fails, and join() returns
-            self._fail(StrategyError(ALL_FAILED))
-            while True:
-                if item is not None:
-                    item.error = StrategyError(ALL_FAILED)
-                    item.done.set()
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
+        while True:
+            # checked and enqueued under the lock a dying worker drains under, never blocking
+            # with it held (a worker that frees a place may need it)
+            with self._lock:
+                if not any(w.alive for w in self.workers):
+                    self._drain(item)
                     return
-                self._queue.task_done()
+                try:
+                    if item is not None:
+                        self._queue.put_nowait(item)
+                    return
+                except queue.Full:
+                    pass
+            time.sleep(PUT_POLL_S)
+
+    def _drain(self, item: _Step | None) -> None:
+        """Nobody is left to train ``item`` and the queued batches: each fails, and join()
+        returns. Called with the lock held."""
+        self._fail(StrategyError(ALL_FAILED))
+        while True:
+            if item is not None:
+                item.error = StrategyError(ALL_FAILED)
+                item.done.set()
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            self._queue.task_done()
 
     def _push(self, worker: _Worker) -> bool:
         """Stage the worker's change on the ps, commit it there whole, pull the others'.
@@ -436,18 +434,27 @@ class GeoParameterServerDistribution(Distribution):
         batches = worker.pending
         try:
             with worker.scope():
-                sent = worker.stage(tf.constant(len(batches), tf.int64)).numpy()
+                staged = worker.stage()
         except WORKER_LOST as err:
             self._lost(worker, err)
             return False
         with self._commit_lock, eager_context.executor_scope(self._commit_executor):
-            self._commits[worker.index]()  # on the ps only
+            self._commits[worker.index](staged, tf.constant(len(batches), tf.int64))  # on the ps only
         with self._lock:
             self.applied.update(batches)
         worker.pending = []
+        pushed_ids = []
+        k = 0
+        for i in range(len(worker.pairs)):
+            if i in worker.stale:
+                pushed_ids.append(staged[k])
+                k += 2
+            else:
+                k += 1
+        sent = np.array([int(tf.size(ids)) for ids in pushed_ids], np.int64)
         try:
             with worker.scope():
-                received = worker.pull().numpy()
+                received = worker.pull(pushed_ids).numpy()
         except WORKER_LOST as err:
             self._lost(worker, err)
             return False
