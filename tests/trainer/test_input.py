@@ -101,7 +101,10 @@ def test_a_day_in_both_ranges_is_split_by_its_holdout_rows(ml_early):
     train_parts, train_keep = holdout_split(config, parse_ds_range(config.train_ds), "train")
     eval_parts, eval_keep = holdout_split(config, parse_ds_range(config.eval_ds), "eval")
     day = train_parts[-1]
-    assert train_keep == {day: False} and eval_keep == {day: True} and eval_parts == [day]
+    # every training day leaves its held-out rows out, not only the evaluated one: a wider
+    # gate window later (gate.window_days raised) scores rows this model never trained on
+    assert train_keep == dict.fromkeys(train_parts, False)
+    assert eval_keep == {day: True} and eval_parts == [day]
     held_out = Counter(
         _keys(FeatureReader(config, eval_parts, batch_size=50, holdout=eval_keep, raw_columns=KEYS))
     )
@@ -111,8 +114,14 @@ def test_a_day_in_both_ranges_is_split_by_its_holdout_rows(ml_early):
     day_rows = pq.read_table(day).num_rows
     assert 0.1 < sum(held_out.values()) / day_rows < 0.3  # holdout_percent: 20
     assert not set(held_out) & set(trained)  # no evaluated row was trained on
-    other_days = sum(pq.read_table(p).num_rows for p in train_parts[:-1])
-    assert sum(trained.values()) + sum(held_out.values()) == other_days + day_rows
+    all_held = with_edits(config, {"eval_ds": config.train_ds})
+    parts, keep = holdout_split(all_held, parse_ds_range(config.train_ds), "eval")
+    every_held_out = Counter(
+        _keys(FeatureReader(config, parts, batch_size=50, holdout=keep, raw_columns=KEYS))
+    )
+    assert not set(every_held_out) & set(trained)  # no held-out row of any day was trained on
+    every_row = sum(pq.read_table(p).num_rows for p in train_parts)
+    assert sum(trained.values()) + sum(every_held_out.values()) == every_row
     # ranges that do not overlap read whole days
     disjoint = with_edits(config, {"eval_ds": "1997-09-24"})
     assert holdout_split(disjoint, ["1997-09-24"], "eval")[1] == {}

@@ -20,8 +20,11 @@ def holdout_split(config: PipelineConfig, days: list[str], role: str) -> tuple[l
     keep: ``{partition: is_holdout}``.
 
     A day in both ranges is split by the Spark job's ``_holdout`` column (``data_config.
-    holdout_percent``): training reads its other rows, evaluation only the held-out ones, so no
-    evaluated row was trained on. Days in one range only are read whole.
+    holdout_percent``): evaluation reads only its held-out rows. Training then leaves out the
+    held-out rows of every day it trains on, not only those of the shared days: the gate's
+    window may grow later (``gate.window_days``), and its held-out rows must not have been
+    trained on by this model, which becomes the next one's champion and ancestor. Without a
+    shared day (an out-of-time evaluation), both read whole days.
 
     Raises:
         InputError: no finished partition; or a shared day without holdout (the config has
@@ -47,4 +50,6 @@ def holdout_split(config: PipelineConfig, days: list[str], role: str) -> tuple[l
                     "is 0: set it (and re-run the feature job) or make the ranges disjoint"
                 )
             keep[part] = role == "eval"
+        elif shared and role == "train":
+            keep[part] = False  # held out for any later, wider gate window
     return partitions, keep
