@@ -208,7 +208,8 @@ def placement(model) -> list[str]:
     """One line per fused table variable partitioned across ps: its rows, parts and devices."""
     out = []
     for layer in model.submodules:
-        for fused in getattr(layer, "fused", {}).values():
+        tables = getattr(layer, "fused", None)  # batch norm's ``fused`` is a flag, not tables
+        for fused in tables.values() if isinstance(tables, dict) else ():
             if isinstance(fused, ShardedVariable):
                 devices = ", ".join(f"{v.shape[0]} on {v.device}" for v in fused.variables)
                 out.append(

@@ -435,6 +435,36 @@ def test_synchronous_parameter_server_equals_one_process_on_the_global_batch(con
     _assert_same_state(tmp_path / "one", tmp_path / "sync")
 
 
+def test_synchronous_parameter_server_moves_batch_norm_statistics_once_an_update(config_path, tmp_path):
+    # with use_bn, each worker's gradient step used to move the moving mean on the ps (twice
+    # an update with two workers, again for a step run twice); now the chief moves it once,
+    # with the workers' batch means averaged: the global batch's mean, as one process
+    edits = {
+        "train_config.optimizer_config": SPLITS["lazy_adam+adam"],
+        "data_config.shuffle": False,
+        "data_config.batch_size": 256,
+        "train_config.save_checkpoints_steps": 1000,
+        "model_config.deepfm.dnn.use_bn": True,
+    }
+    _train(config_path, tmp_path / "start", "NoStrategy", **edits, **{"train_config.num_steps": 3})
+    _copies(tmp_path / "start", "one", "sync")
+    edits["train_config.num_steps"] = 4  # one update: the weights are still the same on both
+    resume = "--continue_train"
+    _train(config_path, tmp_path / "one", "NoStrategy", 1, resume, **edits)
+    edits |= {"data_config.batch_size": 128, "train_config.sync_replicas": True}
+    _train(config_path, tmp_path / "sync", "NoStrategy", 2, resume, ps=1, **edits)
+    start, one, sync = (_state(tmp_path / d) for d in ("start", "one", "sync"))
+    first, second = sorted(k for k in one if "moving_mean" in k)  # bn_0, bn_1
+    assert "bn_0" in first and "bn_1" in second
+    # the first layer's batch mean is the global batch's exactly
+    assert float(np.abs(one[first] - start[first]).max()) > 1e-4  # it moved
+    np.testing.assert_allclose(sync[first], one[first], atol=1e-6)
+    # the second's input was normalized by each worker's statistics: close, not equal; two
+    # moving-average steps an update (each worker's) would move it about twice as far
+    moved = [np.abs(state[second] - start[second]).sum() for state in (one, sync)]
+    assert 0.8 < moved[1] / moved[0] < 1.2, moved
+
+
 def test_synchronous_parameter_server_applies_each_update_once_when_a_worker_dies(config_path, tmp_path):
     # a gradient step lost with its worker is run again on the other one; the update waits
     # for it, so no update is lost or applied twice

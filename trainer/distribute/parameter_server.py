@@ -38,6 +38,7 @@ import numpy as np
 import tensorflow as tf
 
 from trainer.distribute.base import Distribution, StepParts, StrategyError
+from trainer.layers.batch_norm import apply_moving_statistics, deferred_moving_statistics
 
 log = logging.getLogger(__name__)
 
@@ -190,10 +191,16 @@ class _GradientSteps:
         self.variables, counters = parts.variables, parts.counters
         self.kinds: list = []  # per variable: "dense", (indices dtype) or None; set when traced
 
+        self.moving: list[tuple] = []  # batch norm's deferred updates: (variable, value, momentum)
+
         @tf.function(input_signature=(tf.TensorSpec([], tf.float32), *parts.signature), autograph=False)
         def compute(share, *flat):
             def replica(share, *flat):
-                loss, grads = gradients(flat, share)
+                # batch norm's moving statistics travel with the gradients and are applied once
+                # per update, not on the ps by each (possibly re-run) step
+                with deferred_moving_statistics() as moving:
+                    loss, grads = gradients(flat, share)
+                self.moving[:] = moving
                 self.kinds[:], out = [], []
                 for grad in grads:
                     if isinstance(grad, tf.IndexedSlices):
@@ -202,7 +209,7 @@ class _GradientSteps:
                     else:
                         self.kinds.append(None if grad is None else "dense")
                         out += [] if grad is None else [grad]
-                return loss, out
+                return loss, out + [value for _, value, _ in moving]
 
             return strategy.run(replica, args=(share, *flat))
 
@@ -217,6 +224,7 @@ class _GradientSteps:
                     specs.append(tf.TensorSpec(var.shape, var.dtype))
                 elif kind is not None:
                     specs += [tf.TensorSpec([None, *var.shape[1:]], var.dtype), tf.TensorSpec([None], kind)]
+            specs += [tf.TensorSpec(var.shape, var.dtype) for var, _, _ in self.moving]
 
             @tf.function(input_signature=specs, autograph=False)
             def apply_sum(steps, *flat):
@@ -231,6 +239,7 @@ class _GradientSteps:
                     else:
                         grads.append(None)
                 strategy.run(apply, args=(grads,))  # the optimizers need a replica context
+                apply_moving_statistics(self.moving, list(parts))
                 for counter in counters:
                     counter.assign_add(steps)
 
@@ -264,6 +273,8 @@ class _GradientSteps:
                     np.add.at(merged, at, values)
                     values, indices = merged, ids
                 summed += [values * np.float32(scale), indices]
+        # batch norm's statistics: the mean over the merged batches, applied once
+        summed += [np.mean(next(per_entry), axis=0) for _ in self.moving]
         self._apply(np.int64(steps), *summed)
         return sum(int(a.nbytes) for a in summed)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import tf_keras as keras
 
 from recpipe.config.model import DNN
+from trainer.layers.batch_norm import BatchNorm
 
 
 class MLP(keras.layers.Layer):
@@ -20,11 +21,7 @@ class MLP(keras.layers.Layer):
             keras.layers.Dense(u, activation="relu", name=f"dense_{i}")
             for i, u in enumerate(config.hidden_units)
         ]
-        self.norms = (
-            [keras.layers.BatchNormalization(name=f"bn_{i}") for i in range(len(self.dense))]
-            if config.use_bn
-            else []
-        )
+        self.norms = [BatchNorm(name=f"bn_{i}") for i in range(len(self.dense))] if config.use_bn else []
         self.dropout = keras.layers.Dropout(config.dropout_ratio) if config.dropout_ratio else None
 
     def call(self, x, training=False):
