@@ -12,6 +12,11 @@
 
 Sizes, image, namespace and the shared volume (model_dir and features) come from the cluster
 config (``conf/cluster/*.yaml``), never from the model config.
+
+Every job's manifests end with a ``NetworkPolicy`` (``networking.k8s.io/v1``): its pods (the
+operators' ``training.kubeflow.org/job-name`` label, which recpipe also puts on the evaluator
+Job's pods) accept connections from each other only, so the TensorFlow servers (which listen
+on every interface, unauthenticated) and Horovod's ranks are closed to the rest of the cluster.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from recpipe.config.errors import ConfigError
 from recpipe.config.train import SyncMode, TrainDistribute
 
 TFJOB = ("kubeflow.org", "v1", "tfjobs", "TFJob")
+JOB_LABEL = "training.kubeflow.org/job-name"  # the training and MPI operators' pod label
 MPIJOB = ("kubeflow.org", "v2beta1", "mpijobs", "MPIJob")
 
 
@@ -63,6 +69,25 @@ def _pod(cluster: ClusterConfig, container: str, command: list[str], role: RoleR
     return {"metadata": {"labels": {"app.kubernetes.io/part-of": "recpipe"}}, "spec": spec}
 
 
+def network_policy(name: str, namespace: str) -> dict:
+    """A ``NetworkPolicy`` that lets the pods of job ``name`` be reached by each other only."""
+    pods = {"matchLabels": {JOB_LABEL: name}}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": job_name(f"{name}-job-only"),
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/part-of": "recpipe"},
+        },
+        "spec": {
+            "podSelector": pods,
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"podSelector": pods}]}],
+        },
+    }
+
+
 def _replica(cluster, container, command, role: RoleResources, replicas: int, restart: str) -> dict:
     return {
         "replicas": replicas,
@@ -83,7 +108,8 @@ def render(
     workers: int | None = None,
     sync_mode: SyncMode | None = None,
 ) -> list[dict]:
-    """The manifests of one training job (the training job first).
+    """The manifests of one training job: the training job first, a separate evaluator's Job
+    (if any), then the job's ``NetworkPolicy`` (``network_policy``).
 
     Args:
         name: the job's name (made DNS-1123).
@@ -132,6 +158,7 @@ def render(
         if eval_args is not None:
             pod = _pod(cluster, "evaluator", evaluate, cluster.evaluator)
             pod["spec"]["restartPolicy"] = "Never"
+            pod["metadata"]["labels"][JOB_LABEL] = name  # inside the job's network policy
             manifests.append(
                 {
                     "apiVersion": "batch/v1",
@@ -140,7 +167,7 @@ def render(
                     "spec": {"backoffLimit": 0, "template": pod},
                 }
             )
-        return manifests
+        return [*manifests, network_policy(name, cluster.namespace)]
     with_ps = distribute.with_parameter_servers(cluster.ps.count)
     if (
         not with_ps
@@ -170,5 +197,6 @@ def render(
             "kind": TFJOB[3],
             "metadata": meta,
             "spec": {"runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": 0}, "tfReplicaSpecs": specs},
-        }
+        },
+        network_policy(name, cluster.namespace),
     ]

@@ -94,8 +94,16 @@ class KubernetesLauncher:
                 )
             time.sleep(self.poll_s)
 
+    def _networking(self):
+        from kubernetes import client
+
+        return client.NetworkingV1Api(self.hook.api_client)
+
     def _create(self, manifest: dict) -> None:
         namespace = manifest["metadata"]["namespace"]
+        if manifest["kind"] == "NetworkPolicy":
+            self._networking().create_namespaced_network_policy(namespace=namespace, body=manifest)
+            return
         if manifest["kind"] == "Job":
             self.hook.batch_v1_client.create_namespaced_job(namespace=namespace, body=manifest)
             return
@@ -134,7 +142,9 @@ class KubernetesLauncher:
         for manifest in reversed(self._created):
             meta = manifest["metadata"]
             try:
-                if manifest["kind"] == "Job":
+                if manifest["kind"] == "NetworkPolicy":
+                    self._networking().delete_namespaced_network_policy(meta["name"], meta["namespace"])
+                elif manifest["kind"] == "Job":
                     self.hook.batch_v1_client.delete_namespaced_job(
                         meta["name"], meta["namespace"], propagation_policy="Background"
                     )

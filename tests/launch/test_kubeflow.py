@@ -11,7 +11,7 @@ import pytest
 from recpipe.config import load_cluster_config
 from recpipe.config.cluster import ClusterConfig
 from recpipe.config.train import TrainDistribute as D
-from recpipe.launch.kubeflow import SYNC_MODE_ANNOTATION, render
+from recpipe.launch.kubeflow import JOB_LABEL, SYNC_MODE_ANNOTATION, render
 from tests.support import ROOT
 
 ARGS = ["--pipeline_config_path", "conf/movielens_deepfm.yaml", "--model_dir", "/var/lib/recpipe/m"]
@@ -56,8 +56,23 @@ def k8s() -> ClusterConfig:
     )
 
 
+def _check_policy(policy: dict, name: str, cluster) -> None:
+    """The job's NetworkPolicy: its pods reachable from its own pods only."""
+    from kubernetes.client import ApiClient, V1NetworkPolicy
+
+    # as the API server would take it: the client's own model of the object
+    model = ApiClient()._ApiClient__deserialize(policy, V1NetworkPolicy)
+    assert model.kind == "NetworkPolicy" and model.metadata.namespace == cluster.namespace
+    pods = {JOB_LABEL: name}
+    assert model.spec.pod_selector.match_labels == pods and model.spec.policy_types == ["Ingress"]
+    (rule,) = model.spec.ingress
+    assert [peer.pod_selector.match_labels for peer in rule._from] == [pods] and rule.ports is None
+
+
 def test_horovod_renders_an_mpijob_sized_by_the_cluster_config_and_an_evaluator_job(k8s):
-    job, evaluator = render("Recpipe Train 2024-01-01", D.HorovodStrategy, k8s, ARGS, eval_args=ARGS)
+    job, evaluator, policy = render("Recpipe Train 2024-01-01", D.HorovodStrategy, k8s, ARGS, eval_args=ARGS)
+    _check_policy(policy, "recpipe-train-2024-01-01", k8s)
+    assert evaluator["spec"]["template"]["metadata"]["labels"][JOB_LABEL] == "recpipe-train-2024-01-01"
     specs = _check_crd(job, k8s)
     assert job["metadata"]["name"] == "recpipe-train-2024-01-01"
     assert specs["Launcher"]["replicas"] == 1 and specs["Worker"]["replicas"] == k8s.worker.count == 4
@@ -77,13 +92,14 @@ def test_horovod_renders_an_mpijob_sized_by_the_cluster_config_and_an_evaluator_
 
 def test_multi_worker_and_ps_render_tfjobs(k8s):
     k8s = ClusterConfig.model_validate({**k8s.model_dump(), "ps": {"count": 2, "cpu": 4}})
-    (mwms,) = render("train", D.MultiWorkerMirroredStrategy, k8s, ARGS, eval_args=ARGS, workers=3)
+    mwms, policy = render("train", D.MultiWorkerMirroredStrategy, k8s, ARGS, eval_args=ARGS, workers=3)
+    _check_policy(policy, "train", k8s)
     specs = _check_crd(mwms, k8s)
     assert set(specs) == {"Worker", "Evaluator"} and specs["Worker"]["replicas"] == 3
     assert (
         specs["Worker"]["template"]["spec"]["containers"][0]["name"] == "tensorflow"
     )  # the operator's default
-    (ps,) = render("train", D.PSStrategy, k8s, ARGS)
+    ps, _ = render("train", D.PSStrategy, k8s, ARGS)
     specs = _check_crd(ps, k8s)
     assert set(specs) == {"Chief", "Worker", "PS"} and specs["PS"]["replicas"] == 2
     command = {role: spec["template"]["spec"]["containers"][0]["command"] for role, spec in specs.items()}
@@ -93,7 +109,7 @@ def test_multi_worker_and_ps_render_tfjobs(k8s):
     assert specs["PS"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "4.0"
     # the parameter-server update mode is written on the job; asynchronous unless told
     assert ps["metadata"]["annotations"] == {SYNC_MODE_ANNOTATION: "async"}
-    (geo,) = render("train", D.NoStrategy, k8s, ARGS, sync_mode="geo")
+    geo, _ = render("train", D.NoStrategy, k8s, ARGS, sync_mode="geo")
     assert geo["metadata"]["annotations"] == {SYNC_MODE_ANNOTATION: "geo"}
     assert set(_check_crd(geo, k8s)) == {"Chief", "Worker", "PS"}
     assert "annotations" not in mwms["metadata"]
