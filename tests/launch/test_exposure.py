@@ -56,7 +56,7 @@ def _listening(root: psutil.Process) -> set[tuple[str, int]]:
     return out
 
 
-def _run_and_read(tmp_path: Path, job, ready: str, count: int) -> set[tuple[str, int]]:
+def _start(tmp_path: Path, job, ready: str, count: int) -> tuple[LocalLauncher, threading.Thread]:
     launcher = LocalLauncher(tmp_path / "logs", grace_s=2)
     thread = threading.Thread(target=lambda: _quiet(launcher.run, job), daemon=True)
     thread.start()
@@ -66,6 +66,11 @@ def _run_and_read(tmp_path: Path, job, ready: str, count: int) -> set[tuple[str,
         alive = thread.is_alive()
         assert alive and time.monotonic() < deadline, [p.read_text()[-1000:] for p in logs if p.exists()]
         time.sleep(0.5)
+    return launcher, thread
+
+
+def _run_and_read(tmp_path: Path, job, ready: str, count: int) -> set[tuple[str, int]]:
+    launcher, thread = _start(tmp_path, job, ready, count)
     try:
         found = set()
         for proc in launcher._procs:
@@ -93,19 +98,6 @@ def test_a_horovod_job_listens_on_loopback_only(tmp_path):
     found = _run_and_read(tmp_path, job, "ready rank", 2)
     assert found, "the job listened on nothing (the rendezvous server was not seen)"
     assert all(_loopback(ip) for ip, _ in found), found
-
-
-def _start(tmp_path: Path, job, ready: str, count: int) -> tuple[LocalLauncher, threading.Thread]:
-    launcher = LocalLauncher(tmp_path / "logs", grace_s=2)
-    thread = threading.Thread(target=lambda: _quiet(launcher.run, job), daemon=True)
-    thread.start()
-    logs = [tmp_path / "logs" / f"{job.name}-{i}.log" for i in range(len(job.argv))]
-    deadline = time.monotonic() + 120
-    while sum(p.exists() and p.read_text(errors="replace").count(ready) for p in logs) < count:
-        alive = thread.is_alive()
-        assert alive and time.monotonic() < deadline, [p.read_text()[-1000:] for p in logs if p.exists()]
-        time.sleep(0.5)
-    return launcher, thread
 
 
 def test_a_parameter_server_job_is_reachable_only_from_its_own_namespace_and_sees_no_secret(

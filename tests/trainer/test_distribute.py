@@ -411,22 +411,31 @@ def test_a_failed_parameter_server_chief_exits_with_its_error_and_the_job_ends(c
     assert job_processes(tmp_path / "logs") == []
 
 
-def test_synchronous_parameter_server_equals_one_process_on_the_global_batch(config_path, tmp_path):
-    # NoStrategy + sync_replicas with 2 workers and 2 ps (the item table partitioned): each
-    # update sums one 128-row batch per worker, so it equals one process on 256 rows
+def _one_process_and_sync_ps(config_path, tmp_path, steps: int, ps: int, **extra):
+    """From one 3-step start: ``steps`` steps of one process on 256-row batches (``one``) and
+    of a synchronous PS job, 2 workers on 128 rows each and ``ps`` ps (``sync``); returns
+    both results and the sync job's logs."""
     edits = {
         "train_config.optimizer_config": SPLITS["lazy_adam+adam"],
         "data_config.shuffle": False,
         "data_config.batch_size": 256,
         "train_config.save_checkpoints_steps": 1000,
+        **extra,
     }
     _train(config_path, tmp_path / "start", "NoStrategy", **edits, **{"train_config.num_steps": 3})
     _copies(tmp_path / "start", "one", "sync")
-    edits["train_config.num_steps"] = 8
+    edits["train_config.num_steps"] = steps
     resume = "--continue_train"
     one, _ = _train(config_path, tmp_path / "one", "NoStrategy", 1, resume, **edits)
     edits |= {"data_config.batch_size": 128, "train_config.sync_replicas": True}
-    sync, logs = _train(config_path, tmp_path / "sync", "NoStrategy", 2, resume, ps=2, **edits)
+    sync, logs = _train(config_path, tmp_path / "sync", "NoStrategy", 2, resume, ps=ps, **edits)
+    return one, sync, logs
+
+
+def test_synchronous_parameter_server_equals_one_process_on_the_global_batch(config_path, tmp_path):
+    # NoStrategy + sync_replicas with 2 workers and 2 ps (the item table partitioned): each
+    # update sums one 128-row batch per worker, so it equals one process on 256 rows
+    one, sync, logs = _one_process_and_sync_ps(config_path, tmp_path, 8, 2)
     assert one["global_step"] == sync["global_step"] == 8
     assert "rows in 2 parts" in logs[0].read_text()
     assert abs(one["loss"] - sync["loss"]) < 1e-5
@@ -438,21 +447,9 @@ def test_synchronous_parameter_server_equals_one_process_on_the_global_batch(con
 def test_synchronous_parameter_server_moves_batch_norm_statistics_once_an_update(config_path, tmp_path):
     # with use_bn, each worker's gradient step used to move the moving mean on the ps (twice
     # an update with two workers, again for a step run twice); now the chief moves it once,
-    # with the workers' batch means averaged: the global batch's mean, as one process
-    edits = {
-        "train_config.optimizer_config": SPLITS["lazy_adam+adam"],
-        "data_config.shuffle": False,
-        "data_config.batch_size": 256,
-        "train_config.save_checkpoints_steps": 1000,
-        "model_config.deepfm.dnn.use_bn": True,
-    }
-    _train(config_path, tmp_path / "start", "NoStrategy", **edits, **{"train_config.num_steps": 3})
-    _copies(tmp_path / "start", "one", "sync")
-    edits["train_config.num_steps"] = 4  # one update: the weights are still the same on both
-    resume = "--continue_train"
-    _train(config_path, tmp_path / "one", "NoStrategy", 1, resume, **edits)
-    edits |= {"data_config.batch_size": 128, "train_config.sync_replicas": True}
-    _train(config_path, tmp_path / "sync", "NoStrategy", 2, resume, ps=1, **edits)
+    # with the workers' batch means averaged: the global batch's mean, as one process. One
+    # update: the weights are still the same on both
+    _one_process_and_sync_ps(config_path, tmp_path, 4, 1, **{"model_config.deepfm.dnn.use_bn": True})
     start, one, sync = (_state(tmp_path / d) for d in ("start", "one", "sync"))
     first, second = sorted(k for k in one if "moving_mean" in k)  # bn_0, bn_1
     assert "bn_0" in first and "bn_1" in second
