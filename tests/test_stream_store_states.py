@@ -276,5 +276,5 @@ class StreamStore(RuleBasedStateMachine):
 def test_the_store_and_the_chain_over_random_interleavings(redis_server):
     StreamStore.server = redis_server
     machine = StreamStore.TestCase
-    machine.settings = settings(max_examples=40, stateful_step_count=25, deadline=None)
+    machine.settings = settings(max_examples=30, stateful_step_count=20, deadline=None)
     machine().runTest()
