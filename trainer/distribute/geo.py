@@ -278,10 +278,14 @@ class GeoParameterServerDistribution(Distribution):
         super().__init__(tf.distribute.ParameterServerStrategy(resolver))
         self.geo_step = geo_step
         self.workers: list[_Worker] = []
+        self._start_ledger(len(self.cluster["worker"]))
+
+    def _start_ledger(self, workers: int) -> None:
+        """The chief's state of the workers' batches: the queue, the ledger, the counts."""
         self.traffic = dict.fromkeys(
             ("pushes", "rows_sent", "rows_received", "bytes_to_ps", "bytes_from_ps"), 0
         )
-        self._queue: queue.Queue = queue.Queue(maxsize=QUEUE_PER_WORKER * len(self.cluster["worker"]))
+        self._queue: queue.Queue = queue.Queue(maxsize=QUEUE_PER_WORKER * workers)
         self._counters: tuple = ()
         self._dispatched = 0  # steps queued since the counters were last advanced
         self._lock = threading.RLock()  # traffic, the ledger, "is any worker alive", the error
@@ -341,41 +345,45 @@ class GeoParameterServerDistribution(Distribution):
         return self._serve
 
     def _serve(self, worker: _Worker) -> None:
-        while True:
-            item = self._queue.get()
-            try:
-                with worker.scope():
-                    item.loss = float(worker.step(*item.element))
-            except WORKER_LOST as err:
-                # the step ran on the worker's copy alone: nothing of this batch reached the
-                # ps, so another worker trains it
-                self._lost(worker, err)
-                self._queue.task_done()
-                self._requeue(item)
-                return
-            except Exception as err:  # noqa: BLE001 - raised by the loop's next call
-                item.error = err
-                self._fail(err)
-                item.done.set()
-                self._queue.task_done()
-                continue
-            with self._lock:
-                self.trained[item.number] = worker.index
-            worker.pending.append(item.number)
-            pushed = True
-            try:
-                if len(worker.pending) >= self.geo_step:
-                    pushed = self._push(worker)
-            except Exception as err:  # noqa: BLE001 - a ps lost or a bug: the job fails with it
-                item.error = err
-                self._fail(err)
-            # trained and counted: its push is applied whole or lost with the worker, never
-            # trained again
+        while self._train(worker, self._queue.get()):
+            pass
+
+    def _train(self, worker: _Worker, item: _Step) -> bool:
+        """Train ``item`` (taken from the queue) on ``worker``, pushing every ``geo_step`` of
+        its batches; False once the worker is lost (its thread then ends)."""
+        try:
+            with worker.scope():
+                item.loss = float(worker.step(*item.element))
+        except WORKER_LOST as err:
+            # the step ran on the worker's copy alone: nothing of this batch reached the ps,
+            # so another worker trains it
+            self._lost(worker, err)
+            self._queue.task_done()
+            self._requeue(item)
+            return False
+        except Exception as err:  # noqa: BLE001 - raised by the loop's next call
+            item.error = err
+            self._fail(err)
             item.done.set()
             self._queue.task_done()
-            if not pushed:
-                self._requeue(None)
-                return
+            return True
+        with self._lock:
+            self.trained[item.number] = worker.index
+        worker.pending.append(item.number)
+        pushed = True
+        try:
+            if len(worker.pending) >= self.geo_step:
+                pushed = self._push(worker)
+        except Exception as err:  # noqa: BLE001 - a ps lost or a bug: the job fails with it
+            item.error = err
+            self._fail(err)
+        # trained and counted: its push is applied whole or lost with the worker, never
+        # trained again
+        item.done.set()
+        self._queue.task_done()
+        if not pushed:
+            self._requeue(None)
+        return pushed
 
     def _lost(self, worker: _Worker, err: BaseException) -> None:
         with self._lock:

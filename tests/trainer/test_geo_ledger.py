@@ -1,0 +1,197 @@
+"""The GEO chief's bookkeeping of its workers' batches over random interleavings (a Hypothesis
+stateful test): batches queued, trained by one worker or another, pushes every ``geo_step``,
+workers lost in a step, while staging a push, after its commit; the chief's ``sync``. The
+workers are stand-ins (a step, a stage and a pull that succeed or raise TensorFlow's
+``UnavailableError``, as a lost worker's ops do); the chief's code is
+``GeoParameterServerDistribution``'s own, run in this thread. After every step: no batch is
+trained twice, each trained batch is applied once (as the ps counts) or lost with its worker
+or still pending on a live one, a failed step's error is raised by the next call, and once no
+worker is left nothing waits in the queue."""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+from collections import Counter
+
+import pytest
+import tensorflow as tf
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from trainer.distribute.base import StrategyError
+from trainer.distribute.geo import GeoParameterServerDistribution
+
+FATES = st.sampled_from([None, None, None, "step", "stage", "pull", "error"])
+
+
+class Ps:
+    """What the ps holds of the pushes: the number of batches applied."""
+
+    def __init__(self):
+        self.applied = 0
+
+
+class StandInWorker:
+    """A GEO worker as the chief drives it; ``fate`` says where it fails next."""
+
+    def __init__(self, index: int, trained: Counter):
+        self.index, self.alive, self.pending, self.stale, self.pairs = index, True, [], {}, []
+        self.fate: str | None = None
+        self.trained = trained
+
+    def scope(self):
+        return contextlib.nullcontext()
+
+    def _maybe_lost(self, where: str) -> None:
+        if self.fate == where:
+            raise tf.errors.UnavailableError(None, None, f"worker {self.index} lost in {where}")
+
+    def step(self, number):
+        self._maybe_lost("step")
+        if self.fate == "error":
+            self.fate = None
+            raise ValueError(f"a bad batch {number}")
+        self.trained[number] += 1
+        return 0.5
+
+    def stage(self):
+        self._maybe_lost("stage")
+        return []
+
+    def pull(self, pushed_ids):
+        self._maybe_lost("pull")
+        return tf.zeros([0], tf.int32)
+
+
+class GeoChief(RuleBasedStateMachine):
+    @initialize(workers=st.integers(1, 3), geo_step=st.integers(1, 4))
+    def start(self, workers, geo_step):
+        self.ps = Ps()
+        self.trained: Counter = Counter()  # successful steps per batch
+        chief = object.__new__(GeoParameterServerDistribution)
+        chief.geo_step = geo_step
+        chief._start_ledger(workers)
+        chief.workers = [StandInWorker(i, self.trained) for i in range(workers)]
+        chief._dense_bytes, chief._row_bytes = 0, {}
+
+        def commit(staged, batches):
+            self.ps.applied += int(batches)
+
+        chief._commits = {i: commit for i in range(workers)}
+        self.chief = chief
+        self.items: list = []
+        self.raised: list = []
+
+    def _alive(self):
+        return [w for w in self.chief.workers if w.alive]
+
+    def _call(self, fn, *args):
+        """A call of the loop's: a step's error is raised once, at the next call."""
+        try:
+            return fn(*args)
+        except ValueError as err:
+            self.raised.append(err)
+            self.chief._error = None  # the job would end here; the test goes on looking
+            return None
+
+    @precondition(lambda self: self._alive() and not self.chief._queue.full())
+    @rule()
+    def queue_a_batch(self):
+        item = self._call(self.chief.run_step, None, (len(self.items),))
+        if item is not None:
+            self.items.append(item)
+
+    @precondition(lambda self: not self._alive())
+    @rule()
+    def queue_a_batch_with_no_worker_left(self):
+        try:
+            self.chief.run_step(None, (len(self.items),))
+        except ValueError:  # a step's error, not raised yet, comes first
+            self.chief._error = None
+            return
+        except StrategyError as err:
+            assert "every worker failed" in str(err)
+            return
+        raise AssertionError("a batch was queued with no worker left to train it")
+
+    @precondition(lambda self: self._alive() and not self.chief._queue.empty())
+    @rule(data=st.data(), fate=FATES)
+    def a_worker_takes_the_next_batch(self, data, fate):
+        worker = data.draw(st.sampled_from(self._alive()))
+        worker.fate = fate
+        item = self.chief._queue.get_nowait()
+        self.chief._train(worker, item)
+        worker.fate = None if worker.alive else worker.fate
+
+    @precondition(lambda self: self._alive() and self.chief._queue.unfinished_tasks == 0)
+    @rule(data=st.data(), fate=FATES)
+    def sync_before_a_checkpoint(self, data, fate):
+        worker = data.draw(st.sampled_from(self._alive()))
+        worker.fate = fate if fate in ("stage", "pull") else None
+        self._call(self.chief.sync)
+        worker.fate = None if worker.alive else worker.fate
+
+    @invariant()
+    def each_batch_trained_once_and_applied_once_or_lost(self):
+        if not hasattr(self, "chief"):
+            return
+        chief = self.chief
+        assert max(self.trained.values(), default=0) <= 1  # never trained twice
+        assert not chief.applied & chief.lost
+        assert self.ps.applied == len(chief.applied)  # the ps counted each push's batches
+        pending = {n for w in chief.workers if w.alive for n in w.pending}
+        assert set(self.trained) == chief.applied | chief.lost | pending
+        assert set(chief.trained) == set(self.trained)
+
+    @invariant()
+    def every_batch_is_queued_or_done(self):
+        if not hasattr(self, "chief"):
+            return
+        queued = set(id(i) for i in list(self.chief._queue.queue))
+        for item in self.items:
+            if item.done.is_set():
+                assert (item.loss is None) != (item.error is None) or item.error is not None
+            else:
+                assert id(item) in queued
+        if not self._alive():
+            assert self.chief._queue.empty() and all(i.done.is_set() for i in self.items)
+
+
+def test_the_geo_chiefs_ledger_over_random_interleavings():
+    machine = GeoChief.TestCase
+    machine.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
+    machine().runTest()
+
+
+def test_a_steps_error_is_raised_by_the_next_call_though_its_loss_was_never_read():
+    chief = object.__new__(GeoParameterServerDistribution)
+    chief.geo_step = 4
+    chief._start_ledger(1)
+    worker = StandInWorker(0, Counter())
+    chief.workers = [worker]
+    first = chief.run_step(None, (0,))
+    worker.fate = "error"
+    chief._train(worker, chief._queue.get_nowait())
+    assert first.done.is_set() and isinstance(first.error, ValueError)
+    with pytest.raises(ValueError, match="a bad batch 0"):
+        chief.run_step(None, (1,))  # the loop never fetched the first loss
+    with pytest.raises(ValueError, match="a bad batch 0"):
+        chief.sync()
+
+
+def test_the_queue_is_drained_when_the_last_worker_is_lost():
+    chief = object.__new__(GeoParameterServerDistribution)
+    chief.geo_step = 4
+    chief._start_ledger(1)
+    worker = StandInWorker(0, Counter())
+    chief.workers = [worker]
+    items = [chief.run_step(None, (n,)) for n in range(2)]  # the queue holds 2 per worker: full
+    with pytest.raises(queue.Full):
+        chief._queue.put_nowait(None)
+    worker.fate = "step"
+    chief._train(worker, chief._queue.get_nowait())
+    assert chief._queue.empty() and all(i.done.is_set() and i.error is not None for i in items)
+    with pytest.raises(StrategyError, match="every worker failed"):
+        chief.run_step(None, (2,))
