@@ -20,8 +20,8 @@ ARTIFACTS = ROOT / "var" / "test-artifacts"
 CONF = {
     "train_ds": "1997-09-22:1997-09-23",
     "eval_ds": "1997-09-23",
-    # two epochs: with two ranks, one epoch of two days less their held-out rows is 18 steps
-    "edit_config_json": {"train_config.num_steps": 20, "data_config.num_epochs": 2},
+    # three epochs: with two ranks, an epoch of two days less their held-out rows is 9 steps
+    "edit_config_json": {"train_config.num_steps": 20, "data_config.num_epochs": 3},
     "full_retrain": True,
 }
 
