@@ -165,12 +165,18 @@ def test_the_geo_chiefs_ledger_over_random_interleavings():
     machine().runTest()
 
 
-def test_a_steps_error_is_raised_by_the_next_call_though_its_loss_was_never_read():
+def _one_worker_chief():
+    """A chief of one stand-in worker, pushing every 4 batches."""
     chief = object.__new__(GeoParameterServerDistribution)
     chief.geo_step = 4
     chief._start_ledger(1)
     worker = StandInWorker(0, Counter())
     chief.workers = [worker]
+    return chief, worker
+
+
+def test_a_steps_error_is_raised_by_the_next_call_though_its_loss_was_never_read():
+    chief, worker = _one_worker_chief()
     first = chief.run_step(None, (0,))
     worker.fate = "error"
     chief._train(worker, chief._queue.get_nowait())
@@ -182,11 +188,7 @@ def test_a_steps_error_is_raised_by_the_next_call_though_its_loss_was_never_read
 
 
 def test_the_queue_is_drained_when_the_last_worker_is_lost():
-    chief = object.__new__(GeoParameterServerDistribution)
-    chief.geo_step = 4
-    chief._start_ledger(1)
-    worker = StandInWorker(0, Counter())
-    chief.workers = [worker]
+    chief, worker = _one_worker_chief()
     items = [chief.run_step(None, (n,)) for n in range(2)]  # the queue holds 2 per worker: full
     with pytest.raises(queue.Full):
         chief._queue.put_nowait(None)
