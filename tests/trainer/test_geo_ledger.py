@@ -38,6 +38,7 @@ class StandInWorker:
 
     def __init__(self, index: int, trained: Counter):
         self.index, self.alive, self.pending, self.stale, self.pairs = index, True, [], {}, []
+        self.id_slots: list[int] = []
         self.fate: str | None = None
         self.trained = trained
 

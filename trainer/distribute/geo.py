@@ -112,6 +112,10 @@ class _Worker:
         with tf.device(device):
             self.snapshot = [tf.Variable(c.read_value(), trainable=False) for _, c in self.pairs]
         self.step = self._step_fn(local.signature)
+        # where each table's pushed ids sit in ``stage``'s output (a dense delta takes one place,
+        # a table two: ids, rows)
+        places = [2 if i in stale else 1 for i in range(len(self.pairs))]
+        self.id_slots = [sum(places[:i]) for i in sorted(stale)]
         self.stage = self._stage_fn()
         self.pull = self._pull_fn()
         self.pull_all = self._pull_all_fn()
@@ -451,15 +455,8 @@ class GeoParameterServerDistribution(Distribution):
         with self._lock:
             self.applied.update(batches)
         worker.pending = []
-        pushed_ids = []
-        k = 0
-        for i in range(len(worker.pairs)):
-            if i in worker.stale:
-                pushed_ids.append(staged[k])
-                k += 2
-            else:
-                k += 1
-        sent = np.array([int(tf.size(ids)) for ids in pushed_ids], np.int64)
+        pushed_ids = [staged[k] for k in worker.id_slots]
+        sent = np.array([ids.shape[0] for ids in pushed_ids], np.int64)  # no op, no round trip
         try:
             with worker.scope():
                 received = worker.pull(pushed_ids).numpy()
