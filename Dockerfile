@@ -9,7 +9,10 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /opt/recpipe
-COPY requirements.lock pyproject.toml ./
+COPY requirements.lock requirements-spark-client.lock pyproject.toml ./
+# Spark Connect's client for the feature job apart: it needs protobuf 6, TensorFlow 2.18 < 6
+RUN python -m venv /opt/spark-client \
+ && /opt/spark-client/bin/pip install --no-cache-dir -r requirements-spark-client.lock
 RUN pip install --no-cache-dir -r requirements.lock \
  && pip install --no-deps --force-reinstall pyspark==4.3.0 \
  && HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_PYTORCH=1 \
@@ -23,6 +26,7 @@ ARG GIT_COMMIT=unknown
 ENV RECPIPE_HOME=/opt/recpipe \
     RECPIPE_VAR_DIR=/var/lib/recpipe \
     RECPIPE_GIT_COMMIT=${GIT_COMMIT} \
+    RECPIPE_SPARK_CLIENT_PYTHON=/opt/spark-client/bin/python \
     AIRFLOW_HOME=/var/lib/airflow \
     AIRFLOW__CORE__DAGS_FOLDER=/opt/recpipe/dags \
     PYTHONPATH=/opt/recpipe:/opt/recpipe/deploy/airflow

@@ -32,6 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from dev import spark_connect  # noqa: E402
 from dev.airflow import run_backfill  # noqa: E402
 from dev.env import airflow_env  # noqa: E402
 
@@ -142,7 +143,10 @@ def backfill(rows: int, days: list[str], airflow_home: Path, timeout: float) -> 
     }
     airflow_home.mkdir(parents=True)
     start = time.perf_counter()
-    states = run_backfill(env, airflow_home, DAG_ID, days, timeout, lambda line: print(line, flush=True), {})
+    with spark_connect.running(env, WORK / "spark-connect"):  # prepare_features runs there
+        states = run_backfill(
+            env, airflow_home, DAG_ID, days, timeout, lambda line: print(line, flush=True), {}
+        )
     print(f"\n{len(days)} days in {time.perf_counter() - start:.0f} s: {states}")
     return states
 

@@ -16,9 +16,15 @@ from pathlib import Path
 
 AIRFLOW_PORT = 8080
 MLFLOW_PORT = 5000
+SPARK_CONNECT_PORT = 15002
 # SQLite's default busy timeout (5 s) is short for four Airflow components writing at once:
 # a backfill's runs were left half created ("database is locked"). Airflow imports this dict.
 SQLITE_CONNECT_ARGS = {"timeout": 60}
+
+
+def spark_connect_conn(port: int, host: str = "127.0.0.1") -> str:
+    """An ``AIRFLOW_CONN_*`` value for the Spark Connect server at ``host:port``."""
+    return json.dumps({"conn_type": "spark_connect", "host": host, "port": port})
 
 
 def database_env(url: str) -> dict[str, str]:
@@ -58,6 +64,9 @@ def airflow_env(
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{AIRFLOW_PORT}/execution/",
         "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(ah / "logs"),
         "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[*]"}),
+        # the feature job's Spark Connect server (dev.spark_connect; the tests start their own)
+        "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": os.environ.get("AIRFLOW_CONN_SPARK_CONNECT_DEFAULT")
+        or spark_connect_conn(SPARK_CONNECT_PORT),
         "AIRFLOW_CONN_FS_DEFAULT": json.dumps({"conn_type": "fs", "extra": {"path": "/"}}),
         "MLFLOW_TRACKING_URI": os.environ.get("MLFLOW_TRACKING_URI")
         or f"sqlite:///{home / 'var' / 'mlflow' / 'mlflow.db'}",

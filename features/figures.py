@@ -82,10 +82,11 @@ def gathering(rows: DataFrame, config: PipelineConfig, moments: bool) -> tuple[D
     """(``rows`` gathering the day's figures as an action reads them, a function that returns
     the figures by name once the action is done; see ``figure_names``).
 
-    Where recpipe's JVM functions are registered, an expression in the stage gathers them
-    (``features.jvm.DayFiguresTap``); else Spark's observed metrics (``day_metrics``), which
-    end the stage's generated code with a copy of every row."""
-    if jvm.registered():
+    Where recpipe's JVM functions are registered in this process's JVM, an expression in the
+    stage gathers them (``features.jvm.DayFiguresTap``); else (a Spark Connect session
+    included) Spark's observed metrics (``day_metrics``), which end the stage's generated code
+    with a copy of every row."""
+    if jvm.can_tap(rows.sparkSession):
         null_counted, raw = figure_inputs(config, moments)
         tap = jvm.DayFiguresTap(rows.sparkSession, len(null_counted), len(raw))
         label = F.col(config.data_config.label_fields[0])

@@ -43,20 +43,29 @@ def session_conf() -> dict[str, str]:
     return {"spark.jars": str(JAR), "spark.sql.extensions": EXTENSIONS}
 
 
+def _key(spark: SparkSession) -> int:
+    # a classic session by its JVM session (PySpark may wrap it twice), a Connect one itself
+    return id(getattr(spark, "_jsparkSession", spark))
+
+
 def registered(spark: SparkSession | None = None) -> bool:
-    """Whether ``spark`` (default: the active session) has recpipe's functions."""
+    """Whether ``spark`` (default: the active session) has recpipe's functions: the jar was
+    loaded where the session's JVM runs (this process, spark-submit's driver, or a Spark
+    Connect server started by ``dev.spark_connect``)."""
     from pyspark.sql import SparkSession
+
+    from features.session import is_connect
 
     spark = spark or SparkSession.getActiveSession()
     if spark is None:
         return False
-    key = id(spark._jsparkSession)
+    key = _key(spark)
     if key not in _registered:
         _registered[key] = bool(spark.catalog.functionExists(TRIM_WHITESPACE))
         if not _registered[key]:
             how = " ".join(f"--conf {k}={v}" for k, v in session_conf().items()) or "scripts/build_jvm.sh"
             log.warning("recpipe's JVM functions are not loaded, Spark's own are used (slower): %s", how)
-        elif gone := missing(spark.sparkContext._jvm):
+        elif not is_connect(spark) and (gone := missing(spark.sparkContext._jvm)):
             _registered[key] = False
             log.warning(
                 "Spark %s lacks internals recpipe's JVM functions use (features/spark_internals.py): %s; "
@@ -67,11 +76,20 @@ def registered(spark: SparkSession | None = None) -> bool:
     return _registered[key]
 
 
+def can_tap(spark: SparkSession) -> bool:
+    """Whether a ``DayFiguresTap`` can gather ``spark``'s figures: recpipe's functions are
+    registered and the session's JVM is in this process (its accumulator is read through
+    py4j; a Spark Connect client has no JVM, and takes Spark's observed metrics instead)."""
+    from features.session import is_connect
+
+    return not is_connect(spark) and registered(spark)
+
+
 @contextmanager
 def spark_expressions(spark: SparkSession) -> Iterator[None]:
     """Within it, the functions here build Spark's own expressions in ``spark`` even where
     recpipe's are registered: the reference they are compared with (tests, benchmarks)."""
-    key = id(spark._jsparkSession)
+    key = _key(spark)
     registered(spark)
     saved, _registered[key] = _registered[key], False
     try:

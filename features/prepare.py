@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import time
 from datetime import date, timedelta
 from pathlib import Path
@@ -346,12 +347,7 @@ def _with_hours(days: list[str], hh: str) -> list[str]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``spark-submit features/prepare.py`` / ``recpipe features``: prepare one or more days.
-
-    Relative paths of the config resolve against ``$RECPIPE_HOME`` (the DAG's spark-submit
-    runs elsewhere). Exit codes: ``recpipe.errors``.
-    """
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="recpipe features", description="Spark feature preparation")
     add_config_args(parser)
     parser.add_argument(
@@ -365,32 +361,67 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--master", default=None, help="Spark master (default local[*])")
     parser.add_argument(
+        "--remote",
+        default=None,
+        help="a Spark Connect server (sc://host:port) to run on instead of a JVM of this job's own",
+    )
+    parser.add_argument("--app_name", default="recpipe-features", help="the Spark application's name")
+    parser.add_argument(
         "--confine_paths",
         action="store_true",
         help="refuse a config whose paths leave the project's conf/, data/, var/ (the DAGs pass it)",
     )
-    args, extra = parser.parse_known_args(argv)
+    return parser
 
-    def run() -> int:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        logging.getLogger("py4j").setLevel(logging.WARNING)
-        days = [d for text in args.ds for d in parse_ds_range(text, "--ds")]  # bad dates fail first
-        if args.hh is not None:
-            days = _with_hours(days, args.hh)
-        home = Path(os.environ.get("RECPIPE_HOME") or Path.cwd())
-        config = config_from_args(args, extra).resolved(home)
-        if args.confine_paths:  # a DAG run's edit_config_json may name any path
-            confine_config(config)
 
-        spark = get_spark(master=args.master)
+def run(argv: list[str]) -> list[dict]:
+    """Prepare the days ``argv`` names (``recpipe features``' arguments); their stats.
+
+    Raises:
+        recpipe.config.errors.ConfigError: bad arguments or config (names the field).
+        recpipe.errors.PipelineError: bad input (names the file or row); nothing half-written
+            is left where a reader looks.
+    """
+    args, extra = _parser().parse_known_args(argv)
+    days = [d for text in args.ds for d in parse_ds_range(text, "--ds")]  # bad dates fail first
+    if args.hh is not None:
+        days = _with_hours(days, args.hh)
+    home = Path(os.environ.get("RECPIPE_HOME") or Path.cwd())
+    config = config_from_args(args, extra).resolved(home)
+    if args.confine_paths:  # a DAG run's edit_config_json may name any path
+        confine_config(config)
+
+    spark = get_spark(args.app_name, master=args.master, remote=args.remote)
+    out = []
+    try:
         for ds in days:
             stats = prepare_day(spark, config, ds)
+            out.append(stats)
             print(json.dumps({k: stats[k] for k in ("ds", "rows", "rows_quarantined", "positive_rate")}))
+    finally:
+        if args.remote is not None:  # the server keeps a session until it is released
+            spark.stop()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``spark-submit features/prepare.py`` / ``recpipe features``: prepare one or more days.
+
+    Relative paths of the config resolve against ``$RECPIPE_HOME`` (the DAG's spark-submit
+    runs elsewhere). Exit codes: ``recpipe.errors``.
+    """
+    argv = sys.argv[1:] if argv is None else argv
+    _parser().parse_known_args(argv)  # --help and usage errors before logging starts
+
+    def job() -> int:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logging.getLogger("py4j").setLevel(logging.WARNING)
+        run(argv)
         # the job's own time, apart from its task's (bench/production_dag.py reads this line)
         log.info("recpipe job features ran %.2f s", time.perf_counter() - _STARTED)
         return 0
 
-    return run_command(run, "recpipe features")
+    return run_command(job, "recpipe features")
 
 
 if __name__ == "__main__":

@@ -22,31 +22,45 @@ def local_threads(master: str) -> int | None:
     return os.cpu_count() or 1 if threads == "*" else int(threads)
 
 
-def get_spark(app_name: str = "recpipe-features", master: str | None = None) -> SparkSession:
+# Settings fixed when the JVM starts: the feature job's own session and the Spark Connect
+# server (dev.spark_connect) both take them.
+SERVER_CONF = {
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.session.timeZone": "UTC",
+    # the job writes its own _SUCCESS after the stats files
+    "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
+    "spark.hadoop.parquet.block.size": str(16 << 20),
+    # HotSpot does not JIT-compile a method over 8000 bytes of bytecode: a wider stage
+    # (the parse and quarantine check of a 40-column day) ran interpreted at 2.3x the time
+    "spark.sql.codegen.hugeMethodLimit": "8000",
+}
+
+
+def get_spark(
+    app_name: str = "recpipe-features", master: str | None = None, remote: str | None = None
+) -> SparkSession:
     """Get or create the session.
 
-    The master is, in order: ``master``, the one spark-submit set, ``$RECPIPE_SPARK_MASTER``,
+    With ``remote`` (``sc://host:port``), a Spark Connect session on that server
+    (``dev.spark_connect`` starts one with the settings below): no JVM starts here. Else the
+    master is, in order: ``master``, the one spark-submit set, ``$RECPIPE_SPARK_MASTER``,
     ``local[*]``. Loopback only, no UI port, UTC. In local mode one shuffle partition per
     worker thread (the job's few aggregations need no more); on a cluster Spark's default,
     which adaptive query execution coalesces.
     """
+    if remote is not None:
+        return _connect(app_name, remote)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = (
         SparkSession.builder.appName(app_name)
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.memory", os.environ.get("RECPIPE_SPARK_DRIVER_MEMORY", "2g"))
-        # the job writes its own _SUCCESS after the stats files
-        .config("spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs", "false")
-        .config("spark.hadoop.parquet.block.size", str(16 << 20))
-        # HotSpot does not JIT-compile a method over 8000 bytes of bytecode: a wider stage
-        # (the parse and quarantine check of a 40-column day) ran interpreted at 2.3x the time
-        .config("spark.sql.codegen.hugeMethodLimit", "8000")
     )
+    for key, value in SERVER_CONF.items():
+        builder = builder.config(key, value)
     # spark-submit starts the JVM first, with its --master, and tells PySpark where it listens;
     # a Python-side SparkConf cannot see that master before the session exists
     submitted = "PYSPARK_GATEWAY_PORT" in os.environ
@@ -61,6 +75,20 @@ def get_spark(app_name: str = "recpipe-features", master: str | None = None) -> 
         spark.conf.set("spark.sql.shuffle.partitions", str(threads))
     spark.sparkContext.setLogLevel(os.environ.get("RECPIPE_SPARK_LOG_LEVEL", "WARN"))
     _quiet_header_checker(spark)
+    return spark
+
+
+def is_connect(spark) -> bool:
+    """Whether ``spark`` is a Spark Connect (client) session: no SparkContext, no JVM here."""
+    return not hasattr(spark, "_jsparkSession")
+
+
+def _connect(app_name: str, remote: str) -> SparkSession:
+    # a new session each call: its SQL settings are its own on the shared server
+    spark = SparkSession.builder.remote(remote).appName(app_name).create()
+    threads = local_threads(spark.conf.get("spark.master"))
+    if threads is not None:
+        spark.conf.set("spark.sql.shuffle.partitions", str(threads))
     return spark
 
 

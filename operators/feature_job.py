@@ -1,6 +1,10 @@
-"""The Spark feature job as a DAG task: Airflow's ``SparkSubmitOperator`` over
-``features/prepare.py``, and the sensor waiting for its raw partition, set up from a retrain
-config (``recpipe.config.retrain``) the same way in every DAG."""
+"""The Spark feature job as a DAG task, and the sensor waiting for its raw partition, set up
+from a retrain config (``recpipe.config.retrain``) the same way in every DAG.
+
+The job runs ``features/prepare.py`` either as a client session on a long-running Spark
+Connect server (``spark_connect_conn_id``, the default: a pass prepares in the time of its
+rows) or through Airflow's ``SparkSubmitOperator`` (``spark_connect_conn_id: null``: a JVM a
+run, for clusters that schedule Spark applications themselves)."""
 
 from __future__ import annotations
 
@@ -9,6 +13,8 @@ import sys
 from pathlib import Path
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException
 
 from features.jvm import session_conf
 from operators.sensors import RawPartitionSensor
@@ -29,23 +35,90 @@ def raw_partition_sensor(task_id: str, marker: str, retrain) -> RawPartitionSens
     )
 
 
-def feature_job(home: Path, retrain, ds: str, edits_arg: str, name: str) -> SparkSubmitOperator:
-    """``prepare_features``: ``spark-submit features/prepare.py --ds <ds>`` (a day or a pass,
-    templated) on ``retrain.spark_conn_id``, with the run's overrides (``edits_arg``, the
-    ``--edit_config_json=...`` argument) and paths confined to the project."""
+def spark_client_python(home: Path) -> str:
+    """The Python of Spark Connect's client: ``$RECPIPE_SPARK_CLIENT_PYTHON``, else
+    ``<home>/.venv/spark-client/bin/python`` (scripts/setup.sh builds it from
+    requirements-spark-client.lock: pyspark 4.3's client needs protobuf 6, which TensorFlow
+    2.18 refuses, so it cannot share TensorFlow's environment)."""
+    return os.environ.get("RECPIPE_SPARK_CLIENT_PYTHON") or str(
+        home / ".venv" / "spark-client" / "bin" / "python"
+    )
+
+
+class SparkConnectFeatureOperator(BaseOperator):
+    """``features/prepare.py`` with ``application_args`` (templated) as a Spark Connect session
+    on the server of connection ``conn_id`` (conn type ``spark_connect``, the Spark provider's
+    ``SparkConnectHook``): a Python process of Spark Connect's client
+    (``spark_client_python``) run by Airflow's ``SubprocessHook``; no JVM starts for it.
+
+    Raises (in ``execute``): ``AirflowException`` with the job's last line (its error: the
+    field, file or row) when it exits non-zero.
+    """
+
+    template_fields = ("application_args",)
+
+    def __init__(self, *, conn_id: str, application_args: list[str], name: str, home: Path, **kwargs):
+        super().__init__(**kwargs)
+        self.conn_id = conn_id
+        self.application_args = application_args
+        self.name = name
+        self.home = home
+        self._hook = None
+
+    def execute(self, context) -> None:
+        from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+        from airflow.providers.standard.hooks.subprocess import SubprocessHook
+
+        url = SparkConnectHook(self.conn_id).get_connection_url()
+        command = [
+            spark_client_python(self.home), "-m", "features.prepare", *self.application_args,
+            "--remote", url, "--app_name", self.name,
+        ]  # fmt: skip
+        self.log.info("prepare_features on Spark Connect %s", url.split(";")[0])
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(self.home),
+            "RECPIPE_HOME": str(self.home),
+        }
+        self._hook = SubprocessHook()
+        # the URL may carry a token: the command is not logged whole
+        result = self._hook.run_command(command, env=env, cwd=str(self.home))
+        if result.exit_code != 0:
+            raise AirflowException(f"prepare_features exited {result.exit_code}: {result.output}")
+
+    def on_kill(self) -> None:
+        if self._hook is not None:
+            self._hook.send_sigterm()
+
+
+def feature_job(home: Path, retrain, ds: str, edits_arg: str, name: str) -> BaseOperator:
+    """``prepare_features``: ``features/prepare.py --ds <ds>`` (a day or a pass, templated)
+    with the run's overrides (``edits_arg``, the ``--edit_config_json=...`` argument) and paths
+    confined to the project; on ``retrain.spark_connect_conn_id``'s Spark Connect server, or
+    without one through ``spark-submit`` on ``retrain.spark_conn_id``."""
+    args = [
+        "--pipeline_config_path",
+        str(home / retrain.pipeline_config_path),
+        "--ds",
+        ds,
+        "--confine_paths",
+        edits_arg,
+    ]
+    if retrain.spark_connect_conn_id is not None:
+        return SparkConnectFeatureOperator(
+            task_id="prepare_features",
+            execution_timeout=retrain.timeouts.of("prepare_features"),
+            conn_id=retrain.spark_connect_conn_id,
+            application_args=args,
+            name=name,
+            home=home,
+        )
     return SparkSubmitOperator(
         task_id="prepare_features",
         execution_timeout=retrain.timeouts.of("prepare_features"),
         conn_id=retrain.spark_conn_id,
         application=str(home / "features" / "prepare.py"),
-        application_args=[
-            "--pipeline_config_path",
-            str(home / retrain.pipeline_config_path),
-            "--ds",
-            ds,
-            "--confine_paths",
-            edits_arg,
-        ],
+        application_args=args,
         name=name,
         env_vars={
             "PYSPARK_PYTHON": sys.executable,

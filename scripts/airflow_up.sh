@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # make airflow: Airflow's api-server, scheduler, dag-processor and triggerer (LocalExecutor,
-# SQLite in var/airflow) on 127.0.0.1, in the foreground; Ctrl-C stops them all.
+# SQLite in var/airflow) and a Spark Connect server on 127.0.0.1, in the foreground; Ctrl-C stops them all.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 eval "$(.venv/bin/python -m dev.env)"
@@ -9,6 +9,9 @@ mkdir -p "$AIRFLOW_HOME"
 .venv/bin/airflow db migrate > "$AIRFLOW_HOME/db-migrate.log" 2>&1
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null; wait' INT TERM EXIT
+# the feature job's Spark Connect server (prepare_features is a session on it)
+.venv/bin/python -m dev.spark_connect > "$AIRFLOW_HOME/spark-connect.log" 2>&1 &
+pids+=($!)
 for component in api-server scheduler dag-processor triggerer; do
   .venv/bin/airflow "$component" > "$AIRFLOW_HOME/$component.log" 2>&1 &
   pids+=($!)

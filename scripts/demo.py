@@ -22,6 +22,7 @@ from pathlib import Path
 HOME = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(HOME))
 
+from dev import spark_connect  # noqa: E402
 from dev.airflow import run_backfill  # noqa: E402
 from dev.env import airflow_env  # noqa: E402
 from recpipe.config.retrain import active_retrain_config  # noqa: E402
@@ -42,12 +43,13 @@ def main() -> int:
     env = {**os.environ, **airflow_env(HOME)}
     Path(env["AIRFLOW_HOME"]).mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
-    if args.runner == "backfill":
-        echo = functools.partial(print, flush=True)
-        states = run_backfill(env, Path(env["AIRFLOW_HOME"]), DAG_ID, days, args.timeout, echo)
-        code = 0 if all(states.get(ds) == "success" for ds in days) else 1
-    else:
-        code = run_dags_test(days, env, args.timeout)
+    with spark_connect.running(env, HOME / "var" / "spark-connect"):  # prepare_features runs there
+        if args.runner == "backfill":
+            echo = functools.partial(print, flush=True)
+            states = run_backfill(env, Path(env["AIRFLOW_HOME"]), DAG_ID, days, args.timeout, echo)
+            code = 0 if all(states.get(ds) == "success" for ds in days) else 1
+        else:
+            code = run_dags_test(days, env, args.timeout)
     print(f"{len(days)} days in {time.monotonic() - start:.0f} s ({args.runner})")
     if code:
         return code

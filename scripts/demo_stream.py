@@ -25,6 +25,7 @@ from pathlib import Path
 HOME = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(HOME))
 
+from dev import spark_connect  # noqa: E402
 from dev.airflow import run_backfill  # noqa: E402
 from dev.env import airflow_env  # noqa: E402
 from recpipe.config import load_pipeline_config  # noqa: E402
@@ -73,7 +74,8 @@ def main() -> int:
     start = time.monotonic()
     echo = functools.partial(print, flush=True)
     home = Path(env["AIRFLOW_HOME"])
-    states = run_backfill(env, home, DAG_ID, passes, args.timeout, echo, durations, chunk=6)
+    with spark_connect.running(env, HOME / "var" / "spark-connect"):  # prepare_features runs there
+        states = run_backfill(env, home, DAG_ID, passes, args.timeout, echo, durations, chunk=6)
     wall = time.monotonic() - start
     if any(states.get(p) != "success" for p in passes):
         return 1

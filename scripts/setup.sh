@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One-command setup, idempotent: .venv with exactly requirements.lock, Horovod built with
-# Gloo against that TensorFlow, the project installed editable. Seconds when nothing is missing.
+# Gloo against that TensorFlow, the project installed editable, and .venv/spark-client (the
+# feature job's Spark Connect client). Seconds when nothing is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,7 +25,7 @@ if [ ! -x /usr/bin/chromium ]; then
 fi
 
 stamp=.venv/.recpipe-setup
-want=$(cat requirements.lock pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+want=$(cat requirements.lock requirements-spark-client.lock pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   scripts/build_jvm.sh
   exit 0
@@ -56,6 +57,14 @@ if ! .venv/bin/python -c 'import horovod.tensorflow' >/dev/null 2>&1; then
 fi
 
 pip install --no-deps --no-build-isolation -e .
+
+# Spark Connect's client, which prepare_features runs in (operators/feature_job.py): pyspark
+# 4.3's connect protocol needs protobuf >= 6.33.5, which tensorflow 2.18.1 refuses.
+if [ ! -x .venv/spark-client/bin/python ]; then
+  say "creating .venv/spark-client (Spark Connect's client, requirements-spark-client.lock)"
+  "$PY" -m venv .venv/spark-client
+fi
+.venv/spark-client/bin/python -m pip --disable-pip-version-check -q install -r requirements-spark-client.lock
 scripts/build_jvm.sh
 echo "$want" > "$stamp"
 say "ready: $(.venv/bin/python --version), .venv/bin/recpipe"

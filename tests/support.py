@@ -31,6 +31,19 @@ def run_ok(command: list[str], env: dict | None = None, timeout: int = 300) -> s
     return done
 
 
+def spark_connect_url(timeout: float = 300) -> str:
+    """The suite's Spark Connect server (``AIRFLOW_CONN_SPARK_CONNECT_DEFAULT``; started by
+    tests/conftest.py), once it answers; fails the test after ``timeout`` seconds."""
+    from dev.spark_connect import answers, url
+
+    conn = json.loads(os.environ["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"])
+    deadline = time.monotonic() + timeout
+    while not answers(conn["port"], conn["host"]):
+        assert time.monotonic() < deadline, f"no Spark Connect server at {conn['host']}:{conn['port']}"
+        time.sleep(0.5)
+    return url(conn["port"], conn["host"])
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 now."""
     return free_ports(1)[0]

@@ -4,6 +4,7 @@ or the service's image reads."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -55,6 +56,7 @@ def test_services_of_the_deployment(compose):
         "airflow-dag-processor",
         "airflow-triggerer",
         "airflow-worker",
+        "spark-connect",
     ):
         assert name in services, name
     assert _env(services["airflow-worker"])["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
@@ -62,6 +64,12 @@ def test_services_of_the_deployment(compose):
     for service in services.values():
         for port in service.get("ports", []):
             assert port.startswith("127.0.0.1:"), port
+    # Spark Connect takes no password: it listens on the worker's loopback, in its namespace
+    connect = services["spark-connect"]
+    assert connect["network_mode"] == "service:airflow-worker"
+    assert "--host 127.0.0.1" in connect["command"] and not connect.get("ports")
+    conn = json.loads(_env(services["airflow-worker"])["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"])
+    assert (conn["host"], str(conn["port"])) == ("127.0.0.1", connect["command"].split("--port ")[1].split()[0])
 
 
 def test_secrets_come_from_the_env_file(compose):
@@ -88,6 +96,7 @@ def test_every_setting_is_read_by_someone(compose):
     retrain = yaml.safe_load((ROOT / "conf/retrain/movielens_daily.yaml").read_text())
     connections = {
         "spark_default": retrain.get("spark_conn_id", "spark_default"),
+        "spark_connect_default": retrain.get("spark_connect_conn_id", "spark_connect_default"),
         "fs_default": "fs_default",
         "mlflow_default": retrain["tracking"]["mlflow_conn_id"],
     }

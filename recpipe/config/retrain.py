@@ -148,6 +148,9 @@ class RetrainConfig(Section):
     runs_dir: str = "var/runs"
     export_dir: str = "var/exports"
     edit_config_json: dict = Field(default_factory=dict)
+    # the feature job: a session on this Spark Connect server (conn type spark_connect), or
+    # with null a spark-submit on spark_conn_id (a JVM per run)
+    spark_connect_conn_id: str | None = "spark_connect_default"
     spark_conn_id: str = "spark_default"
     sensor: SensorConfig = Field(default_factory=SensorConfig)
     validation: ValidationConfig = Field(default_factory=ValidationConfig)

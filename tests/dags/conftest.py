@@ -13,7 +13,7 @@ import uuid
 import pytest
 import yaml
 
-from tests.support import ROOT
+from tests.support import ROOT, spark_connect_url
 
 DAYS = ["1997-09-22", "1997-09-23", "1997-09-24", "1997-09-25"]
 MODEL = "movielens_test"
@@ -31,6 +31,7 @@ def new_stack(movielens_raw, base, edits: dict | None = None, **overrides) -> di
     top-level fields."""
     from dev.env import airflow_env
 
+    spark_connect_url()  # prepare_features runs on it
     var = base / "var"
     shutil.copytree(movielens_raw, var / "raw")
     retrain = {

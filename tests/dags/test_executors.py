@@ -127,7 +127,8 @@ def spark_standalone(logs: Path):
 
 
 def test_prepare_features_runs_on_a_spark_standalone_cluster(movielens_raw, tmp_path_factory):
-    stack = new_stack(movielens_raw, tmp_path_factory.mktemp("spark-cluster"))
+    # spark-submit, the feature job's other engine, for clusters that schedule applications
+    stack = new_stack(movielens_raw, tmp_path_factory.mktemp("spark-cluster"), spark_connect_conn_id=None)
     base = stack["base"]
     with spark_standalone(base / "spark") as master:
         env = {

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.support import ROOT, write_click_log
+from tests.support import ROOT, spark_connect_url, write_click_log
 
 # the module's backfill of 7 passes runs in the first test's time: up to its own 1500 s limit
 # (11-18 min on the 2-core machine), past pytest's 1200 s default
@@ -105,6 +105,7 @@ def days(movielens_hourly_raw, tmp_path_factory) -> dict:
     from dev.env import airflow_env
     from recpipe.exports.store import applied
 
+    spark_connect_url()  # prepare_features runs on it
     base = tmp_path_factory.mktemp("stream_days")
     var = base / "var"
     hours = [QUIET, *[f"{d}/{h}" for d in DAYS for h in HOURS]]

@@ -1,0 +1,61 @@
+"""The feature job as the DAGs run it: a Spark Connect session (Spark Connect's client in
+``.venv/spark-client``) on the suite's server, against the same day prepared in a JVM of the
+test's own: the same rows and the same figures; bad input fails with the file named."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from features.prepare import prepare_day
+from operators.feature_job import spark_client_python
+from tests.support import ROOT, spark_connect_url
+
+DAY = "1997-09-22"
+
+
+def _connect_job(config, ds: str) -> subprocess.CompletedProcess:
+    command = [
+        spark_client_python(ROOT), "-m", "features.prepare", "--pipeline_config_path",
+        str(ROOT / "conf/movielens_deepfm.yaml"), "--ds", ds, "--remote", spark_connect_url(),
+        "--edit_config_json=" + json.dumps(
+            {"raw_input_path": config.raw_input_path, "train_input_path": config.train_input_path}
+        ),
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RECPIPE_HOME": str(ROOT)}
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+
+
+def _rows(path: Path) -> list:
+    return sorted(map(repr, pq.read_table(path).to_pylist()))
+
+
+def test_a_connect_session_writes_what_a_local_session_writes(spark, movielens_config):
+    done = _connect_job(movielens_config, DAY)
+    assert done.returncode == 0, done.stderr[-3000:]
+    over_connect = Path(movielens_config.train_input_path) / f"ds={DAY}"
+    stats = json.loads((over_connect / "_stats.json").read_text())
+    normalization = (over_connect / "_normalization.json").read_text()
+    rows = _rows(over_connect)
+    moved = over_connect.with_name("connect")
+    over_connect.rename(moved)
+
+    local = prepare_day(spark, movielens_config, DAY)
+    assert stats == local  # figures from observed metrics there, recpipe's accumulator here
+    assert normalization == (over_connect / "_normalization.json").read_text()
+    assert rows == _rows(over_connect)
+    assert (moved / "_SUCCESS").exists() and stats["rows"] > 100
+
+
+def test_bad_input_over_connect_names_the_file_and_leaves_nothing(movielens_config):
+    part = Path(movielens_config.raw_input_path) / f"ds={DAY}" / "part-00000.csv"
+    lines = part.read_text().splitlines()
+    part.write_text("\n".join([lines[0], *(",".join(["x"] * 3) for _ in range(50))]) + "\n")
+    done = _connect_job(movielens_config, DAY)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "recpipe features: BadRowsError" in done.stderr and "part-00000.csv: 50 rows" in done.stderr
+    assert not (Path(movielens_config.train_input_path) / f"ds={DAY}").exists()
