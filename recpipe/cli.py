@@ -18,9 +18,9 @@ import sys
 
 import yaml
 
-from recpipe.config.args import add_config_args, config_from_args
-from recpipe.config.pipeline import PipelineConfig
-from recpipe.errors import run_command
+from recpipe.config.args import edits_from_args
+from recpipe.config.check import KINDS
+from recpipe.errors import UsageError, run_command
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,8 +31,15 @@ def main(argv: list[str] | None = None) -> int:
     # the demo and benchmark data sets: the development kit's command (dev/data/cli.py)
     sub.add_parser("data", help="fetch, replay or synthesise raw logs (dev.data)", add_help=False)
     sub.add_parser("features", help="Spark feature preparation of days", add_help=False)
-    check = sub.add_parser("config", help="validate a pipeline config and print it with overrides applied")
-    add_config_args(check)
+    check = sub.add_parser(
+        "config",
+        help="validate a pipeline, retrain or cluster config (recognised by its fields) and print it, "
+        "overrides applied",
+    )
+    check.add_argument("path", nargs="?", help="the config file (or --pipeline_config_path)")
+    check.add_argument("--pipeline_config_path", default=None, help="a pipeline config (conf/*.yaml)")
+    check.add_argument("--kind", choices=KINDS, default=None, help="which config (default: by its fields)")
+    check.add_argument("--edit_config_json", default=None, help="overrides of the pipeline config")
 
     for name in ("train", "eval", "export", "serve", "ckpt"):
         sub.add_parser(name, help=f"see python -m trainer.{name} --help", add_help=False)
@@ -61,12 +68,22 @@ def main(argv: list[str] | None = None) -> int:
         }[argv[0]]
         return fn(argv[1:])
     args, extra = parser.parse_known_args(argv)
-    return run_command(lambda: _print_config(config_from_args(args, extra)))
+    return run_command(lambda: _print_configs(args, extra))
 
 
-def _print_config(config: PipelineConfig) -> int:
+def _print_configs(args: argparse.Namespace, extra: list[str]) -> int:
+    from recpipe.config.check import check_config
 
-    print(yaml.safe_dump(config.to_dict(), sort_keys=False))
+    path = args.path or args.pipeline_config_path
+    if path is None or (args.path and args.pipeline_config_path):
+        raise UsageError("recpipe config: give one config file (PATH or --pipeline_config_path)")
+    kind = "pipeline" if args.pipeline_config_path else args.kind
+    configs = check_config(path, kind, edits_from_args(args.edit_config_json, extra))
+    for name, config in configs.items():
+        if len(configs) > 1:
+            print(f"# {name} config")
+        data = config.model_dump(mode="json", by_alias=True, exclude_none=True)
+        print(yaml.safe_dump(data, sort_keys=False))
     return 0
 
 

@@ -69,7 +69,8 @@ def test_services_of_the_deployment(compose):
     assert connect["network_mode"] == "service:airflow-worker"
     assert "--host 127.0.0.1" in connect["command"] and not connect.get("ports")
     conn = json.loads(_env(services["airflow-worker"])["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"])
-    assert (conn["host"], str(conn["port"])) == ("127.0.0.1", connect["command"].split("--port ")[1].split()[0])
+    port = connect["command"].split("--port ")[1].split()[0]
+    assert (conn["host"], str(conn["port"])) == ("127.0.0.1", port)
 
 
 def test_secrets_come_from_the_env_file(compose):

@@ -23,8 +23,17 @@ def config_from_args(args: argparse.Namespace, extra: list[str]) -> PipelineConf
     Raises:
         ConfigError: bad file, override or value.
     """
+    return load_pipeline_config(args.pipeline_config_path, edits_from_args(args.edit_config_json, extra))
+
+
+def edits_from_args(edit_config_json: str | None, extra: list[str]) -> dict[str, Any]:
+    """``--edit_config_json``'s edits, then the ``--section.field=value`` ones (which win).
+
+    Raises:
+        ConfigError: a malformed override.
+    """
     edits: dict[str, Any] = {}
-    if args.edit_config_json:
-        edits.update(parse_edit_config_json(args.edit_config_json))
+    if edit_config_json:
+        edits.update(parse_edit_config_json(edit_config_json))
     edits.update(parse_extend_args(extra))
-    return load_pipeline_config(args.pipeline_config_path, edits)
+    return edits

@@ -70,7 +70,10 @@ def parse_extend_args(args: list[str]) -> dict[str, Any]:
         path, raw = match.groups()
         if path.split(".")[0].split("[")[0] not in SECTIONS:
             raise ConfigError(f"{arg!r}: {path.split('.')[0]!r} is not a config section")
-        value = yaml.safe_load(raw) if raw != "" else ""
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except (yaml.YAMLError, ValueError):  # 1997-02-30 looks like a YAML date: the field's check says why
+            value = raw
         # YAML reads 2024-01-01 as a date; every config field holding a day is a string
         edits[path] = raw if isinstance(value, date | datetime) else value
     return edits

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from recpipe.config.base import Section
 from recpipe.config.data import DataConfig, FeatureConfig, FeatureType, InputType
@@ -13,6 +13,25 @@ from recpipe.config.train import TrainConfig
 
 # a day or a pass (an hour), then optionally ":" and the range's last one
 DS_RANGE = r"^\d{4}-\d{2}-\d{2}(/\d{2})?(:\d{4}-\d{2}-\d{2}(/\d{2})?)?$"
+
+
+def check_ds_range(value: str | None, field: str) -> str | None:
+    """``value`` as it is when it names real days (or passes) in order.
+
+    Raises:
+        ValueError: an impossible date or hour, ends of two kinds, or the end before the
+            start; the message says which (``recpipe.layout.parse_ds_range``'s).
+    """
+    from recpipe.config.errors import ConfigError
+    from recpipe.layout import parse_ds_range
+
+    if value is None:
+        return None
+    try:
+        parse_ds_range(value, field)
+    except ConfigError as err:  # the field is named where the error is reported
+        raise ValueError(str(err).removeprefix(f"{field}=")) from None
+    return value
 
 
 class PipelineConfig(Section):
@@ -29,8 +48,8 @@ class PipelineConfig(Section):
     train_input_path: str
     eval_input_path: str | None = None
     quarantine_path: str | None = None
-    train_ds: str | None = Field(None, pattern=DS_RANGE)
-    eval_ds: str | None = Field(None, pattern=DS_RANGE)
+    train_ds: str | None = None
+    eval_ds: str | None = None
     data_config: DataConfig
     feature_config: FeatureConfig
     model_config_: ModelConfig | None = Field(None, alias="model_config")
@@ -39,6 +58,11 @@ class PipelineConfig(Section):
     export_config: ExportConfig = Field(default_factory=ExportConfig)
 
     model_config = {"extra": "forbid", "validate_assignment": True, "populate_by_name": True}
+
+    @field_validator("train_ds", "eval_ds")
+    @classmethod
+    def _real_days(cls, value: str | None, info) -> str | None:
+        return check_ds_range(value, info.field_name)
 
     @model_validator(mode="after")
     def _features_match_inputs(self) -> PipelineConfig:

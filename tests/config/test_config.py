@@ -238,3 +238,45 @@ def test_cli_prints_effective_config_and_fails_clearly():
     bad = subprocess.run([*recpipe, "--train_config.num_steps=-1"], capture_output=True, text=True, cwd=ROOT)
     assert bad.returncode == 2
     assert "train_config.num_steps: Input should be greater than 0" in bad.stderr
+
+
+def test_cli_checks_retrain_and_cluster_configs_by_their_fields(tmp_path):
+    recpipe = [sys.executable, "-m", "recpipe.cli", "config"]
+    cluster = subprocess.run([*recpipe, "conf/cluster/local.yaml"], capture_output=True, text=True, cwd=ROOT)
+    assert cluster.returncode == 0, cluster.stderr
+    assert yaml.safe_load(cluster.stdout)["launcher"] == "local"
+    # a retrain config: itself, the pipeline config it names with its edits, its cluster config
+    retrain = subprocess.run(
+        [*recpipe, "conf/retrain/movielens_daily.yaml"], capture_output=True, text=True, cwd=ROOT
+    )
+    assert retrain.returncode == 0, retrain.stderr
+    docs = retrain.stdout.split("# ")[1:]
+    assert [d.split()[0] for d in docs] == ["retrain", "pipeline", "cluster"]
+    assert yaml.safe_load(docs[1].split("\n", 1)[1])["data_config"]["batch_size"] == 64
+    # a retrain config whose pipeline config's edits are wrong fails naming the field
+    broken = tmp_path / "retrain.yaml"
+    raw = yaml.safe_load((ROOT / "conf/retrain/movielens_daily.yaml").read_text())
+    raw["edit_config_json"]["data_config.batch_size"] = 0
+    broken.write_text(yaml.safe_dump(raw))
+    bad = subprocess.run([*recpipe, str(broken)], capture_output=True, text=True, cwd=ROOT)
+    assert bad.returncode == 2 and "data_config.batch_size" in bad.stderr, bad.stderr
+    # neither kind: the message asks for --kind
+    odd = tmp_path / "odd.yaml"
+    odd.write_text("something: 1\n")
+    unknown = subprocess.run([*recpipe, str(odd)], capture_output=True, text=True, cwd=ROOT)
+    assert unknown.returncode == 2 and "give --kind" in unknown.stderr
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ("1997-13-45:1997-01-01", "month must be in 1..12"),
+        ("1997-02-30", "day is out of range for month"),
+        ("1997-03-05:1997-01-01", "end before start"),
+        ("1997-02-03/25", "the hour after '/' must be 00..23"),
+    ],
+)
+def test_impossible_days_and_reversed_ranges_name_the_field(value, why):
+    with pytest.raises(ConfigError) as err:
+        load_pipeline_config(ML, parse_extend_args([f"--train_ds={value}"]))
+    assert f"train_ds: '{value}'" in str(err.value) and why in str(err.value)
