@@ -1,5 +1,6 @@
 """``RetentionOperator``: delete old model dirs, keeping the last K days and the champion's
-(which dirs it may touch: ``recpipe.layout.expired_model_dirs``)."""
+(which dirs it may touch: ``recpipe.layout.expired_model_dirs``), and old SavedModel versions,
+keeping the newest ``export_config.exports_to_keep`` and the champion's."""
 
 from __future__ import annotations
 
@@ -31,11 +32,15 @@ class RetentionOperator(RecpipeOperator):
         model_name, alias: whose champion is protected.
         end_parent_run: end the DAG run's MLflow parent run, if a task created one (the last
             task of a DAG whose runs do not all register: ``recpipe_stream_retrain``).
+        export_root: ``<export_dir>/<model_name>`` (templated): its numbered SavedModel
+            versions beyond the newest ``export_config.exports_to_keep`` (the run's pipeline
+            config, overrides applied) go, never the champion's (its ``export_path`` tag);
+            None: exports are not touched.
 
     Returns (XCom): the deleted paths.
     """
 
-    template_fields = (*RecpipeOperator.template_fields, "runs_root", "model_name")
+    template_fields = (*RecpipeOperator.template_fields, "runs_root", "model_name", "export_root")
 
     def __init__(
         self,
@@ -45,9 +50,11 @@ class RetentionOperator(RecpipeOperator):
         model_name: str,
         alias: str = "champion",
         end_parent_run: bool = False,
+        export_root: str | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        self.export_root = export_root
         self.end_parent_run = end_parent_run
         self.runs_root = runs_root
         self.keep_days = keep_days
@@ -62,6 +69,11 @@ class RetentionOperator(RecpipeOperator):
             for tag in ("model_dir", "checkpoint"):
                 if champion.tags.get(tag):
                     protected.add(Path(champion.tags[tag]).resolve())
+        deleted_exports = []
+        if self.export_root is not None:
+            keep = self.load_config().export_config.exports_to_keep
+            export = champion.tags.get("export_path") if champion is not None else None
+            deleted_exports = self._expire_exports(confine(self.export_root, "export_root"), keep, export)
         deleted = []
         for path in expired_model_dirs(root, self.keep_days, protected):
             with locks.deleting(path) as free:
@@ -90,4 +102,24 @@ class RetentionOperator(RecpipeOperator):
             )
             if parent is not None:  # a quiet pass logged nothing
                 self.hook.end_run(parent)
+        return deleted + deleted_exports
+
+    @staticmethod
+    def _expire_exports(root: Path, keep: int, champion_export: str | None) -> list[str]:
+        """Delete the numbered versions under ``root`` older than the newest ``keep``, never
+        ``champion_export``; each renamed aside first (a half-deleted one is never served)."""
+        if not root.is_dir():
+            return []
+        versions = sorted((p for p in root.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+        protected = Path(champion_export).resolve() if champion_export else None
+        deleted = []
+        for path in versions[: max(len(versions) - keep, 0)]:
+            if path.resolve() == protected:
+                continue
+            aside = path.with_name(f"{atomic.DELETING}{path.name}")
+            path.rename(aside)
+            shutil.rmtree(aside)
+            deleted.append(str(path))
+            log.info("retention: deleted the export %s (exports_to_keep=%d)", path, keep)
+        atomic.sweep(root)
         return deleted

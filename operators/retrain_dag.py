@@ -184,11 +184,13 @@ class RetrainTasks:
         )
 
     def retention(self, **kwargs) -> RetentionOperator:
-        """``retention``: model dirs older than ``retention_days``, never the champion's."""
+        """``retention``: model dirs older than ``retention_days`` and SavedModel versions
+        beyond ``export_config.exports_to_keep``, never the champion's."""
         return RetentionOperator(
             **{
                 **self._timeout("retention"),
                 "runs_root": self.runs,
+                "export_root": self.exports,
                 "keep_days": self.retrain.retention_days,
                 "model_name": self.retrain.model_name,
                 "alias": self.retrain.gate.alias,

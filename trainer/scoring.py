@@ -43,18 +43,30 @@ def load_model(config: PipelineConfig, checkpoint: str | Path) -> tuple[RankingM
     return model, int(step)
 
 
-def predict(model: RankingModel, reader: FeatureReader) -> tuple[np.ndarray, np.ndarray, dict]:
+def predict(
+    model: RankingModel, reader: FeatureReader, limit: int | None = None
+) -> tuple[np.ndarray, np.ndarray, dict]:
     """Labels ``float32 [N]``, probabilities ``float32 [N]`` and the raw values (``object [N]``
     of bytes) of the reader's ``raw_columns`` over the reader; a multi-task model's labels are
-    ``float32 [N, L]`` (every label field) and probabilities ``float32 [N, T]``."""
+    ``float32 [N, L]`` (every label field) and probabilities ``float32 [N, T]``. With
+    ``limit`` (EasyRec's ``eval_config.num_examples``), only the first ``limit`` rows."""
     spec = [reader.feature_spec()]
     call = tf.function(lambda f: tf.sigmoid(model(f, training=False)), input_signature=spec, autograph=False)
     labels, probs, kept = [], [], {k: [] for k in reader.raw_columns}
+    seen = 0
     for features, y, raw in reader.dataset():
         labels.append(np.asarray(y))
         probs.append(call(features).numpy())
         for k, values in raw.items():
             kept[k].append(values.numpy())
+        seen += len(labels[-1])
+        if limit is not None and seen >= limit:
+            break
+    if limit is not None and seen > limit:  # the last batch's surplus
+        cut = len(labels[-1]) - (seen - limit)
+        labels[-1], probs[-1] = labels[-1][:cut], probs[-1][:cut]
+        for k in kept:
+            kept[k][-1] = kept[k][-1][:cut]
     return (
         np.concatenate(labels),
         np.concatenate(probs),
@@ -84,7 +96,7 @@ def evaluate(
     reader = FeatureReader(config, partitions, shuffle=False, holdout=holdout, raw_columns=tuple(groups))
     path = resolve(checkpoint or model_dir)
     model, step = load_model(config, path)
-    labels, probs, kept = predict(model, reader)
+    labels, probs, kept = predict(model, reader, config.eval_config.num_examples)
     columns = {}
     if probs.ndim == 2:  # a multi-task model: each task's metrics as <task>/<metric>
         tasks, names = config.model.tasks, config.model.task_names

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from recpipe.config.base import OneOf, Section
 from recpipe.config.data import EVParams
@@ -324,12 +324,42 @@ class EvalConfig(Section):
 
     eval_method: EvalMethod = EvalMethod.none
     metrics_set: list[Metric] = Field(default_factory=lambda: [Metric(auc=AUC())])
+    # score at most this many rows (the first ones, in the readers' fixed order); None: all
     num_examples: int | None = Field(None, gt=0)
 
 
 class ExportConfig(Section):
-    """EasyRec ``export_config``."""
+    """EasyRec ``export_config``.
 
-    exporter_type: str = Field("final", pattern="^(final|latest|best)$")
+    ``exporter_type``: ``final`` only: the run's export task exports the model its training
+    ended with. EasyRec's ``latest`` and ``best`` exporters (exports during training, after
+    each evaluation) and so ``best_exporter_metric`` are refused with an error that says so:
+    the gate picks which run's model serves. ``exports_to_keep``: how many of the newest
+    SavedModel versions (``<export_dir>/<model_name>/<version>/``) the retention task keeps;
+    the champion's is kept whatever its age.
+    """
+
+    exporter_type: str = "final"
     exports_to_keep: int = Field(5, gt=0)
-    best_exporter_metric: str = "auc"
+    best_exporter_metric: str | None = None
+
+    @field_validator("exporter_type")
+    @classmethod
+    def _final_only(cls, value: str) -> str:
+        if value != "final":
+            raise ValueError(
+                f"{value!r}: recpipe exports the model a run's training ended with ('final'); EasyRec's "
+                "'latest' and 'best' exporters (exports during training) are not supported: the gate "
+                "decides which run's model serves"
+            )
+        return value
+
+    @field_validator("best_exporter_metric")
+    @classmethod
+    def _no_best_exporter(cls, value: str | None) -> str | None:
+        if value is not None:
+            raise ValueError(
+                "only EasyRec's 'best' exporter reads it, which recpipe does not support (the gate's "
+                "metric is the retrain config's gate.metric)"
+            )
+        return value

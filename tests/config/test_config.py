@@ -280,3 +280,14 @@ def test_impossible_days_and_reversed_ranges_name_the_field(value, why):
     with pytest.raises(ConfigError) as err:
         load_pipeline_config(ML, parse_extend_args([f"--train_ds={value}"]))
     assert f"train_ds: '{value}'" in str(err.value) and why in str(err.value)
+
+
+def test_easyrec_exporters_that_recpipe_does_not_run_are_refused_saying_so():
+    for edits, field in (
+        ({"export_config.exporter_type": "best"}, "export_config.exporter_type"),
+        ({"export_config.best_exporter_metric": "auc"}, "export_config.best_exporter_metric"),
+    ):
+        with pytest.raises(ConfigError) as err:
+            load_pipeline_config(ML, edits)
+        assert f"{field}: " in str(err.value) and "not support" in str(err.value), str(err.value)
+    assert load_pipeline_config(ML, {"export_config.exports_to_keep": 3}).export_config.exports_to_keep == 3

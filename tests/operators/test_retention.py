@@ -123,3 +123,31 @@ def test_the_stream_champion_survives_many_days_of_retention(tmp_path, registry)
     assert len(deleted) == 3 * 5 - 1
     assert not [p for p in runs.rglob(".deleting-*")]
     assert not [p for p in runs.glob("ds=*/.tmp-*")]
+
+
+def test_exports_beyond_exports_to_keep_go_but_never_the_champions(tmp_path, registry):
+    """export_config.exports_to_keep (EasyRec's name) of the run's pipeline config, overrides
+    applied: the newest versions stay, and the champion's however old; the day dirs of a
+    stream model's delta chains beside them are not versions and stay."""
+    from operators.retention import RetentionOperator
+
+    exports, model = tmp_path / "exports", "exports_model"
+    for version in (1, 2, 3, 9, 10):
+        (exports / str(version) / "variables").mkdir(parents=True)
+    (exports / "2024-03-01" / "base-00").mkdir(parents=True)
+    registry.create_registered_model(model)
+    old = registry.create_model_version(model, str(exports / "2"), tags={"export_path": str(exports / "2")})
+    registry.set_registered_model_alias(model, "champion", old.version)
+    op = RetentionOperator(
+        task_id="retention",
+        pipeline_config_path="conf/movielens_deepfm.yaml",
+        edit_config_json={"export_config.exports_to_keep": 2},
+        runs_root=str(tmp_path / "runs"),
+        export_root=str(exports),
+        keep_days=1,
+        model_name=model,
+        mlflow_conn_id="",
+    )
+    deleted = op.execute({})
+    assert sorted(p.name for p in exports.iterdir()) == ["10", "2", "2024-03-01", "9"]
+    assert sorted(Path(p).name for p in deleted) == ["1", "3"]

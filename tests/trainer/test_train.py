@@ -201,6 +201,9 @@ def test_eval_writes_exact_metrics_and_ckpt_list_shows_names(ml_early, tmp_path)
     assert stored == result and result["global_step"] == 40
     assert 0.5 < result["auc"] < 1 and 0 < result["logloss"] < 1 and "gauc" in result
     assert result["num_examples"] > 1000
+    # eval_config.num_examples (EasyRec's): the first rows only, not a whole last batch
+    capped = evaluate(with_edits(config, {"eval_config.num_examples": 300}), tmp_path, EVAL)
+    assert capped["num_examples"] == 300 and capped["auc"] != result["auc"]
     names = dict(list_variables(tmp_path))
     assert names["deepfm/input_layer/item_id/embedding_weights"] == [100000, 16]
     assert names["global_step"] == []
