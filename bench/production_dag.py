@@ -36,8 +36,8 @@ from dev import spark_connect  # noqa: E402
 from dev.airflow import run_backfill  # noqa: E402
 from dev.env import airflow_env  # noqa: E402
 
-DAG_ID = "recpipe_daily_retrain"
 RETRAIN = "conf/retrain/criteo_daily.yaml"
+DAG_ID = "criteo_deepfm_daily"  # the config's dag_id (its default, <model_name>_<kind>)
 WORK = ROOT / "var/bench/production_dag"  # the retrain config's raw and feature paths
 FIRST = "2024-01-01"
 # the DAG's tasks that run a job, and the bench step that runs the same command
@@ -137,7 +137,7 @@ def backfill(rows: int, days: list[str], airflow_home: Path, timeout: float) -> 
     env = {
         **os.environ,
         **airflow_env(ROOT, airflow_home),
-        "RECPIPE_RETRAIN_CONFIG": RETRAIN,
+        "RECPIPE_RETRAIN_CONFIGS": RETRAIN,  # this model's DAG alone
         # MLflow of its own: the bench's registered model does not mix with the demo's
         "MLFLOW_TRACKING_URI": f"sqlite:///{WORK / 'mlflow.db'}",
     }

@@ -13,11 +13,11 @@ from airflow.sdk import Param
 
 from operators.paths import project_home
 from operators.retrain_dag import RetrainTasks
-from recpipe.config.retrain import active_retrain_config
+from recpipe.config.retrain import train_dag_config
 from recpipe.config.train import TrainDistribute
 
 HOME = project_home()
-RETRAIN = active_retrain_config(HOME, "daily")
+RETRAIN = train_dag_config(HOME)
 DAY = r"\d{4}-\d{2}-\d{2}"
 # inside the project: no absolute path, no "..", only conf/*.yaml
 CONFIG_PATH = r"^conf/(?!.*\.\.)[A-Za-z0-9_./-]+\.ya?ml$"

@@ -6,7 +6,7 @@ holds only what is its own: the schedule, its templates and the order of its tas
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from airflow.sdk import DAG, Param
@@ -28,8 +28,10 @@ EDITS = "{{ retrain.with_run_edits(params.edit_config_json) }}"
 EDITS_ARG = "--edit_config_json={{ retrain.with_run_edits(params.edit_config_json) | tojson }}"
 
 
-def _utc(d) -> datetime:
-    return datetime(d.year, d.month, d.day, tzinfo=UTC)
+def _midnight(d, tz: str) -> datetime:
+    import pendulum
+
+    return pendulum.datetime(d.year, d.month, d.day, tz=tz)
 
 
 class RetrainTasks:
@@ -66,26 +68,36 @@ class RetrainTasks:
             "mlflow_conn_id": retrain.tracking.mlflow_conn_id,
             "hourly": hourly,
         }
-        self.job = {**self.common, "cluster_config_path": cluster_config_path or retrain.cluster_config_path}
+        # the model's share of the cluster: its job tasks take pool slots (retrain.pool)
+        self.slots = {"pool": retrain.pool, "pool_slots": retrain.pool_slots} if retrain.pool else {}
+        self.job = {
+            **self.common,
+            "cluster_config_path": cluster_config_path or retrain.cluster_config_path,
+            **self.slots,
+        }
 
     def dag(self, dag_id: str, *, description: str, schedule, params: dict | None = None, **kwargs) -> DAG:
         """The DAG: native rendering (Params arrive typed), the retrain config as the macro
         ``retrain``, failed tasks failing the parent MLflow run, retries from ``tracking``,
-        and the Params ``full_retrain`` and ``edit_config_json`` (``params`` adds or replaces)."""
-        tracking = self.retrain.tracking
+        owner and priority weight from the config, and the Params ``full_retrain`` and
+        ``edit_config_json`` (``params`` adds or replaces). A scheduled DAG starts at
+        ``start_date``'s midnight in ``timezone`` (its cron times are that zone's)."""
+        retrain = self.retrain
+        tracking = retrain.tracking
         defaults = {
-            "on_failure_callback": fail_parent_run(
-                self.retrain.experiment, tracking.mlflow_conn_id, self.hourly
-            )
+            "owner": retrain.owner,
+            "priority_weight": retrain.priority_weight,
+            "on_failure_callback": fail_parent_run(retrain.experiment, tracking.mlflow_conn_id, self.hourly),
         }
         if schedule is not None:
             defaults |= {
                 "retries": tracking.retries,
                 "retry_delay": timedelta(seconds=tracking.retry_delay_s),
             }
-            kwargs.setdefault("start_date", _utc(self.retrain.start_date))
-            kwargs.setdefault("end_date", _utc(self.retrain.end_date) if self.retrain.end_date else None)
-            kwargs.setdefault("catchup", self.retrain.catchup)
+            kwargs.setdefault("start_date", _midnight(retrain.start_date, retrain.timezone))
+            end = retrain.end_date
+            kwargs.setdefault("end_date", _midnight(end, retrain.timezone) if end else None)
+            kwargs.setdefault("catchup", retrain.catchup)
         return DAG(
             dag_id=dag_id,
             description=description,
@@ -104,7 +116,11 @@ class RetrainTasks:
                 **(params or {}),
             },
             user_defined_macros={"retrain": self.retrain},
-            **{"max_active_runs": 1, "tags": ["recpipe", self.retrain.model_name], **kwargs},
+            **{
+                "max_active_runs": retrain.max_active_runs,
+                "tags": ["recpipe", retrain.model_name, *retrain.tags],
+                **kwargs,
+            },
         )
 
     def _timeout(self, task_id: str) -> dict:

@@ -25,9 +25,10 @@ sys.path.insert(0, str(HOME))
 from dev import spark_connect  # noqa: E402
 from dev.airflow import run_backfill  # noqa: E402
 from dev.env import airflow_env  # noqa: E402
-from recpipe.config.retrain import active_retrain_config  # noqa: E402
+from recpipe.config.retrain import load_retrain_config  # noqa: E402
 
-DAG_ID = "recpipe_daily_retrain"
+CONFIG = "conf/retrain/movielens_daily.yaml"  # one of the deployment's DAGs
+DAG_ID = load_retrain_config(HOME / CONFIG).effective_dag_id
 
 
 def main() -> int:
@@ -37,7 +38,7 @@ def main() -> int:
     parser.add_argument("--runner", choices=("backfill", "dags-test"), default="backfill")
     parser.add_argument("--timeout", type=float, default=7200, help="seconds for all the days")
     args = parser.parse_args()
-    retrain = active_retrain_config(HOME)
+    retrain = load_retrain_config(HOME / CONFIG)
     first = date.fromisoformat(args.first) if args.first else retrain.start_date
     days = [(first + timedelta(days=k)).isoformat() for k in range(args.days)]
     env = {**os.environ, **airflow_env(HOME)}

@@ -29,9 +29,10 @@ from dev import spark_connect  # noqa: E402
 from dev.airflow import run_backfill  # noqa: E402
 from dev.env import airflow_env  # noqa: E402
 from recpipe.config import load_pipeline_config  # noqa: E402
-from recpipe.config.retrain import active_retrain_config  # noqa: E402
+from recpipe.config.retrain import load_retrain_config  # noqa: E402
 
-DAG_ID = "recpipe_stream_retrain"
+CONFIG = "conf/retrain/movielens_stream.yaml"  # one of the deployment's DAGs
+DAG_ID = load_retrain_config(HOME / CONFIG).effective_dag_id
 ROW = "{:<14} {:>5} {:>9}  {:<9} {:>10} {:>9} {:>10}"
 JOBS = ("prepare_features", "evaluate_pass", "train", "export")
 
@@ -43,7 +44,7 @@ def main() -> int:
     parser.add_argument("--hours", type=int, default=24, help="passes a day, from 00:00")
     parser.add_argument("--timeout", type=float, default=5400, help="seconds for each 6 passes")
     args = parser.parse_args()
-    stream = active_retrain_config(HOME, "stream")
+    stream = load_retrain_config(HOME / CONFIG)
     pipeline = load_pipeline_config(HOME / stream.pipeline_config_path, stream.edit_config_json).resolved(
         HOME
     )

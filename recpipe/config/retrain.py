@@ -1,14 +1,17 @@
-"""The daily retrain DAG's own settings (``conf/retrain/*.yaml``): schedule, training window,
-checks, promotion gate, retention and tracking. The model itself stays in the pipeline config
-and the resources in the cluster config, as PaddleRec keeps them apart."""
+"""A retrain DAG's own settings (``conf/retrain/*.yaml``, one file a DAG): its kind, id,
+schedule and pool, training window, checks, promotion gate, retention and tracking. The model
+itself stays in the pipeline config and the resources in the cluster config, as PaddleRec
+keeps them apart."""
 
 from __future__ import annotations
 
 import os
 from datetime import date, timedelta
 from pathlib import Path
+from typing import Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from recpipe.config.base import Section
 from recpipe.config.loader import read_yaml, validate
@@ -140,9 +143,23 @@ class RetrainConfig(Section):
     pipeline_config_path: str
     cluster_config_path: str = "conf/cluster/local.yaml"
     model_name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    # the DAG: daily (one run a day) or stream (one pass a run, recpipe_stream_retrain's tasks)
+    kind: Literal["daily", "stream"] = "daily"
+    dag_id: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]+$")
+    # a preset (@daily, @hourly, ...) or a cron expression; default @daily / @hourly by kind
+    schedule: str | None = None
+    timezone: str = "UTC"
     start_date: date
     end_date: date | None = None
     catchup: bool = False
+    max_active_runs: int = Field(1, ge=1)
+    owner: str = "recpipe"
+    tags: list[str] = Field(default_factory=list)
+    # the Airflow pool the model's job tasks take slots of (None: default_pool), how many
+    # each, and their priority among the models that share the pool
+    pool: str | None = None
+    pool_slots: int = Field(1, ge=1)
+    priority_weight: int = 1
     training_window_days: int = Field(7, ge=1)
     retention_days: int = Field(7, ge=1)
     runs_dir: str = "var/runs"
@@ -159,6 +176,43 @@ class RetrainConfig(Section):
     timeouts: TimeoutConfig = Field(default_factory=TimeoutConfig)
     stream: StreamConfig = Field(default_factory=StreamConfig)
 
+    @field_validator("schedule")
+    @classmethod
+    def _schedule(cls, value: str | None) -> str | None:
+        from croniter import croniter
+
+        presets = {"@once", "@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly"}
+        if value is not None and value not in presets and not croniter.is_valid(value):
+            raise ValueError(f"{value!r} is neither a cron expression nor one of {sorted(presets)}")
+        return value
+
+    @field_validator("timezone")
+    @classmethod
+    def _timezone(cls, value: str) -> str:
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"{value!r} is not an IANA time zone (e.g. UTC, Asia/Shanghai)") from None
+        return value
+
+    @model_validator(mode="after")
+    def _one_pass_at_a_time(self) -> RetrainConfig:
+        if self.kind == "stream" and self.max_active_runs != 1:
+            raise ValueError("max_active_runs: a stream's pass continues from the one before: it must be 1")
+        if self.end_date is not None and self.end_date < self.start_date:
+            raise ValueError(f"end_date {self.end_date} is before start_date {self.start_date}")
+        return self
+
+    @property
+    def effective_dag_id(self) -> str:
+        """``dag_id``, else ``<model_name>_<kind>``."""
+        return self.dag_id or f"{self.model_name}_{self.kind}"
+
+    @property
+    def effective_schedule(self) -> str:
+        """``schedule``, else ``@daily`` (daily) or ``@hourly`` (stream: one pass an hour)."""
+        return self.schedule or ("@hourly" if self.kind == "stream" else "@daily")
+
     def with_run_edits(self, run_edits: dict | None) -> dict:
         """``edit_config_json`` of a run: this config's overrides (where data live, the daily
         schedule's epochs), then the run's own (Params or trigger conf), which win."""
@@ -171,24 +225,31 @@ class RetrainConfig(Section):
         return self.tracking.experiment or self.model_name
 
 
-# each retrain DAG's config: the environment variable naming it, and the default
-RETRAIN_CONFIGS = {
-    "daily": ("RECPIPE_RETRAIN_CONFIG", "conf/retrain/movielens_daily.yaml"),
-    "stream": ("RECPIPE_STREAM_CONFIG", "conf/retrain/movielens_stream.yaml"),
-}
+# where a deployment's retrain configs are: a folder (every *.yaml in it a DAG) or one file
+RETRAIN_CONFIGS_VARIABLE = "RECPIPE_RETRAIN_CONFIGS"
+RETRAIN_CONFIGS_DEFAULT = "conf/retrain"
+# the config the manual DAG recpipe_train takes its defaults from
+TRAIN_CONFIG_VARIABLE, TRAIN_CONFIG_DEFAULT = "RECPIPE_TRAIN_CONFIG", "conf/retrain/movielens_daily.yaml"
 
 
-def active_retrain_config(home, kind: str = "daily") -> RetrainConfig:
-    """The retrain config a DAG of ``kind`` uses (``RETRAIN_CONFIGS``): the file its
-    environment variable names (relative to ``home`` or absolute), else the default.
+def retrain_config_files(home) -> list[Path]:
+    """The deployment's retrain configs: every ``*.yaml`` / ``*.yml`` in the folder
+    ``$RECPIPE_RETRAIN_CONFIGS`` names (relative to ``home`` or absolute; default
+    ``conf/retrain``), in name order, or the one file it names."""
+    where = Path(home) / os.environ.get(RETRAIN_CONFIGS_VARIABLE, RETRAIN_CONFIGS_DEFAULT)
+    if where.is_file():
+        return [where]
+    return sorted(p for p in where.glob("*") if p.suffix in (".yaml", ".yml") and p.is_file())
+
+
+def train_dag_config(home) -> RetrainConfig:
+    """The retrain config whose pipeline and cluster configs ``recpipe_train`` (by hand)
+    defaults to: ``$RECPIPE_TRAIN_CONFIG`` (default ``conf/retrain/movielens_daily.yaml``).
 
     Raises:
-        KeyError: an unknown ``kind``.
         ConfigError: as ``load_retrain_config``.
     """
-
-    variable, default = RETRAIN_CONFIGS[kind]
-    return load_retrain_config(Path(home) / os.environ.get(variable, default))
+    return load_retrain_config(Path(home) / os.environ.get(TRAIN_CONFIG_VARIABLE, TRAIN_CONFIG_DEFAULT))
 
 
 def load_retrain_config(path) -> RetrainConfig:

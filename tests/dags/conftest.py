@@ -37,6 +37,7 @@ def new_stack(movielens_raw, base, edits: dict | None = None, **overrides) -> di
     retrain = {
         "pipeline_config_path": "conf/movielens_deepfm.yaml",
         "model_name": MODEL,
+        "dag_id": "recpipe_daily_retrain",
         "start_date": DAYS[0],
         "training_window_days": 7,
         "retention_days": 3,
@@ -73,7 +74,9 @@ def new_stack(movielens_raw, base, edits: dict | None = None, **overrides) -> di
         **os.environ,
         **airflow_env(ROOT, base / "airflow"),
         "RECPIPE_VAR_DIR": str(var),
-        "RECPIPE_RETRAIN_CONFIG": str(base / "retrain.yaml"),
+        # this model's DAG alone; recpipe_train's defaults from it too
+        "RECPIPE_RETRAIN_CONFIGS": str(base / "retrain.yaml"),
+        "RECPIPE_TRAIN_CONFIG": str(base / "retrain.yaml"),
         "MLFLOW_TRACKING_URI": f"sqlite:///{var / 'mlflow' / 'mlflow.db'}",
     }
     airflow(env, "db", "migrate")

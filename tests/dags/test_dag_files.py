@@ -1,13 +1,19 @@
-"""The DAG files parse in a fresh interpreter without TensorFlow or Spark, wire the tasks in
-order, and the manual DAG's Params validate a trigger's conf (JSON schema, path confinement)."""
+"""The DAG files parse in a fresh interpreter without TensorFlow or Spark, one DAG per retrain
+config of the folder (a broken one a DAG showing its error, the others unharmed), wire the
+tasks in order, and the manual DAG's Params validate a trigger's conf (JSON schema, path
+confinement)."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
 import pytest
+import yaml
+
+from tests.support import ROOT
 
 PROBE = r"""
 import copy, json, sys
@@ -26,6 +32,16 @@ out["timeouts"] = {
     d.dag_id: {t.task_id: t.execution_timeout and t.execution_timeout.total_seconds() for t in d.tasks}
     for d in (daily, bag.dags["recpipe_train"], stream)
 }
+din = bag.dags["movielens_din_daily"]
+out["din"] = {
+    "schedule": din.timetable.expression,
+    "timezone": getattr(din.timetable.timezone, "name", str(din.timetable.timezone)),
+    "tags": sorted(din.tags), "owner": din.owner,
+    "pools": sorted({(t.task_id, t.pool, t.pool_slots, t.priority_weight) for t in din.tasks}),
+}
+broken = bag.dags["broken_config_error"]
+out["broken"] = {"tags": sorted(broken.tags), "schedule": str(broken.timetable), "doc": broken.doc_md,
+                 "tasks": sorted(broken.task_dict)}
 out["params"] = {}
 manual = bag.dags["recpipe_train"]
 for name, conf in json.loads(sys.argv[1]).items():
@@ -58,10 +74,32 @@ CONFS = {
 
 
 @pytest.fixture(scope="module")
-def probe(stack):
+def probe(stack, tmp_path_factory):
+    """The DagBag of a folder of four retrain configs: the stack's daily one, the shipped
+    stream one, a second daily model (DIN) on its own cron, time zone and pool, and a broken
+    one (a gate tolerance below 0)."""
+    folder = tmp_path_factory.mktemp("retrain_configs")
+    shutil.copy(stack["base"] / "retrain.yaml", folder / "daily.yaml")
+    shutil.copy(ROOT / "conf/retrain/movielens_stream.yaml", folder / "stream.yaml")
+    din = yaml.safe_load((stack["base"] / "retrain.yaml").read_text())
+    din.pop("dag_id")
+    din.update(
+        pipeline_config_path="conf/movielens_din.yaml",
+        model_name="movielens_din",
+        schedule="30 2 * * *",
+        timezone="Asia/Shanghai",
+        tags=["din"],
+        owner="ranking-team",
+        pool="training",
+        pool_slots=2,
+        priority_weight=5,
+    )
+    (folder / "din.yaml").write_text(yaml.safe_dump(din))
+    broken = {**din, "model_name": "broken", "gate": {"tolerance": -1}}
+    (folder / "broken.yaml").write_text(yaml.safe_dump(broken))
     proc = subprocess.run(
         [sys.executable, "-c", PROBE, json.dumps(CONFS)],
-        env=stack["env"],
+        env={**stack["env"], "RECPIPE_RETRAIN_CONFIGS": str(folder)},
         capture_output=True,
         text=True,
         timeout=300,
@@ -73,8 +111,32 @@ def probe(stack):
 
 def test_dags_import_without_errors_or_heavy_imports(probe):
     assert probe["errors"] == {}
-    assert probe["dags"] == ["recpipe_daily_retrain", "recpipe_stream_retrain", "recpipe_train"]
+    assert probe["dags"] == [
+        "broken_config_error",
+        "movielens_din_daily",
+        "recpipe_daily_retrain",
+        "recpipe_stream_retrain",
+        "recpipe_train",
+    ]
     assert probe["heavy"] == []
+
+
+def test_each_config_is_its_own_dag_with_its_schedule_zone_and_pool(probe):
+    din = probe["din"]
+    assert din["schedule"] == "30 2 * * *" and din["timezone"] == "Asia/Shanghai"
+    assert din["tags"] == ["din", "movielens_din", "recpipe"] and din["owner"] == "ranking-team"
+    pools = {task: (pool, slots, weight) for task, pool, slots, weight in din["pools"]}
+    # the job tasks share the cluster's training slots; the others take the default pool
+    for task in ("evaluate_champion", "train", "evaluate", "export"):
+        assert pools[task] == ("training", 2, 5), (task, pools[task])
+    assert pools["validate_features"] == ("default_pool", 1, 5)
+
+
+def test_a_broken_config_is_a_dag_that_shows_its_error(probe):
+    broken = probe["broken"]
+    assert broken["tags"] == ["config-error", "recpipe"] and broken["tasks"] == ["config_error"]
+    assert "broken.yaml" in broken["doc"] and "gate.tolerance" in broken["doc"]
+    assert broken["schedule"].endswith("NullTimetable") or "Null" in broken["schedule"]
 
 
 def test_daily_dag_wiring(probe):

@@ -146,7 +146,7 @@ def days(movielens_hourly_raw, tmp_path_factory) -> dict:
         **os.environ,
         **airflow_env(ROOT, base / "airflow"),
         "RECPIPE_VAR_DIR": str(var),
-        "RECPIPE_STREAM_CONFIG": str(base / "stream.yaml"),
+        "RECPIPE_RETRAIN_CONFIGS": str(base / "stream.yaml"),
         "MLFLOW_TRACKING_URI": f"sqlite:///{var / 'mlflow' / 'mlflow.db'}",
     }
     client = redis.Redis(host="127.0.0.1", port=6379)

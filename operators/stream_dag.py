@@ -1,0 +1,146 @@
+"""The stream retrain DAG of one retrain config (``kind: stream``; PaddleRec's online
+trainer): every run one pass: prepare the pass's features, score the model as it stands on
+them (progressive validation), train on them from the day's previous pass (a day's first
+pass: from the champion), export the day's base at its first trained pass and a delta after
+every other, push it to the Redis embedding store, keep the newest days' pass dirs.
+
+The pass at ``stream.close_hour`` (23) closes the day as the daily DAG does: the day's last
+model is exported (SavedModel, TF Serving layout, and an MLflow Model), registered, and gated
+against the ``champion`` on the day's rows, which the day's progressive scores
+(``evaluate_day``) and the champion's (``evaluate_champion``) both predicted before training
+on them. A quiet hour (no rows) skips everything after its preparation.
+``dags/recpipe_retrain.py`` builds one for each config; building it imports neither
+TensorFlow nor Spark.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from airflow.providers.standard.operators.python import ShortCircuitOperator
+from airflow.sdk import DAG
+
+from operators.retrain_dag import RetrainTasks
+from operators.stream import (
+    DayEvalOperator,
+    OnlineStorePushOperator,
+    PassExportOperator,
+    ProgressiveEvalOperator,
+    closes_day,
+    pass_has_rows,
+)
+from recpipe.config import load_pipeline_config
+from recpipe.config.retrain import RetrainConfig
+from recpipe.layout import PASS_EVAL_RESULT, SERVING_EXPORT_RECORD, partition_text
+
+HH = "{{ logical_date.strftime('%H') }}"
+
+
+def stream_retrain_dag(home: Path, retrain: RetrainConfig, doc_md: str | None = None) -> DAG:
+    """The DAG ``retrain.effective_dag_id`` (schedule ``retrain.effective_schedule``: a pass a
+    run); it pushes to ``$RECPIPE_REDIS_URL`` (the deployment's store) or ``stream.redis_url``.
+
+    Raises:
+        recpipe.config.errors.ConfigError: the pipeline config it names is invalid.
+    """
+    pipeline = load_pipeline_config(home / retrain.pipeline_config_path, retrain.edit_config_json).resolved(
+        home
+    )
+    tasks = RetrainTasks(home, retrain, hourly=True)
+    pass_ds = "{{ ds }}/" + HH  # the pass: YYYY-MM-DD/HH
+    model_dir = partition_text(tasks.runs, "{{ ds }}", HH)
+    # the deployment's store wins over the config's (docker-compose.yaml sets it)
+    redis_url = os.environ.get("RECPIPE_REDIS_URL") or retrain.stream.redis_url
+
+    with tasks.dag(
+        retrain.effective_dag_id,
+        description=f"passes of {retrain.model_name} ({retrain.pipeline_config_path})",
+        schedule=retrain.effective_schedule,  # max_active_runs 1: a pass continues from the one before
+        tags=["recpipe", retrain.model_name, "stream", *retrain.tags],
+        doc_md=doc_md,
+    ) as dag:
+        wait_for_pass = tasks.wait_for_raw("wait_for_pass", pipeline.raw_input_path, HH)
+        prepare = tasks.prepare(pass_ds, f"recpipe-{retrain.model_name}-prepare-{{{{ ds }}}}-" + HH)
+        has_rows = ShortCircuitOperator(
+            task_id="has_rows",
+            execution_timeout=retrain.timeouts.of("has_rows"),
+            python_callable=pass_has_rows,
+            op_args=[pipeline.train_input_path, pass_ds],
+            ignore_downstream_trigger_rules=False,  # a quiet close_hour still closes the day
+        )
+        evaluate = ProgressiveEvalOperator(
+            task_id="evaluate_pass",
+            execution_timeout=retrain.timeouts.of("evaluate_pass"),
+            model_dir=model_dir,
+            eval_ds=pass_ds,
+            previous_in=tasks.runs,
+            model_name=retrain.model_name,
+            alias=retrain.gate.alias,
+            result_name=PASS_EVAL_RESULT,
+            step="evaluate_pass",
+            **tasks.job,
+        )
+        # the day's previous pass; a day's first pass the champion (or, before any close, the
+        # newest pass): never a model its day's close rejected
+        train = tasks.train(model_dir, ds=pass_ds, train_ds=pass_ds, holdout=False, previous_pass=True)
+        export = PassExportOperator(
+            task_id="export",
+            execution_timeout=retrain.timeouts.of("export"),
+            model_dir=model_dir,
+            export_dir=tasks.exports,
+            ds=pass_ds,
+            **tasks.job,
+        )
+        retention = tasks.retention(
+            end_parent_run=True,  # a pass that does not close the day registers nothing
+            trigger_rule="none_failed",
+        )
+        last = wait_for_pass >> prepare >> has_rows >> evaluate >> train >> export
+        if redis_url:
+            last = last >> OnlineStorePushOperator(
+                task_id="push",
+                execution_timeout=retrain.timeouts.of("push"),
+                export_path="{{ ti.xcom_pull(task_ids='export')['export'] }}",
+                model_name=retrain.model_name,
+                redis_url=redis_url,
+            )
+
+        # the day boundary
+        close = ShortCircuitOperator(
+            task_id="closes_day",
+            execution_timeout=retrain.timeouts.of("closes_day"),
+            python_callable=closes_day,
+            op_kwargs={"close_hour": retrain.stream.close_hour},
+            trigger_rule="none_failed",  # after the pass, trained or quiet
+            # False: skip only the close chain; retention, downstream through register_and_gate,
+            # then runs by its none_failed trigger rule (True would skip it on every pass)
+            ignore_downstream_trigger_rules=False,
+        )
+        day_eval = "{{ ti.xcom_pull(task_ids='evaluate_day')"
+        evaluate_day = DayEvalOperator(
+            task_id="evaluate_day",
+            execution_timeout=retrain.timeouts.of("evaluate_day"),
+            runs_root=tasks.runs,
+            day="{{ ds }}",
+            **tasks.common,
+        )
+        evaluate_champion = tasks.evaluate_champion(
+            day_eval + "['model_dir'] }}", day_eval + "['eval_ds'] }}"
+        )
+        # <version>/ beside the <day>/ dirs: TF Serving reads numbers only
+        export_saved_model = tasks.export(
+            day_eval + "['model_dir'] }}", task_id="export_saved_model", record_name=SERVING_EXPORT_RECORD
+        )
+        register = tasks.register(
+            gate={"metric": "auc"},  # progressive scores carry no user ids for gAUC
+            history_days=0,
+            train_task_id="evaluate_day",
+            eval_task_id="evaluate_day",
+            export_task_id="export_saved_model",
+        )
+        last >> close >> evaluate_day >> evaluate_champion >> export_saved_model >> register
+        # not downstream of closes_day: a short circuit skips its direct downstream tasks whatever
+        # their trigger rule, and retention must run after every pass
+        [last, register] >> retention
+    return dag
