@@ -5,7 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from recpipe.errors import PipelineError
 from recpipe.layout import day_of, finished_model_dirs, is_finished, partition_ds
+
+
+class ChampionGoneError(PipelineError):
+    """The champion's model dir is gone: never replaced by another model in silence."""
 
 
 def source(
@@ -31,6 +36,8 @@ def source(
     Raises:
         MlflowException: the registry could not be read (the task fails and is retried; it
             never falls back to an unvetted model dir).
+        ChampionGoneError: the ``alias`` version, dated before ``ds``, has lost its model dir
+            (names the version and the way out), rather than a silent fallback.
     """
     own = model_dir.resolve() if model_dir is not None else None
     if previous_pass:
@@ -49,6 +56,16 @@ def source(
         champion = hook.champion(model_name, alias)
         if champion is not None and (found := usable(champion)):
             return found, f"{alias} version {champion.version}"
+        if champion is not None:
+            path, day = champion.tags.get("model_dir"), champion.tags.get("ds", "")
+            theirs = path and own is not None and Path(path).resolve() == own
+            if day and day < ds and not theirs and not (path and is_finished(path)):
+                raise ChampionGoneError(
+                    f"{model_name} {alias} version {champion.version} ({day}): its model dir "
+                    f"{path or '(untagged)'} is gone, so nothing vetted to fine-tune from: set another "
+                    f"champion (recpipe champion set --model_name {model_name} --version N --reason ..., "
+                    "or rollback), or run with the Param full_retrain"
+                )
         versions = hook.versions(model_name)
         if versions:
             for version in versions:

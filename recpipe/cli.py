@@ -2,7 +2,7 @@
 
 Subcommands: ``data`` (``dev.data``), ``features``, ``config``,
 ``train``, ``eval``, ``export``, ``serve apply-delta`` / ``serve push``, ``ckpt list``,
-``runs compare``.
+``runs compare``, ``champion show | set | rollback``.
 Commands that read a pipeline config take EasyRec's ``--edit_config_json`` and
 ``--section.field=value`` overrides. Exit codes (every command): 2 for usage and config
 errors, 1 for pipeline errors (``recpipe.errors``).
@@ -44,6 +44,11 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("train", "eval", "export", "serve", "ckpt"):
         sub.add_parser(name, help=f"see python -m trainer.{name} --help", add_help=False)
     sub.add_parser("runs", help="compare MLflow runs (recpipe runs compare --help)", add_help=False)
+    sub.add_parser(
+        "champion",
+        help="show, set or roll back the serving version (recpipe champion --help)",
+        add_help=False,
+    )
     if argv and argv[0] == "data":
         from dev.data.cli import main as data_main
 
@@ -52,6 +57,10 @@ def main(argv: list[str] | None = None) -> int:
         from recpipe.runs.cli import main as runs_main
 
         return run_command(lambda: runs_main(argv[1:]), "recpipe runs")
+    if argv and argv[0] == "champion":
+        from recpipe.champion import main as champion_main
+
+        return run_command(lambda: champion_main(argv[1:]), "recpipe champion")
     if argv and argv[0] == "features":
         from features.prepare import main as features_main
 

@@ -75,17 +75,19 @@ return 1
 """
 # KEYS[1]: the push lock, KEYS[2]: applied. ARGV[1]: token, ARGV[2]: the generation the pusher
 # read from applied ('' when none), ARGV[3]: the export's day, ARGV[4]: its sequence, then
-# the new record's field / value pairs. Refuses when fenced, when applied changed since it
-# was read, or when it names a later export than this one.
+# ARGV[5]: '1' when the switch may go back to an earlier export (a rollback), then the new
+# record's field / value pairs. Refuses when fenced, when applied changed since it was read,
+# or (unless ARGV[5]) when it names a later export than this one.
 _COMMIT = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.error_reply('FENCED') end
 local held = redis.call('HMGET', KEYS[2], 'generation', 'day', 'sequence')
 if (held[1] or '') ~= ARGV[2] then return redis.error_reply('MOVED') end
-if held[2] and (held[2] > ARGV[3] or (held[2] == ARGV[3] and tonumber(held[3]) > tonumber(ARGV[4]))) then
+if ARGV[5] ~= '1' and held[2] and
+   (held[2] > ARGV[3] or (held[2] == ARGV[3] and tonumber(held[3]) > tonumber(ARGV[4]))) then
   return redis.error_reply('MOVED')
 end
 redis.call('DEL', KEYS[2])
-redis.call('HSET', KEYS[2], unpack(ARGV, 5))
+redis.call('HSET', KEYS[2], unpack(ARGV, 6))
 return 1
 """
 # KEYS[1]: applied. ARGV[1]: the key prefix up to the generation, ARGV[2]: the table, then ids.
@@ -209,13 +211,15 @@ class _Pusher:
         flush(now=True)
         return {"rows": written, "deleted": deleted}
 
-    def switch(self, held: dict, manifest: dict, generation: str) -> None:
+    def switch(self, held: dict, manifest: dict, generation: str, backwards: bool = False) -> None:
         """Make ``manifest``'s export the applied one, in ``generation``: refused unless the
-        lock is still ours and ``applied`` is still ``held``."""
+        lock is still ours and ``applied`` is still ``held`` (and, unless ``backwards``, holds
+        no later export)."""
         record = {k: str(manifest[k]) for k in RECORD} | {"generation": generation}
         pairs = [x for kv in record.items() for x in kv]
         keys = [self.lock.name, _key(self.prefix, self.model, "applied")]
-        self._run(self.commit_script, keys, [held.get("generation", ""), *order(manifest), *pairs])
+        args = [held.get("generation", ""), *order(manifest), "1" if backwards else "0", *pairs]
+        self._run(self.commit_script, keys, args)
 
     def new_generation(self) -> str:
         return str(self.client.incr(_key(self.prefix, self.model, "next-generation")))
@@ -271,18 +275,19 @@ class _Pusher:
         self.switch(held, manifest, held["generation"])
         return {**totals, "stale": 0}
 
-    def rebuild(self, exports: list[Path]) -> dict[str, int]:
-        """Write a base and its deltas into a new generation, then switch to it at once."""
+    def rebuild(self, exports: list[Path], backwards: bool = False) -> dict[str, int]:
+        """Write a base and its deltas into a new generation, then switch to it at once; a
+        no-op (``stale``) when the store holds a later export, unless ``backwards``."""
         held = applied(self.client, self.model, self.prefix)
         last = read_manifest(exports[-1])
-        if held and (held["day"], int(held["sequence"])) > order(last):
+        if not backwards and held and (held["day"], int(held["sequence"])) > order(last):
             return {"rows": 0, "deleted": 0, "stale": 1}
         generation = self.new_generation()
         totals = {"rows": 0, "deleted": 0}
         for export in exports:
             for k, v in self.write_export(export, read_manifest(export), generation).items():
                 totals[k] += v
-        self.switch(held, last, generation)
+        self.switch(held, last, generation, backwards)
         totals["deleted"] += self.drop_other_generations(generation)
         return {**totals, "stale": 0}
 
@@ -323,6 +328,20 @@ def push_chain(client, model: str, export: Path, prefix: str = PREFIX) -> tuple[
         exports = chain(export.parent)
         exports = exports[: [p.name for p in exports].index(export.name) + 1]
         return pusher.rebuild(exports), exports
+
+
+def restore(client, model: str, exports: list[Path], prefix: str = PREFIX) -> dict[str, int]:
+    """Make the store hold ``exports`` (a base and its deltas, in order) and nothing else:
+    written into a new generation and switched to at once under the push lock, even when the
+    store holds later exports (a champion rolled back: ``recpipe.champion.restore_store``).
+
+    Raises:
+        StoreFenced, StoreError, recpipe.exports.files.DeltaError: as ``push``.
+    """
+    if not exports or not is_base(read_manifest(Path(exports[0]))):
+        raise StoreError(f"{model}: a restore starts at a base export, not {exports[:1]}")
+    with _Pusher(client, model, prefix) as pusher:
+        return pusher.rebuild([Path(e) for e in exports], backwards=True)
 
 
 def _decode(fields) -> dict[str, np.ndarray]:
