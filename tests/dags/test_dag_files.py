@@ -114,6 +114,7 @@ def test_dags_import_without_errors_or_heavy_imports(probe):
     assert probe["dags"] == [
         "broken_config_error",
         "movielens_din_daily",
+        "recpipe_champion",
         "recpipe_daily_retrain",
         "recpipe_stream_retrain",
         "recpipe_train",
