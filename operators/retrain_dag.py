@@ -14,6 +14,7 @@ from airflow.sdk import DAG, Param
 from operators.evaluate import EvalOperator
 from operators.export import ExportOperator, export_asset
 from operators.feature_job import feature_job, raw_partition_sensor
+from operators.notify import on_decision, on_failure
 from operators.register import RegisterModelOperator
 from operators.retention import RetentionOperator
 from operators.tracking import fail_parent_run
@@ -87,7 +88,10 @@ class RetrainTasks:
         defaults = {
             "owner": retrain.owner,
             "priority_weight": retrain.priority_weight,
-            "on_failure_callback": fail_parent_run(retrain.experiment, tracking.mlflow_conn_id, self.hourly),
+            "on_failure_callback": [
+                fail_parent_run(retrain.experiment, tracking.mlflow_conn_id, self.hourly),
+                *on_failure(retrain.notifications),
+            ],
         }
         if schedule is not None:
             defaults |= {
@@ -194,6 +198,7 @@ class RetrainTasks:
                 **self._timeout(task_id),
                 "model_name": self.retrain.model_name,
                 "gate": self.retrain.gate.model_copy(update=gate or {}),
+                "on_success_callback": on_decision(self.retrain.notifications) or None,
                 **self.common,
                 **kwargs,
             }

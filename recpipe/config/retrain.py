@@ -119,6 +119,20 @@ class TrackingConfig(Section):
     retry_delay_s: float = Field(60, ge=0)
 
 
+class NotificationConfig(Section):
+    """Who hears about the DAG's runs: e-mail through Airflow's ``SmtpNotifier`` (the SMTP
+    provider) on the connection ``smtp_conn_id``, to ``to`` (none: nobody), ``on`` these
+    events: ``failure`` (any task, a stuck gate's ``GateStuckError`` included), ``promotion``
+    and ``rejection`` (the gate's decision, with its reason)."""
+
+    to: list[str] = Field(default_factory=list)
+    smtp_conn_id: str = "smtp_default"
+    from_email: str = "recpipe@localhost"
+    on: list[Literal["failure", "promotion", "rejection"]] = Field(
+        default_factory=lambda: ["failure", "promotion", "rejection"]
+    )
+
+
 class StreamConfig(Section):
     """The intraday retrain (``recpipe_stream_retrain``): one pass an hour, a base export at the
     day's first trained pass, a delta after every other one, pushed to the online store.
@@ -175,6 +189,7 @@ class RetrainConfig(Section):
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     timeouts: TimeoutConfig = Field(default_factory=TimeoutConfig)
     stream: StreamConfig = Field(default_factory=StreamConfig)
+    notifications: NotificationConfig = Field(default_factory=NotificationConfig)
 
     @field_validator("schedule")
     @classmethod

@@ -38,6 +38,10 @@ out["din"] = {
     "timezone": getattr(din.timetable.timezone, "name", str(din.timetable.timezone)),
     "tags": sorted(din.tags), "owner": din.owner,
     "pools": sorted({(t.task_id, t.pool, t.pool_slots, t.priority_weight) for t in din.tasks}),
+    "notify": [
+        (type(cb).__name__, sorted(cb.send_on), cb.to)
+        for cb in din.task_dict["register_and_gate"].on_success_callback or []
+    ],
 }
 broken = bag.dags["broken_config_error"]
 out["broken"] = {"tags": sorted(broken.tags), "schedule": str(broken.timetable), "doc": broken.doc_md,
@@ -93,6 +97,7 @@ def probe(stack, tmp_path_factory):
         pool="training",
         pool_slots=2,
         priority_weight=5,
+        notifications={"to": ["ranking@example.com"], "on": ["promotion"]},
     )
     (folder / "din.yaml").write_text(yaml.safe_dump(din))
     broken = {**din, "model_name": "broken", "gate": {"tolerance": -1}}
@@ -131,6 +136,8 @@ def test_each_config_is_its_own_dag_with_its_schedule_zone_and_pool(probe):
     for task in ("evaluate_champion", "train", "evaluate", "export"):
         assert pools[task] == ("training", 2, 5), (task, pools[task])
     assert pools["validate_features"] == ("default_pool", 1, 5)
+    # promotions only, to the config's recipients (a rejection sends nothing)
+    assert din["notify"] == [["DecisionNotifier", ["promotion"], ["ranking@example.com"]]]
 
 
 def test_a_broken_config_is_a_dag_that_shows_its_error(probe):
@@ -228,3 +235,49 @@ def test_stream_dag_wiring(probe):
     want["retention"] = ["push", "register_and_gate"]
     assert up == want
     assert probe["stream_schedule"] == ["0 * * * *", 1]
+
+
+def test_a_failed_run_is_mailed_to_the_configs_recipients(stack, tmp_path):
+    """``notifications`` of the retrain config: the day's sensor times out (no raw
+    partition), and a real SMTP server (aiosmtpd) receives the failure, naming the task and
+    the error, from the SMTP provider's notifier."""
+    from aiosmtpd.controller import Controller
+
+    from tests.dags.conftest import airflow
+    from tests.support import free_port
+
+    received = []
+
+    class Inbox:
+        async def handle_DATA(self, server, session, envelope):
+            received.append(envelope)
+            return "250 OK"
+
+    retrain = yaml.safe_load((stack["base"] / "retrain.yaml").read_text())
+    retrain["notifications"] = {"to": ["ml-team@example.com"], "on": ["failure"]}
+    (tmp_path / "retrain.yaml").write_text(yaml.safe_dump(retrain))
+    port = free_port()
+    smtp = {
+        "conn_type": "smtp",
+        "host": "127.0.0.1",
+        "port": port,
+        "extra": {"disable_ssl": True, "disable_tls": True},
+    }
+    env = {
+        **stack["env"],
+        "RECPIPE_RETRAIN_CONFIGS": str(tmp_path / "retrain.yaml"),
+        "AIRFLOW_CONN_SMTP_DEFAULT": json.dumps(smtp),
+    }
+    inbox = Controller(Inbox(), hostname="127.0.0.1", port=port)
+    inbox.start()
+    try:
+        airflow(env, "dags", "test", "recpipe_daily_retrain", "1999-01-02", check=False)
+    finally:
+        inbox.stop()
+    import email
+
+    assert [m.rcpt_tos for m in received] == [["ml-team@example.com"]]
+    mail = email.message_from_bytes(received[0].content)
+    assert mail["Subject"] == "recpipe recpipe_daily_retrain 1999-01-02: wait_for_raw failed"
+    body = "".join(p.get_payload(decode=True).decode() for p in mail.walk() if not p.is_multipart())
+    assert "ds=1999-01-02/_SUCCESS is missing" in body
