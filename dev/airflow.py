@@ -40,6 +40,7 @@ from airflow_client.client.models import (
     DAGRunPatchBody,
     ReprocessBehavior,
     TriggerDAGRunPostBody,
+    UpdateHITLDetailPayload,
 )
 
 from dev.env import database_env
@@ -168,6 +169,32 @@ class Api:
         """A task instance's log, whole, as text."""
         got = self.task_instances_api.get_log(dag_id, run_id, task_id, try_number, full_content=True)
         return json.dumps(_plain(got))
+
+    def hitl_detail(self, dag_id: str, run_id: str, task_id: str) -> dict | None:
+        """The Human-in-the-loop request of a task (``subject``, ``body``, ``options``, ...),
+        or None before the task made it."""
+        try:
+            return _plain(self.task_instances_api.get_hitl_detail(dag_id, run_id, task_id, -1))
+        except NotFoundException:
+            return None
+
+    def wait_for_hitl(self, dag_id: str, run_id: str, task_id: str, timeout: float = 900) -> dict:
+        """The task's Human-in-the-loop request once it waits for an answer.
+
+        Raises:
+            TimeoutError: none within ``timeout`` seconds (the run's state in the message).
+        """
+        deadline = time.monotonic() + timeout
+        while (detail := self.hitl_detail(dag_id, run_id, task_id)) is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{dag_id}/{task_id}: no request; run {self.run(dag_id, run_id)['state']}")
+            time.sleep(3)
+        return detail
+
+    def answer_hitl(self, dag_id: str, run_id: str, task_id: str, options: list[str]) -> dict:
+        """Answer a Human-in-the-loop request as the logged-in user (``admin``)."""
+        body = UpdateHITLDetailPayload(chosen_options=options, params_input={})
+        return _plain(self.task_instances_api.update_hitl_detail(dag_id, run_id, task_id, -1, body))
 
     def xcom(self, dag_id: str, run_id: str, task_id: str, key: str = "return_value"):
         """A task instance's XCom value (deserialised)."""

@@ -57,7 +57,10 @@ def daily_retrain_dag(home: Path, retrain: RetrainConfig, doc_md: str | None = N
         evaluate = tasks.evaluate("evaluate", model_dir, gate_window, train_ds=held_out)
         export = tasks.export(model_dir)
         register = tasks.register()
-        retention = tasks.retention()
+        approved = tasks.approval(register)  # gate.approval: required
+        retention = tasks.retention(**({"trigger_rule": "none_failed"} if approved else {}))
+        if approved is not None:
+            approved >> retention
         (
             wait_for_raw
             >> prepare

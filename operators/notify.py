@@ -16,7 +16,8 @@ _FAILED_BODY = (
 _DECISION = "{{ ti.xcom_pull(task_ids=ti.task_id) }}"
 _GATE = (
     "recpipe {{ dag.dag_id }} {{ ds }}: version " + _DECISION.replace("}}", "['version'] }}") + " "
-    "{{ 'promoted' if ti.xcom_pull(task_ids=ti.task_id)['promoted'] else 'rejected' }}"
+    "{{ 'awaits approval' if ti.xcom_pull(task_ids=ti.task_id)['awaiting_approval'] else "
+    "('promoted' if ti.xcom_pull(task_ids=ti.task_id)['promoted'] else 'rejected') }}"
 )
 _GATE_BODY = "<p>" + _DECISION.replace("}}", "['reason'] }}") + "</p><pre>" + _DECISION + "</pre>"
 
@@ -30,7 +31,8 @@ def on_failure(config: NotificationConfig) -> list[SmtpNotifier]:
 
 class DecisionNotifier(SmtpNotifier):
     """``SmtpNotifier`` for the gate task's success: sends only the decisions in ``send_on``
-    (``promotion``, ``rejection``), read from the task's XCom."""
+    (``promotion``, ``rejection``, ``approval``: a promotion waiting for a person), read from
+    the task's XCom."""
 
     def __init__(self, *, send_on: set[str], **kwargs):
         super().__init__(**kwargs)
@@ -39,14 +41,18 @@ class DecisionNotifier(SmtpNotifier):
     def notify(self, context) -> None:
         ti = context["ti"]
         decision = ti.xcom_pull(task_ids=ti.task_id) or {}
-        if ("promotion" if decision.get("promoted") else "rejection") in self.send_on:
+        if decision.get("awaiting_approval"):
+            kind = "approval"
+        else:
+            kind = "promotion" if decision.get("promoted") else "rejection"
+        if kind in self.send_on:
             super().notify(context)
 
 
 def on_decision(config: NotificationConfig) -> list[SmtpNotifier]:
     """The gate task's success callbacks: its decision, when ``config`` asks for promotions
     or rejections ([] when neither)."""
-    wanted = {"promotion", "rejection"} & set(config.on)
+    wanted = {"promotion", "rejection", "approval"} & set(config.on)
     if not config.to or not wanted:
         return []
     return [

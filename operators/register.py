@@ -21,6 +21,8 @@ from operators.gate import (
 from recpipe.config.retrain import GateConfig
 from recpipe.errors import PipelineError
 
+AWAITING_APPROVAL = "awaiting_approval"
+
 log = logging.getLogger(__name__)
 
 
@@ -159,7 +161,11 @@ class RegisterModelOperator(RecpipeOperator):
         promoted = decision.promote and self.promote
         outcome = decision.outcome if self.promote else "registered"
         reason = decision.reason if self.promote else f"promotion not requested ({decision.reason})"
-        if promoted:
+        awaiting = promoted and self.gate.approval == "required"
+        if awaiting:  # the alias moves only once a person approves (operators/approval.py)
+            promoted, outcome = False, AWAITING_APPROVAL
+            log.info("%s version %s awaits approval: %s", self.model_name, version.version, reason)
+        elif promoted:
             hook.set_alias(self.model_name, version.version, self.alias)
             log.info("%s version %s is the new %s: %s", self.model_name, version.version, self.alias, reason)
         else:
@@ -206,8 +212,11 @@ class RegisterModelOperator(RecpipeOperator):
             "model_name": self.model_name,
             "version": version.version,
             "promoted": promoted,
+            "awaiting_approval": awaiting,
             "outcome": outcome,
             "reason": reason,
+            "metrics": {k: v for k, v in (candidate or {}).items() if isinstance(v, int | float)},
+            "champion_metrics": {k: v for k, v in (champion or {}).items() if isinstance(v, int | float)},
             "gate": decision.numbers,
             "inconclusive_days": streak,
         }

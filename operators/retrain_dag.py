@@ -204,6 +204,33 @@ class RetrainTasks:
             }
         )
 
+    def approval(self, register: RegisterModelOperator):
+        """With ``gate.approval: required``: after ``register``, ``needs_approval`` (a short
+        circuit: only a promotion the gate decided waits), ``approve_promotion`` (Airflow's
+        Human-in-the-loop task) and ``apply_approval``; returns the last, or None without
+        approval. Whatever comes after must run on ``none_failed``."""
+        from airflow.providers.standard.operators.python import ShortCircuitOperator
+
+        from operators.approval import ApplyApprovalOperator, approval_task, needs_approval
+
+        gate = self.retrain.gate
+        if gate.approval != "required":
+            return None
+        needs = ShortCircuitOperator(
+            **self._timeout("needs_approval"),
+            python_callable=needs_approval,
+            op_args=["{{ ti.xcom_pull(task_ids='" + register.task_id + "') }}"],
+        )
+        approve = approval_task(gate.approval_timeout_s)
+        apply = ApplyApprovalOperator(
+            **self._timeout("apply_approval"),
+            model_name=self.retrain.model_name,
+            alias=gate.alias,
+            **self.common,
+        )
+        register >> needs >> approve >> apply
+        return apply
+
     def retention(self, **kwargs) -> RetentionOperator:
         """``retention``: model dirs older than ``retention_days`` and SavedModel versions
         beyond ``export_config.exports_to_keep``, never the champion's."""

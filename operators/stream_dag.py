@@ -143,4 +143,6 @@ def stream_retrain_dag(home: Path, retrain: RetrainConfig, doc_md: str | None = 
         # not downstream of closes_day: a short circuit skips its direct downstream tasks whatever
         # their trigger rule, and retention must run after every pass
         [last, register] >> retention
+        if (approved := tasks.approval(register)) is not None:  # gate.approval: required
+            approved >> retention
     return dag

@@ -81,6 +81,10 @@ class GateConfig(Section):
     alias: str = "champion"
     window_days: int = Field(1, ge=1)
     max_inconclusive_days: int = Field(14, ge=0)
+    # required: a person approves each promotion the gate decides (Airflow's Human-in-the-loop
+    # task, approve_promotion); no answer within approval_timeout_s keeps the champion
+    approval: Literal["off", "required"] = "off"
+    approval_timeout_s: float = Field(24 * 3600, gt=0)
 
 
 class TimeoutConfig(Section):
@@ -123,13 +127,14 @@ class NotificationConfig(Section):
     """Who hears about the DAG's runs: e-mail through Airflow's ``SmtpNotifier`` (the SMTP
     provider) on the connection ``smtp_conn_id``, to ``to`` (none: nobody), ``on`` these
     events: ``failure`` (any task, a stuck gate's ``GateStuckError`` included), ``promotion``
-    and ``rejection`` (the gate's decision, with its reason)."""
+    and ``rejection`` (the gate's decision, with its reason), ``approval`` (a promotion
+    waiting for a person, ``gate.approval: required``)."""
 
     to: list[str] = Field(default_factory=list)
     smtp_conn_id: str = "smtp_default"
     from_email: str = "recpipe@localhost"
-    on: list[Literal["failure", "promotion", "rejection"]] = Field(
-        default_factory=lambda: ["failure", "promotion", "rejection"]
+    on: list[Literal["failure", "promotion", "rejection", "approval"]] = Field(
+        default_factory=lambda: ["failure", "promotion", "rejection", "approval"]
     )
 
 

@@ -20,7 +20,7 @@ import pytest
 
 from dev.airflow import deployment
 from features.jvm import session_conf
-from tests.dags.conftest import DAYS, airflow, new_stack
+from tests.dags.conftest import DAYS, MODEL, airflow, new_stack
 from tests.support import free_port
 
 pytestmark = pytest.mark.slow
@@ -29,8 +29,18 @@ pytestmark = pytest.mark.slow
 def test_the_daily_dag_runs_on_a_celery_worker_with_redis_and_postgresql(
     movielens_raw, tmp_path_factory, postgres_db
 ):
+    """... and with ``gate.approval: required``: the promotion the gate decides waits for a
+    person, who approves it through the API server's Human-in-the-loop endpoint; only then
+    does the alias move, and the version names who approved it."""
     # end_date: the scheduler starts no run of its own (today's) beside the one triggered here
-    stack = new_stack(movielens_raw, tmp_path_factory.mktemp("celery"), end_date=DAYS[0])
+    gate = {
+        "metric": "auc",
+        "tolerance": 0.05,
+        "min_metric": 0.3,
+        "inconclusive": "promote",
+        "approval": "required",
+    }
+    stack = new_stack(movielens_raw, tmp_path_factory.mktemp("celery"), end_date=DAYS[0], gate=gate)
     queue = f"recpipe-{uuid.uuid4().hex[:8]}"  # other Celery users of this Redis never take it
     backend = postgres_db.replace("postgresql+psycopg2://", "db+postgresql://")
     celery = {
@@ -46,11 +56,19 @@ def test_the_daily_dag_runs_on_a_celery_worker_with_redis_and_postgresql(
         api.wait_for_dag("recpipe_daily_retrain")
         api.set_paused("recpipe_daily_retrain", False)
         run = api.trigger("recpipe_daily_retrain", {}, logical_date=f"{DAYS[0]}T00:00:00Z")
+        request = api.wait_for_hitl("recpipe_daily_retrain", run["dag_run_id"], "approve_promotion")
+        assert request["subject"] == f"Promote {MODEL} version 1?", request
+        assert "| new auc | 0." in request["body"], request["body"]  # the gate's table
+        assert champion_version(stack) is None  # nothing moves before the answer
+        api.answer_hitl("recpipe_daily_retrain", run["dag_run_id"], "approve_promotion", ["Approve"])
         run = api.wait_for_run("recpipe_daily_retrain", run["dag_run_id"])
         tasks = api.task_instances("recpipe_daily_retrain", run["dag_run_id"])
         states = {t["task_id"]: t["state"] for t in tasks}
         assert run["state"] == "success" and run["logical_date"].startswith(DAYS[0]), states
-        assert set(states.values()) == {"success"} and len(states) >= 9, states
+        assert set(states.values()) == {"success"} and len(states) >= 12, states
+        assert champion_version(stack) == 1
+        applied = api.xcom("recpipe_daily_retrain", run["dag_run_id"], "apply_approval")
+        assert applied["promoted"] and applied["by"] == "admin", applied
         assert {t["queue"] for t in tasks} == {queue}
         text = api.log("recpipe_daily_retrain", run["dag_run_id"], "train")
         assert "warm start from nothing" in text
@@ -77,6 +95,15 @@ def test_the_daily_dag_runs_on_a_celery_worker_with_redis_and_postgresql(
         check=True,
     )
     assert int(done.stdout.strip()) >= len(states)
+
+
+def champion_version(stack) -> int | None:
+    from mlflow import MlflowClient
+
+    from recpipe.champion import current
+
+    found = current(MlflowClient(stack["tracking_uri"]), MODEL)
+    return None if found is None else int(found.version)
 
 
 @contextmanager

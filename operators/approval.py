@@ -1,0 +1,86 @@
+"""A person approves a promotion (``gate.approval: required``): Airflow's Human-in-the-loop
+task shows the gate's decision in the UI (Required Actions) and waits; ``ApplyApprovalOperator``
+then moves the alias, or keeps the champion and says why (rejected by whom, or no answer in
+time)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from airflow.providers.standard.operators.hitl import HITLOperator
+
+from operators.base import RecpipeOperator
+from operators.gate import PROMOTED
+
+APPROVE, REJECT = "Approve", "Reject"
+GATE_TASK = "register_and_gate"
+_DECISION = f"ti.xcom_pull(task_ids='{GATE_TASK}')"
+_SUBJECT = "Promote {{ " + _DECISION + "['model_name'] }} version {{ " + _DECISION + "['version'] }}?"
+_BODY = (
+    "{% set d = " + _DECISION + " %}"
+    "**{{ d['model_name'] }} version {{ d['version'] }}** ({{ dag.dag_id }}, {{ ds }}): the gate says "
+    "*{{ d['reason'] }}*\n\n| figure | value |\n| --- | --- |\n"
+    "{% for k, v in d['metrics'].items() %}| new {{ k }} | {{ '%.4f' % v }} |\n{% endfor %}"
+    "{% for k, v in d['champion_metrics'].items() %}| champion {{ k }} | {{ '%.4f' % v }} |\n{% endfor %}"
+    "{% for k, v in d['gate'].items() %}| gate {{ k }} | {{ v }} |\n{% endfor %}"
+)
+
+
+def needs_approval(decision: dict | None) -> bool:
+    """Whether the gate task's decision waits for a person (a ``ShortCircuitOperator``'s
+    callable: a rejected model asks no one)."""
+    return bool(decision and decision.get("awaiting_approval"))
+
+
+def approval_task(timeout_s: float, **kwargs) -> HITLOperator:
+    """``approve_promotion``: Approve or Reject, the gate's table as the body; no answer in
+    ``timeout_s`` seconds takes ``Reject`` (the champion stays)."""
+    return HITLOperator(
+        task_id="approve_promotion",
+        subject=_SUBJECT,
+        body=_BODY,
+        options=[APPROVE, REJECT],
+        defaults=[REJECT],
+        response_timeout=timedelta(seconds=timeout_s),
+        **kwargs,
+    )
+
+
+class ApplyApprovalOperator(RecpipeOperator):
+    """Apply the answer of ``approve_promotion`` to the version the gate task registered:
+    ``Approve`` moves ``alias`` to it (tags ``promotion: promoted``, ``approved_by``);
+    ``Reject`` or a timeout keeps the champion (``promotion: rejected_by_approver`` or
+    ``approval_timed_out``). The parent MLflow run gets the same tags.
+
+    Returns (XCom): ``{"version", "promoted", "outcome", "by"}``.
+    """
+
+    def __init__(self, *, model_name: str, alias: str = "champion", **kwargs):
+        super().__init__(**kwargs)
+        self.model_name, self.alias = model_name, alias
+
+    def execute(self, context) -> dict[str, Any]:
+        ti = context["ti"]
+        decision = ti.xcom_pull(task_ids=GATE_TASK)
+        answer = ti.xcom_pull(task_ids="approve_promotion") or {}
+        chosen = (answer.get("chosen_options") or [REJECT])[0]
+        by = answer.get("responded_by_user") or None
+        name = by.get("name") if isinstance(by, dict) else by
+        version = str(decision["version"])
+        if chosen == APPROVE:
+            self.hook.set_alias(self.model_name, version, self.alias)
+            outcome = PROMOTED
+        else:
+            outcome = "rejected_by_approver" if name else "approval_timed_out"
+        tags = {"promotion": outcome, "approved_by" if chosen == APPROVE else "decided_by": name or "timeout"}
+        self.hook.set_version_tags(self.model_name, version, tags)
+        self.hook.set_tags(self.parent_run_id(context), {**tags, "promoted": chosen == APPROVE})
+        if chosen == APPROVE:
+            self.log.info(
+                "%s version %s is the new %s, approved by %s", self.model_name, version, self.alias, name
+            )
+        else:
+            self.log.warning("%s version %s not promoted: %s (%s); the %s stays", self.model_name, version,
+                             outcome, name or "no answer in time", self.alias)  # fmt: skip
+        return {"version": version, "promoted": chosen == APPROVE, "outcome": outcome, "by": name}
