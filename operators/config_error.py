@@ -21,7 +21,7 @@ def config_error_dag(path: Path, err: Exception) -> DAG:
     message = str(err)
     with DAG(
         dag_id=f"{Path(path).stem}_config_error".replace(" ", "_"),
-        description=f"{Path(path).name} does not load: {message.splitlines()[0]}"[:250],
+        description=f"{Path(path).name} does not load: {' '.join(message.split())}"[:500],
         doc_md=f"## `{path}` does not load\n\n```\n{message}\n```\n\nFix the file; the DAG it "
         "defines appears when it loads.",
         schedule=None,
