@@ -103,7 +103,8 @@ def set_champion(
         raise ChampionError(f"{model} has no version {version} (recpipe champion show lists them)") from None
     if gone := missing_files(chosen):
         raise ChampionError(
-            f"{model} version {version}: its {' and '.join(gone)} are gone (retention or a manual delete): "
+            f"{model} version {version}: its {' and '.join(gone)} {'is' if len(gone) == 1 else 'are'} gone "
+            "(retention or a manual delete): "
             "it cannot serve nor be fine-tuned from; choose another version, or retrain"
         )
     before = current(client, model, alias)

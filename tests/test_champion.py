@@ -77,7 +77,7 @@ def test_a_version_whose_files_are_gone_is_refused_naming_them(registry, tmp_pat
     _version(registry, tmp_path, "2024-03-02")
     registry.set_registered_model_alias(MODEL, "champion", "2")
     (Path(v1.tags["model_dir"]) / "_SUCCESS").unlink()  # retention took it
-    with pytest.raises(ChampionError, match=r"version 1: its model dir .*ds=2024-03-01.* are gone"):
+    with pytest.raises(ChampionError, match=r"version 1: its model dir .*ds=2024-03-01.* is gone"):
         set_champion(registry, MODEL, 1, "back", "alice")
     with pytest.raises(ChampionError, match="no version 7"):
         set_champion(registry, MODEL, 7, "back", "alice")

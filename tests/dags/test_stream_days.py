@@ -200,6 +200,7 @@ def days(movielens_hourly_raw, tmp_path_factory) -> dict:
         "runs": runs,
         "exports": exports,
         "redis": client,
+        "tracking_uri": env["MLFLOW_TRACKING_URI"],
     }
     for key in client.scan_iter(match=f"recpipe:{model}:*"):
         client.delete(key)
@@ -306,3 +307,27 @@ def test_an_earlier_pass_run_again_trains_exports_and_pushes_nothing_twice(days)
     assert again["after"] == again["before"]  # same step, checkpoints, manifests, store record
     assert again["before"]["train_result"] == 3 * -(-ROWS // 32)
     _same(*reversed(again["rows"]))
+
+
+def test_a_rollback_to_a_champion_whose_pass_retention_deleted_is_refused_naming_it(days):
+    """After day 3's close, day 1's version is the one a rollback would go back to (day 2's
+    was rejected), but retention (one day) has deleted its pass dir: ``recpipe champion
+    rollback`` refuses, names the version and what is gone, and moves neither the alias nor
+    the store (the restore itself: tests/test_champion.py)."""
+    import subprocess
+
+    from recpipe.exports.store import applied
+    from tests.support import RECPIPE, ROOT
+
+    registry, model, client = days["registry"], days["model"], days["redis"]
+    before = (registry.get_model_version_by_alias(model, "champion").version, dict(applied(client, model)))
+    done = subprocess.run(
+        [*RECPIPE, "champion", "rollback", "--model_name", model, "--reason", "day 3 serves badly",
+         "--redis_url", "redis://127.0.0.1:6379/0"],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+        env={**__import__("os").environ, "MLFLOW_TRACKING_URI": days["tracking_uri"]},
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "version 1: its model dir" in done.stderr and f"ds={DAYS[0]}" in done.stderr
+    after = (registry.get_model_version_by_alias(model, "champion").version, dict(applied(client, model)))
+    assert after == before
