@@ -28,6 +28,8 @@ from dev.env import SPARK_CONNECT_PORT as PORT  # Spark Connect's default
 from features.jvm import session_conf
 from features.session import SERVER_CONF
 
+PGID_FILE = "server.pgid"
+
 
 class ServerError(RuntimeError):
     """The server exited or did not answer in time; the message holds its log's tail."""
@@ -85,9 +87,11 @@ def start(port: int, state: Path, master: str = "local[2]", host: str = "127.0.0
     once: ``wait_ready`` waits for it."""
     env = environment(state, host)  # makes state
     log = open(state / "server.log", "ab")  # noqa: SIM115 (the child keeps it)
-    return subprocess.Popen(
+    proc = subprocess.Popen(
         command(port, master, host), env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
     )
+    (state / PGID_FILE).write_text(str(proc.pid))  # its own group: sweep() finds what a kill left
+    return proc
 
 
 def wait_ready(proc: subprocess.Popen, port: int, state: Path, timeout: float = 180, host: str = "127.0.0.1"):
@@ -107,6 +111,40 @@ def wait_ready(proc: subprocess.Popen, port: int, state: Path, timeout: float = 
             )
             raise ServerError(f"Spark Connect server on {host}:{port} {why}:\n{tail}")
         time.sleep(0.5)
+
+
+def _group(pgid: int) -> list[int]:
+    """The pids of process group ``pgid`` (read from /proc)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:
+            pids.append(int(entry.name))
+    return pids
+
+
+def sweep(state: Path) -> list[int]:
+    """Stop what a killed run left of a server started in ``state``: its process group
+    (``start`` records it), when one of its processes is still a Spark Connect server.
+    Returns the group's pids."""
+    try:
+        pgid = int((Path(state) / PGID_FILE).read_text())
+    except (OSError, ValueError):
+        return []
+    members = _group(pgid)
+    for pid in members:
+        try:
+            if b"SparkConnectServer" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.killpg(pgid, signal.SIGKILL)
+                return members
+        except OSError:
+            continue
+    return []
 
 
 def stop(proc: subprocess.Popen, timeout: float = 30) -> None:

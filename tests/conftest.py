@@ -126,6 +126,7 @@ def _start_spark_connect(config) -> None:
 
     port = free_port()
     state = ROOT / "var" / "pytest-spark-connect"
+    spark_connect.sweep(state)  # a server a killed run left
     shutil.rmtree(state, ignore_errors=True)
     config._spark_connect = spark_connect.start(port, state)
     os.environ["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"] = spark_connect_conn(port)
@@ -175,6 +176,21 @@ def spark():
     session = get_spark("recpipe-tests", master="local[2,2]")
     yield session
     session.stop()
+
+
+@pytest.fixture
+def store():
+    """(a client of the Redis at 127.0.0.1, a model name of its own); the model's keys are
+    deleted after."""
+    import uuid
+
+    import redis
+
+    client = redis.Redis(host="127.0.0.1", port=6379, db=0)
+    model = f"store-{uuid.uuid4().hex[:8]}"
+    yield client, model
+    for key in client.scan_iter(match=f"recpipe:{model}:*"):
+        client.delete(key)
 
 
 @pytest.fixture

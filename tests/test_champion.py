@@ -152,19 +152,6 @@ def _export(
     return doc
 
 
-@pytest.fixture
-def store():
-    import uuid
-
-    import redis
-
-    client = redis.Redis(host="127.0.0.1", port=6379, db=0)
-    model = f"champion-{uuid.uuid4().hex[:8]}"
-    yield client, model
-    for key in client.scan_iter(match=f"recpipe:{model}:*"):
-        client.delete(key)
-
-
 def test_a_rollback_restores_the_stream_store_to_the_champions_rows(registry, tmp_path, store):
     from recpipe.exports.store import applied, push, read_rows
 

@@ -6,7 +6,6 @@ exports are written by ``recpipe.exports.files`` alone (no TensorFlow): a base a
 from __future__ import annotations
 
 import threading
-import uuid
 
 import numpy as np
 import pytest
@@ -48,17 +47,6 @@ def day(tmp_path):
     d2 = _export(d, f"{DELTA_PREFIX}02", 2, d1, gone)
     _export(d, f"{DELTA_PREFIX}03", 3, d2, _rows([12], 3.0))
     return d
-
-
-@pytest.fixture
-def store():
-    import redis
-
-    client = redis.Redis(host="127.0.0.1", port=6379, db=0)
-    model = f"store-{uuid.uuid4().hex[:8]}"
-    yield client, model
-    for key in client.scan_iter(match=f"recpipe:{model}:*"):
-        client.delete(key)
 
 
 def _held(client, model) -> dict[int, float]:
