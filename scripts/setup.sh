@@ -24,6 +24,18 @@ if [ ! -x /usr/bin/chromium ]; then
   fi
 fi
 
+# make test and the stream demo talk to PostgreSQL and Redis on 127.0.0.1: say how to get them
+# (setup itself goes on without them)
+if ! { command -v pg_isready >/dev/null && pg_isready -q -h 127.0.0.1 -p 5432; } \
+   && ! psql -h 127.0.0.1 -U postgres -tAc 'select 1' >/dev/null 2>&1; then
+  say "no PostgreSQL on 127.0.0.1:5432 with a password-free 'postgres' user: make test needs it"
+  say "  (sudo apt-get install -y postgresql, then allow trust for 127.0.0.1 in pg_hba.conf)"
+fi
+if ! (exec 3<>/dev/tcp/127.0.0.1/6379 && printf 'PING\r\n' >&3 && read -r -t 2 reply <&3 \
+      && [[ $reply == +PONG* ]]) 2>/dev/null; then
+  say "no Redis on 127.0.0.1:6379: make test and make demo-stream need it (sudo apt-get install -y redis-server)"
+fi
+
 stamp=.venv/.recpipe-setup
 want=$(cat requirements.lock requirements-spark-client.lock pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
