@@ -25,7 +25,14 @@ from recpipe.errors import UsageError, run_command
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="recpipe", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="recpipe",
+        description="recpipe: the project's command-line tool",
+        epilog="Commands that read a pipeline config take EasyRec's overrides: --edit_config_json="
+        "'{\"train_config.num_steps\": 500}' and --section.field=value (--train_config.num_steps=500). "
+        "Days: YYYY-MM-DD or START:END (inclusive); passes YYYY-MM-DD/HH. Exit codes: 2 for usage and "
+        "config errors, 1 for pipeline errors.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     # the demo and benchmark data sets: the development kit's command (dev/data/cli.py)
@@ -42,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--edit_config_json", default=None, help="overrides of the pipeline config")
 
     for name in ("train", "eval", "export", "serve", "ckpt"):
-        sub.add_parser(name, help=f"see python -m trainer.{name} --help", add_help=False)
+        sub.add_parser(name, help=f"see recpipe {name} --help", add_help=False)
     sub.add_parser("runs", help="compare MLflow runs (recpipe runs compare --help)", add_help=False)
     sub.add_parser(
         "champion",

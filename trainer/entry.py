@@ -52,7 +52,7 @@ def _days(value: str | None, field: str) -> list[str]:
 def train_eval_main(argv: list[str] | None = None) -> int:
     """``python -m trainer.train_eval`` / ``recpipe train``: train, then evaluate on ``eval_ds``."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="trainer.train_eval", description="train, then evaluate on eval_ds")
+    parser = argparse.ArgumentParser(prog="recpipe train", description="train, then evaluate on eval_ds")
     add_config_args(parser)
     parser.add_argument("--model_dir", default=None, help="overrides the config's model_dir")
     parser.add_argument(
@@ -188,7 +188,7 @@ def _yaml(config) -> str:
 
 def eval_main(argv: list[str] | None = None) -> int:
     """``python -m trainer.eval`` / ``recpipe eval``: write ``eval_result.json`` for a checkpoint."""
-    parser = argparse.ArgumentParser(prog="trainer.eval", description="evaluate a checkpoint on eval_ds")
+    parser = argparse.ArgumentParser(prog="recpipe eval", description="evaluate a checkpoint on eval_ds")
     add_config_args(parser)
     parser.add_argument("--model_dir", default=None)
     parser.add_argument("--checkpoint_path", default=None, help="default: model_dir's latest checkpoint")
@@ -246,7 +246,7 @@ def pooled_eval_main(argv: list[str] | None = None) -> int:
 
 def export_main(argv: list[str] | None = None) -> int:
     """``python -m trainer.export`` / ``recpipe export``: write a SavedModel version."""
-    parser = argparse.ArgumentParser(prog="trainer.export", description="export a SavedModel for serving")
+    parser = argparse.ArgumentParser(prog="recpipe export", description="export a SavedModel for serving")
     add_config_args(parser)
     parser.add_argument("--model_dir", default=None)
     parser.add_argument("--export_dir", required=True)
