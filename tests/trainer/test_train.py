@@ -290,7 +290,8 @@ def test_recpipe_train_exit_codes_and_messages_name_commands_that_exist(ml_early
     too_many = run("--num_workers", "2")  # NoStrategy is one process
     assert too_many.returncode == 2 and "NoStrategy runs in one process" in too_many.stderr
     reversed_days = run("--train_ds=1997-10-20:1997-09-20")
-    assert reversed_days.returncode == 2 and "train_ds='1997-10-20:1997-09-20': end before start" in (
+    # the config's check names the field and says why
+    assert reversed_days.returncode == 2 and "train_ds: '1997-10-20:1997-09-20': end before start" in (
         reversed_days.stderr
     )
     no_data = run("--train_ds=2001-01-01")  # a pipeline error: no finished partition
