@@ -117,6 +117,9 @@ class Hosts:
                     pass
                 proc.wait()
         for name in self.names:
+            # the pair goes with its root-side end at once; a namespace's own cleanup (which
+            # would take its end along) runs later, in the kernel's time
+            _ip("link", "del", self.link(name), check=False)
             _ip("netns", "del", self.namespace(name), check=False)
         _ip("link", "del", self.bridge, check=False)
 
