@@ -43,6 +43,11 @@ def session_conf() -> dict[str, str]:
     return {"spark.jars": str(JAR), "spark.sql.extensions": EXTENSIONS}
 
 
+def is_connect(spark) -> bool:
+    """Whether ``spark`` is a Spark Connect (client) session: no SparkContext, no JVM here."""
+    return not hasattr(spark, "_jsparkSession")
+
+
 def _key(spark: SparkSession) -> int:
     # a classic session by its JVM session (PySpark may wrap it twice), a Connect one itself
     return id(getattr(spark, "_jsparkSession", spark))
@@ -53,8 +58,6 @@ def registered(spark: SparkSession | None = None) -> bool:
     loaded where the session's JVM runs (this process, spark-submit's driver, or a Spark
     Connect server started by ``dev.spark_connect``)."""
     from pyspark.sql import SparkSession
-
-    from features.session import is_connect
 
     spark = spark or SparkSession.getActiveSession()
     if spark is None:
@@ -80,8 +83,6 @@ def can_tap(spark: SparkSession) -> bool:
     """Whether a ``DayFiguresTap`` can gather ``spark``'s figures: recpipe's functions are
     registered and the session's JVM is in this process (its accumulator is read through
     py4j; a Spark Connect client has no JVM, and takes Spark's observed metrics instead)."""
-    from features.session import is_connect
-
     return not is_connect(spark) and registered(spark)
 
 

@@ -374,15 +374,15 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def run(argv: list[str]) -> list[dict]:
-    """Prepare the days ``argv`` names (``recpipe features``' arguments); their stats.
+def run(args: argparse.Namespace, extra: list[str]) -> list[dict]:
+    """Prepare the days ``args`` name (``recpipe features``' parsed arguments, ``extra`` the
+    config overrides argparse left); their stats.
 
     Raises:
         recpipe.config.errors.ConfigError: bad arguments or config (names the field).
         recpipe.errors.PipelineError: bad input (names the file or row); nothing half-written
             is left where a reader looks.
     """
-    args, extra = _parser().parse_known_args(argv)
     days = [d for text in args.ds for d in parse_ds_range(text, "--ds")]  # bad dates fail first
     if args.hh is not None:
         days = _with_hours(days, args.hh)
@@ -411,12 +411,12 @@ def main(argv: list[str] | None = None) -> int:
     runs elsewhere). Exit codes: ``recpipe.errors``.
     """
     argv = sys.argv[1:] if argv is None else argv
-    _parser().parse_known_args(argv)  # --help and usage errors before logging starts
+    args, extra = _parser().parse_known_args(argv)  # --help and usage errors before logging starts
 
     def job() -> int:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         logging.getLogger("py4j").setLevel(logging.WARNING)
-        run(argv)
+        run(args, extra)
         # the job's own time, apart from its task's (bench/production_dag.py reads this line)
         log.info("recpipe job features ran %.2f s", time.perf_counter() - _STARTED)
         return 0

@@ -78,11 +78,6 @@ def get_spark(
     return spark
 
 
-def is_connect(spark) -> bool:
-    """Whether ``spark`` is a Spark Connect (client) session: no SparkContext, no JVM here."""
-    return not hasattr(spark, "_jsparkSession")
-
-
 def _connect(app_name: str, remote: str) -> SparkSession:
     # a new session each call: its SQL settings are its own on the shared server
     spark = SparkSession.builder.remote(remote).appName(app_name).create()

@@ -47,21 +47,20 @@ class ChampionOperator(BaseOperator):
         run = context.get("dag_run")
         by = getattr(run, "triggering_user_name", None) or "airflow"
         client = MLflowHook(mlflow_conn_id=self.mlflow_conn_id).get_client()
-        alias, experiment = retrain.gate.alias, retrain.experiment
-        if self.action == "set":
-            if self.version in (None, ""):
-                raise champion.ChampionError("action set: give the version")
-            record = champion.set_champion(
-                client, self.model_name, self.version, self.reason, by, alias, experiment
-            )
-        else:
-            record = champion.rollback(client, self.model_name, self.reason, by, alias, experiment)
+        alias = retrain.gate.alias
         redis_url = os.environ.get("RECPIPE_REDIS_URL") or retrain.stream.redis_url
-        if retrain.kind == "stream" and redis_url:
-            import redis
-
-            chosen = client.get_model_version(self.model_name, str(record["version"]))
-            record["store"] = champion.restore_store(redis.Redis.from_url(redis_url), self.model_name, chosen)
+        store = redis_url if retrain.kind == "stream" else None
+        record = champion.move(
+            client,
+            self.model_name,
+            self.action,
+            self.reason,
+            by,
+            self.version,
+            alias,
+            retrain.experiment,
+            store,
+        )
         self.log.info("%s %s: version %s -> %s by %s (%s)", self.model_name, alias, record["previous"],
                       record["version"], by, self.reason)  # fmt: skip
         return record

@@ -180,11 +180,44 @@ def restore_store(redis_client, model: str, version) -> dict[str, int]:
         raise ChampionError(f"{model} version {version.version} is not a stream pass: no store to restore")
     hour = partition_ds(model_dir).split("/")[1]
     day_dir = Path(export).parent / day
-    upto = [e for e in chain(day_dir) if pass_of(e) is None or pass_of(e) <= hour] if day_dir.is_dir() else []
-    exports = upto
+    exports = (
+        [e for e in chain(day_dir) if pass_of(e) is None or pass_of(e) <= hour] if day_dir.is_dir() else []
+    )
     if not exports:
         raise ChampionError(f"{model} version {version.version}: no exports of {day} under {day_dir.parent}")
     return restore(redis_client, model, exports)
+
+
+def move(
+    client,
+    model: str,
+    action: str,
+    reason: str,
+    by: str,
+    version=None,
+    alias: str = "champion",
+    experiment: str | None = None,
+    redis_url: str | None = None,
+) -> dict[str, Any]:
+    """``set`` (to ``version``) or ``rollback`` the alias, then, with ``redis_url`` (a stream
+    model's store), restore the store to the new champion's rows (``store`` in the record).
+    What ``recpipe champion`` and the DAG ``recpipe_champion`` do.
+
+    Raises:
+        ChampionError: as ``set_champion`` / ``rollback``; ``set`` without a version.
+    """
+    if action == "set":
+        if version in (None, ""):
+            raise ChampionError("set: give the version (--version)")
+        record = set_champion(client, model, version, reason, by, alias, experiment)
+    else:
+        record = rollback(client, model, reason, by, alias, experiment)
+    if redis_url:
+        import redis
+
+        chosen = client.get_model_version(model, str(record["version"]))
+        record["store"] = restore_store(redis.Redis.from_url(redis_url), model, chosen)
+    return record
 
 
 def _log_run(client, experiment: str, record: dict, alias: str) -> None:
@@ -233,18 +266,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"champion": champion and describe(champion), "history": moves}, indent=2))
         return 0
     by = args.by or getpass.getuser()
-    if args.action == "set":
-        if args.version is None:
-            raise ChampionError("recpipe champion set: give --version")
-        record = set_champion(
-            client, args.model_name, args.version, args.reason, by, args.alias, args.experiment
-        )
-    else:
-        record = rollback(client, args.model_name, args.reason, by, args.alias, args.experiment)
-    if args.redis_url:
-        import redis
-
-        chosen = client.get_model_version(args.model_name, str(record["version"]))
-        record["store"] = restore_store(redis.Redis.from_url(args.redis_url), args.model_name, chosen)
+    record = move(
+        client, args.model_name, args.action, args.reason, by, args.version, args.alias, args.experiment,
+        args.redis_url,
+    )  # fmt: skip
     print(json.dumps(record, indent=2))
     return 0

@@ -13,11 +13,6 @@ import pytest
 
 from tests.hosts import PREFIX, Hosts, sweep
 
-pytestmark = pytest.mark.skipif(
-    subprocess.run(["ip", "netns", "list"], capture_output=True).returncode != 0,
-    reason="needs root and ip netns",
-)
-
 FETCH = (
     "import sys, urllib.request; "
     "print(len(urllib.request.urlopen(sys.argv[1], timeout=float(sys.argv[2])).read()))"
