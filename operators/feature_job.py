@@ -12,7 +12,6 @@ import os
 import sys
 from pathlib import Path
 
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
@@ -113,6 +112,9 @@ def feature_job(home: Path, retrain, ds: str, edits_arg: str, name: str) -> Base
             name=name,
             home=home,
         )
+    # imported here: it pulls the Kubernetes client, about a second of every task's DAG parse
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
     return SparkSubmitOperator(
         task_id="prepare_features",
         execution_timeout=retrain.timeouts.of("prepare_features"),
