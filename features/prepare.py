@@ -68,8 +68,19 @@ class BadRowsError(PipelineError):
 
 def _read_day(spark: SparkSession, config: PipelineConfig, ds: str) -> tuple[DataFrame, list[Path]]:
     """Parsed rows of day ``ds`` (see ``features.schema.parse``) with the dimension columns joined."""
-    dc = config.data_config
     files = data_files(ds_partition(config.raw_input_path, ds))
+    return read_raw(spark, config, files), files
+
+
+def read_raw(spark: SparkSession, config: PipelineConfig, files: list[Path]) -> DataFrame:
+    """Parsed rows of the raw ``files`` (``features.schema.parse``: typed columns, ``_bad``,
+    ``_reason``, the source file) with the dimension tables' columns joined.
+
+    Raises:
+        RawInputError: a CSV file's header does not match ``data_config.input_fields``, or a
+            dimension table is missing.
+    """
+    dc = config.data_config
     if dc.input_format == "parquet":
         strings = read_parquet_strings(spark, files, dc.input_fields)
     else:
@@ -85,7 +96,7 @@ def _read_day(spark: SparkSession, config: PipelineConfig, ds: str) -> tuple[Dat
         dim = read_dimension(spark, path, table.input_fields, table.separator).dropDuplicates([table.key])
         extra = [f.input_name for f in table.input_fields if f.input_name not in rows.columns]
         rows = rows.join(F.broadcast(dim.select(table.key, *extra)), on=table.key, how="left")
-    return rows, files
+    return rows
 
 
 def _stored_moments(config: PipelineConfig, ds: str, needed: set[str]) -> dict | None:
@@ -97,11 +108,14 @@ def _stored_moments(config: PipelineConfig, ds: str, needed: set[str]) -> dict |
     return stored if set(stored) >= needed else None
 
 
-def _window_moments(spark: SparkSession, config: PipelineConfig, ds: str) -> tuple[list[str], list[dict]]:
+def window_moments(
+    spark: SparkSession, config: PipelineConfig, ds: str, known: dict[str, dict] | None = None
+) -> tuple[list[str], list[dict]]:
     """Dense moments of the window's earlier days (``normalization_window_days``), and for a pass
     ``D/HH`` also of the day's earlier passes: (their names, their moments), oldest first.
 
-    An earlier day's come from its ``_stats.json`` when it was prepared whole, else from its
+    An earlier day's come from ``known`` (day -> moments: a range being prepared in one job),
+    else from its ``_stats.json`` when it was prepared whole, else from its
     prepared passes' (for a pass), else from its raw data (one read; for a day only: a pass's
     window never reads raw data, so an hour's job stays an hour's work); a day with none of
     these is left out. The day's earlier passes count when they were prepared."""
@@ -122,7 +136,7 @@ def _window_moments(spark: SparkSession, config: PipelineConfig, ds: str) -> tup
 
     for k in range(window - 1, 0, -1):
         d = (date.fromisoformat(day) - timedelta(days=k)).isoformat()
-        found = _stored_moments(config, d, needed)
+        found = (known or {}).get(d) or _stored_moments(config, d, needed)
         if found is not None:
             names.append(d)
             moments.append(found)
@@ -137,7 +151,7 @@ def _window_moments(spark: SparkSession, config: PipelineConfig, ds: str) -> tup
     return names, moments
 
 
-def _quarantine(bad: DataFrame, bad_count: int, root: Path, ds: str) -> None:
+def quarantine(bad: DataFrame, bad_count: int, root: Path, ds: str) -> None:
     final = ds_partition(root, ds)
     if bad_count == 0:
         shutil.rmtree(final, ignore_errors=True)
@@ -166,9 +180,7 @@ def _read_error(err: Exception, files: list[Path]) -> RawInputError:
     return RawInputError(f"cannot read raw partition {files[0].parent}: {str(err).splitlines()[0]}")
 
 
-def _window_normalization(
-    config: PipelineConfig, earlier: list[dict], day_moments: dict
-) -> tuple[dict, dict]:
+def window_normalization(config: PipelineConfig, earlier: list[dict], day_moments: dict) -> tuple[dict, dict]:
     """(window statistics, normalisation constants per RawFeature) from the ``earlier`` days'
     moments and ``day_moments`` (empty: the day's are not known yet, which only a config
     without ``needs_statistics`` can be written with)."""
@@ -185,11 +197,14 @@ def _window_normalization(
 
 def _write_features(rows: DataFrame, config: PipelineConfig, out: Path, normalization: dict) -> None:
     """Write the good rows' features to ``out`` (Parquet), normalised by ``normalization``."""
-    _features(rows, config, normalization).write.mode("overwrite").parquet(str(out))
+    feature_rows(rows, config, normalization).write.mode("overwrite").parquet(str(out))
 
 
-def _features(rows: DataFrame, config: PipelineConfig, normalization: dict) -> DataFrame:
-    """The good rows' labels and features, normalised by ``normalization``."""
+def feature_rows(
+    rows: DataFrame, config: PipelineConfig, normalization: dict, keep: tuple[str, ...] = ()
+) -> DataFrame:
+    """The good rows' labels and features, normalised by ``normalization`` (feature -> its
+    ``normalization_params``; a constant may be a column), then the columns ``keep``."""
     dc, fc = config.data_config, config.feature_config
     histories = frozenset(dc.behavior_sequence.columns if dc.behavior_sequence else ())
     columns = [
@@ -200,7 +215,7 @@ def _features(rows: DataFrame, config: PipelineConfig, normalization: dict) -> D
         # a function of the raw row, so a re-run of the day holds out the same rows
         raw = F.xxhash64(*[F.col(f.input_name) for f in dc.input_fields])
         columns.append((F.pmod(raw, F.lit(100)) < dc.holdout_percent).alias(HOLDOUT))
-    return rows.filter(~F.col(BAD)).select(*columns)
+    return rows.filter(~F.col(BAD)).select(*columns, *keep)
 
 
 def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
@@ -232,7 +247,7 @@ def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
         every_row = figures.dense_moments(rows, config) if first_pass else {}
     except Exception as err:
         raise _read_error(err, files) from err
-    window, earlier = _window_moments(spark, config, ds)
+    window, earlier = window_moments(spark, config, ds)
     window.append(ds)
     final = ds_partition(config.train_input_path, ds)
     seq = dc.behavior_sequence
@@ -251,7 +266,7 @@ def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
         else contextlib.nullcontext()
     )
     with state_dir as state_tmp, atomic.directory(final) as tmp:
-        _, normalization = _window_normalization(config, earlier, every_row)
+        _, normalization = window_normalization(config, earlier, every_row)
         gathering, day_figures = figures.gathering(rows, config, moments=not first_pass)
         try:
             _write_features(gathering, config, tmp, normalization)
@@ -263,7 +278,7 @@ def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
         total, bad_count = counted["__total"], counted["__bad"] or 0
         bad = quarantined(parsed, dc.input_fields)
         quarantine_root = Path(config.effective_quarantine_path)
-        _quarantine(bad, bad_count, quarantine_root, ds)
+        quarantine(bad, bad_count, quarantine_root, ds)
         if total == 0 and "/" not in ds:  # a quiet hour is a pass with no rows; a day is not
             raise RawInputError(f"raw partition {files[0].parent} holds no rows")
         if bad_count / max(total, 1) > dc.max_bad_row_fraction:
@@ -278,7 +293,7 @@ def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
             moments = figures.dense_moments(parsed, config, ~F.col(BAD))
         else:
             moments = every_row
-        dense_stats, observed = _window_normalization(config, earlier, moments)
+        dense_stats, observed = window_normalization(config, earlier, moments)
         if observed != normalization:
             _write_features(rows, config, tmp, observed)
         stats = {
@@ -391,11 +406,13 @@ def run(args: argparse.Namespace, extra: list[str]) -> list[dict]:
     if args.confine_paths:  # a DAG run's edit_config_json may name any path
         confine_config(config)
 
+    from features.backfill import prepare_range  # it builds on this module
+
     spark = get_spark(args.app_name, master=args.master, remote=args.remote)
     out = []
     try:
-        for ds in days:
-            stats = prepare_day(spark, config, ds)
+        # whole days: one job for them all (features.backfill); passes day by day
+        for stats in prepare_range(spark, config, days):
             out.append(stats)
             print(json.dumps({k: stats[k] for k in ("ds", "rows", "rows_quarantined", "positive_rate")}))
     finally:

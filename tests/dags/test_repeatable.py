@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dev.airflow import run_backfill
-from tests.dags.conftest import DAYS, MODEL, new_stack
+from tests.dags.conftest import DAYS, MODEL, SEPARATE, new_stack
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +40,7 @@ def _days(tracking_uri: str) -> dict[str, dict]:
 
 
 def test_two_days_run_again_as_a_backfill_give_identical_metrics(daily_runs, movielens_raw, tmp_path_factory):
-    again = new_stack(movielens_raw, tmp_path_factory.mktemp("again"))
+    again = new_stack(movielens_raw, tmp_path_factory.mktemp("again"), SEPARATE)  # as daily_runs
     lines: list[str] = []
     home = Path(again["env"]["AIRFLOW_HOME"])
     states = run_backfill(again["env"], home, "recpipe_daily_retrain", DAYS[:2], 1500, lines.append)

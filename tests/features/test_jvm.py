@@ -146,7 +146,7 @@ def test_the_criteo_write_is_one_compiled_stage(registered, tmp_path):
     # parse, figures, quarantine filter and features in one piece of generated code that
     # HotSpot compiles (no row copied between them): what keeps the job near a bare conversion
     from features.figures import gathering
-    from features.prepare import _features, _read_day, _window_normalization
+    from features.prepare import _read_day, feature_rows, window_normalization
     from recpipe.config import load_pipeline_config
 
     raw = tmp_path / "raw"
@@ -157,7 +157,7 @@ def test_the_criteo_write_is_one_compiled_stage(registered, tmp_path):
     )
     rows, _ = _read_day(registered, config, DS)
     tapped, figures = gathering(rows, config, moments=True)
-    frame = _features(tapped, config, _window_normalization(config, [], {})[1])
+    frame = feature_rows(tapped, config, window_normalization(config, [], {})[1])
     plan = frame._jdf.queryExecution().executedPlan()
     debug = registered.sparkContext._jvm.org.apache.spark.sql.execution.debug.package
     seq = debug.codegenStringSeq(plan)  # a Scala Seq of (stage, code, byte-code stats)

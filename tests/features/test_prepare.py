@@ -261,15 +261,16 @@ def test_spark_submit_runs_the_job(movielens_config, tmp_path):
             "--pipeline_config_path",
             str(config_path),
             "--ds",
-            DAYS[0],
+            f"{DAYS[0]}:{DAYS[1]}",  # a range: one job for both days (features.backfill)
             "--data_config.max_bad_row_fraction=0.5",
         ],
         env,
     )
     assert session_conf() == {} or "JVM functions are not loaded" not in done.stderr
     printed = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert printed[-1]["rows"] == _rows(movielens_config, DAYS[0])
-    assert (Path(movielens_config.train_input_path) / f"ds={DAYS[0]}" / "_SUCCESS").exists()
+    assert [(p["ds"], p["rows"]) for p in printed] == [(d, _rows(movielens_config, d)) for d in DAYS[:2]]
+    for ds in DAYS[:2]:
+        assert (Path(movielens_config.train_input_path) / f"ds={ds}" / "_SUCCESS").exists()
 
 
 def test_recpipe_features_exit_codes():

@@ -11,7 +11,7 @@ import pytest
 
 from features import jvm, spark_internals
 from features.figures import dense_moments, gathering
-from features.prepare import _read_day, _window_normalization, _write_features
+from features.prepare import _read_day, _write_features, window_normalization
 from tests.support import ROOT
 
 SOURCES = ROOT / "features" / "jvm" / "src"
@@ -83,7 +83,7 @@ def test_a_task_that_fails_once_counts_its_rows_once(spark, movielens_config, tm
 
     def figures(rows, out):  # as features.prepare.prepare_day gathers them
         with jvm.spark_expressions(spark) if gatherer == "observed" else nullcontext():
-            _, normalization = _window_normalization(config, [], dense_moments(rows, config))
+            _, normalization = window_normalization(config, [], dense_moments(rows, config))
             tapped, read = gathering(rows, config, moments=False)
             _write_features(tapped, config, out, normalization)
             return read()

@@ -33,11 +33,12 @@ def _config(movielens_raw, root, conf: str = "conf/movielens_deepfm.yaml"):
 
 
 def _prepare(spark, config, days):
-    from features.prepare import prepare_day
+    from features.backfill import prepare_range
 
-    for ds in days:
-        if not (Path(config.train_input_path) / f"ds={ds}" / "_SUCCESS").exists():
-            prepare_day(spark, config, ds)
+    # the days not prepared yet, in one Spark job (tests/features/test_backfill.py: the same
+    # files as day by day)
+    todo = [ds for ds in days if not (Path(config.train_input_path) / f"ds={ds}" / "_SUCCESS").exists()]
+    prepare_range(spark, config, todo)
 
 
 @pytest.fixture(scope="session")
@@ -61,7 +62,8 @@ def ml_all_din(spark, movielens_raw, tmp_path_factory):
 
     The DIN config's columns hold the DeepFM config's (the same values, the rows in the same
     order) and the histories, so DeepFM and DIN train on the same rows. About 25 minutes of
-    Spark on a 2-core machine: the test that needs it runs on demand."""
+    Spark on a 2-core machine (histories are carried day by day, not as a range): the test
+    that needs it runs on demand."""
     root = tmp_path_factory.mktemp("ml_all_din")
     din = _config(movielens_raw, root, "conf/movielens_din.yaml")
     _prepare(spark, din, _days(movielens_raw / "events", "1997-01-01", "1999-01-01"))
