@@ -1,7 +1,8 @@
 """A running Airflow (api-server, scheduler, dag-processor, triggerer; LocalExecutor) on
-127.0.0.1: ``recpipe_train`` triggered through the REST API v2 with a conf runs to success,
-on SQLite and on the PostgreSQL server at 127.0.0.1 as the metadata DB; the UI's grid is
-rendered in headless Chromium and kept as a screenshot."""
+127.0.0.1 with the PostgreSQL server at 127.0.0.1 as its metadata DB: ``recpipe_train``
+triggered through the REST API v2 with a conf (a two-rank Horovod job) runs to success; the
+UI's grid is rendered in headless Chromium and kept as a screenshot. (The scheduler on SQLite:
+tests/dags/test_repeatable.py and test_stream_days.py.)"""
 
 from __future__ import annotations
 
@@ -51,31 +52,31 @@ def _assert_trained(api, run: dict, var: Path) -> Path:
     return model_dir
 
 
-def test_trigger_through_rest_api_on_sqlite_and_screenshot_the_grid(daily_runs, tmp_path):
-    with deployment(daily_runs["env"], tmp_path / "airflow") as api:
-        run = _trigger_and_wait(api, CONF)
-        _assert_trained(api, run, daily_runs["var"])
-        if not Path("/usr/bin/chromium").exists():
-            # CI installs it (scripts/setup.sh): there a missing browser is a failure, not a skip
-            assert not os.environ.get("CI"), "Chromium is missing: scripts/setup.sh installs it"
-            pytest.skip("no /usr/bin/chromium: the grid is not rendered")
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        shot = ARTIFACTS / "recpipe_train_grid.png"
-        url = f"{api.base}/dags/recpipe_train/runs/{run['dag_run_id']}"
-        text = screenshot(url, api.token, shot, expect="register")
-        assert shot.stat().st_size > 20_000
-        # the grid drew this DAG's run: every task id is on the page
-        for task_id in ("train", "evaluate", "export", "register"):
-            assert task_id in text.split(), (task_id, text[:2000])
-
-
-def test_trigger_through_rest_api_on_postgresql_as_a_two_rank_horovod_job(daily_runs, tmp_path, postgres_db):
+def test_trigger_through_rest_api_on_postgresql_as_a_two_rank_horovod_job_and_screenshot_the_grid(
+    daily_runs, tmp_path, postgres_db
+):
     # a manual run's overrides pick the strategy and worker count: horovodrun -np 2 starts the ranks
     conf = {**CONF, "train_distribute": "HorovodStrategy", "num_workers": 2}
     with deployment(daily_runs["env"], tmp_path / "airflow", database_url=postgres_db) as api:
         run = _trigger_and_wait(api, conf)
         model_dir = _assert_trained(api, run, daily_runs["var"])
+        _screenshot_the_grid(api, run)
     result = json.loads((model_dir / "train_result.json").read_text())
     assert result["train_distribute"] == "HorovodStrategy"
     log = (model_dir / "logs" / "train-0.log").read_text()
     assert "rank 0 of 2" in log and "rank 1 of 2" in log
+
+
+def _screenshot_the_grid(api, run: dict) -> None:
+    if not Path("/usr/bin/chromium").exists():
+        # CI installs it (scripts/setup.sh): there a missing browser is a failure, not a skip
+        assert not os.environ.get("CI"), "Chromium is missing: scripts/setup.sh installs it"
+        pytest.skip("no /usr/bin/chromium: the grid is not rendered")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shot = ARTIFACTS / "recpipe_train_grid.png"
+    url = f"{api.base}/dags/recpipe_train/runs/{run['dag_run_id']}"
+    text = screenshot(url, api.token, shot, expect="register")
+    assert shot.stat().st_size > 20_000
+    # the grid drew this DAG's run: every task id is on the page
+    for task_id in ("train", "evaluate", "export", "register"):
+        assert task_id in text.split(), (task_id, text[:2000])
