@@ -50,3 +50,21 @@ def test_the_reference_builds_with_every_link_checked(tmp_path):
     pages = {p.name for p in (ROOT / "docs").glob("*.md")}
     assert {"config.md", "online-learning.md", "stream.md", "dags.md", "benchmarks.md"} <= pages
     assert (tmp_path / "site" / "benchmarks" / "index.html").is_file()
+
+
+def test_a_figure_is_quoted_from_its_benchs_results_file_and_a_wrong_one_fails_the_build():
+    import json
+
+    import pytest
+    from mkdocs.exceptions import PluginError
+
+    sys.path.insert(0, str(ROOT / "docs" / "hooks"))
+    from figures import RESULTS, render
+
+    doc = json.loads((RESULTS / "push.json").read_text())
+    text = render("push: {{ fig push figures.push.wall_vs_floor .2f }}x ({{ source push }})", "a.md")
+    assert text.startswith(f"push: {doc['figures']['push']['wall_vs_floor']:.2f}x (`python bench/push.py")
+    with pytest.raises(PluginError, match="a.md: bench/results/push.json has no 'figures.nothing'"):
+        render("{{ fig push figures.nothing }}", "a.md")
+    with pytest.raises(PluginError, match="a.md: no results file bench/results/none.json"):
+        render("{{ fig none x }}", "a.md")

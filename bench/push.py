@@ -1,0 +1,199 @@
+"""The push to the Redis embedding store against its floor, variants compared in one run.
+
+A day's base export of ``--rows`` rows (one online table, ``--dim`` float32 a row) and a
+delta that moves ``--touched`` of them and deletes ``--evicted``, written by
+``recpipe.exports.files`` (no TensorFlow), pushed to the Redis at ``--redis_url`` by:
+
+  floor     a bare pipelined ``HSET`` a row (the same keys and fields, no lock, no fencing,
+            no script), batches of ``store.BATCH``;
+  replace   every row replaced whole, ``DEL`` + ``HSET`` in the fenced script (the push as
+            it was: what an in-place delta still does);
+  push      ``recpipe.exports.store.push`` of the base then the delta: the base's rows into a
+            new generation, one ``HSET`` each in the fenced script, then the switch and the
+            old generation's deletion; the delta in place (``DEL`` + ``HSET``).
+
+Each variant runs ``--repeats`` times, alternating; the best wall time is kept with its CPU
+seconds (this process's and the Redis server's, from ``INFO cpu``), rows per wall second and
+per CPU-second, and the ratio to the floor. Figures go to ``bench/results/push.json``.
+
+    python bench/push.py [--rows 1000000] [--dim 16] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+RESULTS = ROOT / "bench" / "results" / "push.json"
+DAY = "2024-05-01"
+
+
+def _export(day_dir: Path, name: str, sequence: int, previous, tables) -> dict:
+    import numpy as np
+
+    from recpipe import atomic
+    from recpipe.exports.files import MANIFEST, Params, new_manifest, write_params
+    from recpipe.layout import SUCCESS
+
+    params = Params(tables, {"dense/w": np.zeros(2, np.float32)}, {})
+    with atomic.directory(day_dir / name) as tmp:
+        files = write_params(params, tmp / "params")
+        doc = new_manifest(DAY, name, sequence, previous, 10 * sequence, 100 + sequence, params, files)
+        (tmp / MANIFEST).write_text(json.dumps(doc))
+        (tmp / SUCCESS).touch()
+    return doc
+
+
+def _server_cpu(client) -> float:
+    info = client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def _drop(client, model: str) -> None:
+    for batch in _chunks(client.scan_iter(match=f"recpipe:{model}:*", count=10_000), 10_000):
+        client.delete(*batch)
+
+
+def _chunks(items, n):
+    batch = []
+    for item in items:
+        batch.append(item)
+        if len(batch) >= n:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--dim", type=int, default=16)
+    parser.add_argument("--touched", type=float, default=0.1)
+    parser.add_argument("--evicted", type=float, default=0.01)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--redis_url", default="redis://127.0.0.1:6379/0")
+    args = parser.parse_args()
+
+    import numpy as np
+    import redis
+
+    from recpipe.exports import store
+    from recpipe.exports.files import DELTA_PREFIX, TableRows, read_params
+
+    client = redis.Redis.from_url(args.redis_url)
+    rng = np.random.default_rng(0)
+    view = "item_id/embedding_weights"
+    work = Path(tempfile.mkdtemp(prefix="bench-push-"))
+    day = work / DAY
+    ids = np.arange(args.rows, dtype=np.int64)
+    base = _export(
+        day,
+        "base",
+        0,
+        None,
+        {"item_id": TableRows(ids, {view: rng.standard_normal((args.rows, args.dim), "f4")})},
+    )
+    moved = rng.choice(ids, int(args.rows * args.touched), replace=False)
+    gone = rng.choice(np.setdiff1d(ids, moved), int(args.rows * args.evicted), replace=False)
+    delta_rows = TableRows(np.sort(moved), {view: rng.standard_normal((len(moved), args.dim), "f4")})
+    delta_rows.tombstones = np.sort(gone)
+    _export(day, f"{DELTA_PREFIX}01", 1, base, {"item_id": delta_rows})
+    exports = [day / "base", day / f"{DELTA_PREFIX}01"]
+    rows = args.rows + len(moved) + len(gone)
+
+    def floor(model: str) -> None:
+        pipe = client.pipeline(transaction=False)
+        n = 0
+        for export in exports:
+            params = read_params(export)
+            for table, t in params.tables.items():
+                values = np.ascontiguousarray(t.views[view], "<f4")
+                for i, key in enumerate(t.ids.tolist()):
+                    pipe.hset(
+                        store.row_key(model, table, key, 1),
+                        mapping={"version": "v", view: values[i].tobytes()},
+                    )
+                    n += 1
+                    if n % store.BATCH == 0:
+                        pipe.execute()
+                for key in t.tombstones.tolist():
+                    pipe.delete(store.row_key(model, table, key, 1))
+        pipe.execute()
+
+    def replace(model: str) -> None:
+        with store._Pusher(client, model, store.PREFIX) as session:
+            for export in exports:
+                session.write_export(export, store.read_manifest(export), "1", fresh=False)
+
+    def push(model: str) -> None:
+        for export in exports:
+            store.push(client, model, export)
+
+    variants = {"floor": floor, "replace": replace, "push": push}
+    best: dict[str, dict] = {}
+    for _ in range(args.repeats):
+        for name, fn in variants.items():
+            model = f"bench-push-{uuid.uuid4().hex[:6]}"
+            wall, cpu, server = time.perf_counter(), time.process_time(), _server_cpu(client)
+            fn(model)
+            figures = {
+                "wall_s": time.perf_counter() - wall,
+                "client_cpu_s": time.process_time() - cpu,
+                "server_cpu_s": _server_cpu(client) - server,
+            }
+            _drop(client, model)
+            if name not in best or figures["wall_s"] < best[name]["wall_s"]:
+                best[name] = figures
+    for f in best.values():
+        cpu = f["client_cpu_s"] + f["server_cpu_s"]
+        f |= {
+            "cpu_s": cpu,
+            "rows_per_s": rows / f["wall_s"],
+            "rows_per_cpu_s": rows / cpu,
+            "wall_vs_floor": f["wall_s"] / best["floor"]["wall_s"],
+            "cpu_vs_floor": cpu / (best["floor"]["client_cpu_s"] + best["floor"]["server_cpu_s"]),
+        }
+    print(
+        f"{rows:,} row writes and deletes (base {args.rows:,} rows of {args.dim} floats, delta "
+        f"{len(moved):,} moved and {len(gone):,} deleted), best of {args.repeats}, alternating"
+    )
+    head = ("variant", "wall s", "CPU s", "rows/s", "rows/CPU-s", "wall/floor", "CPU/floor")
+    print("{:8s} {:>7s} {:>7s} {:>9s} {:>11s} {:>10s} {:>9s}".format(*head))
+    for name, f in best.items():
+        print(
+            f"{name:8s} {f['wall_s']:7.2f} {f['cpu_s']:7.2f} {f['rows_per_s']:9,.0f} "
+            f"{f['rows_per_cpu_s']:11,.0f} {f['wall_vs_floor']:10.2f} {f['cpu_vs_floor']:9.2f}"
+        )
+    commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True, cwd=ROOT)
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(
+        json.dumps(
+            {
+                "command": "python bench/push.py " + " ".join(sys.argv[1:]),
+                "commit": commit.stdout.strip(),
+                "machine": f"{platform.machine()}, {__import__('os').cpu_count()} CPUs",
+                "date": datetime.now(UTC).date().isoformat(),
+                "rows": rows,
+                "figures": best,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    __import__("shutil").rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
