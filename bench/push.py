@@ -41,17 +41,10 @@ DAY = "2024-05-01"
 def _export(day_dir: Path, name: str, sequence: int, previous, tables) -> dict:
     import numpy as np
 
-    from recpipe import atomic
-    from recpipe.exports.files import MANIFEST, Params, new_manifest, write_params
-    from recpipe.layout import SUCCESS
+    from recpipe.exports.files import Params, write_export
 
     params = Params(tables, {"dense/w": np.zeros(2, np.float32)}, {})
-    with atomic.directory(day_dir / name) as tmp:
-        files = write_params(params, tmp / "params")
-        doc = new_manifest(DAY, name, sequence, previous, 10 * sequence, 100 + sequence, params, files)
-        (tmp / MANIFEST).write_text(json.dumps(doc))
-        (tmp / SUCCESS).touch()
-    return doc
+    return write_export(day_dir, name, sequence, previous, params, 10 * sequence, 100 + sequence)
 
 
 def _server_cpu(client) -> float:
@@ -175,7 +168,9 @@ def main() -> int:
             f"{name:8s} {f['wall_s']:7.2f} {f['cpu_s']:7.2f} {f['rows_per_s']:9,.0f} "
             f"{f['rows_per_cpu_s']:11,.0f} {f['wall_vs_floor']:10.2f} {f['cpu_vs_floor']:9.2f}"
         )
-    commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True, cwd=ROOT)
+    commit = subprocess.run(
+        ["git", "describe", "--always", "--dirty"], capture_output=True, text=True, cwd=ROOT
+    )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(
         json.dumps(

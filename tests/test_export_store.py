@@ -10,7 +10,7 @@ import threading
 import numpy as np
 import pytest
 
-from recpipe.exports.files import DELTA_PREFIX, MANIFEST, Params, TableRows, new_manifest, write_params
+from recpipe.exports.files import DELTA_PREFIX, Params, TableRows, write_export
 
 DAY = "2024-05-01"
 DIM = 4
@@ -22,18 +22,8 @@ def _rows(ids, value: float) -> TableRows:
 
 
 def _export(day_dir, name: str, sequence: int, previous: dict | None, rows: TableRows) -> dict:
-    import json
-
-    from recpipe import atomic
-    from recpipe.layout import SUCCESS
-
     params = Params({"t": rows}, {"dense/w": np.zeros(2, np.float32)}, {})
-    with atomic.directory(day_dir / name) as tmp:
-        files = write_params(params, tmp / "params")
-        doc = new_manifest(DAY, name, sequence, previous, 10 * sequence, 100 + sequence, params, files)
-        (tmp / MANIFEST).write_text(json.dumps(doc))
-        (tmp / SUCCESS).touch()
-    return doc
+    return write_export(day_dir, name, sequence, previous, params, 10 * sequence, 100 + sequence)
 
 
 @pytest.fixture

@@ -296,3 +296,24 @@ def new_manifest(day: str, name: str, sequence: int, previous, global_step, ev_s
         },
         "files": files,
     }
+
+
+def write_export(
+    day_dir: Path, name: str, sequence: int, previous, params: Params, global_step, ev_step
+) -> dict:
+    """Publish ``params`` as the export ``<day_dir>/<name>`` (a base when ``previous``, the
+    manifest it follows, is None; else a delta): its ``params/``, ``manifest.json`` and
+    ``_SUCCESS``, written in a temporary directory and renamed into place. For exports made
+    without a model (tests, ``bench/push.py``); ``trainer.delta`` writes a trained model's.
+
+    Returns:
+        The manifest document.
+    """
+    from recpipe import atomic
+
+    with atomic.directory(Path(day_dir) / name) as tmp:
+        files = write_params(params, tmp / "params")
+        doc = new_manifest(Path(day_dir).name, name, sequence, previous, global_step, ev_step, params, files)
+        (tmp / MANIFEST).write_text(json.dumps(doc))
+        (tmp / SUCCESS).touch()
+    return doc
