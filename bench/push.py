@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -177,7 +179,7 @@ def main() -> int:
             {
                 "command": "python bench/push.py " + " ".join(sys.argv[1:]),
                 "commit": commit.stdout.strip(),
-                "machine": f"{platform.machine()}, {__import__('os').cpu_count()} CPUs",
+                "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
                 "date": datetime.now(UTC).date().isoformat(),
                 "rows": rows,
                 "figures": best,
@@ -186,7 +188,7 @@ def main() -> int:
         )
         + "\n"
     )
-    __import__("shutil").rmtree(work, ignore_errors=True)
+    shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

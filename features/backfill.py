@@ -9,10 +9,11 @@ writes every day's features in one write partitioned by day. Each day is then pu
 ``prepare_day`` publishes it: a temporary directory with its Parquet files, ``_stats.json``
 and ``_normalization.json``, renamed over ``ds=YYYY-MM-DD`` with ``_SUCCESS`` last.
 
-The range job takes the clean case only; the range is prepared day by day, by
-``prepare_day``'s rules, when a day is a pass (``D/HH``), the config carries behaviour
-histories (each day's state depends on the day before), or the aggregation finds a day with
-rows to quarantine or with no rows (its errors and quarantine are ``prepare_day``'s).
+The range job takes the clean case only; ``features.prepare.prepare_days`` prepares the range
+day by day instead, by ``prepare_day``'s rules, when a day is a pass (``D/HH``), the config
+carries behaviour histories (each day's state depends on the day before), or the aggregation
+finds a day with rows to quarantine or with no rows (its errors and quarantine are
+``prepare_day``'s).
 ``tests/features/test_backfill.py`` compares both ways file by file.
 """
 
@@ -29,15 +30,8 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from features import figures
-from features.prepare import (
-    feature_rows,
-    prepare_day,
-    quarantine,
-    read_raw,
-    window_moments,
-    window_normalization,
-)
 from features.schema import SOURCE, check_header, data_files
+from features.steps import feature_rows, quarantine, read_raw, window_moments, window_normalization
 from recpipe import atomic
 from recpipe.config.data import FeatureType
 from recpipe.config.pipeline import PipelineConfig
@@ -47,19 +41,18 @@ log = logging.getLogger(__name__)
 DAY = "ds"  # partitionBy names each directory ds=<day>, as the layout does
 
 
-def prepare_range(spark: SparkSession, config: PipelineConfig, days: list[str]) -> list[dict]:
-    """Prepare ``days`` (``YYYY-MM-DD``, in order) and return each day's stats, as
-    ``[prepare_day(spark, config, d) for d in days]`` would, in one Spark job where it can
-    (see the module docstring for when it falls back to that loop).
+def prepare_range(spark: SparkSession, config: PipelineConfig, days: list[str]) -> list[dict] | None:
+    """Prepare ``days`` (``YYYY-MM-DD``, in order) in one Spark job and return each day's
+    stats, as ``prepare_day`` run day after day would; None, with nothing written, when the
+    range is not for one job (see the module docstring): the caller prepares it day by day
+    (``features.prepare.prepare_days``).
 
     Raises:
         RawInputError: a day's raw partition is missing or unreadable (nothing is written).
-        BadRowsError: as ``prepare_day``; the days before the failing one stay published.
-        ValueError: a day is malformed.
     """
     days = list(days)
     if len(days) < 2 or any("/" in d for d in days) or config.data_config.behavior_sequence is not None:
-        return [prepare_day(spark, config, d) for d in days]
+        return None
     dc = config.data_config
     files = {d: data_files(ds_partition(config.raw_input_path, d)) for d in days}
     if dc.input_format != "parquet" and dc.with_header:
@@ -74,8 +67,8 @@ def prepare_range(spark: SparkSession, config: PipelineConfig, days: list[str]) 
     }
     unclean = [d for d in days if not counted.get(d, {}).get("__total") or counted[d]["__bad"]]
     if unclean:
-        log.info("%s: quarantined or missing rows; preparing the range day by day", unclean[0])
-        return [prepare_day(spark, config, d) for d in days]
+        log.info("%s: quarantined or missing rows; the range is prepared day by day", unclean[0])
+        return None
 
     features = config.feature_config.features
     moments = {d: figures.moments_from_row(counted[d], features) for d in days}

@@ -21,40 +21,39 @@ import contextlib
 import json
 import logging
 import os
-import shutil
 import sys
 import time
-from datetime import date, timedelta
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from features import figures
+from features.backfill import prepare_range
 from features.schema import (
     BAD,
     REASON,
     SOURCE,
     RawInputError,
-    check_header,
-    data_files,
-    parse,
     quarantined,
-    read_dimension,
-    read_parquet_strings,
-    read_strings,
 )
 from features.sequence import add_histories, state_root, write_state
 from features.session import get_spark
-from features.transform import feature_columns, needs_statistics, normalization_params
+from features.steps import (
+    feature_rows,
+    quarantine,
+    read_day,
+    window_moments,
+    window_normalization,
+)
+from features.transform import needs_statistics
 from recpipe import atomic
 from recpipe.config.args import add_config_args, config_from_args
 from recpipe.config.data import FeatureType
 from recpipe.config.errors import ConfigError
 from recpipe.config.pipeline import PipelineConfig
 from recpipe.errors import PipelineError, run_command
-from recpipe.ids import HOLDOUT
-from recpipe.layout import FeaturePartition, ds_partition, is_finished, parse_ds_range, split_ds
+from recpipe.layout import FeaturePartition, ds_partition, parse_ds_range, split_ds
 from recpipe.paths import confine_config
 
 _STARTED = time.perf_counter()  # the job's own time is logged from here
@@ -64,103 +63,6 @@ log = logging.getLogger(__name__)
 
 class BadRowsError(PipelineError):
     """Too many raw rows fail the schema; the message names the files and counts."""
-
-
-def _read_day(spark: SparkSession, config: PipelineConfig, ds: str) -> tuple[DataFrame, list[Path]]:
-    """Parsed rows of day ``ds`` (see ``features.schema.parse``) with the dimension columns joined."""
-    files = data_files(ds_partition(config.raw_input_path, ds))
-    return read_raw(spark, config, files), files
-
-
-def read_raw(spark: SparkSession, config: PipelineConfig, files: list[Path]) -> DataFrame:
-    """Parsed rows of the raw ``files`` (``features.schema.parse``: typed columns, ``_bad``,
-    ``_reason``, the source file) with the dimension tables' columns joined.
-
-    Raises:
-        RawInputError: a CSV file's header does not match ``data_config.input_fields``, or a
-            dimension table is missing.
-    """
-    dc = config.data_config
-    if dc.input_format == "parquet":
-        strings = read_parquet_strings(spark, files, dc.input_fields)
-    else:
-        if dc.with_header:
-            for path in files:
-                check_header(path, dc.input_fields, dc.separator)
-        strings = read_strings(spark, files, dc.input_fields, dc.separator, dc.with_header)
-    rows = parse(strings, dc.input_fields, dc.label_fields)
-    for table in dc.dimension_tables:
-        path = Path(table.path)
-        if not path.is_absolute():
-            path = Path(config.raw_input_path) / path
-        dim = read_dimension(spark, path, table.input_fields, table.separator).dropDuplicates([table.key])
-        extra = [f.input_name for f in table.input_fields if f.input_name not in rows.columns]
-        rows = rows.join(F.broadcast(dim.select(table.key, *extra)), on=table.key, how="left")
-    return rows
-
-
-def _stored_moments(config: PipelineConfig, ds: str, needed: set[str]) -> dict | None:
-    """The dense moments a prepared day or pass stored in its ``_stats.json``, or None."""
-    stats_file = FeaturePartition.of(config.train_input_path, ds).stats
-    if not stats_file.exists():
-        return None
-    stored = json.loads(stats_file.read_text()).get("dense_moments", {})
-    return stored if set(stored) >= needed else None
-
-
-def window_moments(
-    spark: SparkSession, config: PipelineConfig, ds: str, known: dict[str, dict] | None = None
-) -> tuple[list[str], list[dict]]:
-    """Dense moments of the window's earlier days (``normalization_window_days``), and for a pass
-    ``D/HH`` also of the day's earlier passes: (their names, their moments), oldest first.
-
-    An earlier day's come from ``known`` (day -> moments: a range being prepared in one job),
-    else from its ``_stats.json`` when it was prepared whole, else from its
-    prepared passes' (for a pass), else from its raw data (one read; for a day only: a pass's
-    window never reads raw data, so an hour's job stays an hour's work); a day with none of
-    these is left out. The day's earlier passes count when they were prepared."""
-    window = config.feature_config.normalization_window_days
-    day, hour = split_ds(ds)
-    names, moments = [], []
-    features = config.feature_config.features
-    needed = {f.name for f in features if f.feature_type == FeatureType.RawFeature}
-    if not needed:
-        return [], []
-
-    def stored_passes(d: str, hours: range) -> None:
-        for h in hours:
-            found = _stored_moments(config, f"{d}/{h:02d}", needed)
-            if found is not None:
-                names.append(f"{d}/{h:02d}")
-                moments.append(found)
-
-    for k in range(window - 1, 0, -1):
-        d = (date.fromisoformat(day) - timedelta(days=k)).isoformat()
-        found = (known or {}).get(d) or _stored_moments(config, d, needed)
-        if found is not None:
-            names.append(d)
-            moments.append(found)
-        elif hour is not None:
-            stored_passes(d, range(24))
-        elif is_finished(ds_partition(config.raw_input_path, d)):
-            rows, _ = _read_day(spark, config, d)
-            names.append(d)
-            moments.append(figures.dense_moments(rows, config, ~F.col(BAD)))
-    if hour is not None:
-        stored_passes(day, range(hour))
-    return names, moments
-
-
-def quarantine(bad: DataFrame, bad_count: int, root: Path, ds: str) -> None:
-    final = ds_partition(root, ds)
-    if bad_count == 0:
-        shutil.rmtree(final, ignore_errors=True)
-        return
-    with atomic.directory(final) as tmp:
-        bad.write.mode("overwrite").json(str(tmp / "rows"))
-        for part in (tmp / "rows").iterdir():
-            part.rename(tmp / part.name)
-        (tmp / "rows").rmdir()
 
 
 def _bad_row_message(bad: DataFrame, bad_count: int, total: int, ds: str, limit: float, where: Path) -> str:
@@ -180,42 +82,9 @@ def _read_error(err: Exception, files: list[Path]) -> RawInputError:
     return RawInputError(f"cannot read raw partition {files[0].parent}: {str(err).splitlines()[0]}")
 
 
-def window_normalization(config: PipelineConfig, earlier: list[dict], day_moments: dict) -> tuple[dict, dict]:
-    """(window statistics, normalisation constants per RawFeature) from the ``earlier`` days'
-    moments and ``day_moments`` (empty: the day's are not known yet, which only a config
-    without ``needs_statistics`` can be written with)."""
-    fc = config.feature_config
-    parts = [*earlier, day_moments] if day_moments else earlier
-    dense_stats = figures.merge_moments(parts) if parts else {}
-    normalization = {
-        f.name: normalization_params(f, dense_stats.get(f.name, {}))
-        for f in fc.features
-        if f.feature_type == FeatureType.RawFeature
-    }
-    return dense_stats, normalization
-
-
 def _write_features(rows: DataFrame, config: PipelineConfig, out: Path, normalization: dict) -> None:
     """Write the good rows' features to ``out`` (Parquet), normalised by ``normalization``."""
     feature_rows(rows, config, normalization).write.mode("overwrite").parquet(str(out))
-
-
-def feature_rows(
-    rows: DataFrame, config: PipelineConfig, normalization: dict, keep: tuple[str, ...] = ()
-) -> DataFrame:
-    """The good rows' labels and features, normalised by ``normalization`` (feature -> its
-    ``normalization_params``; a constant may be a column), then the columns ``keep``."""
-    dc, fc = config.data_config, config.feature_config
-    histories = frozenset(dc.behavior_sequence.columns if dc.behavior_sequence else ())
-    columns = [
-        *[F.col(c) for c in dc.label_fields],
-        *feature_columns(fc, dc.all_fields(), normalization, histories),
-    ]
-    if dc.holdout_percent:
-        # a function of the raw row, so a re-run of the day holds out the same rows
-        raw = F.xxhash64(*[F.col(f.input_name) for f in dc.input_fields])
-        columns.append((F.pmod(raw, F.lit(100)) < dc.holdout_percent).alias(HOLDOUT))
-    return rows.filter(~F.col(BAD)).select(*columns, *keep)
 
 
 def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
@@ -241,7 +110,7 @@ def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
     """
     dc = config.data_config
     split_ds(ds)  # a malformed ds fails before any work
-    rows, files = _read_day(spark, config, ds)
+    rows, files = read_day(spark, config, ds)
     first_pass = needs_statistics(config.feature_config.features)
     try:
         every_row = figures.dense_moments(rows, config) if first_pass else {}
@@ -326,6 +195,17 @@ def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
     return stats
 
 
+def prepare_days(spark: SparkSession, config: PipelineConfig, days: list[str]) -> list[dict]:
+    """Prepare ``days`` (days or passes, in order) and return each one's stats: whole days in
+    one Spark job where ``features.backfill.prepare_range`` can, else one by one.
+
+    Raises:
+        As ``prepare_day``; the days before a failing one stay published.
+    """
+    done = prepare_range(spark, config, days)
+    return done if done is not None else [prepare_day(spark, config, d) for d in days]
+
+
 def _sequence_lengths(spark: SparkSession, config: PipelineConfig, written: Path) -> dict:
     """Per SequenceFeature over a history column: its mean length and its share of empty
     histories in the written features (``<feature>.mean_length``, ``<feature>.empty_share``)."""
@@ -406,13 +286,11 @@ def run(args: argparse.Namespace, extra: list[str]) -> list[dict]:
     if args.confine_paths:  # a DAG run's edit_config_json may name any path
         confine_config(config)
 
-    from features.backfill import prepare_range  # it builds on this module
-
     spark = get_spark(args.app_name, master=args.master, remote=args.remote)
     out = []
     try:
         # whole days: one job for them all (features.backfill); passes day by day
-        for stats in prepare_range(spark, config, days):
+        for stats in prepare_days(spark, config, days):
             out.append(stats)
             print(json.dumps({k: stats[k] for k in ("ds", "rows", "rows_quarantined", "positive_rate")}))
     finally:

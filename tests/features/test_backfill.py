@@ -1,4 +1,5 @@
-"""A range of days in one Spark job (``features.backfill.prepare_range``) against the same days
+"""A range of days in one Spark job (``features.prepare.prepare_days``, through
+``features.backfill.prepare_range``) against the same days
 prepared one by one (``prepare_day``): the same Parquet rows, ``_stats.json`` and
 ``_normalization.json``, file by file, on real MovieLens days."""
 
@@ -11,8 +12,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from features.backfill import prepare_range
-from features.prepare import prepare_day
+from features.prepare import prepare_day, prepare_days
 from features.schema import RawInputError
 from tests.support import ROOT, with_edits
 
@@ -58,7 +58,7 @@ def test_a_range_in_one_job_equals_the_days_one_by_one(spark, one_by_one, tmp_pa
     # the first two days as the DAG prepares them; the range then reads their stored moments
     for ds in days[:2]:
         prepare_day(spark, config, ds)
-    stats = prepare_range(spark, config, days[2:])
+    stats = prepare_days(spark, config, days[2:])
     assert [s["ds"] for s in stats] == days[2:]
     jobs = set()
     for ds in days:
@@ -86,7 +86,7 @@ def test_a_range_with_a_bad_row_is_prepared_day_by_day_and_quarantines_it(spark,
     bad_day = days[1]
     with (raw / "events" / f"ds={bad_day}" / "part-00000.csv").open("a") as f:
         f.write("not-a-user,1,2,3\n")
-    stats = prepare_range(spark, config, days[:3])
+    stats = prepare_days(spark, config, days[:3])
     assert [s["rows_quarantined"] for s in stats] == [0, 1, 0]
     assert (Path(config.effective_quarantine_path) / f"ds={bad_day}").is_dir()
     # the first day, before the bad one, is the reference's row for row
@@ -99,5 +99,5 @@ def test_a_missing_day_fails_the_range_before_anything_is_written(spark, one_by_
     reference, days = one_by_one
     config = with_edits(reference, {"train_input_path": str(tmp_path / "features")})
     with pytest.raises(RawInputError, match="ds=1997-09-19"):
-        prepare_range(spark, config, ["1997-09-19", *days[:2]])
+        prepare_days(spark, config, ["1997-09-19", *days[:2]])
     assert not (tmp_path / "features").exists() or not any((tmp_path / "features").iterdir())

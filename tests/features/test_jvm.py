@@ -146,7 +146,7 @@ def test_the_criteo_write_is_one_compiled_stage(registered, tmp_path):
     # parse, figures, quarantine filter and features in one piece of generated code that
     # HotSpot compiles (no row copied between them): what keeps the job near a bare conversion
     from features.figures import gathering
-    from features.prepare import _read_day, feature_rows, window_normalization
+    from features.steps import feature_rows, read_day, window_normalization
     from recpipe.config import load_pipeline_config
 
     raw = tmp_path / "raw"
@@ -155,7 +155,7 @@ def test_the_criteo_write_is_one_compiled_stage(registered, tmp_path):
         ROOT / "conf/criteo_deepfm.yaml",
         {"raw_input_path": str(raw), "train_input_path": str(tmp_path / "f")},
     )
-    rows, _ = _read_day(registered, config, DS)
+    rows, _ = read_day(registered, config, DS)
     tapped, figures = gathering(rows, config, moments=True)
     frame = feature_rows(tapped, config, window_normalization(config, [], {})[1])
     plan = frame._jdf.queryExecution().executedPlan()

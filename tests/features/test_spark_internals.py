@@ -11,7 +11,8 @@ import pytest
 
 from features import jvm, spark_internals
 from features.figures import dense_moments, gathering
-from features.prepare import _read_day, _write_features, window_normalization
+from features.prepare import _write_features
+from features.steps import read_day, window_normalization
 from tests.support import ROOT
 
 SOURCES = ROOT / "features" / "jvm" / "src"
@@ -88,7 +89,7 @@ def test_a_task_that_fails_once_counts_its_rows_once(spark, movielens_config, tm
             _write_features(tapped, config, out, normalization)
             return read()
 
-    rows, _ = _read_day(spark, config, ds)
+    rows, _ = read_day(spark, config, ds)
     clean = figures(rows, tmp_path / "clean")
     marker = tmp_path / "failed-once"
     failing = F.udf(_fail_once(marker), rows.schema[label].dataType)(F.col(label))

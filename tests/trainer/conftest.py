@@ -33,12 +33,12 @@ def _config(movielens_raw, root, conf: str = "conf/movielens_deepfm.yaml"):
 
 
 def _prepare(spark, config, days):
-    from features.backfill import prepare_range
+    from features.prepare import prepare_days
 
     # the days not prepared yet, in one Spark job (tests/features/test_backfill.py: the same
     # files as day by day)
     todo = [ds for ds in days if not (Path(config.train_input_path) / f"ds={ds}" / "_SUCCESS").exists()]
-    prepare_range(spark, config, todo)
+    prepare_days(spark, config, todo)
 
 
 @pytest.fixture(scope="session")
