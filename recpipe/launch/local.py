@@ -118,7 +118,9 @@ class LocalLauncher:
                         )
                 failed = [i for i, c in enumerate(codes) if c not in (None, 0) and i not in given_up]
                 if failed:
-                    i = failed[0]
+                    # of processes that failed within one poll, one killed by a signal is the
+                    # cause: the others' collectives failed because it was gone
+                    i = min(failed, key=lambda i: (codes[i] > 0, i))
                     self.kill()
                     raise JobFailedError(
                         f"{job.name} {job.role(i)} exited with code {codes[i]} (log {logs[i]}); "
