@@ -23,7 +23,10 @@ from recpipe.forkserver import protocol
 PRELOAD = ("trainer", "tensorflow", "tf_keras")
 # variables read when those modules are imported: a process whose values differ is refused
 IMPORT_TIME = ("TF_", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "KERAS_", "XLA_", "PYTHON", "LD_", "MALLOC_")
-RUNTIME = frozenset({"TF_CONFIG"})  # read when the job starts its cluster, not at import
+# read after import: TF_CONFIG when the job starts its cluster; PYTHONPATH is applied to a
+# forked process's sys.path, and this project's modules are imported again from it (PROJECT)
+RUNTIME = frozenset({"TF_CONFIG", "PYTHONPATH"})
+PROJECT = ("trainer", "recpipe")
 
 CLONE_NEWNET = 0x40000000
 PR_SET_PDEATHSIG = 1
@@ -89,6 +92,7 @@ class Server:
             netns = os.open(f"/proc/{peer}/ns/net", os.O_RDONLY) if peer_netns != self.netns else None
             pid = os.fork()
             if pid == 0:
+                self.close_inherited(conn)
                 _child(request, fds, netns, {**self.defaults, **request["env"]})  # never returns
             if netns is not None:
                 os.close(netns)
@@ -108,6 +112,17 @@ class Server:
         self.children[pid] = conn
         self.selector.register(pidfd, selectors.EVENT_READ, ("exited", pid))
         self.selector.register(conn, selectors.EVENT_READ, ("client", pid))
+
+    def close_inherited(self, conn: socket.socket) -> None:
+        """In a forked process: close the server's sockets and descriptors (the server keeps
+        answering the client; the process must not hold its connections open)."""
+        for key in list(self.selector.get_map().values()):
+            if isinstance(key.fileobj, socket.socket):
+                key.fileobj.close()
+            else:
+                os.close(key.fd)
+        self.selector.close()
+        conn.close()
 
     def exited(self, pidfd: int, pid: int) -> None:
         self.selector.unregister(pidfd)
@@ -198,7 +213,13 @@ def _run(argv: list[str], cwd: str) -> None:
     random.seed()  # a forked process must not share the server's random state
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
-    sys.path[0] = cwd  # as python -m puts the working directory first
+    # sys.path as python -m would make it here: the working directory, then $PYTHONPATH, then
+    # the interpreter's own; the project's modules come from there again, not the preload's
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    base = [p for p in sys.path[1:] if p not in _SERVER_PYTHONPATH]
+    sys.path[:] = [cwd, *inherited, *[p for p in base if p not in inherited]]
+    for name in [m for m in sys.modules if m.split(".", 1)[0] in PROJECT]:
+        del sys.modules[name]
     sys.argv = [argv[2], *argv[3:]]
     runpy.run_module(argv[2], run_name="__main__", alter_sys=True)
 
@@ -210,6 +231,9 @@ def _exit_code(code: object) -> int:
         return code & 0xFF
     print(code, file=sys.stderr)
     return 1
+
+
+_SERVER_PYTHONPATH = frozenset(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)
 
 
 def main() -> None:
