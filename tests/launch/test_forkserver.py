@@ -114,3 +114,23 @@ def test_concurrent_clients_are_each_forked(server, tmp_path):
     assert results == [0, 0, 0, 0]
     seen = [_wait_for(p) for p in reports]
     assert all(s["warm"] for s in seen) and len({s["pid"] for s in seen}) == 4
+
+
+def test_pythonpath_and_the_projects_modules_are_the_requests_own(server, tmp_path):
+    """A process whose PYTHONPATH names another folder imports from it, this project's modules
+    too (another checkout's ``trainer``, not the one the server preloaded)."""
+    extra = tmp_path / "extra"
+    (extra / "trainer").mkdir(parents=True)
+    (extra / "trainer" / "__init__.py").write_text("")
+    (extra / "elsewhere_probe.py").write_text(
+        "import json, sys, tensorflow, trainer\n"
+        "json.dump({'trainer': trainer.__file__, 'path': sys.path[:3]}, open(sys.argv[1], 'w'))\n"
+    )
+    report = tmp_path / "report.json"
+    env = job_environment({forkserver.ENV: server.path, "PYTHONPATH": f"{extra}{os.pathsep}{ROOT}"})
+    client = [sys.executable, "-m", forkserver.CLIENT, sys.executable, "-m", "elsewhere_probe", str(report)]
+    out = subprocess.run(client, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert out.returncode == 0 and "not forked" not in out.stderr, out.stderr
+    seen = json.loads(report.read_text())
+    assert seen["path"] == [str(tmp_path), str(extra), str(ROOT)]
+    assert seen["trainer"] == str(extra / "trainer" / "__init__.py")
