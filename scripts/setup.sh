@@ -38,8 +38,12 @@ fi
 
 stamp=.venv/.recpipe-setup
 want=$(cat requirements.lock requirements-spark-client.lock pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+# the project's bytecode, ahead: with PYTHONDONTWRITEBYTECODE set no process writes it, and
+# every one (a task, a job process) would compile the modules it imports again
+compile_project() { .venv/bin/python -m compileall -q -j 0 dags dev features operators recpipe trainer >/dev/null; }
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   scripts/build_jvm.sh
+  compile_project
   exit 0
 fi
 
@@ -52,8 +56,11 @@ fi
 pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@"; }
 
 say "installing requirements.lock"
-pip install -r requirements.lock
-# apache-airflow-providers-apache-spark pulls pyspark-client, which overwrites pyspark's files.
+# the lock is complete: no resolver (--no-deps), and without pyspark-client, which
+# apache-airflow-providers-apache-spark asks for and whose files would overwrite pyspark's
+# (pyspark holds Spark Connect's client too)
+pip install --no-deps -r <(grep -v '^pyspark-client==' requirements.lock)
+# an older .venv may still hold pyspark-client's files over pyspark's
 want_spark=$(grep -E '^pyspark==' requirements.lock | cut -d= -f3)
 if [ "$(.venv/bin/python -c 'import pyspark; print(pyspark.__version__)')" != "$want_spark" ]; then
   say "re-installing pyspark $want_spark over pyspark-client's files"
@@ -78,5 +85,6 @@ if [ ! -x .venv/spark-client/bin/python ]; then
 fi
 .venv/spark-client/bin/python -m pip --disable-pip-version-check -q install -r requirements-spark-client.lock
 scripts/build_jvm.sh
+compile_project
 echo "$want" > "$stamp"
 say "ready: $(.venv/bin/python --version), .venv/bin/recpipe"

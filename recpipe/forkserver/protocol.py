@@ -17,7 +17,8 @@ def send(sock: socket.socket, message: dict, fds: list[int] | None = None) -> No
     if fds:
         sent = socket.send_fds(sock, [payload], fds)
         payload = payload[sent:]
-    sock.sendall(payload)
+    if payload:  # an empty send to a peer that has answered and closed raises EPIPE
+        sock.sendall(payload)
 
 
 def receive(sock: socket.socket, max_fds: int = 0) -> tuple[dict | None, list[int]]:

@@ -19,8 +19,19 @@ import sys
 
 from recpipe.forkserver import protocol
 
-# what every trainer process imports first: trainer's package sets TensorFlow's variables
-PRELOAD = ("trainer", "tensorflow", "tf_keras")
+# what trainer processes import: trainer's package first (it sets TensorFlow's variables), then
+# the libraries (scipy.stats for the AUC's ranks, mlflow for an export's MLflow model)
+PRELOAD = (
+    "trainer",
+    "tensorflow",
+    "tf_keras",
+    "pandas",
+    "pyarrow.parquet",
+    "pydantic",
+    "yaml",
+    "scipy.stats",
+    "mlflow",
+)
 # variables read when those modules are imported: a process whose values differ is refused
 IMPORT_TIME = ("TF_", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "KERAS_", "XLA_", "PYTHON", "LD_", "MALLOC_")
 # read after import: TF_CONFIG when the job starts its cluster; PYTHONPATH is applied to a
