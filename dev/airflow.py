@@ -46,6 +46,9 @@ from airflow_client.client.models import (
 )
 
 from dev.env import database_env
+from recpipe import forkserver
+from recpipe.launch.isolation import job_environment
+from recpipe.launch.jobs import JOB_ENV
 from recpipe.launch.topology import free_ports
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
@@ -264,6 +267,11 @@ def deployment(
         [sys.executable, "-m", "airflow", "db", "migrate"], env=env, check=True, capture_output=True
     )
     procs = []
+    server = None
+    if not env.get(forkserver.ENV):
+        # the deployment's job processes fork from one warm process (recpipe.forkserver)
+        server = forkserver.start(job_environment(dict(JOB_ENV), env), wait=False)
+        env[forkserver.ENV] = server.path
     try:
         commands = [(name, *(["--port", str(port)] if name == "api-server" else [])) for name in COMPONENTS]
         for command in [*commands, *workers]:
@@ -290,6 +298,8 @@ def deployment(
             except subprocess.TimeoutExpired:
                 _killpg(p.pid, signal.SIGKILL)
                 p.wait(timeout=10)
+        if server is not None:
+            server.stop()
 
 
 def _killpg(pid: int, sig: int) -> None:
