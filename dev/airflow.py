@@ -47,8 +47,6 @@ from airflow_client.client.models import (
 
 from dev.env import database_env
 from recpipe import forkserver
-from recpipe.launch.isolation import job_environment
-from recpipe.launch.jobs import JOB_ENV
 from recpipe.launch.topology import free_ports
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
@@ -270,7 +268,7 @@ def deployment(
     server = None
     if not env.get(forkserver.ENV):
         # the deployment's job processes fork from one warm process (recpipe.forkserver)
-        server = forkserver.start(job_environment(dict(JOB_ENV), env), wait=False)
+        server = forkserver.start(env, wait=False)
         env[forkserver.ENV] = server.path
     try:
         commands = [(name, *(["--port", str(port)] if name == "api-server" else [])) for name in COMPONENTS]

@@ -44,6 +44,21 @@ def spark_connect_url(timeout: float = 300) -> str:
     return url(conn["port"], conn["host"])
 
 
+def processes_writing_to(prefix: str) -> list[int]:
+    """Live processes whose standard output is a file whose path starts with ``prefix``: a
+    launched job's processes (each one's stdout is its log), forked ones
+    (``recpipe.forkserver``) too, and never another test's."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            out = os.readlink(f"/proc/{entry}/fd/1") if entry.isdigit() else ""
+        except OSError:
+            continue
+        if out.startswith(prefix):
+            found.append(int(entry))
+    return found
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 now."""
     return free_ports(1)[0]

@@ -97,13 +97,11 @@ class ForkServer:
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
-def start(env: dict[str, str] | None = None, wait: bool = True) -> ForkServer:
-    """Start a server with a job's environment (``recpipe.launch.isolation.job_environment``
-    of ``recpipe.launch.jobs.JOB_ENV`` unless ``env`` is given)."""
-    if env is None:
-        from recpipe.launch.isolation import job_environment
-        from recpipe.launch.jobs import JOB_ENV
+def start(environ: dict[str, str] | None = None, wait: bool = True) -> ForkServer:
+    """Start a server with a job process's environment: ``recpipe.launch.isolation.
+    job_environment`` of ``JOB_ENV`` over ``environ`` (default ``os.environ``)."""
+    from recpipe.launch.isolation import JOB_ENV, job_environment
 
-        env = job_environment(dict(JOB_ENV))
-        env.pop(ENV, None)
+    env = job_environment(dict(JOB_ENV), environ)
+    env.pop(ENV, None)
     return ForkServer(env, wait=wait)

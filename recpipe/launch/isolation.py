@@ -23,6 +23,9 @@ log = logging.getLogger(__name__)
 
 NETWORK_ENV = "RECPIPE_JOB_NETWORK"
 
+# what every job process gets: unbuffered logs, no TensorFlow C++ start-up chatter
+JOB_ENV = {"PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
+
 # what a training, evaluation or export process needs of the worker's environment
 ALLOWED = frozenset(
     {

@@ -16,15 +16,13 @@ from recpipe.config.cluster import ClusterConfig
 from recpipe.config.errors import ConfigError
 from recpipe.config.train import SyncMode, TrainDistribute
 from recpipe.launch.base import JobSpec, Launcher
+from recpipe.launch.isolation import JOB_ENV
 from recpipe.launch.kubeflow import render
 from recpipe.launch.kubernetes import KubernetesLauncher
 from recpipe.launch.local import LocalLauncher
 from recpipe.launch.topology import check_sync_mode, evaluator_process, job_spec, training_processes
 
 log = logging.getLogger(__name__)
-
-# what every job process gets: unbuffered logs, no TensorFlow C++ start-up chatter
-JOB_ENV = {"PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
 def launcher_for(

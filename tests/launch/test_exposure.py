@@ -17,7 +17,7 @@ import pytest
 from recpipe.config.train import TrainDistribute
 from recpipe.launch import LocalLauncher
 from recpipe.launch.topology import job_spec, training_processes
-from tests.support import ROOT
+from tests.support import ROOT, processes_writing_to
 
 pytestmark = pytest.mark.slow
 
@@ -44,15 +44,14 @@ def _forked(root: psutil.Process) -> list[psutil.Process]:
     """What the fork server forked for ``root`` (``recpipe.forkserver``): processes outside its
     tree that write to the same log."""
     try:
-        log = Path(f"/proc/{root.pid}/fd/1").readlink()
+        log = str(Path(f"/proc/{root.pid}/fd/1").readlink())
     except OSError:
         return []
     found = []
-    for entry in Path("/proc").iterdir():
+    for pid in processes_writing_to(log):
         try:
-            if entry.name.isdigit() and (entry / "fd" / "1").readlink() == log:
-                found.append(psutil.Process(int(entry.name)))
-        except (OSError, psutil.NoSuchProcess):
+            found.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
             continue
     return found
 

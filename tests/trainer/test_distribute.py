@@ -19,7 +19,7 @@ from recpipe.config.train import TrainDistribute
 from recpipe.launch import JobFailedError, JobSpec, LocalLauncher, job_result, training_job
 from recpipe.launch.local import tail
 from recpipe.launch.topology import training_processes
-from tests.support import EARLY, RECPIPE, ROOT, train_args
+from tests.support import EARLY, RECPIPE, ROOT, processes_writing_to, train_args
 
 pytestmark = pytest.mark.slow
 
@@ -197,15 +197,7 @@ def job_processes(model_dir: Path) -> list[int]:
     """Live processes of the job that trains ``model_dir``: those whose output goes to a log
     under it (the launcher points each process's stdout at ``<model_dir>/logs/<job>-<i>.log``).
     Another test's job, on the other pytest-xdist worker, never matches."""
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            out = os.readlink(f"/proc/{entry}/fd/1") if entry.isdigit() else ""
-        except OSError:
-            continue
-        if out.startswith(f"{model_dir}/"):
-            found.append(int(entry))
-    return found
+    return processes_writing_to(f"{model_dir}/")
 
 
 def _processes_mentioning(text: str) -> list[int]:
