@@ -103,6 +103,11 @@ def pytest_collection_modifyitems(config, items):
 def pytest_configure(config):
     if hasattr(config, "workerinput"):
         return
+    # The suite's days are small: HotSpot's C2 compiler costs their JVMs more CPU than it
+    # saves (a warm prepare_features on the Spark Connect server: 14 -> 7 CPU-s; its start 19
+    # -> 11). spark-submit adds SPARK_SUBMIT_OPTS to each driver JVM it starts: the server's,
+    # the tests' local sessions', the DAG runs' spark-submit jobs. The workers inherit it.
+    os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
     # the controller fetches MovieLens before the workers start (they would race for data/)
     if config.getoption("numprocesses", None):
         from dev.data.movielens import fetch_movielens
