@@ -37,6 +37,10 @@ IMPORT_TIME = ("TF_", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "KERAS_", "XLA_", "PY
 # read after import: TF_CONFIG when the job starts its cluster; PYTHONPATH is applied to a
 # forked process's sys.path, and this project's modules are imported again from it (PROJECT)
 RUNTIME = frozenset({"TF_CONFIG", "PYTHONPATH"})
+# scikit-learn and joblib setdefault these at their import, in whatever process launches a
+# job (a test, a task that imported them); only Intel's OpenMP runtime reads them, and none
+# of the preloaded modules loads it (NumPy and SciPy use OpenBLAS, TensorFlow its own pool)
+UNREAD = frozenset({"KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK"})
 PROJECT = ("trainer", "recpipe")
 
 CLONE_NEWNET = 0x40000000
@@ -46,7 +50,7 @@ _libc = ctypes.CDLL(None, use_errno=True)
 
 def import_time(env: dict[str, str]) -> dict[str, str]:
     """The variables of ``env`` that the preloaded modules may have read at import."""
-    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME) and k not in RUNTIME}
+    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME) and k not in RUNTIME | UNREAD}
 
 
 class Server:

@@ -74,6 +74,19 @@ def test_an_environment_read_at_import_that_differs_starts_the_process_itself(se
     assert _wait_for(report)["warm"] is False
 
 
+def test_a_launcher_that_imported_scikit_learn_is_still_forked(server, tmp_path):
+    # sklearn and joblib setdefault KMP_* at import in the launching process (a test, a task):
+    # the whole suite's DAG runs were started unforked while the server compared them
+    report = tmp_path / "report.json"
+    kmp = {"KMP_DUPLICATE_LIB_OK": "True", "KMP_INIT_AT_FORK": "FALSE"}
+    env = job_environment({forkserver.ENV: server.path, **kmp})
+    client = [sys.executable, "-m", forkserver.CLIENT, *PROBE, str(report)]
+    out = subprocess.run(client, cwd=ROOT, env=env, capture_output=True, text=True)
+    assert out.returncode == 0 and "not forked" not in out.stderr, out.stderr
+    seen = _wait_for(report)
+    assert seen["warm"] is True and {k: seen["env"].get(k) for k in kmp} == kmp
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 def test_a_signal_to_the_client_ends_the_forked_process(server, tmp_path, sig):
     report = tmp_path / "report.json"
