@@ -17,7 +17,7 @@ from tests.trainer.test_distribute import (
     _assert_same_state,
     _copies,
     _train,
-    job_processes,
+    left_running,
     ps_job_losing_a_worker,
 )
 
@@ -79,7 +79,7 @@ def test_geo_workers_exchange_changed_rows_checkpoint_and_resume(config_path, tm
         "model.ckpt-20.index",
         "model.ckpt-40.index",
     ]
-    assert job_processes(model_dir) == []
+    assert left_running(model_dir) == []
     again, logs = _train(
         config_path,
         model_dir,
