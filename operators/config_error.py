@@ -1,37 +1,31 @@
-"""The retrain configs that do not load, as an import error of the DAG file that builds the
-deployment's DAGs (``dags/recpipe_retrain.py``): the other models' DAGs are built and keep
-scheduling, and the Airflow UI lists the error (Import Errors) with each broken file named."""
+"""The DAG that stands for a retrain config that does not load (``dags/recpipe_retrain.py``):
+the other models' DAGs are built and keep scheduling; this one shows the error in the UI."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from airflow.providers.standard.operators.python import PythonOperator
 from airflow.sdk import DAG
 
-from recpipe.config.errors import ConfigError
+
+def _fail(message: str) -> None:
+    from recpipe.config.errors import ConfigError
+
+    raise ConfigError(message)
 
 
-class UnloadableConfigs(DAG):
-    """Stands for the configs that failed to load. Airflow's DAG processor validates every DAG
-    a file defines before it keeps it (``DagBag.process_file``); this one's validation raises
-    :class:`ConfigError` naming each file and its error, which Airflow records as the DAG
-    file's import error while it keeps the file's other DAGs. It is never scheduled or shown.
-
-    Args:
-        errors: ``[(config path, the error it raised)]``, at least one.
-    """
-
-    def __init__(self, errors: list[tuple[Path, Exception]]):
-        super().__init__(dag_id="recpipe_unloadable_configs", schedule=None)
-        self.config_errors = [(str(path), str(err)) for path, err in errors]
-
-    def message(self) -> str:
-        """Each broken file and its error, one paragraph per file."""
-        count = len(self.config_errors)
-        head = f"{count} retrain config{'s' if count > 1 else ''} did not load; the others' DAGs did"
-        return "\n\n".join([head, *(f"{path}:\n{err}" for path, err in self.config_errors)])
-
-    def validate(self) -> None:
-        """Raises:
-        ConfigError: always, with :meth:`message`."""
-        raise ConfigError(self.message())
+def config_error_dag(path: Path, err: Exception) -> DAG:
+    """``<stem>_config_error``: no schedule, tag ``config-error``, the error as its
+    description and docs, and one task ``config_error`` that fails with it if triggered."""
+    message = str(err)
+    with DAG(
+        dag_id=f"{Path(path).stem}_config_error".replace(" ", "_"),
+        description=f"{Path(path).name} does not load: {' '.join(message.split())}"[:500],
+        doc_md=f"## `{path}` does not load\n\n```\n{message}\n```\n\nFix the file; the DAG it "
+        "defines appears when it loads.",
+        schedule=None,
+        tags=["recpipe", "config-error"],
+    ) as dag:
+        PythonOperator(task_id="config_error", python_callable=_fail, op_args=[message], retries=0)
+    return dag
