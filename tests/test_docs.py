@@ -68,3 +68,28 @@ def test_a_figure_is_quoted_from_its_benchs_results_file_and_a_wrong_one_fails_t
         render("{{ fig push figures.nothing }}", "a.md")
     with pytest.raises(PluginError, match="a.md: no results file bench/results/none.json"):
         render("{{ fig none x }}", "a.md")
+
+
+def test_the_config_reference_is_the_codes_and_a_page_naming_a_missing_field_fails():
+    import pytest
+    from mkdocs.exceptions import PluginError
+
+    from recpipe.config.reference import markdown, missing_descriptions
+
+    assert missing_descriptions() == []  # every field says what it is
+    retrain = markdown("retrain")
+    assert "| `window_days` | int | `1` | >= 1 | Days of held-out rows" in retrain
+    assert "| `gate` | [GateConfig](#gateconfig) | (its defaults) |" in retrain
+
+    sys.path.insert(0, str(ROOT / "docs" / "hooks"))
+    from reference import render
+
+    fine = "`train_config.num_steps`, `gate.window_days=3`, `timeouts.tasks.train`, `gate.p_value`, `gate.py`"
+    assert render(fine, "a.md") == fine
+    assert "### ClusterConfig" in render("{{ config_reference cluster }}", "a.md")
+    with pytest.raises(
+        PluginError, match=r"a.md: no such config field: feature_config.features\[0\].embeding_dim"
+    ):
+        render("set `feature_config.features[0].embeding_dim`", "a.md")
+    with pytest.raises(PluginError, match="config_reference 'model'"):
+        render("{{ config_reference model }}", "a.md")

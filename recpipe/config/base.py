@@ -12,9 +12,13 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 
 class Section(BaseModel):
-    """A config section: unknown keys are errors, values are validated on assignment."""
+    """A config section: unknown keys are errors, values are validated on assignment. The
+    string under each field is its description (the config reference is rendered from them,
+    ``recpipe.config.reference``)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, frozen=False, use_attribute_docstrings=True
+    )
 
 
 class OneOf(Section):

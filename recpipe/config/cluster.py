@@ -22,9 +22,13 @@ class RoleResources(Section):
     """
 
     count: int = Field(0, ge=0)
+    """Processes of this role (a worker role needs at least 1)."""
     cpu: float = Field(1.0, gt=0)
+    """CPU cores each process asks for (a Kubernetes request and limit)."""
     memory: str = "2Gi"
+    """Memory of each process, as a Kubernetes quantity (``512Mi``, ``4Gi``)."""
     gpu: int = Field(0, ge=0)
+    """GPUs of each process (``nvidia.com/gpu``)."""
 
     @field_validator("memory")
     @classmethod
@@ -38,7 +42,9 @@ class SharedVolume(Section):
     """A PersistentVolumeClaim every pod mounts: model_dir and the features must be on it."""
 
     claim_name: str
+    """The PersistentVolumeClaim's name, in the job's ``namespace``."""
     mount_path: str = "/var/lib/recpipe"
+    """Where each pod mounts it."""
 
 
 class ClusterConfig(Section):
@@ -49,14 +55,24 @@ class ClusterConfig(Section):
     """
 
     launcher: str = Field("local", pattern="^(local|kubernetes)$")
+    """``local``: the job's processes on the Airflow worker; ``kubernetes``: a TFJob / MPIJob
+    manifest applied to the cluster."""
     namespace: str = "default"
+    """Kubernetes namespace of the job's pods."""
     image: str | None = None
+    """The recpipe image the pods run (kubernetes; required there)."""
     shared_volume: SharedVolume | None = None
+    """The volume every pod mounts (kubernetes)."""
     kubernetes_conn_id: str = "kubernetes_default"
+    """The Airflow connection of the cluster."""
     poll_interval_s: float = Field(30.0, gt=0)
+    """Seconds between the operator's looks at a running job (kubernetes)."""
     ps: RoleResources = Field(default_factory=RoleResources)
+    """Parameter servers (``PSStrategy`` and PaddleRec's PS modes; 0 otherwise)."""
     worker: RoleResources = Field(default_factory=lambda: RoleResources(count=1))
+    """Workers, the chief among them; a job's ``--num_workers`` overrides ``count``."""
     evaluator: RoleResources = Field(default_factory=RoleResources)
+    """The separate evaluator (``eval_config.eval_method: separate``)."""
 
     @field_validator("worker")
     @classmethod

@@ -29,7 +29,9 @@ class InputField(Section):
     """One column of the raw logs."""
 
     input_name: str
+    """The column's name (in a header, or its position's name)."""
     input_type: InputType = InputType.STRING
+    """Its type: ``STRING``, ``INT32``, ``INT64``, ``FLOAT``, ``DOUBLE`` or ``BOOL``."""
 
 
 class DimensionTable(Section):
@@ -40,10 +42,15 @@ class DimensionTable(Section):
     """
 
     name: str
+    """The table's name (``users``, ``items``)."""
     path: str
+    """Its file, relative to ``raw_input_path`` unless absolute."""
     key: str
+    """The column it shares with the events and is joined on."""
     separator: str = ","
+    """Its column separator."""
     input_fields: list[InputField]
+    """Its columns, typed as the events' are."""
 
 
 class BehaviorSequence(Section):
@@ -58,11 +65,17 @@ class BehaviorSequence(Section):
     """
 
     user_field: str
+    """The column whose events form a history (the user's id)."""
     time_field: str
+    """The event time (``INT32`` / ``INT64``, seconds); only strictly earlier events enter."""
     fields: list[str] = Field(min_length=1)
+    """The columns of past events the history holds (item id, rating, ...)."""
     max_length: int = Field(20, gt=0)
+    """The most recent events kept per history."""
     prefix: str = "hist_"
+    """Prefix of the history columns: ``<prefix><field>``."""
     positive_only: bool = False
+    """Keep only events whose first label is positive (clicks)."""
 
     def column(self, field: str) -> str:
         """The history column of ``field``: ``<prefix><field>``."""
@@ -77,26 +90,38 @@ class BehaviorSequence(Section):
 class DataConfig(Section):
     """Raw log format and the input pipeline's batching (EasyRec ``data_config``)."""
 
-    # csv: delimited text (any single-character separator, "\t" included); parquet: columns
-    # by name, their types checked against input_fields
     input_format: str = Field("csv", pattern="^(csv|parquet)$")
+    """``csv``: delimited text (any one-character ``separator``); ``parquet``: columns by name,
+    their types checked against ``input_fields``."""
     separator: str = ","
-    # EasyRec's name. true: each file's first line names input_fields, in order (checked);
-    # false: columns are matched to input_fields by position (raw Criteo logs). Text only.
+    """The column separator of text logs (``"\\t"`` for tabs)."""
     with_header: bool = True
+    """Text logs: true, each file's first line names ``input_fields`` in order (checked);
+    false, columns are matched to ``input_fields`` by position (raw Criteo logs)."""
     input_fields: list[InputField]
+    """The raw logs' columns."""
     label_fields: list[str] = Field(default_factory=lambda: ["label"])
+    """The label columns, one per task of a multi-task model."""
     dimension_tables: list[DimensionTable] = Field(default_factory=list)
+    """Snapshots (users, items) joined to each day's events by the feature job."""
     batch_size: int = Field(1024, gt=0)
+    """Examples per batch, per worker."""
     num_epochs: int = Field(1, gt=0)
+    """Passes over the training days."""
     shuffle: bool = True
+    """Shuffle row groups and rows within each chunk, seeded (an epoch is reproducible)."""
     shuffle_buffer_size: int = Field(32, gt=0)
+    """Batches per shuffled chunk."""
     prefetch_size: int = Field(32, gt=0)
+    """Batches ``tf.data`` prepares ahead of training."""
     max_bad_row_fraction: float = Field(0.01, ge=0.0, le=1.0)
-    # Share of each day's rows (by a hash of the raw row) marked ``_holdout``: on a day that is
-    # in both train_ds and eval_ds, training skips them and evaluation reads only them.
+    """Largest share of a day's raw rows that may fail the schema (quarantined); more fails
+    the feature job with the top reasons (0-1)."""
     holdout_percent: int = Field(0, ge=0, lt=100)
+    """Percent of each day's rows (by a hash of the raw row) held out: on a day in both
+    ``train_ds`` and ``eval_ds``, training skips them and evaluation reads only them."""
     behavior_sequence: BehaviorSequence | None = None
+    """Each event's behaviour history, for DIN's sequence features."""
 
     @model_validator(mode="after")
     def _labels_declared(self) -> DataConfig:
@@ -187,12 +212,22 @@ class EVParams(Section):
     """
 
     filter_freq: int = Field(0, ge=0)
+    """Sightings in training batches before an id gets a row (DeepRec ``CounterFilter``; 0:
+    at once)."""
     steps_to_live: int = Field(0, ge=0)
+    """Training steps without a lookup after which a row is evicted (DeepRec
+    ``GlobalStepEvict``; 0: never)."""
     delete_after_unseen_days: int = Field(0, ge=0)
+    """Days unseen after which a row is evicted at the next day boundary (PaddleRec
+    ``sparse_delete_after_unseen_days``; 0: never)."""
     max_capacity: int = Field(1 << 20, gt=0)
+    """The most rows the table holds; a full table's least recently seen row makes room."""
     init_capacity: int | None = Field(None, gt=0)
+    """Rows allocated at the start (null: ``min(max_capacity, 4096)``); doubled as needed."""
     filter_counter_width: int = Field(0, ge=0)
+    """Counters per hash of the admission sketch (0: sized with the table)."""
     filter_counter_decay: float = Field(0.5, ge=0.0, le=1.0)
+    """Factor on the admission counts at each day boundary (0-1)."""
 
     @property
     def start_capacity(self) -> int:
@@ -222,18 +257,34 @@ class FeatureSpec(Section):
     """
 
     input_names: list[str] = Field(min_length=1, max_length=1)
+    """The one column the feature reads (an event's, a dimension table's or a history's)."""
     feature_name: str | None = None
+    """The feature's name (null: its column's)."""
     feature_type: FeatureType = FeatureType.IdFeature
+    """``IdFeature``, ``RawFeature`` (dense), ``TagFeature`` (a list of ids) or
+    ``SequenceFeature`` (an ordered history)."""
     embedding_dim: int = Field(16, gt=0)
+    """Width of its embedding rows."""
     hash_bucket_size: int | None = Field(None, gt=0)
+    """Rows of a hashed table: ids are fingerprinted modulo this (needed without
+    ``ev_params``)."""
     embedding_name: str | None = None
+    """Features with the same ``embedding_name`` share one table (null: a table of its own)."""
     separator: str = "|"
+    """The separator of a tag or sequence column's ids."""
     combiner: str = Field("sum", pattern="^(sum|mean)$")
+    """How a tag feature's rows combine: ``sum`` or ``mean``."""
     normalizer: Normalizer = Normalizer.none
+    """A raw feature's normalisation: ``none``, ``log``, ``min_max`` or ``standard``."""
     default_val: float | None = None
+    """A raw feature's value where it is missing (null: the window's mean)."""
     ev_params: EVParams | None = None
+    """An online table for this id or tag feature (null: ``model_config.ev_params``, else a
+    hashed table)."""
     sequence_length: int = Field(50, gt=0)
+    """A sequence feature's most recent ids kept."""
     sub_feature_type: FeatureType = FeatureType.IdFeature
+    """A sequence's elements (``IdFeature`` only, EasyRec's name)."""
 
     @model_validator(mode="after")
     def _sequence_of_ids(self) -> FeatureSpec:
@@ -257,7 +308,9 @@ class FeatureConfig(Section):
     """All features, and the window of days over which dense statistics are computed."""
 
     features: list[FeatureSpec] = Field(min_length=1)
+    """The features, each named once."""
     normalization_window_days: int = Field(7, gt=0)
+    """Days of raw data the dense features' statistics are computed over."""
 
     @property
     def online_features(self) -> list[str]:

@@ -21,60 +21,91 @@ class FeatureGroup(Section):
     """EasyRec ``feature_groups``: named lists of features fed to one part of the model."""
 
     group_name: str
+    """The group's name, as a tower's ``input`` names it."""
     feature_names: list[str] = Field(min_length=1)
+    """Its features (``feature_config`` names)."""
     wide_deep: WideDeep = WideDeep.DEEP
+    """The part of the model it feeds: ``DEEP`` or ``WIDE``."""
 
 
 class DNN(Section):
     """An MLP block (EasyRec ``dnn``): ReLU ``hidden_units``, optional dropout and batch norm."""
 
     hidden_units: list[int] = Field(default_factory=lambda: [256, 128, 64])
+    """Units of each ReLU layer, input side first."""
     dropout_ratio: float = Field(0.0, ge=0, lt=1)
+    """Dropout after each layer while training (0: none)."""
     use_bn: bool = False
+    """Batch normalisation before each activation."""
 
 
 class DNNModel(Section):
     """``model_config.dnn`` of the DNN model class."""
 
     dnn: DNN = Field(default_factory=DNN)
+    """The MLP over every feature group."""
 
 
 class WideAndDeepModel(Section):
     """``model_config.wide_and_deep``: the deep MLP and the wide output width."""
 
     dnn: DNN = Field(default_factory=DNN)
+    """The deep part's MLP."""
     wide_output_dim: int = Field(1, gt=0)
+    """Width of the wide part's output (its embeddings' width)."""
 
 
 class DeepFMModel(Section):
     """``model_config.deepfm``: the deep MLP beside the FM term (Guo et al., 2017)."""
 
     dnn: DNN = Field(default_factory=DNN)
+    """The deep part's MLP."""
     final_dnn: DNN | None = None
+    """Refused: the logit is the sum of the FM, wide and deep outputs (EasyRec's optional MLP
+    over them is not built)."""
     wide_output_dim: int = Field(1, gt=0)
+    """Width of the wide part's output (its embeddings' width)."""
+
+    @field_validator("final_dnn")
+    @classmethod
+    def _no_final_dnn(cls, value: DNN | None) -> DNN | None:
+        if value is not None:
+            raise ValueError(
+                "recpipe's DeepFM sums the FM, wide and deep outputs into the logit; EasyRec's "
+                "final_dnn over them is not supported: remove it (or use DCN, whose final_dnn is)"
+            )
+        return value
 
 
 class DLRMModel(Section):
     """``model_config.dlrm``: bottom MLP (dense -> embedding width) and top MLP (Naumov et al., 2019)."""
 
     bot_dnn: DNN = Field(default_factory=lambda: DNN(hidden_units=[64, 16]))
+    """The MLP over the dense features; its last layer is the embeddings' width."""
     top_dnn: DNN = Field(default_factory=lambda: DNN(hidden_units=[128, 64]))
+    """The MLP over the pairwise dot products and the bottom MLP's output."""
     arch_interaction_itself: bool = False
+    """Include each vector's dot product with itself."""
 
 
 class DCNModel(Section):
     """DCN-v2: ``cross_num`` full-rank cross layers beside a DNN (Wang et al., 2021)."""
 
     cross_num: int = Field(3, gt=0)
+    """Cross layers."""
     deep_tower: DNN = Field(default_factory=DNN)
+    """The MLP beside them."""
     final_dnn: DNN | None = None
+    """An MLP over both outputs concatenated (null: a linear layer)."""
 
 
 class Tower(Section):
     """One ``multi_tower.towers`` entry: an MLP over the feature group ``input``."""
 
     input: str
+    """The feature group it reads."""
     dnn: DNN = Field(default_factory=lambda: DNN(hidden_units=[64, 32]))
+    """Its MLP."""
 
 
 class DINTower(Section):
@@ -82,7 +113,9 @@ class DINTower(Section):
     ``input``; ``dnn`` scores each history element (its last layer must have one unit)."""
 
     input: str
+    """The ``seq_att_groups`` group it attends over."""
     dnn: DNN = Field(default_factory=lambda: DNN(hidden_units=[64, 32, 1]))
+    """The MLP scoring each history element (its last layer one unit)."""
 
 
 class MultiTowerModel(Section):
@@ -90,8 +123,11 @@ class MultiTowerModel(Section):
     group and a DIN tower per ``seq_att_groups`` group, concatenated into ``final_dnn``."""
 
     towers: list[Tower] = Field(min_length=1)
+    """A tower per feature group."""
     din_towers: list[DINTower] = Field(default_factory=list)
+    """A DIN attention tower per sequence group."""
     final_dnn: DNN = Field(default_factory=lambda: DNN(hidden_units=[64, 32]))
+    """The MLP over the towers' outputs concatenated."""
 
 
 class SeqAttMap(Section):
@@ -105,8 +141,11 @@ class SeqAttMap(Section):
     """
 
     key: str
+    """The target feature (the candidate item)."""
     hist_seq: str
+    """The SequenceFeature of the user's earlier ones, embedded by the same table."""
     aux_hist_seq: list[str] = Field(default_factory=list)
+    """SequenceFeatures of the same events pooled with the history's attention weights."""
 
 
 class SeqAttGroup(Section):
@@ -114,7 +153,9 @@ class SeqAttGroup(Section):
     keys' embeddings are concatenated into the query, the histories' into its keys."""
 
     group_name: str
+    """The group's name, as a DIN tower's ``input`` names it."""
     seq_att_map: list[SeqAttMap] = Field(min_length=1)
+    """Its (key, history) pairs."""
 
 
 class ModelClass(StrEnum):
@@ -149,8 +190,11 @@ class Loss(Section):
     """One ``losses`` entry: a loss type and its weight in the sum."""
 
     loss_type: LossType
+    """The loss (EasyRec's ``loss_type`` names)."""
     weight: float = Field(1.0, ge=0)
+    """Its weight in the sum."""
     f1_beta_square: float = Field(1.0, gt=0)
+    """beta squared of ``F1_REWEIGHTED_LOSS``."""
 
 
 class TaskTower(Section):
@@ -163,13 +207,22 @@ class TaskTower(Section):
     tasks; unset, the label is the target as it is. ``metrics_set`` defaults to ``eval_config``'s."""
 
     tower_name: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_]*$")
+    """The task's name: its metrics are ``<tower_name>/auc``, its output
+    ``probability_<tower_name>``."""
     label_name: str | None = None
+    """Its label, one of ``data_config.label_fields`` (null: the field at the tower's position)."""
     label_threshold: float | None = None
+    """Target 1 where the label is at least this, else 0 (null: the label as it is)."""
     dnn: DNN = Field(default_factory=lambda: DNN(hidden_units=[64, 32]))
+    """The tower's MLP."""
     num_class: int = Field(1, ge=1, le=1)
+    """Outputs of the task: 1 only (binary); another value is refused."""
     weight: float = Field(1.0, ge=0)
+    """The task's weight in the summed loss."""
     loss_type: LossType = LossType.CLASSIFICATION
+    """The task's loss."""
     metrics_set: list[Metric] = Field(default_factory=list)
+    """The task's metrics (empty: ``eval_config.metrics_set``)."""
 
 
 class MMoEModel(Section):
@@ -178,8 +231,11 @@ class MMoEModel(Section):
     with Multi-gate Mixture-of-Experts", KDD 2018; EasyRec's ``mmoe``)."""
 
     expert_dnn: DNN = Field(default_factory=lambda: DNN(hidden_units=[128, 64]))
+    """Each expert's MLP."""
     num_expert: int = Field(3, ge=1)
+    """Experts."""
     task_towers: list[TaskTower] = Field(min_length=1)
+    """A tower per task."""
 
 
 class DBMTLModel(Section):
@@ -189,16 +245,22 @@ class DBMTLModel(Section):
     DBMTL, after Ma et al., "Deep Bayesian Multi-Target Learning", 2019)."""
 
     bottom_dnn: DNN | None = Field(default_factory=lambda: DNN(hidden_units=[128, 64]))
+    """The shared bottom MLP (when ``num_expert`` is 0)."""
     expert_dnn: DNN | None = None
+    """Each expert's MLP (when ``num_expert`` > 0)."""
     num_expert: int = Field(0, ge=0)
+    """MMoE experts instead of the shared bottom (0: none)."""
     task_towers: list[DBMTLTaskTower] = Field(min_length=2)
+    """A tower per task, at least two."""
 
 
 class DBMTLTaskTower(TaskTower):
     """A DBMTL task tower: ``relation_tower_names`` (earlier towers) and ``relation_dnn``."""
 
     relation_tower_names: list[str] = Field(default_factory=list)
+    """Earlier towers whose outputs feed this one."""
     relation_dnn: DNN = Field(default_factory=lambda: DNN(hidden_units=[32]))
+    """The MLP over this tower's and those towers' outputs."""
 
 
 class ESMMModel(Section):
@@ -209,30 +271,48 @@ class ESMMModel(Section):
     Multi-Task Model", SIGIR 2018; EasyRec's ``esmm``)."""
 
     ctr_tower: TaskTower = Field(default_factory=lambda: TaskTower(tower_name="ctr"))
+    """The click task's tower (its label: clicked)."""
     cvr_tower: TaskTower = Field(default_factory=lambda: TaskTower(tower_name="cvr"))
+    """The conversion tower (its label: converted, trained as CTCVR)."""
 
 
 class ModelConfig(Section):
     """EasyRec ``model_config``: the class, its feature groups, and its own block."""
 
     model_class: ModelClass = ModelClass.DeepFM
+    """``DNN``, ``WideAndDeep``, ``DeepFM``, ``DLRM``, ``DCN``, ``MultiTowerDIN``, ``MMoE``,
+    ``ESMM`` or ``DBMTL``."""
     feature_groups: list[FeatureGroup] = Field(min_length=1)
+    """Named lists of features, each fed to one part of the model."""
     dnn: DNNModel | None = None
+    """The ``DNN`` class's block."""
     wide_and_deep: WideAndDeepModel | None = None
+    """The ``WideAndDeep`` class's block."""
     deepfm: DeepFMModel | None = None
+    """The ``DeepFM`` class's block."""
     dlrm: DLRMModel | None = None
+    """The ``DLRM`` class's block."""
     dcn: DCNModel | None = None
+    """The ``DCN`` class's block."""
     multi_tower: MultiTowerModel | None = None
+    """The ``MultiTowerDIN`` class's block."""
     mmoe: MMoEModel | None = None
+    """The ``MMoE`` class's block."""
     esmm: ESMMModel | None = None
+    """The ``ESMM`` class's block."""
     dbmtl: DBMTLModel | None = None
+    """The ``DBMTL`` class's block."""
     seq_att_groups: list[SeqAttGroup] = Field(default_factory=list)
-    # L2 weight on each embedding row a batch looks up (EasyRec), so table updates stay sparse
+    """Target and history pairs DIN towers attend over."""
     embedding_regularization: float = Field(0.0, ge=0)
+    """L2 weight on each embedding row a batch looks up (table updates stay sparse)."""
     loss_type: LossType = LossType.CLASSIFICATION
+    """The loss of a single-task model (when ``losses`` is empty)."""
     losses: list[Loss] = Field(default_factory=list)
-    # default ev_params of every id / tag feature that has none (EasyRec EasyRecModel.ev_params)
+    """Several weighted losses summed (empty: ``loss_type``)."""
     ev_params: EVParams | None = None
+    """Online tables for every id and tag feature without ``ev_params`` of its own (EasyRec's
+    model-level ``ev_params``)."""
 
     @model_validator(mode="after")
     def _multi_task_block(self) -> ModelConfig:
@@ -281,19 +361,32 @@ class ModelConfig(Section):
 class AUC(Section):
     """``auc`` metric options."""
 
-    num_thresholds: int = Field(200, gt=1)
+    num_thresholds: int | None = Field(None, gt=1)
+    """Refused: recpipe's AUC is exact (from the ranks of the scores), with no thresholds."""
+
+    @field_validator("num_thresholds")
+    @classmethod
+    def _exact(cls, value: int | None) -> int | None:
+        if value is not None:
+            raise ValueError(
+                "recpipe computes the exact AUC from the ranks of the scores (no histogram of "
+                "thresholds, unlike tf.metrics.auc in EasyRec): remove num_thresholds"
+            )
+        return value
 
 
 class GAUC(Section):
     """``gauc`` metric: AUC per ``uid_field`` value, weighted by rows."""
 
     uid_field: str
+    """The column whose values group the rows (the user id)."""
 
 
 class Thresholded(Section):
     """Options of metrics that threshold the probability (accuracy, precision, recall)."""
 
     threshold: float = Field(0.5, ge=0, le=1)
+    """A probability at or above it counts as positive."""
 
 
 class Empty(Section):
@@ -304,11 +397,17 @@ class Metric(OneOf):
     """One ``metrics_set`` entry, e.g. ``{auc: {}}`` or ``{gauc: {uid_field: user_id}}``."""
 
     auc: AUC | None = None
+    """Area under the ROC curve."""
     gauc: GAUC | None = None
+    """Group AUC: AUC per ``uid_field`` value, weighted by rows."""
     logloss: Empty | None = None
+    """Mean binary cross-entropy."""
     accuracy: Thresholded | None = None
+    """Share of rows classified right at ``threshold``."""
     precision: Thresholded | None = None
+    """Precision at ``threshold``."""
     recall: Thresholded | None = None
+    """Recall at ``threshold``."""
 
 
 class EvalMethod(StrEnum):
@@ -323,9 +422,12 @@ class EvalConfig(Section):
     """EasyRec ``eval_config``; ``eval_method`` as PAI's ``-Deval_method``."""
 
     eval_method: EvalMethod = EvalMethod.none
+    """Evaluation while training: ``separate`` (an evaluator process beside the job),
+    ``master`` (the chief evaluates), ``none``; the DAG's evaluate task runs either way."""
     metrics_set: list[Metric] = Field(default_factory=lambda: [Metric(auc=AUC())])
-    # score at most this many rows (the first ones, in the readers' fixed order); None: all
+    """The metrics reported."""
     num_examples: int | None = Field(None, gt=0)
+    """Score at most this many rows, the first in the readers' fixed order (null: all)."""
 
 
 class ExportConfig(Section):
@@ -340,8 +442,12 @@ class ExportConfig(Section):
     """
 
     exporter_type: str = "final"
+    """``final`` only: the model a run's training ended with is exported."""
     exports_to_keep: int = Field(5, gt=0)
+    """Newest SavedModel versions kept under ``<export_dir>/<model_name>/`` (the champion's
+    always)."""
     best_exporter_metric: str | None = None
+    """Refused: read only by EasyRec's ``best`` exporter."""
 
     @field_validator("exporter_type")
     @classmethod

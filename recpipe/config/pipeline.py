@@ -44,20 +44,41 @@ class PipelineConfig(Section):
     """
 
     model_dir: str
+    """Where training writes checkpoints, ``train_result.json`` and the exported model."""
     raw_input_path: str
+    """The raw logs: ``ds=YYYY-MM-DD[/hh=HH]`` partitions, each complete once ``_SUCCESS`` is
+    there (``dimension_tables`` beside them)."""
     train_input_path: str
+    """The prepared features the feature job writes and training reads (Parquet partitions)."""
     eval_input_path: str | None = None
+    """The features evaluation reads ``eval_ds`` from (null: ``train_input_path``)."""
     quarantine_path: str | None = None
+    """Where the feature job writes the raw rows that fail the schema, each with its reason
+    (null: ``<train_input_path>_quarantine``)."""
     train_ds: str | None = None
+    """The days (or passes) to train on: ``YYYY-MM-DD``, ``START:END`` (inclusive), or
+    ``YYYY-MM-DD/HH[:YYYY-MM-DD/HH]``."""
     eval_ds: str | None = None
+    """The days (or passes) to evaluate on, in the same form."""
     data_config: DataConfig
+    """Input columns, labels, batches."""
     feature_config: FeatureConfig
+    """The features and their embeddings."""
     model_config_: ModelConfig | None = Field(None, alias="model_config")
+    """The model (``model_config`` in the file)."""
     train_config: TrainConfig = Field(default_factory=TrainConfig)
+    """Optimizers, steps, checkpoints, the distribution strategy."""
     eval_config: EvalConfig = Field(default_factory=EvalConfig)
+    """Metrics and where evaluation runs."""
     export_config: ExportConfig = Field(default_factory=ExportConfig)
+    """SavedModel export and retention."""
 
-    model_config = {"extra": "forbid", "validate_assignment": True, "populate_by_name": True}
+    model_config = {
+        "extra": "forbid",
+        "validate_assignment": True,
+        "populate_by_name": True,
+        "use_attribute_docstrings": True,
+    }
 
     @field_validator("train_ds", "eval_ds")
     @classmethod

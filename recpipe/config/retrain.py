@@ -14,6 +14,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from pydantic import Field, field_validator, model_validator
 
 from recpipe.config.base import Section
+from recpipe.config.errors import ConfigError
 from recpipe.config.loader import read_yaml, validate
 
 
@@ -25,9 +26,13 @@ class SensorConfig(Section):
     """
 
     mode: str = Field("reschedule", pattern="^(poke|reschedule)$")
+    """``reschedule`` frees the worker slot between pokes; ``poke`` holds it."""
     deferrable: bool = False
+    """Hand the wait to Airflow's triggerer instead (``mode`` then does not apply)."""
     poke_interval_s: float = Field(300, gt=0)
+    """Seconds between looks for the partition's ``_SUCCESS``."""
     timeout_s: float = Field(6 * 3600, gt=0)
+    """Seconds after which the sensor fails, naming the missing path."""
 
 
 class ValidationConfig(Section):
@@ -39,10 +44,15 @@ class ValidationConfig(Section):
     """
 
     min_rows: int = Field(1, ge=1)
+    """Fewest feature rows a day (or pass) may have; fewer fails ``validate_features``."""
     positive_rate_min: float = Field(0.0, ge=0.0, le=1.0)
+    """Lowest share of positive labels allowed (0-1)."""
     positive_rate_max: float = Field(1.0, ge=0.0, le=1.0)
+    """Highest share of positive labels allowed (0-1)."""
     drift_tolerance: float = Field(0.25, gt=0.0)
+    """Relative change against the previous prepared day above which drift warns (0.25 = 25 %)."""
     drift_lookback_days: int = Field(7, ge=1)
+    """How many days back to look for the previous prepared day."""
 
     @model_validator(mode="after")
     def _bounds(self) -> ValidationConfig:
@@ -71,20 +81,34 @@ class GateConfig(Section):
     promotion that loses more than ``tolerance`` of the metric on any of those tasks."""
 
     metric: str = Field("auc", pattern=r"^([A-Za-z][A-Za-z0-9_]*/)?(auc|gauc)$")
+    """The metric compared: ``auc``, ``gauc``, or a task's (``<task>/auc``)."""
     guard_tasks: list[str] = Field(default_factory=list)
+    """Tasks of a multi-task model whose AUC may not drop by more than ``tolerance`` either."""
     tolerance: float = Field(0.002, ge=0.0)
+    """How much worse (absolute metric) a significantly different new model may be and still
+    be promoted."""
     min_metric: float = Field(0.5, ge=0.0, le=1.0)
+    """A floor: a new model below it is never promoted."""
     min_positives: int = Field(30, ge=0)
+    """Fewer held-out positives than this makes the comparison inconclusive."""
     min_negatives: int = Field(30, ge=0)
+    """Fewer held-out negatives than this makes the comparison inconclusive."""
     confidence: float = Field(0.95, gt=0.0, lt=1.0)
+    """Confidence level of DeLong's paired test (0-1, exclusive)."""
     inconclusive: str = Field("keep_champion", pattern="^(keep_champion|promote)$")
+    """What an inconclusive comparison does: ``keep_champion`` or ``promote``."""
     alias: str = "champion"
+    """The registered model's alias the gate moves."""
     window_days: int = Field(1, ge=1)
+    """Days of held-out rows both models are scored on (the day's and the ones before)."""
     max_inconclusive_days: int = Field(14, ge=0)
-    # required: a person approves each promotion the gate decides (Airflow's Human-in-the-loop
-    # task, approve_promotion); no answer within approval_timeout_s keeps the champion
+    """Inconclusive days in a row after which the gate fails loudly (``GateStuckError``;
+    0: never)."""
     approval: Literal["off", "required"] = "off"
+    """``required``: a person approves each promotion in the Airflow UI (Human-in-the-loop
+    task ``approve_promotion``) before the alias moves."""
     approval_timeout_s: float = Field(24 * 3600, gt=0)
+    """Seconds to wait for that answer; none by then keeps the champion."""
 
 
 class TimeoutConfig(Section):
@@ -96,7 +120,9 @@ class TimeoutConfig(Section):
     """
 
     default_s: float = Field(3600, gt=0)
+    """Seconds a task may run when ``tasks`` does not name it."""
     tasks: dict[str, float] = Field(default_factory=lambda: {"train": 6 * 3600, "prepare_features": 2 * 3600})
+    """Seconds by task id (``train``, ``prepare_features``, ``wait_for_pass``, ...)."""
 
     def of(self, task_id: str):
         """The ``timedelta`` for ``task_id``."""
@@ -118,9 +144,13 @@ class TrackingConfig(Section):
     connection naming the server, and how often a task retries when it is unreachable."""
 
     experiment: str | None = None
+    """The MLflow experiment (null: ``model_name``)."""
     mlflow_conn_id: str = "mlflow_default"
+    """The Airflow connection of the MLflow tracking server."""
     retries: int = Field(2, ge=0)
+    """Retries of each task of a scheduled run (a by-hand run: none)."""
     retry_delay_s: float = Field(60, ge=0)
+    """Seconds between a task's tries."""
 
 
 class NotificationConfig(Section):
@@ -131,11 +161,15 @@ class NotificationConfig(Section):
     waiting for a person, ``gate.approval: required``)."""
 
     to: list[str] = Field(default_factory=list)
+    """Recipients' addresses (empty: nobody is mailed)."""
     smtp_conn_id: str = "smtp_default"
+    """The Airflow SMTP connection mail goes through."""
     from_email: str = "recpipe@localhost"
+    """The sender's address."""
     on: list[Literal["failure", "promotion", "rejection", "approval"]] = Field(
         default_factory=lambda: ["failure", "promotion", "rejection", "approval"]
     )
+    """The events that send mail."""
 
 
 class StreamConfig(Section):
@@ -148,7 +182,9 @@ class StreamConfig(Section):
     """
 
     redis_url: str | None = "redis://127.0.0.1:6379/0"
+    """The Redis the exports are pushed to (null: no push)."""
     close_hour: int = Field(23, ge=0, le=23)
+    """The UTC hour whose pass closes the day: whole export, registration, gate (0-23)."""
 
 
 class RetrainConfig(Section):
@@ -160,41 +196,70 @@ class RetrainConfig(Section):
     """
 
     pipeline_config_path: str
+    """The pipeline config (``conf/*.yaml``) the DAG trains, relative to the project home."""
     cluster_config_path: str = "conf/cluster/local.yaml"
+    """The cluster config its jobs run on."""
     model_name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
-    # the DAG: daily (one run a day) or stream (one pass a run, recpipe_stream_retrain's tasks)
+    """The registered model, and the key of everything the model writes (dirs, experiment,
+    Redis keys)."""
     kind: Literal["daily", "stream"] = "daily"
+    """``daily``: one run a day; ``stream``: one pass a run, exported as deltas and pushed."""
     dag_id: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]+$")
-    # a preset (@daily, @hourly, ...) or a cron expression; default @daily / @hourly by kind
+    """The DAG's id (null: ``<model_name>_<kind>``)."""
     schedule: str | None = None
+    """A preset (``@daily``, ``@hourly``, ...) or a cron expression in ``timezone`` (null:
+    ``@daily``, or ``@hourly`` for a stream)."""
     timezone: str = "UTC"
+    """The IANA time zone of the schedule and of ``start_date`` / ``end_date``."""
     start_date: date
+    """The first day the DAG runs for (its midnight in ``timezone``)."""
     end_date: date | None = None
+    """The last (null: none)."""
     catchup: bool = False
+    """Whether the scheduler runs the days missed since ``start_date``."""
     max_active_runs: int = Field(1, ge=1)
+    """Runs at a time (a stream's must be 1: a pass continues from the one before)."""
     owner: str = "recpipe"
+    """The DAG's owner in the Airflow UI."""
     tags: list[str] = Field(default_factory=list)
-    # the Airflow pool the model's job tasks take slots of (None: default_pool), how many
-    # each, and their priority among the models that share the pool
+    """Tags of the DAG in the Airflow UI (``recpipe`` and ``model_name`` are added)."""
     pool: str | None = None
+    """The Airflow pool whose slots the job tasks (train, evaluations, exports) take (null:
+    ``default_pool``)."""
     pool_slots: int = Field(1, ge=1)
+    """Slots each job task takes."""
     priority_weight: int = 1
+    """Priority of this model's tasks when a pool is full."""
     training_window_days: int = Field(7, ge=1)
+    """Day ``ds`` trains on ``[ds - training_window_days + 1, ds]``."""
     retention_days: int = Field(7, ge=1)
+    """Days of model dirs kept under ``runs_dir`` (the champion's always)."""
     runs_dir: str = "var/runs"
+    """Model dirs: ``<runs_dir>/<model_name>/ds=YYYY-MM-DD[/hh=HH]``."""
     export_dir: str = "var/exports"
+    """SavedModels: ``<export_dir>/<model_name>/...``."""
     edit_config_json: dict = Field(default_factory=dict)
-    # the feature job: a session on this Spark Connect server (conn type spark_connect), or
-    # with null a spark-submit on spark_conn_id (a JVM per run)
+    """Overrides of the pipeline config for every run (``section.field: value``, EasyRec's
+    ``--edit_config_json``); a run's own overrides win."""
     spark_connect_conn_id: str | None = "spark_connect_default"
+    """The Spark Connect server the feature job is a session on (null: a ``spark-submit`` on
+    ``spark_conn_id``, a JVM per run)."""
     spark_conn_id: str = "spark_default"
+    """The Spark connection ``spark-submit`` uses when ``spark_connect_conn_id`` is null."""
     sensor: SensorConfig = Field(default_factory=SensorConfig)
+    """Waiting for the day's (or pass's) raw partition."""
     validation: ValidationConfig = Field(default_factory=ValidationConfig)
+    """Checks of the prepared features."""
     gate: GateConfig = Field(default_factory=GateConfig)
+    """Promotion of the new model over the champion."""
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    """MLflow and retries."""
     timeouts: TimeoutConfig = Field(default_factory=TimeoutConfig)
+    """Each task's time limit."""
     stream: StreamConfig = Field(default_factory=StreamConfig)
+    """The stream's push and close (``kind: stream``)."""
     notifications: NotificationConfig = Field(default_factory=NotificationConfig)
+    """Who is mailed about runs and decisions."""
 
     @field_validator("schedule")
     @classmethod
@@ -280,3 +345,27 @@ def load_retrain_config(path) -> RetrainConfig:
     """
 
     return validate(RetrainConfig, read_yaml(path), str(path))
+
+
+def load_retrain_configs(home) -> tuple[dict[Path, RetrainConfig], dict[Path, str]]:
+    """Every retrain config of the deployment (``retrain_config_files``), loaded: ``(the
+    configs that load, by file; the ones that do not, by file, each with its error)``. A
+    config whose ``dag_id`` an earlier file (in name order) already has is an error too.
+    Never raises for a bad file: one model's broken config must not hide the others."""
+    loaded: dict[Path, RetrainConfig] = {}
+    broken: dict[Path, str] = {}
+    owners: dict[str, Path] = {}
+    for path in retrain_config_files(home):
+        try:
+            retrain = load_retrain_config(path)
+        except ConfigError as err:
+            broken[path] = str(err)
+            continue
+        if retrain.effective_dag_id in owners:
+            broken[path] = (
+                f"{path}: dag_id {retrain.effective_dag_id!r} is {owners[retrain.effective_dag_id]}'s"
+            )
+            continue
+        owners[retrain.effective_dag_id] = path
+        loaded[path] = retrain
+    return loaded, broken

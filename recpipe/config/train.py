@@ -19,31 +19,44 @@ class ConstantLearningRate(Section):
     """A fixed learning rate."""
 
     learning_rate: float = Field(0.001, gt=0)
+    """The rate."""
 
 
 class ExponentialDecayLearningRate(Section):
     """lr = initial * decay_factor ** (step / decay_steps), floored at ``min_learning_rate``."""
 
     initial_learning_rate: float = Field(0.001, gt=0)
+    """The rate at step 0."""
     decay_steps: int = Field(10000, gt=0)
+    """Steps per decay by ``decay_factor``."""
     decay_factor: float = Field(0.95, gt=0, le=1)
+    """Factor per ``decay_steps`` (0-1]."""
     staircase: bool = True
+    """Decay in steps (the exponent floored) rather than smoothly."""
     min_learning_rate: float = Field(0.0, ge=0)
+    """The floor."""
 
 
 class LearningRate(OneOf):
     """Learning-rate schedule, with an optional linear warmup from ``warmup_learning_rate``."""
 
     constant_learning_rate: ConstantLearningRate | None = None
+    """A fixed rate."""
     exponential_decay_learning_rate: ExponentialDecayLearningRate | None = None
+    """An exponentially decaying rate."""
 
 
 class _Optimizer(Section):
+    """The learning rate and its warmup (every optimizer has them)."""
+
     learning_rate: LearningRate = Field(
         default_factory=lambda: LearningRate(constant_learning_rate=ConstantLearningRate())
     )
+    """The learning-rate schedule."""
     warmup_steps: int = Field(0, ge=0)
+    """Steps of linear warmup to the schedule's rate (0: none)."""
     warmup_learning_rate: float = Field(0.0, ge=0)
+    """The rate the warmup starts from."""
 
 
 class SgdOptimizer(_Optimizer):
@@ -54,6 +67,7 @@ class MomentumOptimizer(_Optimizer):
     """SGD with momentum ``momentum_optimizer_value``."""
 
     momentum_optimizer_value: float = Field(0.9, ge=0, lt=1)
+    """The momentum [0, 1)."""
 
 
 class AdagradOptimizer(_Optimizer):
@@ -61,14 +75,18 @@ class AdagradOptimizer(_Optimizer):
     sparse by nature: a table's rows not in the batch are left alone."""
 
     initial_accumulator_value: float = Field(0.1, ge=0)
+    """The accumulators' start."""
 
 
 class AdamOptimizer(_Optimizer):
     """Adam (Kingma and Ba, 2015)."""
 
     beta1: float = Field(0.9, ge=0, lt=1)
+    """Decay of the first moment [0, 1)."""
     beta2: float = Field(0.999, ge=0, lt=1)
+    """Decay of the second moment [0, 1)."""
     epsilon: float = Field(1e-7, gt=0)
+    """Added to the denominator for stability."""
 
 
 class LazyAdamOptimizer(AdamOptimizer):
@@ -81,6 +99,7 @@ class AdamWOptimizer(AdamOptimizer):
     """Adam with decoupled weight decay (Loshchilov and Hutter, 2019)."""
 
     weight_decay: float = Field(1e-4, ge=0)
+    """Decoupled weight decay per step, relative to the learning rate."""
 
 
 class FtrlOptimizer(_Optimizer):
@@ -88,21 +107,32 @@ class FtrlOptimizer(_Optimizer):
     only the rows in the batch."""
 
     learning_rate_power: float = Field(-0.5, le=0)
+    """The power of the per-coordinate rate (at most 0; -0.5 as in the paper)."""
     initial_accumulator_value: float = Field(0.1, ge=0)
+    """The accumulators' start."""
     l1_reg: float = Field(0.0, ge=0)
+    """L1 strength (sparsity)."""
     l2_reg: float = Field(0.0, ge=0)
+    """L2 strength."""
 
 
 class OptimizerConfig(OneOf):
     """One ``optimizer_config`` entry: exactly one optimizer."""
 
     sgd_optimizer: SgdOptimizer | None = None
+    """Plain SGD."""
     momentum_optimizer: MomentumOptimizer | None = None
+    """SGD with momentum."""
     adagrad_optimizer: AdagradOptimizer | None = None
+    """Adagrad (sparse on tables)."""
     adam_optimizer: AdamOptimizer | None = None
+    """Adam."""
     lazy_adam_optimizer: LazyAdamOptimizer | None = None
+    """Adam moving only the table rows a batch looks up (needed for deltas)."""
     adamw_optimizer: AdamWOptimizer | None = None
+    """Adam with decoupled weight decay."""
     ftrl_optimizer: FtrlOptimizer | None = None
+    """FTRL-Proximal (sparse on tables)."""
 
 
 class TrainDistribute(StrEnum):
@@ -156,35 +186,49 @@ class TrainConfig(Section):
     """EasyRec ``train_config``."""
 
     log_step_count_steps: int = Field(10, gt=0)
+    """Steps between the loss lines in the log and ``train_metrics.jsonl``."""
     optimizer_config: list[OptimizerConfig] = Field(
         default_factory=lambda: [OptimizerConfig(adam_optimizer=AdamOptimizer())],
         min_length=1,
         max_length=3,
     )
+    """One to three optimizers: the first for embeddings, the second for dense weights (a
+    third: WideAndDeep's deep embeddings)."""
     sync_replicas: bool = False
-    # parameter-server update mode (PaddleRec's sync_mode); None: EasyRec's sync_replicas decides
+    """EasyRec's synchronous parameter-server training (``sync_mode: sync``)."""
     sync_mode: SyncMode | None = None
-    # geo: local batches between two pushes of a worker's parameter change (PaddleRec's geo_step)
+    """PaddleRec's parameter-server mode: ``sync``, ``async``, ``half_async``, ``geo`` (null:
+    ``sync_replicas`` decides)."""
     geo_step: int = Field(100, gt=0)
-    # half_async: gradient steps merged into one update (PaddleRec's communicator's
-    # max_merge_var_num); None: the number of workers
+    """``geo``: local batches between two pushes of a worker's change."""
     max_merge_var_num: int | None = Field(None, gt=0)
+    """``half_async``: gradient steps merged into one update (null: the worker count)."""
     train_distribute: TrainDistribute = TrainDistribute.NoStrategy
+    """``NoStrategy``, ``PSStrategy``, ``MirroredStrategy``, ``MultiWorkerMirroredStrategy``,
+    ``HorovodStrategy``, ``EmbeddingParallelStrategy`` or ``SokStrategy``."""
     num_gpus_per_worker: int = Field(1, ge=0)
+    """``MirroredStrategy``'s replicas on one machine."""
     num_steps: int | None = Field(None, gt=0)
+    """The most global steps (null: no limit); training also ends after
+    ``data_config.num_epochs``."""
     fine_tune_checkpoint: str | None = None
+    """A checkpoint (or model dir) to start from when ``model_dir`` has none."""
     fine_tune_ckpt_var_map: str | None = None
+    """A file of ``name_in_model<TAB>name_in_checkpoint`` lines for renamed variables."""
     save_checkpoints_steps: int | None = Field(None, gt=0)
+    """Steps between checkpoints (1000 when neither this nor ``save_checkpoints_secs`` is set)."""
     save_checkpoints_secs: int | None = Field(None, gt=0)
+    """Seconds between checkpoints instead."""
     keep_checkpoint_max: int = Field(10, gt=0)
+    """Checkpoints kept in ``model_dir``."""
     save_summary_steps: int = Field(1000, gt=0)
-    # seeds initialisation and the input order: the same seed, config and data give the same
-    # model, except asynchronous parameter-server training (its step order is the servers')
+    """Steps between TensorBoard summaries."""
     random_seed: int = Field(0, ge=0)
-    # TensorFlow's op determinism (tf.config.experimental.enable_op_determinism): ops that
-    # would add in thread order take a fixed order instead; on CPU it costs little (bench/
-    # determinism.py), on GPU more. Process-wide: once on, it stays on in that process.
+    """Seeds initialisation and the input order: the same seed, config and data give the same
+    model (asynchronous parameter-server training aside)."""
     op_determinism: bool = True
+    """TensorFlow's op determinism: ops that would add in thread order take a fixed order
+    (little cost on CPU, more on GPU; process-wide once on)."""
 
     @model_validator(mode="after")
     def _checkpoint_cadence(self) -> TrainConfig:

@@ -142,6 +142,14 @@ def test_apply_edits_creates_missing_sections():
             {"feature_config.features[input_names=age].ev_params": {}},
             "ev_params: RawFeature 'age' has no table",
         ),
+        (
+            {"eval_config.metrics_set": [{"auc": {"num_thresholds": 1000}}]},
+            "eval_config.metrics_set[0].auc.num_thresholds: recpipe computes the exact AUC",
+        ),
+        (
+            {"model_config.deepfm.final_dnn": {"hidden_units": [8]}},
+            "model_config.deepfm.final_dnn: recpipe's DeepFM sums",
+        ),
     ],
 )
 def test_invalid_values_name_file_and_field(edits, message):
@@ -291,3 +299,64 @@ def test_easyrec_exporters_that_recpipe_does_not_run_are_refused_saying_so():
             load_pipeline_config(ML, edits)
         assert f"{field}: " in str(err.value) and "not support" in str(err.value), str(err.value)
     assert load_pipeline_config(ML, {"export_config.exports_to_keep": 3}).export_config.exports_to_keep == 3
+
+
+def test_a_folder_of_retrain_configs_loads_each_alone(tmp_path, monkeypatch):
+    # a broken file and a second claim to a dag_id are errors of their own files; the rest load
+    from recpipe.config.retrain import RETRAIN_CONFIGS_VARIABLE, load_retrain_configs
+
+    shipped = (ROOT / "conf/retrain/movielens_daily.yaml").read_text()
+    (tmp_path / "a.yaml").write_text(shipped)
+    (tmp_path / "b.yaml").write_text(shipped)  # the same dag_id
+    (tmp_path / "c.yaml").write_text(shipped.replace("retention_days: 7", "retention_days: -1"))
+    (tmp_path / "notes.txt").write_text("not a config")
+    monkeypatch.setenv(RETRAIN_CONFIGS_VARIABLE, str(tmp_path))
+    loaded, broken = load_retrain_configs(ROOT)
+    assert list(loaded) == [tmp_path / "a.yaml"]
+    assert list(broken) == [tmp_path / "b.yaml", tmp_path / "c.yaml"]
+    twice = broken[tmp_path / "b.yaml"]
+    assert "'recpipe_daily_retrain'" in twice and "a.yaml" in twice
+    assert "retention_days" in broken[tmp_path / "c.yaml"]
+
+
+# fields no code reads by name: refused when set (a validator says why), a oneof's options
+# (read through OneOf.which / value), or an alias
+REFUSED = {
+    "best_exporter_metric",
+    "exporter_type",
+    "num_thresholds",
+    "final_dnn",
+    "num_class",
+}  # num_class: 1 only
+BY_ONEOF = {"exponential_decay_learning_rate", "constant_learning_rate", "model_config"}
+
+
+def test_every_accepted_field_is_read_or_refused():
+    # by name, over the code that consumes configs (a field some class reads elsewhere counts):
+    # `.name`, "name" or getattr(..., "name") outside the line that declares it
+    import re
+
+    from recpipe.config.reference import ROOTS, rows
+
+    code = []
+    for folder in ("trainer", "features", "operators", "recpipe", "dags"):
+        for path in (ROOT / folder).rglob("*.py"):
+            if path.name != "reference.py":
+                code += [line for line in path.read_text().splitlines() if not re.match(r"\s+\w+: .*=", line)]
+    text = "\n".join(code)
+    names = {row.path.rsplit(".", 1)[-1] for model in ROOTS.values() for row in rows(model)}
+    unread = sorted(n for n in names - REFUSED - BY_ONEOF if not re.search(rf"\.{n}\b|[\"']{n}[\"']", text))
+    assert unread == []
+    # the refused ones are refused
+    for edits in (
+        {"export_config.exporter_type": "best"},
+        {"export_config.best_exporter_metric": "auc"},
+        {"model_config.deepfm.final_dnn": {"hidden_units": [8]}},
+        {"eval_config.metrics_set": [{"auc": {"num_thresholds": 100}}]},
+        {
+            "model_config.model_class": "MMoE",
+            "model_config.mmoe": {"task_towers": [{"tower_name": "a", "num_class": 2}]},
+        },
+    ):
+        with pytest.raises(ConfigError):
+            load_pipeline_config(ML, edits)

@@ -79,7 +79,7 @@ def build_model(config: PipelineConfig, sharding=None, key_union=None) -> Rankin
             raise ModelConfigError(
                 f"model_config: DeepFM's FM needs one embedding_dim in the deep group, got {dims}"
             )
-        tower = DeepFMTower(sub.dnn, name="tower")
+        tower, wide_dim = DeepFMTower(sub.dnn, name="tower"), sub.wide_output_dim
     elif cls == ModelClass.DLRM:
         sub = mc.dlrm or DLRMModel()
         if len(dims) != 1 or sub.bot_dnn.hidden_units[-1] not in dims:

@@ -1,0 +1,191 @@
+"""The config reference, rendered from the pydantic models themselves: every field of the
+pipeline, retrain and cluster configs with its type, default, allowed values and meaning (the
+string under each field, ``Section``'s attribute docstrings). ``docs/hooks/reference.py``
+puts it in the docs, so a page cannot describe a field the code does not have."""
+
+from __future__ import annotations
+
+import enum
+import types
+import typing
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo, PydanticUndefined
+
+from recpipe.config.cluster import ClusterConfig
+from recpipe.config.pipeline import PipelineConfig
+from recpipe.config.retrain import RetrainConfig
+
+ROOTS: dict[str, type[BaseModel]] = {
+    "pipeline": PipelineConfig,
+    "retrain": RetrainConfig,
+    "cluster": ClusterConfig,
+}
+
+
+@dataclass(frozen=True)
+class Row:
+    """One field of a config: its dotted ``path`` (``[]`` marks a list's entries), the class
+    that declares it, and its type, default, constraints and description as text."""
+
+    path: str
+    owner: str
+    type: str
+    default: str
+    allowed: str
+    description: str
+
+
+def _sections(annotation) -> list[type[BaseModel]]:
+    """The model classes inside ``annotation`` (``X``, ``X | None``, ``list[X]``)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in _sections(arg)]
+
+
+def _is_list(annotation) -> bool:
+    if typing.get_origin(annotation) is list:
+        return True
+    return any(_is_list(a) for a in typing.get_args(annotation) if typing.get_origin(annotation) is not list)
+
+
+def _type(annotation) -> str:
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join("null" if a is type(None) else _type(a) for a in typing.get_args(annotation))
+    if origin is typing.Literal:
+        return "one of " + ", ".join(str(a) for a in typing.get_args(annotation))
+    if origin in (list, dict):
+        return f"{origin.__name__}[{', '.join(_type(a) for a in typing.get_args(annotation))}]"
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        return "one of " + ", ".join(m.value for m in annotation)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return "section"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def _default(info: FieldInfo) -> str:
+    if info.is_required():
+        return "required"
+    value = info.default_factory() if info.default is PydanticUndefined else info.default
+    if isinstance(value, BaseModel):
+        return "(its defaults)"
+    if isinstance(value, list) and value and isinstance(value[0], BaseModel):
+        return "(see the page)"
+    if isinstance(value, enum.Enum):
+        value = value.value
+    return (
+        "null"
+        if value is None
+        else repr(value)
+        if isinstance(value, str)
+        else str(value).lower()
+        if isinstance(value, bool)
+        else str(value)
+    )
+
+
+_BOUNDS = {"gt": ">", "ge": ">=", "lt": "<", "le": "<=", "min_length": "at least", "max_length": "at most"}
+
+
+def _allowed(info: FieldInfo) -> str:
+    parts = []
+    for meta in info.metadata:
+        for attr, word in _BOUNDS.items():
+            value = getattr(meta, attr, None)
+            if value is not None:
+                parts.append(f"{word} {value}" + (" entries" if "length" in attr else ""))
+        pattern = getattr(meta, "pattern", None)
+        if pattern:
+            parts.append(f"matches `{pattern}`")
+    return "; ".join(parts)
+
+
+def rows(model: type[BaseModel], prefix: str = "") -> Iterator[Row]:
+    """Every field of ``model`` and of the sections below it, depth first, in declaration
+    order. A section used in several places is listed under each path."""
+    for name, info in model.model_fields.items():
+        key = info.alias or name
+        path = f"{prefix}{key}"
+        yield Row(
+            path=path,
+            owner=model.__name__,
+            type=_type(info.annotation),
+            default=_default(info),
+            allowed=_allowed(info),
+            description=" ".join((info.description or "").split()),
+        )
+        for section in _sections(info.annotation):
+            yield from rows(section, f"{path}{'[]' if _is_list(info.annotation) else ''}.")
+
+
+def missing_descriptions() -> list[str]:
+    """``Class.field`` of every field of the three configs without a description."""
+    seen = set()
+    for model in ROOTS.values():
+        for row in rows(model):
+            if not row.description:
+                seen.add(f"{row.owner}.{row.path.rsplit('.', 1)[-1]}")
+    return sorted(seen)
+
+
+def _classes(kind: str) -> dict[type[BaseModel], list[str]]:
+    """The sections of a config, in the order the tree first reaches them, each with the
+    paths it is found at."""
+    found: dict[type[BaseModel], list[str]] = {ROOTS[kind]: []}
+    for row in rows(ROOTS[kind]):
+        model = _owner_of(kind, row.path)
+        if model is not None:
+            found.setdefault(model, []).append(row.path)
+    return found
+
+
+def _owner_of(kind: str, path: str) -> type[BaseModel] | None:
+    """The section class at ``path`` (None: a plain field)."""
+    model: type[BaseModel] | None = ROOTS[kind]
+    for key in path.replace("[]", "").split("."):
+        info = next((i for n, i in model.model_fields.items() if (i.alias or n) == key), None)
+        inner = _sections(info.annotation) if info else []
+        model = inner[0] if inner else None
+        if model is None:
+            return None
+    return model
+
+
+def markdown(kind: str) -> str:
+    """The reference of one config (``pipeline``, ``retrain`` or ``cluster``): a table per
+    section (its fields: type, default, what is allowed, meaning), each headed by the paths
+    where the section appears.
+
+    Raises:
+        KeyError: another ``kind``.
+    """
+    out = []
+    for model, paths in _classes(kind).items():
+        doc = (model.__doc__ or "").strip().split("\n\n")[0]
+        where = ", ".join(f"`{p}`" for p in paths[:6]) + (
+            f" and {len(paths) - 6} more" if len(paths) > 6 else ""
+        )
+        where = f"At {where}." if paths else "The file's top level."
+        out += [f"### {model.__name__}", "", f"{where} {' '.join(doc.split())}", ""]
+        out += ["| field | type | default | allowed | meaning |", "|---|---|---|---|---|"]
+        for name, info in model.model_fields.items():
+            inner = _sections(info.annotation)
+            kind_text = _type(info.annotation)
+            if inner:
+                links = ", ".join(f"[{m.__name__}](#{m.__name__.lower()})" for m in inner)
+                kind_text = kind_text.replace("section", links, 1) if "section" in kind_text else links
+            default = _default(info)
+            default = default if default.startswith("(") else f"`{default}`"
+            meaning = " ".join((info.description or "").split())
+            cells = [f"`{info.alias or name}`", kind_text, default, _allowed(info), meaning]
+            out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def field_paths() -> set[str]:
+    """Every dotted path of every config (``[]`` removed), for checks of what pages name."""
+    return {row.path.replace("[]", "") for model in ROOTS.values() for row in rows(model)}
