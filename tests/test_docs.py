@@ -93,3 +93,22 @@ def test_the_config_reference_is_the_codes_and_a_page_naming_a_missing_field_fai
         render("set `feature_config.features[0].embeding_dim`", "a.md")
     with pytest.raises(PluginError, match="config_reference 'model'"):
         render("{{ config_reference model }}", "a.md")
+
+
+def test_the_cli_reference_is_the_parsers_help_and_a_page_naming_a_missing_flag_fails():
+    import pytest
+    from mkdocs.exceptions import PluginError
+
+    sys.path.insert(0, str(ROOT / "docs" / "hooks"))
+    from cli import commands, render
+
+    assert {("train",), ("serve", "push"), ("champion", "rollback"), ("runs", "compare")} <= set(commands())
+    page = render("{{ cli_help }}", "a.md")
+    assert "### recpipe serve push" in page and "--section.field=value" in page
+    # flags of the command named, overrides of config fields with '='
+    fine = "`recpipe train --pipeline_config_path c.yaml --train_ds=1997-09-20 --train_config.num_steps=5`"
+    assert render(fine, "a.md") == fine
+    with pytest.raises(PluginError, match="a.md: no such flag: recpipe train --train_ds"):
+        render("`recpipe train --pipeline_config_path c.yaml --train_ds 1997-09-20`", "a.md")
+    with pytest.raises(PluginError, match="recpipe serve push --nope"):
+        render("```\nrecpipe serve push --nope\n```", "a.md")
