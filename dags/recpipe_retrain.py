@@ -6,36 +6,27 @@ from a folder of configs): every ``*.yaml`` under ``$RECPIPE_RETRAIN_CONFIGS`` (
 zone, pool and tags.
 
 A config that does not load (bad YAML, a field out of range, a pipeline config that fails
-its checks) becomes a DAG of its own, ``<file stem>_config_error`` (tag ``config-error``,
-no schedule), whose description and docs hold the error and whose one task fails with it;
-the other configs' DAGs are built and keep scheduling. Wiring only: parsing this file
-imports neither TensorFlow nor Spark. (It names Airflow and DAG here because Airflow's safe
-mode parses only the files that say "airflow" and "dag".)
+its checks, a ``dag_id`` an earlier file has) is left out here and is the import error of
+``dags/recpipe_retrain_configs.py``, which names each such file and its error. Not this
+file's: Airflow schedules none of a file's DAGs while the file has an import error, and the
+other models must keep scheduling. Wiring only: parsing this file imports neither
+TensorFlow nor Spark. (It names Airflow and DAG here because Airflow's safe mode parses only
+the files that say "airflow" and "dag".)
 """
 
 from __future__ import annotations
 
-from operators.config_error import config_error_dag
 from operators.daily_dag import daily_retrain_dag
 from operators.paths import project_home
 from operators.stream_dag import stream_retrain_dag
-from recpipe.config.errors import ConfigError
-from recpipe.config.retrain import load_retrain_config, retrain_config_files
+from recpipe.config.retrain import load_retrain_configs
 
 HOME = project_home()
 BUILDERS = {"daily": daily_retrain_dag, "stream": stream_retrain_dag}
 
 SOURCES: dict[str, str] = {}  # dag_id -> the config that defines it
 
-for path in retrain_config_files(HOME):
-    try:
-        retrain = load_retrain_config(path)
-        if retrain.effective_dag_id in SOURCES:
-            raise ConfigError(
-                f"{path}: dag_id {retrain.effective_dag_id!r} is {SOURCES[retrain.effective_dag_id]}'s"
-            )
-        dag = BUILDERS[retrain.kind](HOME, retrain, doc_md=f"Retrain config: `{path}`\n\n" + __doc__)
-    except ConfigError as err:  # this model's DAG shows the error; the others still load
-        dag = config_error_dag(path, err)
+for path, retrain in load_retrain_configs(HOME)[0].items():
+    dag = BUILDERS[retrain.kind](HOME, retrain, doc_md=f"Retrain config: `{path}`\n\n" + __doc__)
     SOURCES[dag.dag_id] = str(path)
     globals()[dag.dag_id] = dag

@@ -28,6 +28,7 @@ from airflow_client.client import ApiClient, Configuration
 from airflow_client.client.api.backfill_api import BackfillApi
 from airflow_client.client.api.dag_api import DAGApi
 from airflow_client.client.api.dag_run_api import DagRunApi
+from airflow_client.client.api.import_error_api import ImportErrorApi
 from airflow_client.client.api.pool_api import PoolApi
 from airflow_client.client.api.task_instance_api import TaskInstanceApi
 from airflow_client.client.api.x_com_api import XComApi
@@ -62,7 +63,8 @@ class Api:
         airflow_home: where the simple auth manager writes its generated passwords.
 
     Attributes:
-        dags, dag_runs, task_instances_api, backfills, xcoms, pools: the client's API objects, for what
+        dags, dag_runs, task_instances_api, backfills, xcoms, pools, import_errors_api: the
+            client's API objects, for what
             the methods below do not cover.
     """
 
@@ -78,7 +80,7 @@ class Api:
             BackfillApi(client),
             XComApi(client),
         )
-        self.pools = PoolApi(client)
+        self.pools, self.import_errors_api = PoolApi(client), ImportErrorApi(client)
 
     def login(self, timeout: float = 180) -> str:
         """Wait up to ``timeout`` seconds for the api-server and get a token (the simple auth
@@ -110,6 +112,27 @@ class Api:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(2)
+
+    def import_errors(self) -> dict[str, str]:
+        """The DAG files that failed to import: ``{file name: its error}`` (the UI's Import
+        Errors)."""
+        found = self.import_errors_api.get_import_errors(limit=100).import_errors
+        return {e.filename: e.stack_trace for e in found}
+
+    def wait_for_import_error(self, file_name: str, timeout: float = 240) -> str:
+        """The import error of the DAG file ``file_name`` once the dag-processor has recorded it.
+
+        Raises:
+            TimeoutError: none after ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            found = {k: v for k, v in self.import_errors().items() if k.endswith(file_name)}
+            if found:
+                return next(iter(found.values()))
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no import error of {file_name} after {timeout:.0f} s")
+            time.sleep(3)
 
     def dag(self, dag_id: str) -> dict:
         """The DAG (``is_paused``, ...)."""

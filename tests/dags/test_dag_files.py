@@ -1,5 +1,5 @@
 """The DAG files parse in a fresh interpreter without TensorFlow or Spark, one DAG per retrain
-config of the folder (a broken one a DAG showing its error, the others unharmed), wire the
+config of the folder (a broken one an import error that names it, the others unharmed), wire the
 tasks in order, and the manual DAG's Params validate a trigger's conf (JSON schema, path
 confinement)."""
 
@@ -43,9 +43,6 @@ out["din"] = {
         for cb in din.task_dict["register_and_gate"].on_success_callback or []
     ],
 }
-broken = bag.dags["broken_config_error"]
-out["broken"] = {"tags": sorted(broken.tags), "schedule": str(broken.timetable), "doc": broken.doc_md,
-                 "tasks": sorted(broken.task_dict)}
 out["params"] = {}
 manual = bag.dags["recpipe_train"]
 for name, conf in json.loads(sys.argv[1]).items():
@@ -114,10 +111,9 @@ def probe(stack, tmp_path_factory):
     return json.loads(line[0][5:])
 
 
-def test_dags_import_without_errors_or_heavy_imports(probe):
-    assert probe["errors"] == {}
+def test_dags_import_without_heavy_imports_and_only_the_broken_config_fails(probe):
+    assert [name.rsplit("/", 1)[-1] for name in probe["errors"]] == ["recpipe_retrain_configs.py"]
     assert probe["dags"] == [
-        "broken_config_error",
         "movielens_din_daily",
         "recpipe_champion",
         "recpipe_daily_retrain",
@@ -140,11 +136,12 @@ def test_each_config_is_its_own_dag_with_its_schedule_zone_and_pool(probe):
     assert din["notify"] == [["DecisionNotifier", ["promotion"], ["ranking@example.com"]]]
 
 
-def test_a_broken_config_is_a_dag_that_shows_its_error(probe):
-    broken = probe["broken"]
-    assert broken["tags"] == ["config-error", "recpipe"] and broken["tasks"] == ["config_error"]
-    assert "broken.yaml" in broken["doc"] and "gate.tolerance" in broken["doc"]
-    assert broken["schedule"].endswith("NullTimetable") or "Null" in broken["schedule"]
+def test_a_broken_config_is_an_import_error_that_names_it_and_its_field(probe):
+    # its own file's error: Airflow schedules no DAG of a file with an import error, and the
+    # models whose configs load are in dags/recpipe_retrain.py
+    (error,) = probe["errors"].values()
+    assert "broken.yaml" in error and "gate.tolerance" in error
+    assert "din.yaml" not in error and "daily.yaml" not in error
 
 
 def test_daily_dag_wiring(probe):

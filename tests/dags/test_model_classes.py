@@ -1,15 +1,17 @@
-"""Two models beyond DeepFM in one deployment, under one running scheduler (LocalExecutor):
-``conf/movielens_din.yaml`` (the Spark job carries each user's history from day to day) and
-``conf/movielens_mmoe.yaml`` (two tasks: each task's metrics reach MLflow and the daily table,
-and the gate reads ``like/auc``), each its own DAG from its own retrain config, on its own
-schedule, two days each as backfills running at once, their TensorFlow jobs sharing an
-Airflow pool of one training slot; a third, broken config in the folder becomes a DAG that
-shows its error while the two models run. Each model promotes its own champion and writes
-only its own dirs and runs."""
+"""Three models in one deployment, under one running scheduler (LocalExecutor):
+``conf/movielens_din.yaml`` daily (the Spark job carries each user's history from day to day),
+``conf/movielens_mmoe.yaml`` daily on weekdays (two tasks: each task's metrics reach MLflow and
+the daily table, and the gate reads ``like/auc``) and a stream model (two hourly passes of
+click logs, the second closing the day), each its own DAG from its own retrain config, their
+backfills running at once, their TensorFlow jobs sharing an Airflow pool of one training
+slot; a fourth, broken config in the folder is an import error in the UI, naming it, while
+the three run. Each model promotes its own champion and writes only its own dirs, runs and
+Redis keys."""
 
 from __future__ import annotations
 
 import json
+import uuid
 from datetime import datetime
 
 import pyarrow.parquet as pq
@@ -17,11 +19,14 @@ import pytest
 import yaml
 
 from tests.dags.conftest import DAYS, new_stack
+from tests.support import ROOT, write_click_log
 
 pytestmark = pytest.mark.slow
 
 EDITS = {"data_config.num_epochs": 1}  # (new_stack trains without the sidecar evaluator)
 MODELS = {"din": "movielens_din_test", "mmoe": "movielens_mmoe_test"}
+STREAM_DAG = "stream_passes"
+PASSES = [f"{DAYS[0]}T19:00", f"{DAYS[0]}T20:00"]  # the second closes the day
 MMOE_GATE = {
     "metric": "like/auc",
     "guard_tasks": ["rated_high"],
@@ -65,6 +70,8 @@ def models(movielens_raw, tmp_path_factory) -> dict:
             "model_dir": str(var / f"model_{kind}"),
         }
         (folder / f"{kind}.yaml").write_text(yaml.safe_dump(config))
+    stream = _stream_config(movielens_raw, var, common)
+    (folder / "stream.yaml").write_text(yaml.safe_dump(stream))
     (folder / "broken.yaml").write_text(
         yaml.safe_dump({**common, "model_name": "broken", "retention_days": 0})
     )
@@ -73,43 +80,101 @@ def models(movielens_raw, tmp_path_factory) -> dict:
     states, tasks = {}, {}
     with deployment(env, base / "airflow", extra_env=extra) as api:
         api.set_pool("training", 1, "the cluster's one training slot")
-        broken = api.wait_for_dag("broken_config_error")
-        for kind in MODELS:
-            api.wait_for_dag(f"{kind}_daily")
-            _create_backfill(api, f"{kind}_daily", DAYS[:2], print)
-        for kind in MODELS:
-            states[kind] = follow_runs(api, f"{kind}_daily", DAYS[:2], 1800, print)
-            tasks[kind] = [
-                t
-                for r in api.runs(f"{kind}_daily")
-                for t in api.task_instances(f"{kind}_daily", r["dag_run_id"])
-            ]
+        broken = api.wait_for_import_error("recpipe_retrain_configs.py")
+        runs = {f"{kind}_daily": DAYS[:2] for kind in MODELS} | {STREAM_DAG: PASSES}
+        for dag_id, days in runs.items():
+            api.wait_for_dag(dag_id)
+            _create_backfill(api, dag_id, days, print)
+        for dag_id, days in runs.items():
+            states[dag_id] = follow_runs(api, dag_id, days, 1800, print)
+            tasks[dag_id] = [t for r in api.runs(dag_id) for t in api.task_instances(dag_id, r["dag_run_id"])]
     for model in MODELS.values():
         runs = var / "runs" / model
         second = json.loads((runs / f"ds={DAYS[1]}" / "train_result.json").read_text())
         assert second["fine_tune_checkpoint"] == str(runs / f"ds={DAYS[0]}")
         assert second["fine_tune"]["restored"] > 10 and not second["fine_tune"]["missing"]
-    return {**stack, "states": states, "tasks": tasks, "broken": broken}
+    store = _store(stream["model_name"])
+    yield {**stack, "states": states, "tasks": tasks, "broken": broken, "stream": stream, "store": store}
+    for key in store["client"].scan_iter(match=f"recpipe:{stream['model_name']}:*"):
+        store["client"].delete(key)
 
 
-def test_each_model_runs_as_its_own_dag_and_a_broken_config_harms_neither(models):
-    assert models["states"] == {kind: dict.fromkeys(DAYS[:2], "success") for kind in MODELS}
-    assert "config-error" in [t["name"] for t in models["broken"]["tags"]]
-    assert "retention_days" in (models["broken"].get("description") or "")
+def _stream_config(movielens_raw, var, common: dict) -> dict:
+    """The shipped stream config on two passes of click logs (400 pairs each, clicks by
+    occupation), in the deployment's runs and export dirs, a Redis key space of its own."""
+    write_click_log(
+        movielens_raw, var / "raw_stream", [p.replace("T", "/")[:13] for p in PASSES], 400, 0.7, 0.15
+    )
+    stream = yaml.safe_load((ROOT / "conf/retrain/movielens_stream.yaml").read_text())
+    stream.update(
+        model_name=f"movielens_stream_test_{uuid.uuid4().hex[:6]}",  # its Redis keys
+        dag_id=STREAM_DAG,
+        start_date=DAYS[0],
+        runs_dir=common["runs_dir"],
+        export_dir=common["export_dir"],
+        pool="training",
+        tags=["stream"],
+        sensor={"mode": "reschedule", "poke_interval_s": 1, "timeout_s": 30},
+        tracking={"retries": 0},
+        gate={"min_metric": 0.0, "inconclusive": "promote", "tolerance": 0.02},
+    )
+    stream["stream"]["close_hour"] = int(PASSES[-1][11:13])
+    stream["edit_config_json"].update(
+        {
+            "raw_input_path": str(var / "raw_stream" / "events"),
+            "train_input_path": str(var / "features_stream"),
+            "model_dir": str(var / "model_stream"),
+        }
+    )
+    return stream
+
+
+def _store(model: str) -> dict:
+    """What Redis holds: the export the stream model's key space serves, its rows, and every
+    recpipe key space present."""
+    import redis
+
+    from recpipe.exports.store import applied, read_rows
+
+    client = redis.Redis(host="127.0.0.1", port=6379)
+    spaces = {key.decode().split(":")[1] for key in client.scan_iter(match="recpipe:*")}
+    return {"client": client, "applied": applied(client, model), "rows": read_rows(client, model, "user_id"),
+            "spaces": spaces}  # fmt: skip
+
+
+def test_each_model_runs_as_its_own_dag_and_a_broken_config_harms_none(models):
+    assert models["states"] == {
+        **{f"{kind}_daily": dict.fromkeys(DAYS[:2], "success") for kind in MODELS},
+        STREAM_DAG: dict.fromkeys(PASSES, "success"),
+    }
+    assert "broken.yaml" in models["broken"] and "retention_days" in models["broken"]
+    assert "din.yaml" not in models["broken"] and "mmoe.yaml" not in models["broken"]
 
 
 def test_the_models_training_jobs_took_the_pools_one_slot_in_turn(models):
-    jobs = [t for kind in MODELS for t in models["tasks"][kind] if t["pool"] == "training"]
+    # those that ran (a pass that does not close the day skips the close's jobs: a skipped
+    # task's start and end are the moment it was skipped, and it held no slot)
+    jobs = [
+        t
+        for tasks in models["tasks"].values()
+        for t in tasks
+        if t["pool"] == "training" and t["state"] in ("success", "failed")
+    ]
     assert {t["task_id"] for t in jobs} >= {"train", "evaluate", "evaluate_champion", "export"}
     spans = sorted(
-        (datetime.fromisoformat(t["start_date"]), datetime.fromisoformat(t["end_date"]), t["dag_id"])
+        (
+            datetime.fromisoformat(t["start_date"]),
+            datetime.fromisoformat(t["end_date"]),
+            t["dag_id"],
+            t["task_id"],
+        )
         for t in jobs
     )
-    assert len({dag for *_, dag in spans}) == 2
-    for (_, end, _), (start, _, _) in zip(spans, spans[1:], strict=False):
-        assert start >= end  # never two at once
+    assert len({span[2] for span in spans}) == 3
+    for first, second in zip(spans, spans[1:], strict=False):
+        assert second[0] >= first[1], (first, second)  # never two at once
     assert {
-        t["pool"] for kind in MODELS for t in models["tasks"][kind] if t["task_id"] == "validate_features"
+        t["pool"] for tasks in models["tasks"].values() for t in tasks if t["task_id"] == "validate_features"
     } == {"default_pool"}
 
 
@@ -119,13 +184,31 @@ def test_each_model_promotes_its_own_champion_in_its_own_experiment(models):
     from recpipe.champion import current
 
     client = MlflowClient(models["tracking_uri"])
-    for model in MODELS.values():
+    names = [*MODELS.values(), models["stream"]["model_name"]]
+    for model in names:
         champion = current(client, model)
         assert champion is not None and champion.tags["model_dir"].startswith(
             str(models["var"] / "runs" / model)
         )
         assert client.get_experiment_by_name(model) is not None
-    assert {d.name for d in (models["var"] / "runs").iterdir()} == set(MODELS.values())
+    assert {d.name for d in (models["var"] / "runs").iterdir()} == set(names)
+    assert {d.name for d in (models["var"] / "exports").iterdir()} == set(names)
+
+
+def test_the_stream_model_serves_its_days_last_pass_from_its_own_redis_keys(models):
+    from recpipe.exports.files import apply, chain, read_params
+
+    store, model = models["store"], models["stream"]["model_name"]
+    exports = chain(models["var"] / "exports" / model / DAYS[0])
+    assert store["applied"]["day"] == DAYS[0]
+    assert store["applied"]["name"] == exports[-1].name  # the close's export
+    params = read_params(exports[0])
+    for export in exports[1:]:
+        params = apply(params, read_params(export))
+    served = set(params.tables["user_id"].ids.tolist())
+    assert served and set(store["rows"]) == served
+    # the daily models push nothing: no key space of theirs
+    assert not {*MODELS.values()} & store["spaces"] and model in store["spaces"]
 
 
 def _parents(stack, model: str) -> list:
