@@ -56,6 +56,15 @@ def test_set_and_roll_back_with_who_and_why(registry, tmp_path):
     assert int(registry.get_registered_model(MODEL).aliases["champion"]) == int(v1.version)
     tags = registry.get_model_version(MODEL, v1.version).tags
     assert tags["champion.set_by"] == "alice" and tags["champion.set_reason"] == "day 3 serves badly"
+    # the next day fine-tunes from the champion the rollback chose, not from day 3
+    from operators.hooks.mlflow import MLflowHook
+    from operators.warm_start import source
+
+    runs = tmp_path / "runs"
+    start, _ = source(
+        runs, "2024-03-04", runs / "ds=2024-03-04", (MLflowHook(mlflow_conn_id=""), MODEL, "champion")
+    )
+    assert start.resolve() == Path(v1.tags["model_dir"]).resolve()
 
     # a manual move, then its rollback: back to what it replaced
     set_champion(registry, MODEL, 3, "fixed upstream", "bob")
