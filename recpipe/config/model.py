@@ -358,16 +358,21 @@ class ModelConfig(Section):
         return names
 
 
+LEGACY_NUM_THRESHOLDS = 200
+
+
 class AUC(Section):
     """``auc`` metric options."""
 
     num_thresholds: int | None = Field(None, gt=1)
-    """Refused: recpipe's AUC is exact (from the ranks of the scores), with no thresholds."""
+    """Refused: recpipe's AUC is exact (from the ranks of the scores), with no thresholds.
+    Only 200, EasyRec's default, which earlier recpipe versions wrote into every export's
+    ``pipeline.json``, is accepted (and changes nothing), so those exports still load."""
 
     @field_validator("num_thresholds")
     @classmethod
     def _exact(cls, value: int | None) -> int | None:
-        if value is not None:
+        if value is not None and value != LEGACY_NUM_THRESHOLDS:
             raise ValueError(
                 "recpipe computes the exact AUC from the ranks of the scores (no histogram of "
                 "thresholds, unlike tf.metrics.auc in EasyRec): remove num_thresholds"
