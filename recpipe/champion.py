@@ -244,7 +244,12 @@ def main(argv: list[str] | None = None) -> int:
     import getpass
     import os
 
-    parser = argparse.ArgumentParser(prog="recpipe champion", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="recpipe champion",
+        description="show, set or roll back the version that serves (the registered model's "
+        "'champion' alias in MLflow); each move is tagged with who and why, and with --redis_url a "
+        "stream model's Redis rows follow",
+    )
     parser.add_argument("action", choices=("show", "set", "rollback"))
     parser.add_argument("--model_name", required=True, help="the registered model")
     parser.add_argument("--version", default=None, help="set: the version to serve")
