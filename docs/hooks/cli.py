@@ -18,6 +18,10 @@ from pathlib import Path
 from mkdocs.exceptions import PluginError
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from recpipe.config.overrides import SECTIONS  # noqa: E402  (what --name=value may name)
+
 _TAG = re.compile(r"\{\{\s*cli_help\s*\}\}")
 _CHOICES = re.compile(r"^positional arguments:\n\s+\{([\w,-]+)\}", re.M)
 _FLAG = re.compile(r"(?<![\w-])(--[a-z][\w-]*)(?![\w.])")
@@ -63,14 +67,6 @@ def commands() -> list[tuple[str, ...]]:
     return out
 
 
-@functools.cache
-def _top_level_fields() -> set[str]:
-    sys.path.insert(0, str(ROOT))
-    from recpipe.config.pipeline import PipelineConfig
-
-    return {info.alias or name for name, info in PipelineConfig.model_fields.items()}
-
-
 def _flags(command: tuple[str, ...]) -> set[str]:
     """The options the parser declares (its option lines), not flags its prose mentions."""
     return set(_OPTION.findall(help_text(command)))
@@ -92,7 +88,7 @@ def check_flags(markdown_text: str, page: str) -> None:
         rest = " ".join(words[len(command) :]) + match.group(2)
         allowed = _flags(command) | {"--help"}
         if "--section.field=value" in help_text(command):
-            allowed |= {f"--{name}" for name in _OVERRIDE.findall(rest) if name in _top_level_fields()}
+            allowed |= {f"--{name}" for name in _OVERRIDE.findall(rest) if name in SECTIONS}
         bad = sorted(set(_FLAG.findall(rest)) - allowed)
         if bad:
             unknown.append(f"recpipe {' '.join(command)} {' '.join(bad)}")

@@ -6,6 +6,7 @@ puts it in the docs, so a page cannot describe a field the code does not have.""
 from __future__ import annotations
 
 import enum
+import functools
 import types
 import typing
 from collections.abc import Iterator
@@ -28,14 +29,13 @@ ROOTS: dict[str, type[BaseModel]] = {
 @dataclass(frozen=True)
 class Row:
     """One field of a config: its dotted ``path`` (``[]`` marks a list's entries), the class
-    that declares it, and its type, default, constraints and description as text."""
+    that declares it, its description, and the section classes it holds (none: a plain
+    field)."""
 
     path: str
     owner: str
-    type: str
-    default: str
-    allowed: str
     description: str
+    sections: tuple[type[BaseModel], ...]
 
 
 def _sections(annotation) -> list[type[BaseModel]]:
@@ -48,7 +48,7 @@ def _sections(annotation) -> list[type[BaseModel]]:
 def _is_list(annotation) -> bool:
     if typing.get_origin(annotation) is list:
         return True
-    return any(_is_list(a) for a in typing.get_args(annotation) if typing.get_origin(annotation) is not list)
+    return any(_is_list(a) for a in typing.get_args(annotation))
 
 
 def _type(annotation) -> str:
@@ -76,15 +76,11 @@ def _default(info: FieldInfo) -> str:
         return "(see the page)"
     if isinstance(value, enum.Enum):
         value = value.value
-    return (
-        "null"
-        if value is None
-        else repr(value)
-        if isinstance(value, str)
-        else str(value).lower()
-        if isinstance(value, bool)
-        else str(value)
-    )
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        return repr(value)
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 _BOUNDS = {"gt": ">", "ge": ">=", "lt": "<", "le": "<=", "min_length": "at least", "max_length": "at most"}
@@ -103,22 +99,22 @@ def _allowed(info: FieldInfo) -> str:
     return "; ".join(parts)
 
 
+def _annotations(model: type[BaseModel]) -> dict[str, object]:
+    """Each field's type, forward references resolved (a field typed with a class defined
+    further down its module keeps the string in ``FieldInfo.annotation``)."""
+    return typing.get_type_hints(model)
+
+
 def rows(model: type[BaseModel], prefix: str = "") -> Iterator[Row]:
     """Every field of ``model`` and of the sections below it, depth first, in declaration
     order. A section used in several places is listed under each path."""
+    hints = _annotations(model)
     for name, info in model.model_fields.items():
-        key = info.alias or name
-        path = f"{prefix}{key}"
-        yield Row(
-            path=path,
-            owner=model.__name__,
-            type=_type(info.annotation),
-            default=_default(info),
-            allowed=_allowed(info),
-            description=" ".join((info.description or "").split()),
-        )
-        for section in _sections(info.annotation):
-            yield from rows(section, f"{path}{'[]' if _is_list(info.annotation) else ''}.")
+        path = f"{prefix}{info.alias or name}"
+        sections = tuple(_sections(hints[name]))
+        yield Row(path, model.__name__, " ".join((info.description or "").split()), sections)
+        for section in sections:
+            yield from rows(section, f"{path}{'[]' if _is_list(hints[name]) else ''}.")
 
 
 def missing_descriptions() -> list[str]:
@@ -136,22 +132,9 @@ def _classes(kind: str) -> dict[type[BaseModel], list[str]]:
     paths it is found at."""
     found: dict[type[BaseModel], list[str]] = {ROOTS[kind]: []}
     for row in rows(ROOTS[kind]):
-        model = _owner_of(kind, row.path)
-        if model is not None:
-            found.setdefault(model, []).append(row.path)
+        for section in row.sections:
+            found.setdefault(section, []).append(row.path)
     return found
-
-
-def _owner_of(kind: str, path: str) -> type[BaseModel] | None:
-    """The section class at ``path`` (None: a plain field)."""
-    model: type[BaseModel] | None = ROOTS[kind]
-    for key in path.replace("[]", "").split("."):
-        info = next((i for n, i in model.model_fields.items() if (i.alias or n) == key), None)
-        inner = _sections(info.annotation) if info else []
-        model = inner[0] if inner else None
-        if model is None:
-            return None
-    return model
 
 
 def markdown(kind: str) -> str:
@@ -171,9 +154,10 @@ def markdown(kind: str) -> str:
         where = f"At {where}." if paths else "The file's top level."
         out += [f"### {model.__name__}", "", f"{where} {' '.join(doc.split())}", ""]
         out += ["| field | type | default | allowed | meaning |", "|---|---|---|---|---|"]
+        hints = _annotations(model)
         for name, info in model.model_fields.items():
-            inner = _sections(info.annotation)
-            kind_text = _type(info.annotation)
+            inner = _sections(hints[name])
+            kind_text = _type(hints[name])
             if inner:
                 links = ", ".join(f"[{m.__name__}](#{m.__name__.lower()})" for m in inner)
                 kind_text = kind_text.replace("section", links, 1) if "section" in kind_text else links
@@ -186,6 +170,7 @@ def markdown(kind: str) -> str:
     return "\n".join(out)
 
 
-def field_paths() -> set[str]:
+@functools.cache
+def field_paths() -> frozenset[str]:
     """Every dotted path of every config (``[]`` removed), for checks of what pages name."""
-    return {row.path.replace("[]", "") for model in ROOTS.values() for row in rows(model)}
+    return frozenset(row.path.replace("[]", "") for model in ROOTS.values() for row in rows(model))
