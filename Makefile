@@ -3,6 +3,7 @@ SHELL := /bin/bash
 VENV := .venv/bin
 DEMO_DAYS ?= 7
 STREAM_DAYS ?= 1
+PASS_MINUTES ?= 60
 
 .PHONY: setup test demo demo-stream data data-hourly lock lint bench airflow mlflow docs
 
@@ -22,9 +23,10 @@ demo: data
 	$(VENV)/python scripts/demo.py --days $(DEMO_DAYS)
 
 # Replayed days of hourly passes through recpipe_stream_retrain (needs Redis on 127.0.0.1):
-# STREAM_DAYS=3 for the multi-day run (a table of each day's close at the end)
+# STREAM_DAYS=3 for the multi-day run (a table of each day's close at the end); PASS_MINUTES=15
+# for passes of 15 minutes (its own model and DAG, recpipe_stream_retrain_15min)
 demo-stream: data-hourly
-	$(VENV)/python scripts/demo_stream.py --days $(STREAM_DAYS)
+	$(VENV)/python scripts/demo_stream.py --days $(STREAM_DAYS) --pass_minutes $(PASS_MINUTES)
 
 airflow: setup
 	@scripts/airflow_up.sh

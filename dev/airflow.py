@@ -15,6 +15,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -49,6 +50,7 @@ from airflow_client.client.models import (
 from dev.env import database_env
 from recpipe import forkserver
 from recpipe.launch.topology import free_ports
+from recpipe.layout import SUCCESS
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 TERMINAL = ("success", "failed", "skipped", "upstream_failed", "removed")
@@ -341,6 +343,7 @@ def run_backfill(
     chunk: int | None = None,
     confs: dict[str, dict] | None = None,
     after_chunk=None,
+    port: int | None = None,
 ) -> dict[str, str]:
     """Run ``days`` of ``dag_id`` as an Airflow backfill under a real scheduler.
 
@@ -362,6 +365,7 @@ def run_backfill(
             day (``--dag-run-conf``).
         after_chunk: called with the deployment's API client and the chunk's days after
             each chunk that succeeded, before the next one starts (a test's checks).
+        port: the api-server's port (default: a free one), for a client of one's own.
 
     Returns:
         ``{ds: run state}``; stops following at the first failed run ("failed") or at the
@@ -376,7 +380,7 @@ def run_backfill(
         "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "3600",
     }
     echo(f"starting Airflow (logs: {airflow_home}/<component>.log)")
-    with deployment(env, airflow_home, extra_env=extra) as api:
+    with deployment(env, airflow_home, extra_env=extra, port=port) as api:
         was_paused = api.wait_for_dag(dag_id)["is_paused"]
         states: dict[str, str] = {}
         try:
@@ -401,6 +405,50 @@ def run_backfill(
                 # else the next scheduler to start (make airflow) would carry on with it
                 cancel_backfills(api, dag_id, echo)
             api.set_paused(dag_id, was_paused)
+
+
+def land_when_waited_for(
+    port: int,
+    airflow_home: Path,
+    dag_id: str,
+    passes: list[tuple[str, Path]],
+    landed: dict,
+    stop: threading.Event | None = None,
+    extra=None,
+    timeout: float = 900,
+) -> None:
+    """A log exporter's part in a test or bench of partitions that land while a pass waits:
+    for each ``(logical date, partition)`` in order, once the run of that logical date has
+    deferred ``wait_for_pass`` and the triggerer has subscribed to the arrivals channel,
+    write the partition's ``_SUCCESS`` and announce it (``recpipe.arrivals``). Records
+    ``landed[logical] = {"at": epoch s, "heard": subscribers, **extra()}``. Run it in a thread
+    beside ``run_backfill(..., port=port)``; ``stop`` ends it early."""
+    import redis
+
+    from recpipe.arrivals import CHANNEL, announce
+
+    api, deadline = Api(f"http://127.0.0.1:{port}", airflow_home), time.time() + timeout
+    client = redis.Redis(host="127.0.0.1", port=6379)
+
+    def waiting(logical: str) -> bool:
+        try:
+            api.login(timeout=30)
+            runs = [r for r in api.runs(dag_id) if r["logical_date"].startswith(logical)]
+            state = runs and api.task_instance(dag_id, runs[0]["dag_run_id"], "wait_for_pass")["state"]
+        except Exception:  # the deployment is starting
+            return False
+        # deferred is set before the triggerer runs the wait: its subscription tells that it does
+        return state == "deferred" and dict(client.pubsub_numsub(CHANNEL)).get(CHANNEL.encode(), 0) > 0
+
+    for logical, partition in passes:
+        while not waiting(logical):
+            if (stop is not None and stop.is_set()) or time.time() > deadline:
+                return
+            time.sleep(0.2)
+        time.sleep(0.5)  # past the trigger's first look, just after its subscription
+        (Path(partition) / SUCCESS).touch()
+        landed[logical] = {"at": time.time(), **(extra() if extra else {})}
+        landed[logical]["heard"] = announce(client, partition)
 
 
 def _utc(d: str) -> datetime:

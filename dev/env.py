@@ -68,6 +68,9 @@ def airflow_env(
         "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": os.environ.get("AIRFLOW_CONN_SPARK_CONNECT_DEFAULT")
         or spark_connect_conn(SPARK_CONNECT_PORT),
         "AIRFLOW_CONN_FS_DEFAULT": json.dumps({"conn_type": "fs", "extra": {"path": "/"}}),
+        # raw partitions announced on the local Redis (recpipe.arrivals; the stream config's sensor)
+        "AIRFLOW_CONN_RECPIPE_ARRIVALS": os.environ.get("AIRFLOW_CONN_RECPIPE_ARRIVALS")
+        or json.dumps({"conn_type": "redis", "host": "127.0.0.1", "port": 6379, "extra": {"db": 0}}),
         "MLFLOW_TRACKING_URI": os.environ.get("MLFLOW_TRACKING_URI")
         or f"sqlite:///{home / 'var' / 'mlflow' / 'mlflow.db'}",
         "SPARK_LOCAL_IP": "127.0.0.1",

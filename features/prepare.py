@@ -2,8 +2,9 @@
 
 Run it as ``recpipe features --pipeline_config_path conf/X.yaml --ds YYYY-MM-DD`` or
 ``spark-submit features/prepare.py --pipeline_config_path conf/X.yaml --ds YYYY-MM-DD``.
-A pass (one hour of an hourly raw layout, ``ds=D/hh=HH``) is prepared the same way with
-``--ds YYYY-MM-DD/HH`` or ``--ds YYYY-MM-DD --hh HH``, into ``ds=YYYY-MM-DD/hh=HH/``.
+A pass (an hour of an hourly raw layout, ``ds=D/hh=HH``, or a shorter pass, ``ds=D/hh=HHMM``) is
+prepared the same way with ``--ds YYYY-MM-DD/HH`` or ``--ds YYYY-MM-DD --hh HH``, into
+``ds=YYYY-MM-DD/hh=HH/``.
 
 Output, replaced whole on a re-run (temporary directory, then rename)::
 
@@ -53,7 +54,7 @@ from recpipe.config.data import FeatureType
 from recpipe.config.errors import ConfigError
 from recpipe.config.pipeline import PipelineConfig
 from recpipe.errors import PipelineError, run_command
-from recpipe.layout import FeaturePartition, ds_partition, parse_ds_range, split_ds
+from recpipe.layout import FeaturePartition, ds_partition, parse_ds_range, split_pass
 from recpipe.paths import confine_config
 
 _STARTED = time.perf_counter()  # the job's own time is logged from here
@@ -89,8 +90,9 @@ def _write_features(rows: DataFrame, config: PipelineConfig, out: Path, normaliz
 
 def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
     """Prepare the features of day ``ds`` and return its stats (also in ``_stats.json``).
-    ``ds`` may be a pass, ``YYYY-MM-DD/HH``: one hour's raw partition (``ds=D/hh=HH``) to the
-    hour's feature partition, quarantine and side files, by the same rules.
+    ``ds`` may be a pass, ``YYYY-MM-DD/HH`` or ``YYYY-MM-DD/HHMM``: one pass's raw partition
+    (``ds=D/hh=HH``) to the pass's feature partition, quarantine and side files, by the same
+    rules.
 
     The day is parsed in full once, by the write: its figures (counts, nulls, the good rows'
     dense moments) are gathered as it runs (``_gathering``). When a dense feature's
@@ -105,11 +107,11 @@ def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
     Raises:
         RawInputError: the raw partition or a dimension table is missing or unreadable.
         BadRowsError: the share of quarantined rows exceeds ``max_bad_row_fraction``.
-        ValueError: ``ds`` is neither ``YYYY-MM-DD`` nor ``YYYY-MM-DD/HH``.
+        ValueError: ``ds`` is neither ``YYYY-MM-DD`` nor a pass of it.
         In all cases no output partition is written for ``ds``.
     """
     dc = config.data_config
-    split_ds(ds)  # a malformed ds fails before any work
+    split_pass(ds)  # a malformed ds fails before any work
     rows, files = read_day(spark, config, ds)
     first_pass = needs_statistics(config.feature_config.features)
     try:
@@ -227,8 +229,8 @@ def _sequence_lengths(spark: SparkSession, config: PipelineConfig, written: Path
     return spark.read.parquet(str(written)).agg(*aggs).first().asDict()
 
 
-def _with_hours(days: list[str], hh: str) -> list[str]:
-    """Each day of ``days`` -> its passes ``hh`` (``HH`` or ``HH:HH``), in order.
+def _with_hours(days: list[str], hh: str, pass_minutes: int | None = None) -> list[str]:
+    """Each day of ``days`` -> its passes ``hh`` (``HH[MM]`` or ``HH[MM]:HH[MM]``), in order.
 
     Raises:
         ConfigError: a day that is already a pass, or malformed hours (names ``--hh``).
@@ -238,7 +240,7 @@ def _with_hours(days: list[str], hh: str) -> list[str]:
     for day in days:
         if "/" in day:
             raise ConfigError(f"--hh={hh!r} with --ds {day}: give the hour once")
-        out += parse_ds_range(f"{day}/{start}:{day}/{end or start}", "--hh")
+        out += parse_ds_range(f"{day}/{start}:{day}/{end or start}", "--hh", pass_minutes)
     return out
 
 
@@ -249,10 +251,17 @@ def _parser() -> argparse.ArgumentParser:
         "--ds",
         action="append",
         required=True,
-        help="YYYY-MM-DD or START:END (repeatable); passes as YYYY-MM-DD/HH[:YYYY-MM-DD/HH]",
+        help="YYYY-MM-DD or START:END (repeatable); passes as YYYY-MM-DD/HH[:YYYY-MM-DD/HH], "
+        "or YYYY-MM-DD/HHMM for passes shorter than an hour",
     )
     parser.add_argument(
-        "--hh", default=None, help="HH or HH:HH: prepare these hours (passes) of each --ds day"
+        "--hh", default=None, help="HH[MM] or HH[MM]:HH[MM]: prepare these passes of each --ds day"
+    )
+    parser.add_argument(
+        "--pass_minutes",
+        type=int,
+        default=None,
+        help="the length of the passes an HHMM range names (5, 10, 15, 20 or 30; default: every 5 minutes)",
     )
     parser.add_argument("--master", default=None, help="Spark master (default local[*])")
     parser.add_argument(
@@ -278,9 +287,10 @@ def run(args: argparse.Namespace, extra: list[str]) -> list[dict]:
         recpipe.errors.PipelineError: bad input (names the file or row); nothing half-written
             is left where a reader looks.
     """
-    days = [d for text in args.ds for d in parse_ds_range(text, "--ds")]  # bad dates fail first
+    # bad dates fail first
+    days = [d for text in args.ds for d in parse_ds_range(text, "--ds", args.pass_minutes)]
     if args.hh is not None:
-        days = _with_hours(days, args.hh)
+        days = _with_hours(days, args.hh, args.pass_minutes)
     home = Path(os.environ.get("RECPIPE_HOME") or Path.cwd())
     config = config_from_args(args, extra).resolved(home)
     if args.confine_paths:  # a DAG run's edit_config_json may name any path

@@ -29,7 +29,7 @@ from pyspark.sql import types as T
 
 from features.transform import clean_id
 from recpipe.config.data import BehaviorSequence, InputType
-from recpipe.layout import SUCCESS, ds_partition, is_finished, split_ds
+from recpipe.layout import SUCCESS, ds_partition, is_finished, split_pass
 
 STATE_DIR = "_sequence_state"
 _EVENTS = "_events"  # array<struct<t: long, v: array<string>>>: oldest first
@@ -42,9 +42,9 @@ def state_root(train_input_path: str | Path) -> Path:
 
 
 def _order(ds: str) -> tuple[str, int]:
-    # a whole day's state holds the day's last hour too: it sorts after the day's passes
-    day, hour = split_ds(ds)
-    return day, 24 if hour is None else hour
+    # a whole day's state holds the day's last pass too: it sorts after the day's passes
+    day, start = split_pass(ds)
+    return day, 1440 if start is None else start
 
 
 def previous_state(train_input_path: str | Path, ds: str) -> str | None:

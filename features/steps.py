@@ -27,7 +27,7 @@ from recpipe import atomic
 from recpipe.config.data import FeatureType
 from recpipe.config.pipeline import PipelineConfig
 from recpipe.ids import HOLDOUT
-from recpipe.layout import FeaturePartition, ds_partition, is_finished, split_ds
+from recpipe.layout import FeaturePartition, ds_partition, is_finished, partition_ds, pass_dirs, split_pass
 
 
 def read_day(spark: SparkSession, config: PipelineConfig, ds: str) -> tuple[DataFrame, list[Path]]:
@@ -84,19 +84,21 @@ def window_moments(
     window never reads raw data, so an hour's job stays an hour's work); a day with none of
     these is left out. The day's earlier passes count when they were prepared."""
     window = config.feature_config.normalization_window_days
-    day, hour = split_ds(ds)
+    day, start = split_pass(ds)
     names, moments = [], []
     features = config.feature_config.features
     needed = {f.name for f in features if f.feature_type == FeatureType.RawFeature}
     if not needed:
         return [], []
 
-    def stored_passes(d: str, hours: range) -> None:
-        for h in hours:
-            found = _stored_moments(config, f"{d}/{h:02d}", needed)
-            if found is not None:
-                names.append(f"{d}/{h:02d}")
-                moments.append(found)
+    def stored_passes(d: str, before: int = 1440) -> None:
+        # the prepared passes of day d that start before minute `before`, whatever their length
+        found = sorted(partition_ds(p) for p in pass_dirs(ds_partition(config.train_input_path, d)))
+        for name in found:
+            stored = _stored_moments(config, name, needed) if split_pass(name)[1] < before else None
+            if stored is not None:
+                names.append(name)
+                moments.append(stored)
 
     for k in range(window - 1, 0, -1):
         d = (date.fromisoformat(day) - timedelta(days=k)).isoformat()
@@ -104,14 +106,14 @@ def window_moments(
         if found is not None:
             names.append(d)
             moments.append(found)
-        elif hour is not None:
-            stored_passes(d, range(24))
+        elif start is not None:
+            stored_passes(d)
         elif is_finished(ds_partition(config.raw_input_path, d)):
             rows, _ = read_day(spark, config, d)
             names.append(d)
             moments.append(figures.dense_moments(rows, config, ~F.col(BAD)))
-    if hour is not None:
-        stored_passes(day, range(hour))
+    if start is not None:
+        stored_passes(day, start)
     return names, moments
 
 

@@ -59,7 +59,8 @@ class RecpipeOperator(BaseOperator):
         experiment: MLflow experiment (default: the pipeline config's file name; the retrain
             DAGs pass their registered model's name) (templated).
         mlflow_conn_id: Airflow connection of the tracking server (see ``MLflowHook``).
-        hourly: the DAG runs every hour: its runs are named by day and hour (``run_name``).
+        pass_minutes: the DAG runs a pass every this many minutes (a stream): its runs are
+            named by day and pass (``run_name``); None for a day a run.
     """
 
     template_fields: tuple[str, ...] = ("pipeline_config_path", "edit_config_json", "experiment")
@@ -71,7 +72,7 @@ class RecpipeOperator(BaseOperator):
         edit_config_json: Any = None,
         experiment: str | None = None,
         mlflow_conn_id: str = MLflowHook.default_conn_name,
-        hourly: bool = False,
+        pass_minutes: int | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -79,7 +80,7 @@ class RecpipeOperator(BaseOperator):
         self.edit_config_json = edit_config_json
         self.experiment = experiment
         self.mlflow_conn_id = mlflow_conn_id
-        self.hourly = hourly
+        self.pass_minutes = pass_minutes
         self._hook: MLflowHook | None = None
 
     @property
@@ -135,7 +136,7 @@ class RecpipeOperator(BaseOperator):
                 "git_commit": git_commit(),
                 "pipeline_config": self.pipeline_config_path,
             },
-            name=run_name(context, self.hourly),
+            name=run_name(context, self.pass_minutes),
         )
 
 

@@ -21,7 +21,7 @@ from operators.sensors import RawPartitionSensor
 
 def raw_partition_sensor(task_id: str, marker: str, retrain) -> RawPartitionSensor:
     """Wait for ``marker`` (a raw partition's ``_SUCCESS``, templated) by ``retrain.sensor``'s
-    mode, interval and timeout; never retried (its timeout is the wait)."""
+    mode, interval, timeout and arrival messages; never retried (its timeout is the wait)."""
     return RawPartitionSensor(
         task_id=task_id,
         execution_timeout=retrain.timeouts.of(task_id),
@@ -30,6 +30,7 @@ def raw_partition_sensor(task_id: str, marker: str, retrain) -> RawPartitionSens
         deferrable=retrain.sensor.deferrable,
         poke_interval=retrain.sensor.poke_interval_s,
         timeout=retrain.sensor.timeout_s,
+        arrivals_conn_id=retrain.sensor.arrivals_conn_id,
         retries=0,
     )
 
@@ -45,7 +46,8 @@ def spark_client_python(home: Path) -> str:
 
 
 class SparkConnectFeatureOperator(BaseOperator):
-    """``features/prepare.py`` with ``application_args`` (templated) as a Spark Connect session
+    """``features/prepare.py`` with ``application_args`` and ``name`` (the Spark application's,
+    templated) as a Spark Connect session
     on the server of connection ``conn_id`` (conn type ``spark_connect``, the Spark provider's
     ``SparkConnectHook``): a Python process of Spark Connect's client
     (``spark_client_python``) run by Airflow's ``SubprocessHook``; no JVM starts for it.
@@ -54,7 +56,7 @@ class SparkConnectFeatureOperator(BaseOperator):
     field, file or row) when it exits non-zero.
     """
 
-    template_fields = ("application_args",)
+    template_fields = ("application_args", "name")
 
     def __init__(self, *, conn_id: str, application_args: list[str], name: str, home: Path, **kwargs):
         super().__init__(**kwargs)

@@ -43,7 +43,8 @@ class RetrainTasks:
         retrain: the DAG's retrain config.
         pipeline_config_path, cluster_config_path: what the tasks pass on (templated; default:
             the retrain config's).
-        hourly: the DAG runs every hour (its MLflow runs are named by day and hour).
+        pass_minutes: the DAG runs a pass every this many minutes (its MLflow runs are named
+            by day and pass); None: a day a run.
 
     Attributes:
         runs: ``<runs_dir>/<model_name>``, where model dirs live.
@@ -57,9 +58,9 @@ class RetrainTasks:
         retrain: RetrainConfig,
         pipeline_config_path: str | None = None,
         cluster_config_path: str | None = None,
-        hourly: bool = False,
+        pass_minutes: int | None = None,
     ):
-        self.home, self.retrain, self.hourly = home, retrain, hourly
+        self.home, self.retrain, self.pass_minutes = home, retrain, pass_minutes
         self.runs = f"{retrain.runs_dir}/{retrain.model_name}"
         self.exports = f"{retrain.export_dir}/{retrain.model_name}"
         self.common = {
@@ -67,7 +68,7 @@ class RetrainTasks:
             "edit_config_json": EDITS,
             "experiment": retrain.experiment,
             "mlflow_conn_id": retrain.tracking.mlflow_conn_id,
-            "hourly": hourly,
+            "pass_minutes": pass_minutes,
         }
         # the model's share of the cluster: its job tasks take pool slots (retrain.pool)
         self.slots = {"pool": retrain.pool, "pool_slots": retrain.pool_slots} if retrain.pool else {}
@@ -89,7 +90,7 @@ class RetrainTasks:
             "owner": retrain.owner,
             "priority_weight": retrain.priority_weight,
             "on_failure_callback": [
-                fail_parent_run(retrain.experiment, tracking.mlflow_conn_id, self.hourly),
+                fail_parent_run(retrain.experiment, tracking.mlflow_conn_id, self.pass_minutes),
                 *on_failure(retrain.notifications),
             ],
         }
@@ -132,7 +133,7 @@ class RetrainTasks:
 
     def wait_for_raw(self, task_id: str, raw_input_path: str, hh: str | None = None):
         """A ``RawPartitionSensor`` on the ``_SUCCESS`` of the run's raw day (or, with ``hh``,
-        hour) under ``raw_input_path``, by the config's ``sensor`` section."""
+        the pass it names) under ``raw_input_path``, by the config's ``sensor`` section."""
         marker = f"{partition_text(raw_input_path, '{{ ds }}', hh)}/{SUCCESS}"
         return raw_partition_sensor(task_id, marker, self.retrain)
 

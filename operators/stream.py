@@ -28,11 +28,13 @@ from recpipe.layout import (
     FeaturePartition,
     ModelDir,
     day_name,
+    day_of,
     finished_model_dirs,
     is_finished,
     is_pass_dir,
     partition_ds,
-    split_ds,
+    pass_of,
+    split_pass,
 )
 
 log = logging.getLogger(__name__)
@@ -63,7 +65,7 @@ class ProgressiveEvalOperator(EvalOperator):
         previous_in: the runs root holding the passes' model dirs (templated).
         model_name: the registered model whose champion a day's first pass starts from
             (templated; None: the newest pass before it).
-        The rest as ``EvalOperator`` (``eval_ds``: the pass, ``YYYY-MM-DD/HH``).
+        The rest as ``EvalOperator`` (``eval_ds``: the pass, ``YYYY-MM-DD/HH[MM]``).
     """
 
     template_fields = (*EvalOperator.template_fields, "previous_in", "model_name")
@@ -93,25 +95,27 @@ class ProgressiveEvalOperator(EvalOperator):
 
     def _track(self, context, result_path: Path, out: dict) -> str:
         run = super()._track(context, result_path, out)
-        day, hour = split_ds(str(self.eval_ds))
+        day, start = split_pass(str(self.eval_ds))
         series = self.hook.day_run(self.experiment_name(), context["dag"].dag_id, day)
-        hour = hour or 0
+        # the step: the hour of an hour's pass, the minute of the day of a shorter one
+        key = pass_of(str(self.eval_ds)) or "00"
+        step = int(key) if len(key) == 2 else start
         metrics = out["metrics"]
-        rows = [(f"pass_{k}", metrics[k], hour) for k in ("auc", "logloss") if metrics.get(k) is not None]
-        self.hook.log_metrics(series, [*rows, ("pass_rows", out["num_examples"], hour)])
+        rows = [(f"pass_{k}", metrics[k], step) for k in ("auc", "logloss") if metrics.get(k) is not None]
+        self.hook.log_metrics(series, [*rows, ("pass_rows", out["num_examples"], step)])
         return run
 
 
 class PassExportOperator(JobOperator):
     """Export a pass's model: the day's base (``<export_dir>/<day>/base/``, a SavedModel and
-    every row) when the day has none yet, else the pass's delta (``delta-<HH>/``, the rows
+    every row) when the day has none yet, else the pass's delta (``delta-<pass>/``, the rows
     touched since the day's previous export, tombstones, dense weights); see
     ``trainer.delta``. A retry reuses what an earlier attempt recorded.
 
     Args:
         model_dir: the pass's trained model dir (templated).
         export_dir: the model's export root, ``<export_dir>/<model_name>`` (templated).
-        ds: the pass, ``YYYY-MM-DD/HH`` (templated).
+        ds: the pass, ``YYYY-MM-DD/HH`` or ``YYYY-MM-DD/HHMM`` (templated).
 
     Returns (XCom): ``{"export", "kind", "global_step", "bytes", "tables", "mlflow_run_id"}``.
     """
@@ -128,7 +132,7 @@ class PassExportOperator(JobOperator):
         export_dir = confine(self.export_dir, "export_dir")
         from recpipe.exports.files import BASE
 
-        day, _ = split_ds(str(self.ds))
+        day = day_of(str(self.ds))
         done = json.loads(out.export_record.read_text()) if out.export_record.exists() else None
         if done and is_finished(done["export"]):
             log.info("reusing the export %s of an earlier attempt", done["export"])
@@ -204,10 +208,11 @@ def redact_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-def closes_day(logical_date, close_hour: int) -> bool:
-    """The pass at ``close_hour`` closes its day: register the day's model and gate it. For
-    Airflow's ``ShortCircuitOperator`` (``logical_date``: the run's, a datetime)."""
-    return logical_date.hour == close_hour
+def closes_day(logical_date, close_hour: int, pass_minutes: int = 60) -> bool:
+    """The last pass of hour ``close_hour`` closes its day: register the day's model and gate
+    it. For Airflow's ``ShortCircuitOperator`` (``logical_date``: the run's, a datetime, the
+    pass's start)."""
+    return logical_date.hour == close_hour and logical_date.minute + pass_minutes >= 60
 
 
 class DayEvalOperator(JobOperator):
@@ -225,7 +230,8 @@ class DayEvalOperator(JobOperator):
         pass_result_name: the progressive evaluation's result file in each pass dir.
 
     Returns (XCom): as ``EvalOperator``'s, plus ``model_dir`` (the day's last trained pass: the
-    candidate), ``checkpoint`` (its latest) and ``eval_ds`` (``D/HH:D/HH``: the scored passes).
+    candidate), ``checkpoint`` (its latest) and ``eval_ds`` (``D/HH:D/HH`` or
+    ``D/HHMM:D/HHMM``: the scored passes).
 
     Raises:
         AirflowSkipException: no pass of the day was trained and scored.

@@ -4,11 +4,12 @@ them (progressive validation), train on them from the day's previous pass (a day
 pass: from the champion), export the day's base at its first trained pass and a delta after
 every other, push it to the Redis embedding store, keep the newest days' pass dirs.
 
-The pass at ``stream.close_hour`` (23) closes the day as the daily DAG does: the day's last
+A pass is an hour of data, or ``stream.pass_minutes`` of it (a run every that many minutes).
+The last pass of ``stream.close_hour`` (23) closes the day as the daily DAG does: the day's last
 model is exported (SavedModel, TF Serving layout, and an MLflow Model), registered, and gated
 against the ``champion`` on the day's rows, which the day's progressive scores
 (``evaluate_day``) and the champion's (``evaluate_champion``) both predicted before training
-on them. A quiet hour (no rows) skips everything after its preparation.
+on them. A quiet pass (no rows) skips everything after its preparation.
 ``dags/recpipe_retrain.py`` builds one for each config; building it imports neither
 TensorFlow nor Spark.
 """
@@ -32,9 +33,7 @@ from operators.stream import (
 )
 from recpipe.config import load_pipeline_config
 from recpipe.config.retrain import RetrainConfig
-from recpipe.layout import PASS_EVAL_RESULT, SERVING_EXPORT_RECORD, partition_text
-
-HH = "{{ logical_date.strftime('%H') }}"
+from recpipe.layout import PASS_EVAL_RESULT, SERVING_EXPORT_RECORD, partition_text, pass_key_format
 
 
 def stream_retrain_dag(home: Path, retrain: RetrainConfig, doc_md: str | None = None) -> DAG:
@@ -47,9 +46,12 @@ def stream_retrain_dag(home: Path, retrain: RetrainConfig, doc_md: str | None = 
     pipeline = load_pipeline_config(home / retrain.pipeline_config_path, retrain.edit_config_json).resolved(
         home
     )
-    tasks = RetrainTasks(home, retrain, hourly=True)
-    pass_ds = "{{ ds }}/" + HH  # the pass: YYYY-MM-DD/HH
-    model_dir = partition_text(tasks.runs, "{{ ds }}", HH)
+    minutes = retrain.stream.pass_minutes
+    tasks = RetrainTasks(home, retrain, pass_minutes=minutes)
+    # the pass a run trains, named by the run's logical date: HH, or HHMM for shorter passes
+    key = "{{ logical_date.strftime('" + pass_key_format(minutes) + "') }}"
+    pass_ds = "{{ ds }}/" + key  # the pass: YYYY-MM-DD/HH[MM]
+    model_dir = partition_text(tasks.runs, "{{ ds }}", key)
     # the deployment's store wins over the config's (docker-compose.yaml sets it)
     redis_url = os.environ.get("RECPIPE_REDIS_URL") or retrain.stream.redis_url
 
@@ -60,8 +62,8 @@ def stream_retrain_dag(home: Path, retrain: RetrainConfig, doc_md: str | None = 
         tags=["recpipe", retrain.model_name, "stream", *retrain.tags],
         doc_md=doc_md,
     ) as dag:
-        wait_for_pass = tasks.wait_for_raw("wait_for_pass", pipeline.raw_input_path, HH)
-        prepare = tasks.prepare(pass_ds, f"recpipe-{retrain.model_name}-prepare-{{{{ ds }}}}-" + HH)
+        wait_for_pass = tasks.wait_for_raw("wait_for_pass", pipeline.raw_input_path, key)
+        prepare = tasks.prepare(pass_ds, f"recpipe-{retrain.model_name}-prepare-{{{{ ds }}}}-" + key)
         has_rows = ShortCircuitOperator(
             task_id="has_rows",
             execution_timeout=retrain.timeouts.of("has_rows"),
@@ -111,7 +113,7 @@ def stream_retrain_dag(home: Path, retrain: RetrainConfig, doc_md: str | None = 
             task_id="closes_day",
             execution_timeout=retrain.timeouts.of("closes_day"),
             python_callable=closes_day,
-            op_kwargs={"close_hour": retrain.stream.close_hour},
+            op_kwargs={"close_hour": retrain.stream.close_hour, "pass_minutes": minutes},
             trigger_rule="none_failed",  # after the pass, trained or quiet
             # False: skip only the close chain; retention, downstream through register_and_gate,
             # then runs by its none_failed trigger rule (True would skip it on every pass)

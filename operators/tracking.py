@@ -6,14 +6,16 @@ import logging
 from collections.abc import Callable
 
 from operators.hooks.mlflow import MLflowHook, git_commit
+from recpipe.layout import pass_key_format
 
 log = logging.getLogger(__name__)
 
 
-def run_name(context, hourly: bool = False) -> str:
+def run_name(context, pass_minutes: int | None = None) -> str:
     """A DAG run's parent run name, what a user scans the runs table for first: the day (and,
-    for an hourly DAG, the hour), then how it ran: ``ds=1997-09-22 hh=23 backfill``. A run
-    without a logical date (a manual trigger may have none) is named by its run id."""
+    for a stream of ``pass_minutes`` passes, the pass), then how it ran: ``ds=1997-09-22 hh=23
+    backfill``, ``ds=1997-09-22 hh=2345 scheduled``. A run without a logical date (a manual
+    trigger may have none) is named by its run id."""
     ds, logical = context.get("ds"), context.get("logical_date")
     dag_run = context.get("dag_run")
     how = getattr(getattr(dag_run, "run_type", None), "value", None) or str(
@@ -21,12 +23,13 @@ def run_name(context, hourly: bool = False) -> str:
     )
     if not ds:
         return f"{context['run_id']} {how}"
-    hour = f" hh={logical:%H}" if hourly and logical is not None else ""
-    return f"ds={ds}{hour} {how}"
+    if pass_minutes is None or logical is None:
+        return f"ds={ds} {how}"
+    return f"ds={ds} hh={logical.strftime(pass_key_format(pass_minutes))} {how}"
 
 
 def fail_parent_run(
-    experiment: str, mlflow_conn_id: str = "mlflow_default", hourly: bool = False
+    experiment: str, mlflow_conn_id: str = "mlflow_default", pass_minutes: int | None = None
 ) -> Callable[[dict], None]:
     """An ``on_failure_callback`` that marks the DAG run's parent run FAILED, tagging the
     failed task. It runs after a task's last try, so no run is left RUNNING; it logs and
@@ -40,7 +43,7 @@ def fail_parent_run(
                 context["dag"].dag_id,
                 context["run_id"],
                 {"ds": context.get("ds") or "none", "git_commit": git_commit()},
-                name=run_name(context, hourly),
+                name=run_name(context, pass_minutes),
             )
             hook.set_tags(parent, {"outcome": "failed", "failed_task": context["ti"].task_id})
             hook.end_run(parent, failed=True)

@@ -52,7 +52,7 @@ def sweep(parent: str | os.PathLike) -> list[Path]:
         name = path.name
         if name.startswith(TMP):
             pid = name.rsplit("-", 2)[-2] if name.count("-") >= 3 else ""
-            alive = pid.isdigit() and _alive(int(pid))
+            alive = pid.isdigit() and pid_alive(int(pid))
             try:
                 old = time.time() - path.lstat().st_mtime > STALE_TMP_S
             except FileNotFoundError:
@@ -69,7 +69,8 @@ def sweep(parent: str | os.PathLike) -> list[Path]:
     return removed
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists on this host (one of another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

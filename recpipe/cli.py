@@ -2,7 +2,7 @@
 
 Subcommands: ``data`` (``dev.data``), ``features``, ``config``,
 ``train``, ``eval``, ``export``, ``serve apply-delta`` / ``serve push``, ``ckpt list``,
-``runs compare``, ``champion show | set | rollback``.
+``runs compare``, ``champion show | set | rollback``, ``announce``.
 Commands that read a pipeline config take EasyRec's ``--edit_config_json`` and
 ``--section.field=value`` overrides. Exit codes (every command): 2 for usage and config
 errors, 1 for pipeline errors (``recpipe.errors``).
@@ -30,8 +30,8 @@ def main(argv: list[str] | None = None) -> int:
         description="recpipe: the project's command-line tool",
         epilog="Commands that read a pipeline config take EasyRec's overrides: --edit_config_json="
         "'{\"train_config.num_steps\": 500}' and --section.field=value (--train_config.num_steps=500). "
-        "Days: YYYY-MM-DD or START:END (inclusive); passes YYYY-MM-DD/HH. Exit codes: 2 for usage and "
-        "config errors, 1 for pipeline errors.",
+        "Days: YYYY-MM-DD or START:END (inclusive); passes YYYY-MM-DD/HH (or /HHMM). Exit codes: 2 "
+        "for usage and config errors, 1 for pipeline errors.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -55,6 +55,19 @@ def main(argv: list[str] | None = None) -> int:
         "champion",
         help="show, set or roll back the serving version (recpipe champion --help)",
         add_help=False,
+    )
+    announce = sub.add_parser(
+        "announce",
+        help="tell waiting stream passes that a raw partition is complete (after its _SUCCESS)",
+        description="Publish a complete raw partition on Redis (channel recpipe:partitions): a "
+        "stream pass waiting for it starts within seconds instead of at its sensor's next look.",
+    )
+    announce.add_argument("partition", nargs="+", help="the partition directory, ds=D[/hh=HH[MM]]")
+    announce.add_argument(
+        "--redis_url",
+        default=None,
+        help="the Redis of the arrivals connection (default $RECPIPE_ARRIVALS_REDIS_URL, else "
+        "redis://127.0.0.1:6379/0); a password through the environment, not the command line",
     )
     if argv and argv[0] == "data":
         from dev.data.cli import main as data_main
@@ -84,7 +97,30 @@ def main(argv: list[str] | None = None) -> int:
         }[argv[0]]
         return fn(argv[1:])
     args, extra = parser.parse_known_args(argv)
+    if args.command == "announce":
+        return run_command(lambda: _announce(args), "recpipe announce")
     return run_command(lambda: _print_configs(args, extra))
+
+
+def _announce(args: argparse.Namespace) -> int:
+    import os
+
+    import redis
+
+    from recpipe.arrivals import URL_ENV, announce
+    from recpipe.errors import PipelineError
+
+    url = args.redis_url or os.environ.get(URL_ENV) or "redis://127.0.0.1:6379/0"
+    client = redis.Redis.from_url(url)
+    for partition in args.partition:
+        try:
+            heard = announce(client, partition)
+        except redis.RedisError as err:
+            where = client.connection_pool.connection_kwargs
+            where = f"{where.get('host')}:{where.get('port')}"
+            raise PipelineError(f"no Redis at {where} to announce on: {err}") from None
+        print(f"{partition}: announced ({heard} waiting)")
+    return 0
 
 
 def _print_configs(args: argparse.Namespace, extra: list[str]) -> int:

@@ -5,6 +5,7 @@ and ``ds`` ranges. Every file name another process reads is defined here and now
 
     <raw_input_path>/ds=YYYY-MM-DD/*.csv, _SUCCESS          one raw day (written by the logs)
     <raw_input_path>/ds=YYYY-MM-DD/hh=HH/*.csv, _SUCCESS    or one raw hour: a pass
+    <raw_input_path>/ds=YYYY-MM-DD/hh=HHMM/...              or a shorter pass, named by its start
     <train_input_path>/ds=YYYY-MM-DD[/hh=HH]/part-*.parquet  one feature day or pass (features.prepare)
                                     _stats.json, _normalization.json, _SUCCESS
     <runs_dir>/<model_name>/ds=YYYY-MM-DD[/hh=HH]/            a day's or a pass's model dir:
@@ -41,23 +42,72 @@ PASS_EVAL_RESULT = "pass_eval_result.json"  # progressive: the pass's rows befor
 DAY_EVAL_RESULT = "day_eval_result.json"  # the day's progressive scores, pooled
 EXPORT_RECORD, SERVING_EXPORT_RECORD = "export.json", "serving_export.json"
 
-# A ``ds`` names a day (``YYYY-MM-DD``) or one hour of it, a pass (``YYYY-MM-DD/HH``, PaddleRec's
-# pass of the online trainer): every function below that takes a ``ds`` takes either.
+# A ``ds`` names a day (``YYYY-MM-DD``) or one pass of it (PaddleRec's pass of the online
+# trainer): an hour's ``YYYY-MM-DD/HH``, or a shorter pass's ``YYYY-MM-DD/HHMM``, named by its
+# start. Every function below that takes a ``ds`` takes any of them.
+PASS_MINUTES = (5, 10, 15, 20, 30, 60)  # the pass lengths: each divides the hour
+_SHORTEST = PASS_MINUTES[0]
 
 
-def split_ds(ds: str) -> tuple[str, int | None]:
-    """``1997-09-20/05`` -> (``1997-09-20``, 5); ``1997-09-20`` -> (``1997-09-20``, None).
+def pass_key(hour: int, minute: int = 0, pass_minutes: int = 60) -> str:
+    """A pass's name within its day: ``HH`` for an hour's pass, ``HHMM`` for a shorter one
+    (``pass_key(5, 15, 15)`` -> ``0515``).
 
     Raises:
-        ValueError: a malformed day or an hour outside 00..23.
+        ValueError: ``pass_minutes`` not in ``PASS_MINUTES``, or a start that is no pass's.
     """
-    day, sep, hh = ds.partition("/")
+    if pass_minutes not in PASS_MINUTES:
+        raise ValueError(f"a pass lasts one of {PASS_MINUTES} minutes, got {pass_minutes}")
+    if not 0 <= hour <= 23 or not 0 <= minute < 60 or minute % pass_minutes:
+        raise ValueError(f"{hour:02d}:{minute:02d} starts no pass of {pass_minutes} minutes")
+    return f"{hour:02d}" if pass_minutes == 60 else f"{hour:02d}{minute:02d}"
+
+
+def pass_key_format(pass_minutes: int = 60) -> str:
+    """The ``strftime`` format naming the pass that starts at a time (a DAG run's logical date):
+    ``%H``, or ``%H%M`` for passes shorter than an hour."""
+    pass_key(0, 0, pass_minutes)  # validates
+    return "%H" if pass_minutes == 60 else "%H%M"
+
+
+def split_pass(ds: str) -> tuple[str, int | None]:
+    """``1997-09-20/05`` -> (``1997-09-20``, 300); ``1997-09-20/0515`` -> (``1997-09-20``,
+    315); ``1997-09-20`` -> (``1997-09-20``, None): the day and its pass's start, in minutes
+    after midnight.
+
+    Raises:
+        ValueError: a malformed day or pass: an hour outside 00..23, minutes not a multiple of
+            5 below 60.
+    """
+    day, sep, key = ds.partition("/")
     date.fromisoformat(day)
     if not sep:
         return day, None
-    if len(hh) != 2 or not hh.isdigit() or not 0 <= int(hh) <= 23:
-        raise ValueError(f"{ds!r}: the hour after '/' must be 00..23")
-    return day, int(hh)
+    if len(key) not in (2, 4) or not key.isdigit():
+        raise ValueError(f"{ds!r}: the pass after '/' must be HH (00..23) or HHMM")
+    hour, minute = int(key[:2]), int(key[2:] or 0)
+    if hour > 23 or minute >= 60 or minute % _SHORTEST:
+        raise ValueError(
+            f"{ds!r}: the pass after '/' must be HH (00..23) or HHMM (MM a multiple of {_SHORTEST})"
+        )
+    return day, hour * 60 + minute
+
+
+def split_ds(ds: str) -> tuple[str, int | None]:
+    """``1997-09-20/05`` -> (``1997-09-20``, 5); ``1997-09-20/0515`` -> (``1997-09-20``, 5);
+    ``1997-09-20`` -> (``1997-09-20``, None): the day and its pass's hour.
+
+    Raises:
+        ValueError: as ``split_pass``.
+    """
+    day, start = split_pass(ds)
+    return day, None if start is None else start // 60
+
+
+def pass_of(ds: str) -> str | None:
+    """A ``ds``'s pass key (``HH`` or ``HHMM``), None for a day."""
+    split_pass(ds)
+    return ds.partition("/")[2] or None
 
 
 def day_of(ds: str) -> str:
@@ -65,10 +115,21 @@ def day_of(ds: str) -> str:
     return ds.partition("/")[0]
 
 
-def hours_of(ds: str) -> set[str]:
-    """The passes a ``ds`` covers: a day's 24 hours, or the pass itself."""
-    day, hour = split_ds(ds)
-    return {f"{day}/{h:02d}" for h in range(24)} if hour is None else {f"{day}/{hour:02d}"}
+def span(ds: str) -> tuple[int, int]:
+    """The minutes a ``ds`` covers, ``[start, end)`` counted from 0001-01-01: a day its 1440,
+    an hour's pass its 60, a shorter pass (whose length its name does not give) at least its
+    first 5; so that a day, its passes and a range of either compare by overlap."""
+    day, start = split_pass(ds)
+    origin = date.fromisoformat(day).toordinal() * 1440
+    if start is None:
+        return origin, origin + 1440
+    return origin + start, origin + start + (60 if len(ds.partition("/")[2]) == 2 else _SHORTEST)
+
+
+def overlaps(a: str, b: str) -> bool:
+    """Whether two ``ds`` cover a common minute (``span``)."""
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1
 
 
 def partition_text(root: str, day: str, hh: str | None = None) -> str:
@@ -83,7 +144,7 @@ def day_name(day: str) -> str:
 
 
 def is_pass_dir(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is an hour's partition (``.../hh=HH``), not a day's."""
+    """Whether ``path`` is a pass's partition (``.../hh=HH[MM]``), not a day's."""
     return Path(path).name.startswith(HOUR_KEY)
 
 
@@ -99,16 +160,18 @@ def pass_dirs(day_dir: str | os.PathLike) -> list[Path]:
 
 def ds_partition(root: str | os.PathLike, ds: str) -> Path:
     """``<root>/ds=<day>``, or ``<root>/ds=<day>/hh=<HH>`` for a pass ``<day>/<HH>``."""
-    day, sep, hh = ds.partition("/")
-    return hour_partition(root, day, hh) if sep else Path(root) / day_name(day)
+    day, sep, key = ds.partition("/")
+    return pass_partition(root, day, key) if sep else Path(root) / day_name(day)
 
 
-def hour_partition(root: str | os.PathLike, ds: str, hh: str | int) -> Path:
-    """``<root>/ds=<ds>/hh=<HH>``: one hour of a day (PaddleRec's pass), ``hh`` 0-23."""
-    hour = int(hh)
-    if not 0 <= hour <= 23:
-        raise ValueError(f"hh must be 00..23, got {hh!r}")
-    return Path(root) / day_name(ds) / f"{HOUR_KEY}{hour:02d}"
+def pass_partition(root: str | os.PathLike, ds: str, key: str) -> Path:
+    """``<root>/ds=<ds>/hh=<key>``: one pass of a day (``key`` ``HH`` or ``HHMM``, ``pass_key``).
+
+    Raises:
+        ValueError: a malformed key.
+    """
+    split_pass(f"{ds}/{key}")
+    return Path(root) / day_name(ds) / f"{HOUR_KEY}{key}"
 
 
 def partition_ds(path: str | os.PathLike) -> str:
@@ -124,31 +187,42 @@ def is_finished(directory: str | os.PathLike) -> bool:
     return (Path(directory) / SUCCESS).exists()
 
 
-def parse_ds_range(text: str, field: str = "ds") -> list[str]:
-    """``YYYY-MM-DD`` or ``START:END`` (inclusive) -> the days in it; with hours,
-    ``YYYY-MM-DD/HH[:YYYY-MM-DD/HH]`` -> the passes in it (``1997-09-20/22:1997-09-21/01`` ->
-    ``1997-09-20/22``, ``/23``, ``1997-09-21/00``, ``/01``).
+def parse_ds_range(text: str, field: str = "ds", pass_minutes: int | None = None) -> list[str]:
+    """``YYYY-MM-DD`` or ``START:END`` (inclusive) -> the days in it; with passes,
+    ``YYYY-MM-DD/HH[:YYYY-MM-DD/HH]`` -> the hours' passes in it (``1997-09-20/22:1997-09-21/01``
+    -> ``1997-09-20/22``, ``/23``, ``1997-09-21/00``, ``/01``), and ``.../HHMM`` ends -> the
+    passes starting every ``pass_minutes`` in it (default 5, every start a shorter pass can
+    have: a reader of the partitions that exist finds each pass whatever its length).
 
     Raises:
-        ConfigError: malformed dates or hours, one end with an hour and the other without, or
-            END before START (names ``field``).
+        ConfigError: malformed dates or passes, ends of two kinds (a day and a pass, ``HH`` and
+            ``HHMM``), END before START, or ``pass_minutes`` that the ends' starts do not fit
+            (names ``field``).
     """
     start, _, end = text.partition(":")
     end = end or start
     try:
-        (first, h0), (last, h1) = split_ds(start), split_ds(end)
+        (first, m0), (last, m1) = split_pass(start), split_pass(end)
     except ValueError as err:
-        raise ConfigError(f"{field}={text!r}: expected YYYY-MM-DD[/HH][:YYYY-MM-DD[/HH]] ({err})") from None
-    if (h0 is None) != (h1 is None):
-        raise ConfigError(f"{field}={text!r}: give both ends as days or both as YYYY-MM-DD/HH passes")
-    if (last, h1 or 0) < (first, h0 or 0):
+        raise ConfigError(
+            f"{field}={text!r}: expected YYYY-MM-DD[/HH[MM]][:YYYY-MM-DD[/HH[MM]]] ({err})"
+        ) from None
+    k0, k1 = start.partition("/")[2], end.partition("/")[2]
+    if len(k0) != len(k1):
+        raise ConfigError(f"{field}={text!r}: give both ends as days, as HH or as HHMM passes")
+    if (last, m1 or 0) < (first, m0 or 0):
         raise ConfigError(f"{field}={text!r}: end before start")
     d0, d1 = date.fromisoformat(first), date.fromisoformat(last)
     days = [(d0 + timedelta(days=k)).isoformat() for k in range((d1 - d0).days + 1)]
-    if h0 is None:
+    if m0 is None:
         return days
-    hours = [f"{d}/{h:02d}" for d in days for h in range(24)]
-    return hours[h0 : len(hours) - (23 - h1)]
+    step = 60 if len(k0) == 2 else (pass_minutes or _SHORTEST)
+    if len(k0) == 4 and (step not in PASS_MINUTES[:-1] or m0 % step or m1 % step):
+        raise ConfigError(f"{field}={text!r}: no passes of {step} minutes start at both ends")
+    keys = [f"{m // 60:02d}" if step == 60 else f"{m // 60:02d}{m % 60:02d}" for m in range(0, 1440, step)]
+    passes = [f"{d}/{k}" for d in days for k in keys]
+    per_day = len(keys)
+    return passes[m0 // step : len(passes) - (per_day - 1 - m1 // step)]
 
 
 def ds_window(ds: str, days: int) -> str:

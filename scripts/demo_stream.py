@@ -1,5 +1,5 @@
-"""``make demo-stream``: replayed MovieLens days of hourly passes through
-``recpipe_stream_retrain``, as an Airflow backfill under the real scheduler, from a clean
+"""``make demo-stream``: replayed MovieLens days of passes (an hour each, or ``--pass_minutes``)
+through ``recpipe_stream_retrain``, as an Airflow backfill under the real scheduler, from a clean
 slate (the stream model's runs, exports, hourly features, Redis rows and registered model are
 removed first). Prints each task as it ends, then a table per pass (rows, progressive AUC,
 export, bytes), each day's close (the registered version and the gate's decision), a table of
@@ -7,8 +7,13 @@ the days' closes (AUC, the champion's AUC on the same rows, promoted, version, r
 online tables, the day's delta bytes) and the orchestration overhead: the wall time against
 the sum of the tasks' times.
 
-Usage: ``python scripts/demo_stream.py [--day YYYY-MM-DD] [--days N] [--hours N] [--timeout S]``
-(``make demo-stream STREAM_DAYS=3``).
+Passes shorter than an hour (``--pass_minutes 15``; ``make demo-stream PASS_MINUTES=15``) run
+the same config with ``stream.pass_minutes`` set, as its own model and DAG
+(``movielens_stream_15min``, ``recpipe_stream_retrain_15min``, written to
+``var/demo-stream/``), on MovieLens replayed in such passes (``data/raw/movielens_15min``).
+
+Usage: ``python scripts/demo_stream.py [--day YYYY-MM-DD] [--days N] [--hours N]
+[--pass_minutes N] [--timeout S]`` (``make demo-stream STREAM_DAYS=3 PASS_MINUTES=15``).
 """
 
 from __future__ import annotations
@@ -30,9 +35,9 @@ from dev.airflow import run_backfill  # noqa: E402
 from dev.env import airflow_env  # noqa: E402
 from recpipe.config import load_pipeline_config  # noqa: E402
 from recpipe.config.retrain import load_retrain_config  # noqa: E402
+from recpipe.layout import PASS_MINUTES  # noqa: E402
 
 CONFIG = "conf/retrain/movielens_stream.yaml"  # one of the deployment's DAGs
-DAG_ID = load_retrain_config(HOME / CONFIG).effective_dag_id
 ROW = "{:<14} {:>5} {:>9}  {:<9} {:>10} {:>9} {:>10}"
 JOBS = ("prepare_features", "evaluate_pass", "train", "export")
 
@@ -41,10 +46,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--day", default="1997-09-22", help="the replayed day (default: a busy one)")
     parser.add_argument("--days", type=int, default=1, help="consecutive days from --day")
-    parser.add_argument("--hours", type=int, default=24, help="passes a day, from 00:00")
+    parser.add_argument("--hours", type=int, default=24, help="hours of passes a day, from 00:00")
+    parser.add_argument(
+        "--pass_minutes", type=int, default=60, choices=PASS_MINUTES, help="the passes' length"
+    )
     parser.add_argument("--timeout", type=float, default=5400, help="seconds for each 6 passes")
     args = parser.parse_args()
-    stream = load_retrain_config(HOME / CONFIG)
+    config_file, extra_env = HOME / CONFIG, {}
+    if args.pass_minutes != 60:
+        config_file = shorter_passes(args.pass_minutes)
+        extra_env["RECPIPE_RETRAIN_CONFIGS"] = str(config_file)
+    stream = load_retrain_config(config_file)
+    dag_id = stream.effective_dag_id
     pipeline = load_pipeline_config(HOME / stream.pipeline_config_path, stream.edit_config_json).resolved(
         HOME
     )
@@ -67,8 +80,9 @@ def main() -> int:
 
     first = date.fromisoformat(args.day)
     days = [(first + timedelta(days=d)).isoformat() for d in range(args.days)]
-    passes = [f"{d}T{h:02d}:00" for d in days for h in range(args.hours)]
-    env = {**os.environ, **airflow_env(HOME)}
+    starts = range(0, args.hours * 60, args.pass_minutes)
+    passes = [f"{d}T{m // 60:02d}:{m % 60:02d}" for d in days for m in starts]
+    env = {**os.environ, **airflow_env(HOME), **extra_env}
     forget_registered_model(env["MLFLOW_TRACKING_URI"], stream.model_name)
     Path(env["AIRFLOW_HOME"]).mkdir(parents=True, exist_ok=True)
     durations: dict = {}
@@ -76,13 +90,13 @@ def main() -> int:
     echo = functools.partial(print, flush=True)
     home = Path(env["AIRFLOW_HOME"])
     with spark_connect.running(env, HOME / "var" / "spark-connect"):  # prepare_features runs there
-        states = run_backfill(env, home, DAG_ID, passes, args.timeout, echo, durations, chunk=6)
+        states = run_backfill(env, home, dag_id, passes, args.timeout, echo, durations, chunk=6)
     wall = time.monotonic() - start
     if any(states.get(p) != "success" for p in passes):
         return 1
     for day in days:
         mine = [p for p in passes if p.startswith(day)]
-        print_table(day, mine, runs, exports, pipeline.train_input_path, env["MLFLOW_TRACKING_URI"], stream)
+        print_table(day, mine, runs, pipeline.train_input_path, env["MLFLOW_TRACKING_URI"], stream)
         print_close(env["MLFLOW_TRACKING_URI"], stream.model_name, day)
     print_days(days, runs, exports, env["MLFLOW_TRACKING_URI"], stream.model_name)
     tasks = sum(durations.values())
@@ -96,8 +110,34 @@ def main() -> int:
         f"{tasks:.0f} s, the jobs' (prepare, evaluate, train, export) to {jobs:.0f} s: "
         f"wall / jobs = {wall / max(jobs, 1e-9):.2f}"
     )
-    print(f"exports: {exports}/<day>/; model dirs: {runs}/ds=<day>/hh=<HH>/")
+    print(f"exports: {exports}/<day>/; model dirs: {runs}/ds=<day>/hh=<pass>/")
     return 0
+
+
+def shorter_passes(minutes: int) -> Path:
+    """The stream config with passes of ``minutes`` as a model and DAG of its own, written to
+    ``var/demo-stream/``, over MovieLens replayed in such passes (replayed here when missing)."""
+    import yaml
+
+    from dev.data.movielens import fetch_movielens
+    from dev.data.replay import replay_movielens
+
+    raw = HOME / "data" / "raw" / f"movielens_{minutes}min"
+    if not (raw / "events").is_dir():
+        print(f"replaying MovieLens in passes of {minutes} minutes -> {raw}", flush=True)
+        replay_movielens(fetch_movielens(HOME / "data"), raw, "hour", minutes)
+    config = yaml.safe_load((HOME / CONFIG).read_text())
+    config["model_name"] = f"movielens_stream_{minutes}min"
+    config["dag_id"] = f"recpipe_stream_retrain_{minutes}min"
+    config["stream"]["pass_minutes"] = minutes
+    config["edit_config_json"].update(
+        raw_input_path=str(raw.relative_to(HOME) / "events"),
+        train_input_path=f"data/features/movielens_{minutes}min",
+    )
+    out = HOME / "var" / "demo-stream" / f"movielens_stream_{minutes}min.yaml"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(yaml.safe_dump(config, sort_keys=False))
+    return out
 
 
 def forget_registered_model(tracking_uri: str, name: str) -> None:
@@ -160,7 +200,7 @@ def print_days(days, runs, exports, tracking_uri: str, name: str) -> None:
         )
 
 
-def print_table(day, passes, runs, exports, features, tracking_uri, stream) -> None:
+def print_table(day, passes, runs, features, tracking_uri, stream) -> None:
     """One line per pass: rows, the progressive AUC, the export written and its size."""
     from mlflow.tracking import MlflowClient
 
@@ -168,7 +208,8 @@ def print_table(day, passes, runs, exports, features, tracking_uri, stream) -> N
     exp = client.get_experiment_by_name(stream.experiment)
     found = client.search_runs(
         [exp.experiment_id],
-        f"tags.`recpipe.step` = 'day' and tags.ds = '{day}' and tags.`airflow.dag_id` = '{DAG_ID}'",
+        f"tags.`recpipe.step` = 'day' and tags.ds = '{day}' "
+        f"and tags.`airflow.dag_id` = '{stream.effective_dag_id}'",
     )
     auc = {}
     if found:
@@ -176,9 +217,9 @@ def print_table(day, passes, runs, exports, features, tracking_uri, stream) -> N
     head = ("pass", "rows", "pass AUC", "export", "bytes", "rows out", "tombstones")
     print("\n" + ROW.format(*head))
     for p in passes:
-        hh = p[11:13]
-        stats = json.loads((Path(features) / f"ds={day}" / f"hh={hh}" / "_stats.json").read_text())
-        record = runs / f"ds={day}" / f"hh={hh}" / "export.json"
+        key = p[11:13] if stream.stream.pass_minutes == 60 else p[11:].replace(":", "")
+        stats = json.loads((Path(features) / f"ds={day}" / f"hh={key}" / "_stats.json").read_text())
+        record = runs / f"ds={day}" / f"hh={key}" / "export.json"
         export = json.loads(record.read_text()) if record.exists() else None
         cells = ["-", "", "", ""]
         if export:
@@ -189,8 +230,10 @@ def print_table(day, passes, runs, exports, features, tracking_uri, stream) -> N
                 str(sum(t["rows"] for t in tables)),
                 str(sum(t["tombstones"] for t in tables)),
             ]
-        score = f"{auc[int(hh)]:.4f}" if int(hh) in auc else "-"
-        print(ROW.format(f"{day}/{hh}", stats["rows"], score, *cells))
+        # the MLflow step: the hour, or a shorter pass's minute of the day
+        step = int(key) if len(key) == 2 else int(key[:2]) * 60 + int(key[2:])
+        score = f"{auc[step]:.4f}" if step in auc else "-"
+        print(ROW.format(f"{day}/{key}", stats["rows"], score, *cells))
 
 
 if __name__ == "__main__":

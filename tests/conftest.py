@@ -141,13 +141,19 @@ def _start_spark_connect(config) -> None:
     if os.environ.get("AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"):
         return
     from dev import spark_connect
+    from recpipe.atomic import pid_alive
     from tests.support import free_port
 
     port = free_port()
-    state = ROOT / "var" / "pytest-spark-connect"
-    spark_connect.sweep(state)  # a server a killed run left
-    shutil.rmtree(state, ignore_errors=True)
-    config._spark_connect = spark_connect.start(port, state)
+    root = ROOT / "var" / "pytest-spark-connect"  # a folder per session, named by its pid
+    for old in [root, *root.glob("*")] if root.is_dir() else []:
+        if old.name.isdigit() and pid_alive(int(old.name)):
+            continue  # another session's, running beside this one
+        spark_connect.sweep(old)  # a server a killed session left
+        if old != root:
+            shutil.rmtree(old, ignore_errors=True)
+    state = root / str(os.getpid())
+    config._spark_connect, config._spark_connect_state = spark_connect.start(port, state), state
     os.environ["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"] = spark_connect_conn(port)
 
 
@@ -159,6 +165,7 @@ def pytest_unconfigure(config):
         from dev import spark_connect
 
         spark_connect.stop(proc)
+        shutil.rmtree(config._spark_connect_state, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

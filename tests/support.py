@@ -145,7 +145,7 @@ def write_click_log(
     import pyarrow.csv as pacsv
 
     from dev.data.csv_files import write_csv_partition
-    from recpipe.layout import ds_partition, split_ds
+    from recpipe.layout import ds_partition, split_pass
 
     if not (out / "dims").exists():
         shutil.copytree(movielens_raw / "dims", out / "dims")
@@ -155,12 +155,13 @@ def write_click_log(
     rng = np.random.default_rng(seed)
     clicks = {}
     for ds in partitions:
-        day, hour = split_ds(ds)
+        day, minute = split_pass(ds)
         n = rows[ds] if isinstance(rows, dict) else rows
         pick = rng.integers(0, len(ids), n)
         label = (rng.random(n) < np.where(student[pick], p_student, p_other)).astype(np.int8)
-        start = (date.fromisoformat(day) - date(1970, 1, 1)).days * 86400 + 3600 * (hour or 0)
-        span = 3600 if hour is not None else 86400
+        start = (date.fromisoformat(day) - date(1970, 1, 1)).days * 86400 + 60 * (minute or 0)
+        # a day, an hour's pass, or (its length not in its name) the first 5 minutes of a shorter one
+        span = 86400 if minute is None else 3600 if len(ds.partition("/")[2]) == 2 else 300
         table = pa.table(
             {
                 "user_id": ids[pick],

@@ -95,11 +95,13 @@ def test_every_setting_is_read_by_someone(compose):
 
     source = _project_source()
     retrain = yaml.safe_load((ROOT / "conf/retrain/movielens_daily.yaml").read_text())
+    stream = yaml.safe_load((ROOT / "conf/retrain/movielens_stream.yaml").read_text())
     connections = {
         "spark_default": retrain.get("spark_conn_id", "spark_default"),
         "spark_connect_default": retrain.get("spark_connect_conn_id", "spark_connect_default"),
         "fs_default": "fs_default",
         "mlflow_default": retrain["tracking"]["mlflow_conn_id"],
+        "recpipe_arrivals": stream["sensor"]["arrivals_conn_id"],
     }
     for name, service in compose["services"].items():
         for key in _env(service):

@@ -12,10 +12,14 @@ from recpipe.layout import (
     ds_window,
     finished_model_dirs,
     finished_partitions,
-    hour_partition,
-    hours_of,
+    overlaps,
     parse_ds_range,
     partition_ds,
+    pass_key,
+    pass_key_format,
+    pass_partition,
+    split_ds,
+    split_pass,
 )
 
 
@@ -27,9 +31,9 @@ def test_ds_ranges_and_windows():
     with pytest.raises(ConfigError, match="expected YYYY-MM-DD"):
         parse_ds_range("yesterday")
     assert ds_window("1997-09-23", 7) == "1997-09-17:1997-09-23"
-    assert hour_partition("/raw", "1997-09-23", 7).as_posix() == "/raw/ds=1997-09-23/hh=07"
-    with pytest.raises(ValueError, match="hh must be 00..23"):
-        hour_partition("/raw", "1997-09-23", "24")
+    assert pass_partition("/raw", "1997-09-23", "07").as_posix() == "/raw/ds=1997-09-23/hh=07"
+    with pytest.raises(ValueError, match="HH"):
+        pass_partition("/raw", "1997-09-23", "24")
 
 
 def test_only_finished_partitions_and_model_dirs_are_taken(tmp_path):
@@ -78,4 +82,29 @@ def test_a_ds_may_name_a_pass_an_hour_of_a_day():
     part = ds_partition("/f", "1997-09-20/05")
     assert part.as_posix() == "/f/ds=1997-09-20/hh=05"
     assert partition_ds(part) == "1997-09-20/05" and partition_ds("/f/ds=1997-09-20") == "1997-09-20"
-    assert hours_of("1997-09-20/05") == {"1997-09-20/05"} and len(hours_of("1997-09-20")) == 24
+    assert overlaps("1997-09-20/05", "1997-09-20") and not overlaps("1997-09-20/05", "1997-09-20/06")
+
+
+def test_passes_shorter_than_an_hour_are_named_by_their_start():
+    assert [pass_key(5, m, 15) for m in (0, 15, 30, 45)] == ["0500", "0515", "0530", "0545"]
+    assert pass_key(5, 0, 60) == "05" and pass_key_format(15) == "%H%M" and pass_key_format() == "%H"
+    for bad in ((5, 10, 15), (5, 0, 7), (24, 0, 60)):
+        with pytest.raises(ValueError):
+            pass_key(*bad)
+    assert split_pass("1997-09-20/0515") == ("1997-09-20", 315) and split_ds("1997-09-20/0515")[1] == 5
+    with pytest.raises(ValueError, match="multiple of 5"):
+        split_pass("1997-09-20/0517")
+    # a range of short passes: every start, at the passes' length (default every 5 minutes)
+    got = parse_ds_range("1997-09-20/2330:1997-09-21/0015", pass_minutes=15)
+    assert got == ["1997-09-20/2330", "1997-09-20/2345", "1997-09-21/0000", "1997-09-21/0015"]
+    assert len(parse_ds_range("1997-09-20/0000:1997-09-20/2355")) == 288
+    with pytest.raises(ConfigError, match="give both ends"):
+        parse_ds_range("1997-09-20/05:1997-09-20/0515")
+    with pytest.raises(ConfigError, match="no passes of 15 minutes"):
+        parse_ds_range("1997-09-20/0505:1997-09-20/0530", pass_minutes=15)
+    part = ds_partition("/f", "1997-09-20/0515")
+    assert part.as_posix() == "/f/ds=1997-09-20/hh=0515" and partition_ds(part) == "1997-09-20/0515"
+    # keys of one length sort as their starts; a short pass lies in its hour and its day
+    assert sorted(["1997-09-20/1000", "1997-09-20/0945", "1997-09-20/0930"])[0] == "1997-09-20/0930"
+    assert overlaps("1997-09-20/0515", "1997-09-20/05") and overlaps("1997-09-20/0515", "1997-09-20")
+    assert not overlaps("1997-09-20/0515", "1997-09-20/0520")

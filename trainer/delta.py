@@ -81,7 +81,7 @@ def export_base(
     day_dir: Path,
     day: str,
     global_step: int,
-    pass_hour: str | None = None,
+    pass_key: str | None = None,
 ) -> Path:
     """Write ``<day_dir>/base/``: the SavedModel and every admitted row (``write_export``).
 
@@ -99,7 +99,7 @@ def export_base(
         global_step,
         day=day,
         saved_model=lambda tmp: write_saved_model(config, model, normalization, tmp),
-        pass_hour=pass_hour,
+        pass_key=pass_key,
     )
 
 
@@ -124,7 +124,7 @@ def write_export(
     global_step: int,
     day: str | None = None,
     saved_model=None,
-    pass_hour: str | None = None,
+    pass_key: str | None = None,
 ) -> Path:
     """Write the export ``<day_dir>/<name>/`` of ``model`` (temporary directory, then rename):
 
@@ -141,9 +141,9 @@ def write_export(
             passes' exports follow (names them and the way out).
     """
     target = day_dir / name
-    if pass_hour is None and name.startswith(DELTA_PREFIX):
-        pass_hour = name.removeprefix(DELTA_PREFIX)
-    exports = previous_export(day_dir, name, pass_hour)
+    if pass_key is None and name.startswith(DELTA_PREFIX):
+        pass_key = name.removeprefix(DELTA_PREFIX)
+    exports = previous_export(day_dir, name, pass_key)
     previous = read_manifest(exports[-1]) if exports else None
     params, ev_step = snapshot(model, normalization, since_step=previous["ev_step"] if previous else None)
     now = {table: ids for ev in online.tables(model) for table, ids in ev.member_ids().items()}
@@ -158,7 +158,7 @@ def write_export(
         day = day or read_manifest(exports[0])["day"]
         sequence = previous["sequence"] + 1 if previous else 0
         doc = new_manifest(day, name, sequence, previous, global_step, ev_step, params, files)
-        doc["pass"] = pass_hour
+        doc["pass"] = pass_key
         for t, ids in now.items():
             doc["tables"][t]["rows_used"] = len(ids)
         (tmp / MANIFEST).write_text(json.dumps(doc, indent=2, sort_keys=True))  # the rename covers it

@@ -28,7 +28,7 @@ from recpipe.config.model import EvalMethod
 from recpipe.errors import UsageError, exit_now, run_command
 from recpipe.exports.files import read_manifest
 from recpipe.launch import launcher_for, run_job, training_job
-from recpipe.layout import ModelDir, parse_ds_range, split_ds
+from recpipe.layout import ModelDir, day_of, parse_ds_range, pass_of
 from trainer.memory import peak_rss_mb
 
 # TensorFlow's C++ start-up chatter hides the log lines users need.
@@ -254,15 +254,17 @@ def export_main(argv: list[str] | None = None) -> int:
     online = parser.add_mutually_exclusive_group()
     online.add_argument(
         "--base",
-        metavar="DAY[/HH]",
+        metavar="DAY[/PASS]",
         default=None,
-        help="write the base: <export_dir>/DAY/base/ (DAY/HH: the pass that exports it, recorded)",
+        help="write the base: <export_dir>/DAY/base/ (DAY/PASS, PASS HH or HHMM: the pass that "
+        "exports it, recorded)",
     )
     online.add_argument(
         "--delta",
-        metavar="DAY/HH",
+        metavar="DAY/PASS",
         default=None,
-        help="write the pass's delta since the day's previous export: <export_dir>/DAY/delta-HH/",
+        help="write the pass's delta since the day's previous export: <export_dir>/DAY/delta-PASS/ "
+        "(PASS: HH, or HHMM for a pass shorter than an hour)",
     )
     args, extra = parser.parse_known_args(argv)
 
@@ -302,20 +304,20 @@ def export_main(argv: list[str] | None = None) -> int:
 
 
 def _export_online(config, model, model_dir, step: int, args) -> dict:
-    """``recpipe export --base DAY`` / ``--delta DAY/HH``: the manifest's summary."""
+    """``recpipe export --base DAY`` / ``--delta DAY/HH[MM]``: the manifest's summary."""
     from trainer.delta import export_base, export_delta
     from trainer.serving import read_normalization
 
     normalization = read_normalization(model_dir)
     if args.base:
-        day, hour = split_ds(args.base)  # the day, or the pass that exports the day's base
-        pass_hour = None if hour is None else f"{hour:02d}"
-        out = export_base(config, model, normalization, Path(args.export_dir) / day, day, step, pass_hour)
+        day = day_of(args.base)  # the day, or the pass that exports the day's base
+        key = pass_of(args.base)
+        out = export_base(config, model, normalization, Path(args.export_dir) / day, day, step, key)
     else:
-        day, hour = split_ds(args.delta)
-        if hour is None:
-            raise UsageError(f"--delta {args.delta}: give the pass, YYYY-MM-DD/HH")
-        out = export_delta(config, model, normalization, Path(args.export_dir) / day, f"{hour:02d}", step)
+        day, key = day_of(args.delta), pass_of(args.delta)
+        if key is None:
+            raise UsageError(f"--delta {args.delta}: give the pass, YYYY-MM-DD/HH or YYYY-MM-DD/HHMM")
+        out = export_delta(config, model, normalization, Path(args.export_dir) / day, key, step)
     manifest = read_manifest(out)
     size = sum(f["bytes"] for f in manifest["files"].values())
     return {

@@ -10,15 +10,19 @@ from dev.data.drift import synth_drift
 from dev.data.movielens import fetch_movielens
 from dev.data.replay import replay_movielens
 from dev.data.synth import synth_criteo
+from recpipe.layout import PASS_MINUTES
 
 
 def _data(args: argparse.Namespace) -> int:
     if args.action == "fetch":
         print(fetch_movielens(args.cache_dir, source=args.source))
     elif args.action == "replay":
-        counts = replay_movielens(fetch_movielens(args.cache_dir), args.out, args.granularity)
+        counts = replay_movielens(
+            fetch_movielens(args.cache_dir), args.out, args.granularity, args.pass_minutes, args.announce
+        )
+        unit = "days" if args.granularity == "day" else "passes"
         print(
-            f"{len(counts)} {args.granularity}s, {sum(counts.values())} events -> {args.out} "
+            f"{len(counts)} {unit}, {sum(counts.values())} events -> {args.out} "
             f"({min(counts)} .. {max(counts)})"
         )
     elif args.dataset == "drift":
@@ -47,7 +51,20 @@ def main(argv: list[str] | None = None) -> int:
     replay.add_argument("dataset", choices=["movielens-100k"])
     replay.add_argument("--out", default="data/raw/movielens")
     replay.add_argument(
-        "--granularity", choices=["day", "hour"], default="day", help="a partition per day, or per hour"
+        "--granularity", choices=["day", "hour"], default="day", help="a partition per day, or per pass"
+    )
+    replay.add_argument(
+        "--pass_minutes",
+        type=int,
+        choices=PASS_MINUTES,
+        default=60,
+        help="with --granularity hour: the passes' length (below 60: hh=HHMM partitions)",
+    )
+    replay.add_argument(
+        "--announce",
+        metavar="REDIS_URL",
+        default=None,
+        help="announce each partition there once written (recpipe announce), as a log exporter would",
     )
     synth = dsub.add_parser("synth", help="synthetic logs for benchmarks")
     # drift: ids that enter and fade day by day (bench/online_tables.py)

@@ -13,12 +13,13 @@ from recpipe import atomic
 from recpipe.layout import SUCCESS
 
 
-def write_csv_partition(table: pa.Table, final: Path, success_marker: bool = True) -> None:
-    """Write ``table`` as ``final/part-00000.csv`` (+ ``_SUCCESS``), atomically."""
+def write_csv_partition(table: pa.Table, final: Path, success_marker: bool = True) -> Path:
+    """Write ``table`` as ``final/part-00000.csv`` (+ ``_SUCCESS``), atomically; ``final``."""
     with atomic.directory(final) as tmp:
         pacsv.write_csv(table, tmp / "part-00000.csv")
         if success_marker:
             (tmp / SUCCESS).touch()
+    return Path(final)
 
 
 def write_csv_file(table: pa.Table, final: Path) -> None:

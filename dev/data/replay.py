@@ -10,8 +10,9 @@ Layout written under ``out``::
 ``ds`` is the UTC date of the rating's unix timestamp; ``label`` is ``rating >= 4``. Each day
 is written to a hidden temporary directory and renamed into place, so a reader never sees a
 half-written day. With ``granularity="hour"`` each day is 24 hour partitions instead,
-``events/ds=YYYY-MM-DD/hh=HH/`` (``HH`` the UTC hour, 00-23), each with its ``_SUCCESS``; an
-hour without ratings is an empty file (header only), as a logging system delivers a quiet
+``events/ds=YYYY-MM-DD/hh=HH/`` (``HH`` the UTC hour, 00-23), or with ``pass_minutes`` below 60
+the passes' partitions ``hh=HHMM/`` (``recpipe.layout.pass_key``), each with its ``_SUCCESS``;
+a pass without ratings is an empty file (header only), as a logging system delivers a quiet
 hour, so that a pass waiting for it does not wait forever.
 """
 
@@ -24,7 +25,8 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from dev.data.csv_files import write_csv_file, write_csv_partition
-from recpipe.layout import ds_partition, hour_partition
+from recpipe.arrivals import announce
+from recpipe.layout import ds_partition, pass_key, pass_partition
 
 EVENT_COLUMNS = ("user_id", "item_id", "rating", "timestamp", "label")
 
@@ -42,24 +44,36 @@ def read_recbole(path: Path) -> pa.Table:
     )
 
 
-def replay_movielens(src: str | Path, out: str | Path, granularity: str = "day") -> dict[str, int]:
-    """Write the event partitions (a day or an hour each) and dimension snapshots.
+def replay_movielens(
+    src: str | Path,
+    out: str | Path,
+    granularity: str = "day",
+    pass_minutes: int = 60,
+    announce_url: str | None = None,
+) -> dict[str, int]:
+    """Write the event partitions (a day or a pass each) and dimension snapshots.
 
     Args:
         src: directory holding ``ml-100k.inter``, ``ml-100k.user``, ``ml-100k.item``.
         out: output root (``events/`` and ``dims/`` are created below it).
-        granularity: ``"day"`` or ``"hour"``.
+        granularity: ``"day"`` or ``"hour"`` (passes).
+        pass_minutes: with ``"hour"``, the passes' length (``recpipe.layout.PASS_MINUTES``):
+            60, an hour's partition ``hh=HH``; shorter, ``hh=HHMM`` partitions.
+        announce_url: a Redis URL: each partition is announced there once complete
+            (``recpipe.arrivals``), as a log exporter would.
 
     Returns:
-        ``{ds: rows}`` for every day written, or ``{"ds/HH": rows}`` for every hour of the days
-        that have ratings; the rows add up to the source's ratings.
+        ``{ds: rows}`` for every day written, or ``{"ds/HH[MM]": rows}`` for every pass of the
+        days that have ratings; the rows add up to the source's ratings.
 
     Raises:
         FileNotFoundError: a source file is missing.
-        ValueError: another ``granularity`` (before anything is written).
+        ValueError: another ``granularity``, or a pass length that does not divide the hour
+            (before anything is written).
     """
     if granularity not in ("day", "hour"):
         raise ValueError(f"granularity must be 'day' or 'hour', got {granularity!r}")
+    keys = [pass_key(m // 60, m % 60, pass_minutes) for m in range(0, 1440, pass_minutes)]
     src, out = Path(src), Path(out)
     inter = read_recbole(src / "ml-100k.inter")
     seconds = pc.cast(pc.cast(inter["timestamp"], pa.float64()), pa.int64())
@@ -75,27 +89,50 @@ def replay_movielens(src: str | Path, out: str | Path, granularity: str = "day")
             "label": pc.cast(pc.greater_equal(rating, 4.0), pa.int8()),
             "ds": days,
             "hh": pc.strftime(utc, format="%H"),
+            "minute": pc.cast(pc.strftime(utc, format="%M"), pa.int32()),
         }
     ).sort_by([("ds", "ascending"), ("timestamp", "ascending")])
 
+    write_dims(src, out)  # before any partition is announced: a pass reads them
     (out / "events").mkdir(parents=True, exist_ok=True)
+    client = None
+    if announce_url:
+        import redis
+
+        client = redis.Redis.from_url(announce_url)
+
+    def tell(partition) -> None:
+        if client is not None:
+            announce(client, partition)
+
     counts: dict[str, int] = {}
     for ds in pc.unique(events["ds"]).to_pylist():
         day = events.filter(pc.equal(events["ds"], ds))
         if granularity == "day":
-            write_csv_partition(day.select(list(EVENT_COLUMNS)), ds_partition(out / "events", ds))
+            written = write_csv_partition(day.select(list(EVENT_COLUMNS)), ds_partition(out / "events", ds))
             counts[ds] = day.num_rows
+            tell(written)
             continue
-        for hour in range(24):
-            hh = f"{hour:02d}"
-            rows = day.filter(pc.equal(day["hh"], hh)).select(list(EVENT_COLUMNS))
-            write_csv_partition(rows, hour_partition(out / "events", ds, hh))
-            counts[f"{ds}/{hh}"] = rows.num_rows
+        # a pass's key: the hour, and the start minute of a shorter pass
+        start = pc.multiply(pc.divide(day["minute"], pass_minutes), pass_minutes)
+        at = (
+            pc.binary_join_element_wise(day["hh"], pc.utf8_lpad(pc.cast(start, pa.string()), 2, "0"), "")
+            if pass_minutes != 60
+            else day["hh"]
+        )
+        for key in keys:
+            rows = day.filter(pc.equal(at, key)).select(list(EVENT_COLUMNS))
+            tell(write_csv_partition(rows, pass_partition(out / "events", ds, key)))
+            counts[f"{ds}/{key}"] = rows.num_rows
+    return counts
 
+
+def write_dims(src: str | Path, out: str | Path) -> None:
+    """The dimension snapshots ``<out>/dims/users.csv`` and ``items.csv`` from the source."""
+    src, out = Path(src), Path(out)
     users = read_recbole(src / "ml-100k.user")
     items = read_recbole(src / "ml-100k.item").rename_columns(
         ["item_id", "movie_title", "release_year", "genres"]
     )
     write_csv_file(users, out / "dims" / "users.csv")
     write_csv_file(items, out / "dims" / "items.csv")
-    return counts

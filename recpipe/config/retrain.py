@@ -6,7 +6,7 @@ keeps them apart."""
 from __future__ import annotations
 
 import os
-from datetime import date, timedelta
+from datetime import date, datetime, timedelta
 from pathlib import Path
 from typing import Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -33,6 +33,11 @@ class SensorConfig(Section):
     """Seconds between looks for the partition's ``_SUCCESS``."""
     timeout_s: float = Field(6 * 3600, gt=0)
     """Seconds after which the sensor fails, naming the missing path."""
+    arrivals_conn_id: str | None = None
+    """An Airflow connection (type ``redis``) on whose ``recpipe:partitions`` channel
+    ``recpipe announce`` publishes complete partitions: the wait is the triggerer's and ends on
+    the message, within seconds of the partition landing (it still looks every
+    ``poke_interval_s``); null: poke by ``mode``."""
 
 
 class ValidationConfig(Section):
@@ -173,18 +178,32 @@ class NotificationConfig(Section):
 
 
 class StreamConfig(Section):
-    """The intraday retrain (``recpipe_stream_retrain``): one pass an hour, a base export at the
-    day's first trained pass, a delta after every other one, pushed to the online store.
+    """The intraday retrain (``recpipe_stream_retrain``): one pass an hour (or every
+    ``pass_minutes``), a base export at the day's first trained pass, a delta after every other
+    one, pushed to the online store.
 
     ``redis_url``: the Redis embedding store the exports are pushed to (``recpipe.
-    online_store``), or null for no push. ``close_hour``: the pass (UTC hour) after which the
-    day's model is exported whole, registered and gated (``gate``); 23: the day's last.
+    online_store``), or null for no push. ``close_hour``: the hour whose last pass closes the
+    day: the day's model is exported whole, registered and gated (``gate``); 23: the day's last.
     """
 
     redis_url: str | None = "redis://127.0.0.1:6379/0"
     """The Redis the exports are pushed to (null: no push)."""
     close_hour: int = Field(23, ge=0, le=23)
-    """The UTC hour whose pass closes the day: whole export, registration, gate (0-23)."""
+    """The UTC hour whose last pass closes the day: whole export, registration, gate (0-23)."""
+    pass_minutes: int = 60
+    """Minutes of data a pass trains on (60, 30, 20, 15, 10 or 5: a pass never spans two
+    hours). A pass of an hour is named ``HH`` (raw ``ds=D/hh=HH``), a shorter one by its start,
+    ``HHMM`` (``ds=D/hh=HHMM``)."""
+
+    @field_validator("pass_minutes")
+    @classmethod
+    def _divides_the_hour(cls, value: int) -> int:
+        from recpipe.layout import PASS_MINUTES
+
+        if value not in PASS_MINUTES:
+            raise ValueError(f"{value}: a pass lasts one of {list(PASS_MINUTES)} minutes")
+        return value
 
 
 class RetrainConfig(Section):
@@ -286,6 +305,8 @@ class RetrainConfig(Section):
             raise ValueError("max_active_runs: a stream's pass continues from the one before: it must be 1")
         if self.end_date is not None and self.end_date < self.start_date:
             raise ValueError(f"end_date {self.end_date} is before start_date {self.start_date}")
+        if self.kind == "stream" and self.schedule is not None and self.stream.pass_minutes != 60:
+            _check_pass_schedule(self.schedule, self.stream.pass_minutes)
         return self
 
     @property
@@ -295,8 +316,12 @@ class RetrainConfig(Section):
 
     @property
     def effective_schedule(self) -> str:
-        """``schedule``, else ``@daily`` (daily) or ``@hourly`` (stream: one pass an hour)."""
-        return self.schedule or ("@hourly" if self.kind == "stream" else "@daily")
+        """``schedule``, else ``@daily`` (daily), ``@hourly`` (stream: one pass an hour) or
+        ``*/N * * * *`` (a stream's passes of N = ``stream.pass_minutes`` minutes)."""
+        if self.schedule or self.kind != "stream":
+            return self.schedule or "@daily"
+        minutes = self.stream.pass_minutes
+        return "@hourly" if minutes == 60 else f"*/{minutes} * * * *"
 
     def with_run_edits(self, run_edits: dict | None) -> dict:
         """``edit_config_json`` of a run: this config's overrides (where data live, the daily
@@ -369,3 +394,24 @@ def load_retrain_configs(home) -> tuple[dict[Path, RetrainConfig], dict[Path, st
         owners[retrain.effective_dag_id] = path
         loaded[path] = retrain
     return loaded, broken
+
+
+def _check_pass_schedule(schedule: str, pass_minutes: int) -> None:
+    """A stream's own schedule must fire at pass starts only: a run's logical date names its
+    pass (``recpipe.layout.pass_key_format``).
+
+    Raises:
+        ValueError: a preset, or a cron time that starts no pass of ``pass_minutes``.
+    """
+    from croniter import croniter
+
+    if schedule.startswith("@"):
+        raise ValueError(f"schedule {schedule!r}: passes of {pass_minutes} minutes need a cron expression")
+    fires = croniter(schedule, datetime(2000, 1, 1))
+    for _ in range(1440 // pass_minutes):
+        at = fires.get_next(datetime)
+        if at.minute % pass_minutes or at.second:
+            raise ValueError(
+                f"schedule {schedule!r} fires at {at:%H:%M}, which starts no pass of "
+                f"stream.pass_minutes {pass_minutes}"
+            )

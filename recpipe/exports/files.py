@@ -16,11 +16,11 @@ No TensorFlow here: an online store or another language's server reads these fil
     params/dense.npz                    every other model variable by name (MLP, hashed tables)
     params/normalization.json           the dense constants serving applies
 
-``manifest.json``: ``kind`` (base / delta), ``day``, ``name`` (``base``, ``delta-<HH>``),
+``manifest.json``: ``kind`` (base / delta), ``day``, ``name`` (``base``, ``delta-<pass>``),
 ``sequence`` (0 for the base, then 1, 2, ...), ``follows`` and ``follows_ev_step`` (the previous
 export's name and ``ev_step``: a delta applies to that export only),
-``global_step``, ``ev_step`` (the online tables' clock at the export), ``pass`` (the hour
-``HH`` of the pass whose model it holds, when known), per table ``rows`` /
+``global_step``, ``ev_step`` (the online tables' clock at the export), ``pass`` (the key,
+``HH`` or ``HHMM``, of the pass whose model it holds, when known), per table ``rows`` /
 ``tombstones`` / ``rows_used``, and each file's ``bytes`` and ``sha256``.
 """
 
@@ -170,16 +170,17 @@ def chain(day_dir: Path) -> list[Path]:
 
 
 def pass_of(export: Path) -> str | None:
-    """The pass (``HH``) whose model an export holds: its manifest's ``pass``, else a delta's
-    name (``delta-<HH>``); None for a base that does not record it."""
+    """The pass (``HH`` or ``HHMM``, ``recpipe.layout.pass_key``) whose model an export holds:
+    its manifest's ``pass``, else a delta's name (``delta-<pass>``); None for a base that does
+    not record it. Keys of one model's passes sort as their starts."""
     recorded = read_manifest(export).get("pass")
     if recorded is not None:
         return str(recorded)
     return export.name.removeprefix(DELTA_PREFIX) if export.name.startswith(DELTA_PREFIX) else None
 
 
-def previous_export(day_dir: Path, name: str, pass_hour: str | None = None) -> list[Path]:
-    """The exports that export ``name`` of ``day_dir``, made by pass ``pass_hour`` (``HH``;
+def previous_export(day_dir: Path, name: str, pass_key: str | None = None) -> list[Path]:
+    """The exports that export ``name`` of ``day_dir``, made by pass ``pass_key`` (``HH`` or ``HHMM``;
     default: a delta's own name), follows: the day's chain before it (the whole chain for a
     new pass; a re-run replaces its own export only when no later pass exported). Empty for
     a new day's base.
@@ -197,7 +198,7 @@ def previous_export(day_dir: Path, name: str, pass_hour: str | None = None) -> l
     if name == BASE and not is_finished(target):
         return []
     exports = chain(day_dir)
-    mine = pass_hour if pass_hour is not None else name.removeprefix(DELTA_PREFIX)
+    mine = pass_key if pass_key is not None else name.removeprefix(DELTA_PREFIX)
     if name == BASE:
         later = exports[1:]
     else:
@@ -207,7 +208,7 @@ def previous_export(day_dir: Path, name: str, pass_hour: str | None = None) -> l
             f"{target}: the day's chain already holds {[p.name for p in later]}, exported by later "
             f"passes from models that never trained this one; an export of it now would not "
             "follow them and would lose rows in serving. Leave this pass as it is (in Airflow, "
-            "mark the failed task successful: its hour stays untrained, the chain and the store "
+            "mark the failed task successful: the pass stays untrained, the chain and the store "
             "stay consistent); the next day's base starts a new chain"
         )
     return [p for p in exports if p != target]

@@ -281,13 +281,34 @@ def test_cli_checks_retrain_and_cluster_configs_by_their_fields(tmp_path):
         ("1997-13-45:1997-01-01", "month must be in 1..12"),
         ("1997-02-30", "day is out of range for month"),
         ("1997-03-05:1997-01-01", "end before start"),
-        ("1997-02-03/25", "the hour after '/' must be 00..23"),
+        ("1997-02-03/25", "the pass after '/' must be HH (00..23) or HHMM"),
     ],
 )
 def test_impossible_days_and_reversed_ranges_name_the_field(value, why):
     with pytest.raises(ConfigError) as err:
         load_pipeline_config(ML, parse_extend_args([f"--train_ds={value}"]))
     assert f"train_ds: '{value}'" in str(err.value) and why in str(err.value)
+
+
+def test_a_streams_pass_length_sets_its_schedule_and_close():
+    from datetime import datetime
+
+    from operators.stream import closes_day
+    from recpipe.config.retrain import RetrainConfig
+
+    raw = yaml.safe_load((ROOT / "conf/retrain/movielens_stream.yaml").read_text())
+    assert RetrainConfig(**raw).effective_schedule == "@hourly"
+    raw["stream"]["pass_minutes"] = 15
+    assert RetrainConfig(**raw).effective_schedule == "*/15 * * * *"
+    for schedule, why in (("@hourly", "need a cron expression"), ("*/10 * * * *", "fires at 00:10")):
+        with pytest.raises(ValueError, match=why):
+            RetrainConfig(**{**raw, "schedule": schedule})
+    with pytest.raises(ValueError, match="a pass lasts one of"):
+        RetrainConfig(**{**raw, "stream": {**raw["stream"], "pass_minutes": 7}})
+    # the last pass of close_hour closes the day, whatever the passes' length
+    at = [datetime(1997, 9, 22, 23, m) for m in (0, 15, 30, 45)]
+    assert [closes_day(t, 23, 15) for t in at] == [False, False, False, True]
+    assert closes_day(at[0], 23) and not closes_day(datetime(1997, 9, 22, 22), 23)
 
 
 def test_easyrec_exporters_that_recpipe_does_not_run_are_refused_saying_so():

@@ -1,19 +1,21 @@
-"""``recpipe_stream_retrain`` over three days of click logs, as the scheduler's backfill runs
-it (``make demo-stream``): two passes a day (19:00, and 20:00 which closes the day; day 1 also
-a quiet 18:00) of 400 MovieLens (user, item) pairs whose clicks follow the user's occupation
-(a signal a few passes learn: a MovieLens hour's ratings are too few to tell a model from
-noise), ``retention_days: 1``. Day 1's model becomes the champion; day 2 is trained badly on purpose
-(from scratch, one step a pass: the run's conf) and its close is rejected; day 3 starts again
-from the champion, is gated against it and promoted. After every pass the Redis rows equal the
-rows of the day's exports applied in order (what ``recpipe serve apply-delta`` builds the
-served SavedModel from) and the champion's model dir is on disk; at the end, the push of an
-earlier pass, cleared and run again, leaves the store where it was, and a whole earlier pass
-run again trains, exports and pushes nothing twice."""
+"""``recpipe_stream_retrain`` over three days of click logs, as the scheduler's backfill runs it
+(``make demo-stream``), in passes of 30 minutes (``stream.pass_minutes``, passes named
+``hh=HHMM``): two passes a day (20:00, and 20:30 which closes the day, the last pass of
+``close_hour`` 20; day 1 also a quiet 19:30) of 400 MovieLens (user, item) pairs whose clicks
+follow the user's occupation (a signal a few passes learn: a MovieLens hour's ratings are too
+few to tell a model from noise), ``retention_days: 1``. Day 1's model becomes the champion; day
+2 is trained badly on purpose (from scratch, one step a pass: the run's conf) and its close is
+rejected; day 3 starts again from the champion, is gated against it and promoted. After every
+pass the Redis rows equal the rows of the day's exports applied in order (what ``recpipe serve
+apply-delta`` builds the served SavedModel from) and the champion's model dir is on disk; at
+the end, the push of an earlier pass, cleared and run again, leaves the store where it was, and
+a whole earlier pass run again trains, exports and pushes nothing twice."""
 
 from __future__ import annotations
 
 import json
 import os
+import threading
 import uuid
 from pathlib import Path
 
@@ -28,9 +30,10 @@ from tests.support import ROOT, spark_connect_url, write_click_log
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 DAYS = ["1997-11-12", "1997-11-13", "1997-11-14"]
-HOURS = ["19", "20"]
+TIMES = ["20:00", "20:30"]  # the passes' starts: 30-minute passes, named by them
+PASSES = [t.replace(":", "") for t in TIMES]
 ROWS = 400
-QUIET = f"{DAYS[0]}/18"  # a quiet hour: prepared, then everything after it skipped
+QUIET = f"{DAYS[0]}/1930"  # a quiet pass: prepared, then everything after it skipped
 DAG_ID = "recpipe_stream_retrain"
 BAD = {"full_retrain": True, "edit_config_json": {"train_config.num_steps": 1}}
 
@@ -85,7 +88,7 @@ def _clear(api, client, model, day, want, task_ids, pass_dir=None) -> dict:
 
     before = state()
     run_id = next(
-        r["dag_run_id"] for r in api.runs(DAG_ID) if r["logical_date"].startswith(f"{day}T{HOURS[0]}")
+        r["dag_run_id"] for r in api.runs(DAG_ID) if r["logical_date"].startswith(f"{day}T{TIMES[0]}")
     )
     api.clear(DAG_ID, run_id, task_ids or None)
     rerun = api.wait_for_run(DAG_ID, run_id, timeout=300)
@@ -101,16 +104,20 @@ def days(movielens_hourly_raw, tmp_path_factory) -> dict:
     import redis
     from mlflow import MlflowClient
 
-    from dev.airflow import run_backfill
+    from dev.airflow import land_when_waited_for, run_backfill
     from dev.env import airflow_env
     from recpipe.exports.store import applied
+    from recpipe.launch.topology import free_ports
 
     spark_connect_url()  # prepare_features runs on it
     base = tmp_path_factory.mktemp("stream_days")
     var = base / "var"
-    hours = [QUIET, *[f"{d}/{h}" for d in DAYS for h in HOURS]]
+    hours = [QUIET, *[f"{d}/{p}" for d in DAYS for p in PASSES]]
     rows = {h: 0 if h == QUIET else ROWS for h in hours}
     write_click_log(movielens_hourly_raw, var / "raw", hours, rows, p_student=0.7, p_other=0.15)
+    # the quiet pass lands once its run waits for it, and is announced (recpipe.arrivals)
+    quiet_partition = var / "raw" / "events" / f"ds={DAYS[0]}" / f"hh={QUIET[-4:]}"
+    (quiet_partition / "_SUCCESS").unlink()
     model = f"stream_days_{uuid.uuid4().hex[:6]}"
     config = yaml.safe_load((ROOT / "conf/retrain/movielens_stream.yaml").read_text())
     config.update(
@@ -119,12 +126,13 @@ def days(movielens_hourly_raw, tmp_path_factory) -> dict:
         runs_dir=str(var / "runs"),
         export_dir=str(var / "exports"),
         retention_days=1,
-        sensor={"mode": "reschedule", "poke_interval_s": 1, "timeout_s": 30},
+        # a look a minute: a wait that ends sooner was ended by the partition's announcement
+        sensor={**config["sensor"], "poke_interval_s": 60, "timeout_s": 600},
         tracking={"retries": 0},
         # day 1 has no champion: any finite AUC; a day not significantly worse takes over
         gate={"min_metric": 0.0, "inconclusive": "promote", "tolerance": 0.02},
     )
-    config["stream"]["close_hour"] = int(HOURS[-1])
+    config["stream"].update(close_hour=int(PASSES[-1][:2]), pass_minutes=30)
     config["edit_config_json"].update(
         {
             "raw_input_path": str(var / "raw" / "events"),
@@ -153,15 +161,24 @@ def days(movielens_hourly_raw, tmp_path_factory) -> dict:
     registry = MlflowClient(env["MLFLOW_TRACKING_URI"])
     runs, exports = var / "runs" / model, var / "exports" / model
     checks: list[dict] = []
-    passes = [f"{DAYS[0]}T18:00", *[f"{d}T{h}:00" for d in DAYS for h in HOURS]]
+    passes = [f"{DAYS[0]}T19:30", *[f"{d}T{t}" for d in DAYS for t in TIMES]]
 
     def after(api, part):
         """After each pass: the store against the day's chain, the champion's dir on disk."""
         (logical,) = part
-        day, hh = logical[:10], logical[11:13]
-        if logical == passes[0]:  # the quiet hour: nothing trained, exported or pushed
+        day, key = logical[:10], logical[11:].replace(":", "")
+        if logical == passes[0]:  # the quiet pass: nothing trained, exported or pushed
             checks.append(
                 {"quiet": sorted(p.name for p in runs.rglob("hh=*")), "applied": applied(client, model)}
+            )
+            (run,) = [r for r in api.runs(DAG_ID) if r["logical_date"].startswith(logical)]
+            tis = {t["task_id"]: t for t in api.task_instances(DAG_ID, run["dag_run_id"])}
+            checks.append(
+                {
+                    "arrival": landed.get(logical, {}),
+                    "wait": tis["wait_for_pass"],
+                    "prepare": tis["prepare_features"],
+                }
             )
             return
         record = applied(client, model)
@@ -175,7 +192,7 @@ def days(movielens_hourly_raw, tmp_path_factory) -> dict:
             pass
         checks.append(
             {
-                "pass": f"{day}/{hh}",
+                "pass": f"{day}/{key}",
                 "applied": dict(record),
                 "champion": champion and dict(champion.tags),
                 "champion_dir_exists": champion is None or Path(champion.tags["model_dir"]).is_dir(),
@@ -184,12 +201,19 @@ def days(movielens_hourly_raw, tmp_path_factory) -> dict:
         )
         if logical == passes[-1]:
             checks.append(_clear(api, client, model, day, want, ["push"]))
-            checks.append(_clear(api, client, model, day, want, None, runs / f"ds={day}" / f"hh={HOURS[0]}"))
+            checks.append(_clear(api, client, model, day, want, None, runs / f"ds={day}" / f"hh={PASSES[0]}"))
 
+    landed: dict = {}
+    port = free_ports(1)[0]  # the api-server's: the thread below asks it when to land
+    threading.Thread(
+        target=land_when_waited_for,
+        args=(port, base / "airflow", DAG_ID, [(passes[0], quiet_partition)], landed),
+        daemon=True,
+    ).start()
     lines: list[str] = []
     states = run_backfill(
         env, base / "airflow", DAG_ID, passes, 1500, lines.append, chunk=1,
-        confs={f"{DAYS[1]}T{h}:00": BAD for h in HOURS}, after_chunk=after,
+        confs={f"{DAYS[1]}T{t}": BAD for t in TIMES}, after_chunk=after, port=port,
     )  # fmt: skip
     yield {
         "states": states,
@@ -210,22 +234,34 @@ def test_every_pass_ran_and_the_store_followed_each_one(days):
     states = days["states"]
     assert states == {p: "success" for p in states} and len(states) == 7, days["lines"][-20:]
     pushed = [c["applied"]["day"] + "/" + c["applied"]["name"] for c in days["checks"] if "pass" in c]
-    assert pushed == [f"{d}/{n}" for d in DAYS for n in ("base", "delta-20")]
+    assert pushed == [f"{d}/{n}" for d in DAYS for n in ("base", f"delta-{PASSES[1]}")]
 
 
-def test_a_quiet_hour_is_prepared_and_skips_the_rest(days):
+def test_a_quiet_pass_is_prepared_and_skips_the_rest(days):
     (quiet,) = [c for c in days["checks"] if "quiet" in c]
     assert quiet == {"quiet": [], "applied": {}}
-    stats = days["runs"].parents[1] / "features" / f"ds={DAYS[0]}" / "hh=18" / "_stats.json"
+    stats = days["runs"].parents[1] / "features" / f"ds={DAYS[0]}" / "hh=1930" / "_stats.json"
     assert json.loads(stats.read_text())["rows"] == 0
+
+
+def test_a_pass_waiting_for_its_partition_starts_when_it_is_announced(days):
+    from datetime import datetime
+
+    (arrival,) = [c for c in days["checks"] if "arrival" in c]
+    landed = arrival["arrival"]
+    assert landed.get("heard", 0) >= 1, landed  # the triggerer's subscription heard it
+    ended = datetime.fromisoformat(arrival["wait"]["end_date"]).timestamp()
+    started = datetime.fromisoformat(arrival["prepare"]["start_date"]).timestamp()
+    # the sensor looks once a minute: only the message ends the wait this soon
+    assert 0 <= ended - landed["at"] < 20 and started - landed["at"] < 40, (landed, arrival)
 
 
 def test_each_pass_fine_tunes_from_the_days_previous_pass(days):
     runs = days["runs"] / f"ds={DAYS[2]}"
-    first = json.loads((runs / f"hh={HOURS[0]}" / "train_result.json").read_text())
-    second = json.loads((runs / f"hh={HOURS[1]}" / "train_result.json").read_text())
-    assert second["fine_tune_checkpoint"] == str(runs / f"hh={HOURS[0]}")
-    assert first["train_ds"] == f"{DAYS[2]}/{HOURS[0]}" and second["online_tables"]
+    first = json.loads((runs / f"hh={PASSES[0]}" / "train_result.json").read_text())
+    second = json.loads((runs / f"hh={PASSES[1]}" / "train_result.json").read_text())
+    assert second["fine_tune_checkpoint"] == str(runs / f"hh={PASSES[0]}")
+    assert first["train_ds"] == f"{DAYS[2]}/{PASSES[0]}" and second["online_tables"]
     assert second["global_step"] == 3 * -(-ROWS // 32)  # 3 epochs of 400 rows, batch 32
 
 
@@ -240,7 +276,7 @@ def test_day_two_is_rejected_and_day_three_promoted_against_day_ones_champion(da
     assert champion.version == versions[2].version
     # day 3's first pass fine-tuned from day 1's champion, not from day 2's rejected model,
     # and was scored by it (the model it started from) before training
-    first = days["runs"] / f"ds={DAYS[2]}" / f"hh={HOURS[0]}"
+    first = days["runs"] / f"ds={DAYS[2]}" / f"hh={PASSES[0]}"
     assert (
         json.loads((first / "train_result.json").read_text())["fine_tune_checkpoint"]
         == (versions[0].tags["model_dir"])
@@ -260,21 +296,22 @@ def test_progressive_validation_draws_one_curve_a_day_in_mlflow(days):
         r.data.tags["ds"]: r for r in client.search_runs([exp.experiment_id], "tags.`recpipe.step` = 'day'")
     }
     assert sorted(day_runs) == DAYS
-    # day 1's 19:00 had no model before it; later days' first pass is scored by the champion
+    # day 1's 20:00 had no model before it; later days' first pass is scored by the champion;
+    # a pass shorter than an hour is drawn at its minute of the day
     steps = {
         d: [m.step for m in client.get_metric_history(r.info.run_id, "pass_auc")] for d, r in day_runs.items()
     }
-    assert steps == {DAYS[0]: [20], DAYS[1]: [19, 20], DAYS[2]: [19, 20]}
+    assert steps == {DAYS[0]: [1230], DAYS[1]: [1200, 1230], DAYS[2]: [1200, 1230]}
     rows = client.get_metric_history(day_runs[DAYS[0]].info.run_id, "pass_rows")
-    assert [(m.step, m.value) for m in rows] == [(20, float(ROWS))]
+    assert [(m.step, m.value) for m in rows] == [(1230, float(ROWS))]
     parents = client.search_runs(
         [exp.experiment_id],
         "tags.`recpipe.step` = 'parent' and tags.`airflow.dag_id` = 'recpipe_stream_retrain'",
     )
-    # every trained pass's parent run is ended (a re-run's too); the quiet hour logged none
+    # every trained pass's parent run is ended (a re-run's too); the quiet pass logged none
     assert len(parents) >= 6 and {r.info.status for r in parents} == {"FINISHED"}
-    # named by day and hour first, then how the DAG run was started
-    assert {r.info.run_name for r in parents} >= {f"ds={d} hh={h} backfill" for d in DAYS for h in HOURS}
+    # named by day and pass first, then how the DAG run was started
+    assert {r.info.run_name for r in parents} >= {f"ds={d} hh={p} backfill" for d in DAYS for p in PASSES}
     # each day's close ended its curve, with the day's pooled scores
     assert {r.info.run_name: r.info.status for r in day_runs.values()} == {
         f"ds={d} passes": "FINISHED" for d in DAYS
@@ -289,9 +326,9 @@ def test_retention_never_deleted_the_champions_dir(days):
     checks = [c for c in days["checks"] if "pass" in c]
     assert all(c["champion_dir_exists"] for c in checks), checks
     # after day 3's first pass: day 1's champion pass is kept, one day back beyond the window
-    day3 = next(c for c in checks if c["pass"] == f"{DAYS[2]}/{HOURS[0]}")
-    assert f"ds={DAYS[0]}/hh={HOURS[-1]}" in day3["pass_dirs"]
-    assert f"ds={DAYS[0]}/hh={HOURS[0]}" not in day3["pass_dirs"]
+    day3 = next(c for c in checks if c["pass"] == f"{DAYS[2]}/{PASSES[0]}")
+    assert f"ds={DAYS[0]}/hh={PASSES[-1]}" in day3["pass_dirs"]
+    assert f"ds={DAYS[0]}/hh={PASSES[0]}" not in day3["pass_dirs"]
 
 
 def test_a_cleared_push_of_an_earlier_pass_leaves_the_store_where_it_was(days):

@@ -89,6 +89,23 @@ def test_hourly_replay_puts_every_rating_in_exactly_one_hour(movielens_src, movi
     assert not (tmp_path / "x").exists()
 
 
+def test_a_replay_in_shorter_passes_puts_every_rating_in_the_pass_it_falls_in(movielens_src, tmp_path):
+    from dev.data.replay import replay_movielens
+
+    counts = replay_movielens(movielens_src, tmp_path / "raw", granularity="hour", pass_minutes=30)
+    assert sum(counts.values()) == 100_000 and len(counts) == 213 * 48
+    days = sorted((tmp_path / "raw" / "events").glob("ds=*"))[:3]
+    for day in days:
+        passes = sorted(p.name for p in day.glob("hh=*"))
+        assert passes[:3] == ["hh=0000", "hh=0030", "hh=0100"] and len(passes) == 48
+        for key in passes:
+            with open(day / key / "part-00000.csv") as f:
+                for row in csv.DictReader(f):
+                    at = datetime.fromtimestamp(int(row["timestamp"]), UTC)
+                    start = int(key[3:5]) * 60 + int(key[5:])
+                    assert day.name == f"ds={at.date()}" and start <= at.hour * 60 + at.minute < start + 30
+
+
 def _fake_grouplens(ratings: int) -> bytes:
     genres = "|".join(["0"] * 18 + ["1"])
     buf = io.BytesIO()

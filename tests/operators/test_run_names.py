@@ -22,25 +22,29 @@ def hook(tmp_path, monkeypatch):
     return MLflowHook(mlflow_conn_id="")
 
 
-def _context(ds, hour, run_type, run_id="backfill__x"):
-    logical = None if ds is None else datetime.fromisoformat(f"{ds}T{hour:02d}:00:00").replace(tzinfo=UTC)
+def _context(ds, hour, run_type, run_id="backfill__x", minute=0):
+    logical = (
+        None if ds is None else datetime.fromisoformat(f"{ds}T{hour:02d}:{minute:02d}:00").replace(tzinfo=UTC)
+    )
     dag_run = DagRun(dag_id="recpipe_stream_retrain", run_id=run_id, run_type=run_type, logical_date=logical)
     return {"ds": ds, "logical_date": logical, "run_id": run_id, "dag_run": dag_run}
 
 
 @pytest.mark.parametrize(
-    ("ds", "hour", "run_type", "hourly", "want"),
+    ("ds", "hour", "run_type", "pass_minutes", "want"),
     [
-        ("1997-09-22", 23, DagRunType.BACKFILL_JOB, True, "ds=1997-09-22 hh=23 backfill"),
-        ("1997-09-22", 0, DagRunType.SCHEDULED, True, "ds=1997-09-22 hh=00 scheduled"),
-        ("1997-09-22", 0, DagRunType.SCHEDULED, False, "ds=1997-09-22 scheduled"),
-        ("1997-09-22", 5, DagRunType.MANUAL, False, "ds=1997-09-22 manual"),
-        (None, 0, DagRunType.MANUAL, False, "manual__2026 manual"),
+        ("1997-09-22", 23, DagRunType.BACKFILL_JOB, 60, "ds=1997-09-22 hh=23 backfill"),
+        ("1997-09-22", 0, DagRunType.SCHEDULED, 60, "ds=1997-09-22 hh=00 scheduled"),
+        ("1997-09-22", 0, DagRunType.SCHEDULED, 15, "ds=1997-09-22 hh=0045 scheduled"),
+        ("1997-09-22", 0, DagRunType.SCHEDULED, None, "ds=1997-09-22 scheduled"),
+        ("1997-09-22", 5, DagRunType.MANUAL, None, "ds=1997-09-22 manual"),
+        (None, 0, DagRunType.MANUAL, None, "manual__2026 manual"),
     ],
 )
-def test_run_name_leads_with_the_day_and_hour(ds, hour, run_type, hourly, want):
-    context = _context(ds, hour, run_type, run_id="manual__2026" if ds is None else "backfill__x")
-    assert run_name(context, hourly) == want
+def test_run_name_leads_with_the_day_and_pass(ds, hour, run_type, pass_minutes, want):
+    run_id = "manual__2026" if ds is None else "backfill__x"
+    context = _context(ds, hour, run_type, run_id=run_id, minute=45 if pass_minutes == 15 else 0)
+    assert run_name(context, pass_minutes) == want
 
 
 def test_experiments_open_on_runs_and_nested_runs_carry_the_day(hook):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from recpipe.config.pipeline import PipelineConfig
 from recpipe.errors import PipelineError
-from recpipe.layout import finished_partitions, hours_of, parse_ds_range, partition_ds
+from recpipe.layout import finished_partitions, overlaps, parse_ds_range, partition_ds
 
 
 class InputError(PipelineError):
@@ -36,14 +36,15 @@ def holdout_split(config: PipelineConfig, days: list[str], role: str) -> tuple[l
         raise InputError(f"no finished feature partition under {root} for ds {days[0]}..{days[-1]}")
     if not (config.train_ds and config.eval_ds):
         return partitions, {}
-    # compared hour by hour, so that a day in one range and its passes in the other overlap
-    train = {h for d in parse_ds_range(config.train_ds) for h in hours_of(d)}
-    shared = train & {h for d in parse_ds_range(config.eval_ds) for h in hours_of(d)}
+    # compared by the minutes they cover, so that a day in one range and its passes in the
+    # other overlap
+    train, evaluated = parse_ds_range(config.train_ds), parse_ds_range(config.eval_ds)
+    shared = [d for d in train if any(overlaps(d, e) for e in evaluated)]
     if shared and config.eval_input_path not in (None, config.train_input_path):
-        shared = set()  # separate eval data: nothing to split
+        shared = []  # separate eval data: nothing to split
     keep = {}
     for part in partitions:
-        if hours_of(partition_ds(part)) & shared:
+        if any(overlaps(partition_ds(part), d) for d in shared):
             if not config.data_config.holdout_percent:
                 raise InputError(
                     f"{part.name} is in both train_ds and eval_ds but data_config.holdout_percent "

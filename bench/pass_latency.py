@@ -1,0 +1,261 @@
+"""Stream passes under the running scheduler, timed from their partition landing.
+
+The shipped stream config (``conf/retrain/movielens_stream.yaml``) as a model of its own, in
+passes of ``--pass_minutes``, run as one Airflow backfill under a real scheduler, triggerer
+and the suite's kind of Spark Connect server. Each pass's run is created with its raw
+partition incomplete; once the run waits for it (``wait_for_pass`` deferred to the
+triggerer), the partition gets its ``_SUCCESS`` and is announced (``recpipe announce``):
+quiet passes (no rows) alternate with busy ones (``--rows`` MovieLens ratings). The sensor
+looks only every 60 s, so a wait that ends sooner was ended by the message.
+
+Per pass, from the landing: the wait's end, the first job task's start, the rows applied in
+Redis (the push's end; with the last event's distance to the pass's end, the freshness of the
+served rows), the run's end; the
+tasks' own seconds and the rest of the run's wall time, which is Airflow's scheduling between
+tasks; the machine's CPU-seconds over the run (``/proc/stat``: every process, Airflow's
+included) and examples per wall second and per CPU-second. Figures go to
+``bench/results/pass_latency.json``.
+
+    python bench/pass_latency.py [--passes 6] [--rows 10000] [--pass_minutes 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+RESULTS = ROOT / "bench" / "results" / "pass_latency.json"
+DAY = "1998-01-05"
+POKE_S = 60  # the sensor's own looks: far apart, so the message is what ends a wait
+
+
+def machine_cpu_s() -> float:
+    """Every process's CPU-seconds so far (user + nice + system, ``/proc/stat``)."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    return (int(fields[0]) + int(fields[1]) + int(fields[2])) / os.sysconf("SC_CLK_TCK")
+
+
+def write_passes(
+    base: Path, starts: list[datetime], rows: list[int], minutes: int
+) -> list[tuple[Path, float]]:
+    """MovieLens ratings re-timed into each pass (``rows[i]`` of them, 0: a quiet pass), and
+    the dimension snapshots; every partition written without its ``_SUCCESS``. Per pass: the
+    partition and the seconds from its last event to the pass's end."""
+    import numpy as np
+    import pyarrow as pa
+
+    from dev.data.csv_files import write_csv_partition
+    from dev.data.movielens import fetch_movielens
+    from dev.data.replay import EVENT_COLUMNS, read_recbole, write_dims
+    from recpipe.layout import pass_partition
+
+    src = fetch_movielens(ROOT / "data")
+    write_dims(src, base / "raw")
+    inter = read_recbole(src / "ml-100k.inter")
+    rng = np.random.default_rng(0)
+    out = []
+    for start, n in zip(starts, rows, strict=True):
+        pick = inter.take(pa.array(rng.integers(0, inter.num_rows, n)))
+        rating = np.asarray(pick["rating"].to_pylist(), dtype=float)
+        at = int(start.timestamp()) + np.sort(rng.integers(0, minutes * 60, n))
+        table = pa.table(
+            {
+                "user_id": pick["user_id"],
+                "item_id": pick["item_id"],
+                "rating": rating,
+                "timestamp": at,
+                "label": (rating >= 4).astype(np.int8),
+            }
+        ).select(list(EVENT_COLUMNS))
+        key = start.strftime("%H" if minutes == 60 else "%H%M")
+        partition = write_csv_partition(table, pass_partition(base / "raw" / "events", DAY, key), False)
+        out.append((partition, float(minutes * 60 - (at.max() - int(start.timestamp()))) if n else 0.0))
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--passes", type=int, default=6, help="passes, quiet and busy in turn")
+    parser.add_argument("--rows", type=int, default=10_000, help="rows of a busy pass")
+    parser.add_argument("--pass_minutes", type=int, default=15)
+    parser.add_argument("--timeout", type=float, default=1800)
+    args = parser.parse_args()
+    import yaml
+
+    from dev import spark_connect
+    from dev.airflow import land_when_waited_for, run_backfill
+    from dev.env import airflow_env
+    from recpipe.launch.topology import free_ports
+
+    base = ROOT / "var" / "bench" / "pass_latency"
+    shutil.rmtree(base, ignore_errors=True)
+    first = datetime.fromisoformat(f"{DAY}T08:00:00+00:00")
+    starts = [first + timedelta(minutes=args.pass_minutes * i) for i in range(args.passes)]
+    rows = [0 if i % 2 == 0 else args.rows for i in range(args.passes)]
+    written = write_passes(base, starts, rows, args.pass_minutes)
+    partitions = [p for p, _ in written]
+    model = f"bench_passes_{uuid.uuid4().hex[:6]}"
+    dag_id = "bench_pass_latency"
+    config = yaml.safe_load((ROOT / "conf/retrain/movielens_stream.yaml").read_text())
+    config.update(
+        model_name=model,
+        dag_id=dag_id,
+        start_date=DAY,
+        runs_dir=str(base / "runs"),
+        export_dir=str(base / "exports"),
+        sensor={**config["sensor"], "poke_interval_s": POKE_S, "timeout_s": args.timeout},
+        tracking={"retries": 0},
+    )
+    config["stream"]["pass_minutes"] = args.pass_minutes
+    config["edit_config_json"].update(
+        raw_input_path=str(base / "raw" / "events"), train_input_path=str(base / "features")
+    )
+    (base / "stream.yaml").write_text(yaml.safe_dump(config))
+    env = {
+        **os.environ,
+        **airflow_env(ROOT, base / "airflow"),
+        "RECPIPE_RETRAIN_CONFIGS": str(base / "stream.yaml"),
+        "MLFLOW_TRACKING_URI": f"sqlite:///{base / 'mlflow.db'}",
+    }
+    logicals = [s.strftime("%Y-%m-%dT%H:%M") for s in starts]
+    landed: dict = {}
+    tis: dict = {}
+
+    def collect(api, part) -> None:
+        for run in api.runs(dag_id):
+            logical = run["logical_date"][:16]
+            tis[logical] = {t["task_id"]: t for t in api.task_instances(dag_id, run["dag_run_id"])}
+            tis[logical]["_cpu"] = machine_cpu_s()  # close enough: read just after the run
+
+    port = free_ports(1)[0]  # the api-server's: the lander asks it when a pass waits
+    stop = threading.Event()
+    lander = threading.Thread(
+        target=land_when_waited_for,
+        args=(port, base / "airflow", dag_id, list(zip(logicals, partitions, strict=True)), landed, stop),
+        kwargs={"extra": lambda: {"cpu": machine_cpu_s()}, "timeout": args.timeout},
+        daemon=True,
+    )
+    lander.start()
+    with spark_connect.running(env, base / "spark-connect"):
+        states = run_backfill(
+            env, base / "airflow", dag_id, logicals, args.timeout, print, after_chunk=collect, port=port
+        )
+    stop.set()
+    if any(s != "success" for s in states.values()):
+        print(f"runs failed: {states}")
+        return 1
+    per_pass = [
+        summarize(lg, n, landed[lg], tis[lg], lag)
+        for lg, n, (_, lag) in zip(logicals, rows, written, strict=True)
+    ]
+    print_table(per_pass)
+    doc = results(args, per_pass)
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(doc, indent=2) + "\n")
+    print(json.dumps(doc["summary"], indent=2))
+    print(f"-> {RESULTS.relative_to(ROOT)}")
+    return 0
+
+
+JOBS = ("prepare_features", "evaluate_pass", "train", "export")
+
+
+def _t(text: str | None) -> float | None:
+    return None if text is None else datetime.fromisoformat(text).timestamp()
+
+
+def summarize(logical: str, rows: int, landed: dict, tis: dict, lag_s: float) -> dict:
+    """One pass's figures, in seconds from its landing (``landed["at"]``); ``freshness_s``:
+    from the pass's last event to its rows applied in Redis (the push's end), taking the
+    partition to land as the pass ends (``lag_s``: last event to the pass's end)."""
+    at = landed["at"]
+    ran = {k: v for k, v in tis.items() if k != "_cpu" and v.get("end_date")}
+    after_wait = [v for k, v in ran.items() if k != "wait_for_pass" and v.get("start_date")]
+    end = max(_t(v["end_date"]) for v in ran.values())
+    own = sum(v.get("duration") or 0 for v in after_wait)
+    wall = end - _t(ran["wait_for_pass"]["end_date"])
+    cpu = tis["_cpu"] - landed["cpu"]
+    return {
+        "pass": logical,
+        "rows": rows,
+        "wait_end_s": _t(ran["wait_for_pass"]["end_date"]) - at,
+        "first_job_start_s": _t(ran["prepare_features"]["start_date"]) - at,
+        "run_end_s": end - at,
+        "applied_s": _t(ran["push"]["end_date"]) - at if rows and "push" in ran else None,
+        "freshness_s": lag_s + _t(ran["push"]["end_date"]) - at if rows and "push" in ran else None,
+        "tasks_s": own,
+        "jobs_s": sum(ran[j].get("duration") or 0 for j in JOBS if j in ran),
+        "scheduling_s": wall - own,
+        "cpu_s": cpu,
+        "examples_per_s": rows / (end - at),
+        "examples_per_cpu_s": rows / cpu if cpu > 0 else 0.0,
+    }
+
+
+def print_table(per_pass: list[dict]) -> None:
+    head = ("pass", "rows", "wait end", "job start", "run end", "tasks", "jobs", "Airflow", "CPU-s")
+    keys = ("wait_end_s", "first_job_start_s", "run_end_s", "tasks_s", "jobs_s", "scheduling_s", "cpu_s")
+    fmt = "{:<17} {:>6} {:>9} {:>9} {:>8} {:>6} {:>6} {:>8} {:>6}"
+    print(fmt.format(*head))
+    for p in per_pass:
+        print(fmt.format(p["pass"], p["rows"], *(f"{p[k]:.1f}" for k in keys)))
+
+
+def _p95(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+
+
+def results(args, per_pass: list[dict]) -> dict:
+    quiet = [p for p in per_pass if p["rows"] == 0]
+    busy = [p for p in per_pass if p["rows"] > 0]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+
+    def median(key, group):
+        return statistics.median(p[key] for p in group) if group else None
+
+    return {
+        "command": f"python bench/pass_latency.py --passes {args.passes} --rows {args.rows} "
+        f"--pass_minutes {args.pass_minutes}",
+        "commit": commit.stdout.strip(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+        "date": datetime.now(UTC).date().isoformat(),
+        "summary": {
+            "passes": len(per_pass),
+            "busy_rows": args.rows,
+            "wait_end_s_p95": _p95([p["wait_end_s"] for p in per_pass]),
+            "wait_end_s_max": max(p["wait_end_s"] for p in per_pass),
+            "first_job_start_s_p95": _p95([p["first_job_start_s"] for p in per_pass]),
+            "quiet_run_end_s_median": median("run_end_s", quiet),
+            "quiet_run_end_s_max": max((p["run_end_s"] for p in quiet), default=None),
+            "busy_run_end_s_median": median("run_end_s", busy),
+            "busy_run_end_s_max": max((p["run_end_s"] for p in busy), default=None),
+            "quiet_scheduling_s_median": median("scheduling_s", quiet),
+            "busy_scheduling_s_median": median("scheduling_s", busy),
+            "busy_jobs_s_median": median("jobs_s", busy),
+            "busy_cpu_s_median": median("cpu_s", busy),
+            "busy_applied_s_p95": _p95([p["applied_s"] for p in busy]) if busy else None,
+            "freshness_s_p95": _p95([p["freshness_s"] for p in busy]) if busy else None,
+            "freshness_s_max": max((p["freshness_s"] for p in busy), default=None),
+            "pass_minutes": args.pass_minutes,
+            "busy_examples_per_s_median": median("examples_per_s", busy),
+            "busy_examples_per_cpu_s_median": median("examples_per_cpu_s", busy),
+        },
+        "passes": per_pass,
+    }
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
