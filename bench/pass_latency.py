@@ -12,8 +12,9 @@ Per pass, from the landing: the wait's end, the first job task's start, the rows
 Redis (the push's end; with the last event's distance to the pass's end, the freshness of the
 served rows), the run's end; the
 tasks' own seconds and the rest of the run's wall time, which is Airflow's scheduling between
-tasks; the machine's CPU-seconds over the run (``/proc/stat``: every process, Airflow's
-included) and examples per wall second and per CPU-second. Figures go to
+tasks; the machine's CPU-seconds from the landing to the run's end (``/proc/stat``: every
+process, Airflow's included) and examples per wall second and per CPU-second. Each pass is a
+backfill of its own, so that its CPU-seconds are read as it ends. Figures go to
 ``bench/results/pass_latency.json``.
 
     python bench/pass_latency.py [--passes 6] [--rows 10000] [--pass_minutes 15]
@@ -133,11 +134,12 @@ def main() -> int:
     landed: dict = {}
     tis: dict = {}
 
-    def collect(api, part) -> None:
-        for run in api.runs(dag_id):
-            logical = run["logical_date"][:16]
-            tis[logical] = {t["task_id"]: t for t in api.task_instances(dag_id, run["dag_run_id"])}
-            tis[logical]["_cpu"] = machine_cpu_s()  # close enough: read just after the run
+    def collect(api, part) -> None:  # after each pass (a backfill of one): its tasks, the CPU so far
+        cpu = machine_cpu_s()
+        (logical,) = part
+        (run,) = [r for r in api.runs(dag_id) if r["logical_date"].startswith(logical)]
+        tis[logical] = {t["task_id"]: t for t in api.task_instances(dag_id, run["dag_run_id"])}
+        tis[logical]["_cpu"] = cpu
 
     port = free_ports(1)[0]  # the api-server's: the lander asks it when a pass waits
     stop = threading.Event()
@@ -150,7 +152,15 @@ def main() -> int:
     lander.start()
     with spark_connect.running(env, base / "spark-connect"):
         states = run_backfill(
-            env, base / "airflow", dag_id, logicals, args.timeout, print, after_chunk=collect, port=port
+            env,
+            base / "airflow",
+            dag_id,
+            logicals,
+            args.timeout,
+            print,
+            chunk=1,
+            after_chunk=collect,
+            port=port,
         )
     stop.set()
     if any(s != "success" for s in states.values()):
@@ -197,6 +207,7 @@ def summarize(logical: str, rows: int, landed: dict, tis: dict, lag_s: float) ->
         "freshness_s": lag_s + _t(ran["push"]["end_date"]) - at if rows and "push" in ran else None,
         "tasks_s": own,
         "jobs_s": sum(ran[j].get("duration") or 0 for j in JOBS if j in ran),
+        "task_s": {k: round(v.get("duration") or 0, 2) for k, v in ran.items()},
         "scheduling_s": wall - own,
         "cpu_s": cpu,
         "examples_per_s": rows / (end - at),

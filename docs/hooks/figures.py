@@ -1,7 +1,8 @@
 """MkDocs hook: a page quotes a benchmark's figure from the results file the bench wrote, so a
 figure has one source.
 
-``{{ fig NAME PATH [FORMAT] }}`` in a page is replaced by the value at ``PATH`` (dotted keys)
+``{{ fig NAME PATH [FORMAT] }}`` in a page is replaced by the value at ``PATH`` (dotted keys,
+or a list's index)
 of ``bench/results/NAME.json``, formatted by ``FORMAT`` (a ``format()`` spec such as ``.2f`` or
 ``,.0f``; default: as it is). ``{{ source NAME }}`` gives the file's command, commit, machine
 and date. A missing file or key fails the (strict) build, naming the page.
@@ -29,9 +30,12 @@ def _load(name: str, page: str) -> dict:
 def _value(doc: dict, dotted: str, name: str, page: str):
     value = doc
     for key in dotted.split("."):
-        if not isinstance(value, dict) or key not in value:
+        if isinstance(value, list) and key.isdigit() and int(key) < len(value):
+            value = value[int(key)]  # a list's item by its index
+        elif isinstance(value, dict) and key in value:
+            value = value[key]
+        else:
             raise PluginError(f"{page}: bench/results/{name}.json has no {dotted!r}")
-        value = value[key]
     return value
 
 
