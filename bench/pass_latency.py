@@ -25,19 +25,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import threading
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-RESULTS = ROOT / "bench" / "results" / "pass_latency.json"
+
+from bench.results import write_results  # noqa: E402
+
 DAY = "1998-01-05"
 POKE_S = 60  # the sensor's own looks: far apart, so the message is what ends a wait
 
@@ -172,10 +172,8 @@ def main() -> int:
     ]
     print_table(per_pass)
     doc = results(args, per_pass)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(doc, indent=2) + "\n")
     print(json.dumps(doc["summary"], indent=2))
-    print(f"-> {RESULTS.relative_to(ROOT)}")
+    print(f"-> {write_results('pass_latency', doc).relative_to(ROOT)}")
     return 0
 
 
@@ -232,17 +230,11 @@ def _p95(values: list[float]) -> float:
 def results(args, per_pass: list[dict]) -> dict:
     quiet = [p for p in per_pass if p["rows"] == 0]
     busy = [p for p in per_pass if p["rows"] > 0]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
 
     def median(key, group):
         return statistics.median(p[key] for p in group) if group else None
 
     return {
-        "command": f"python bench/pass_latency.py --passes {args.passes} --rows {args.rows} "
-        f"--pass_minutes {args.pass_minutes}",
-        "commit": commit.stdout.strip(),
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
-        "date": datetime.now(UTC).date().isoformat(),
         "summary": {
             "passes": len(per_pass),
             "busy_rows": args.rows,

@@ -22,21 +22,18 @@ per CPU-second, and the ratio to the floor. Figures go to ``bench/results/push.j
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-RESULTS = ROOT / "bench" / "results" / "push.json"
+
+from bench.results import write_results  # noqa: E402
+
 DAY = "2024-05-01"
 
 
@@ -170,24 +167,7 @@ def main() -> int:
             f"{name:8s} {f['wall_s']:7.2f} {f['cpu_s']:7.2f} {f['rows_per_s']:9,.0f} "
             f"{f['rows_per_cpu_s']:11,.0f} {f['wall_vs_floor']:10.2f} {f['cpu_vs_floor']:9.2f}"
         )
-    commit = subprocess.run(
-        ["git", "describe", "--always", "--dirty"], capture_output=True, text=True, cwd=ROOT
-    )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(
-        json.dumps(
-            {
-                "command": "python bench/push.py " + " ".join(sys.argv[1:]),
-                "commit": commit.stdout.strip(),
-                "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
-                "date": datetime.now(UTC).date().isoformat(),
-                "rows": rows,
-                "figures": best,
-            },
-            indent=2,
-        )
-        + "\n"
-    )
+    print(f"-> {write_results('push', {'rows': rows, 'figures': best}).relative_to(ROOT)}")
     shutil.rmtree(work, ignore_errors=True)
     return 0
 

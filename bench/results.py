@@ -1,0 +1,36 @@
+"""A bench's results file, ``bench/results/<name>.json``: its figures with the command that
+made them, the commit (``--dirty`` when the tree had changes), the machine and the date. The
+docs render figures from these files only (``docs/hooks/figures.py``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FOLDER = ROOT / "bench" / "results"
+
+
+def write_results(name: str, figures: dict) -> Path:
+    """Write ``figures`` (JSON-able) with their provenance to ``bench/results/<name>.json``
+    (atomically: a reader never sees half a file); the path."""
+    from recpipe import atomic
+
+    commit = subprocess.run(
+        ["git", "describe", "--always", "--dirty"], capture_output=True, text=True, cwd=ROOT
+    )
+    script = Path(sys.argv[0]).resolve()
+    where = script.relative_to(ROOT) if script.is_relative_to(ROOT) else script
+    doc = {
+        "command": " ".join(["python", str(where), *sys.argv[1:]]),
+        "commit": commit.stdout.strip(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+        "date": datetime.now(UTC).date().isoformat(),
+        **figures,
+    }
+    return atomic.write_text(FOLDER / f"{name}.json", json.dumps(doc, indent=2) + "\n")
