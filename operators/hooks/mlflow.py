@@ -149,11 +149,12 @@ class MLflowHook(BaseHook):
             from mlflow import MlflowClient
 
             uri = self.tracking_uri()
-            if uri.startswith("sqlite:///"):
-                Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
             if self.check_reachable and uri.startswith(("http://", "https://")):
                 self._probe(uri)
-            self._client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+            if uri.startswith("sqlite:///"):
+                self._client = _sqlite_client(uri, Path(uri.removeprefix("sqlite:///")))
+            else:
+                self._client = MlflowClient(tracking_uri=uri, registry_uri=uri)
         return self._client
 
     @staticmethod
@@ -179,11 +180,18 @@ class MLflowHook(BaseHook):
             if exp.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:
                 client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
             return exp.experiment_id
+        from mlflow.exceptions import MlflowException
+
         root = self.artifact_root()
         location = f"{root}/{name}" if root else None
-        return client.create_experiment(
-            name, artifact_location=location, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}
-        )
+        try:
+            return client.create_experiment(
+                name, artifact_location=location, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}
+            )
+        except MlflowException as err:  # another task created it meanwhile (a DAG beside this one)
+            if err.error_code != "RESOURCE_ALREADY_EXISTS" or client.get_experiment_by_name(name) is None:
+                raise
+            return client.get_experiment_by_name(name).experiment_id
 
     def parent_run(
         self,
@@ -424,3 +432,21 @@ class MLflowHook(BaseHook):
     def set_version_tags(self, model_name: str, version: str, tags: dict[str, Any]) -> None:
         for key, value in tags.items():
             self.get_client().set_model_version_tag(model_name, version, key, str(value))
+
+
+def _sqlite_client(uri: str, db: Path):
+    """A client of a local SQLite ``db``, its tracking and registry stores opened under an
+    exclusive file lock: MLflow creates (and migrates) a database's tables on first use, and
+    two task processes doing it at once fail ("table logged_models already exists", "expected
+    to match one row when updating alembic_version")."""
+    import fcntl
+
+    from mlflow import MlflowClient
+
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(db.name + ".init.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+        client.search_experiments(max_results=1)
+        client.search_registered_models(max_results=1)
+    return client

@@ -98,3 +98,26 @@ def test_the_deployments_basic_auth_server_refuses_strangers_and_serves_the_hook
         version = hook.register("m", hook.artifact_uri(run, "model"), run, {"ds": "1997-09-22"})
         hook.set_alias("m", version.version)
         assert hook.champion("m").version == version.version
+
+
+def test_task_processes_opening_a_new_sqlite_store_at_once_all_get_it(tmp_path):
+    """Several tasks' first MLflow call on a fresh SQLite database, at the same moment: MLflow
+    creates the tables on first use, and without the hook's lock two creators collided ("table
+    logged_models already exists", a failed task in a three-model deployment)."""
+    import subprocess
+    import sys
+
+    uri = f"sqlite:///{tmp_path / 'mlflow' / 'mlflow.db'}"
+    code = (
+        "import sys, time; from operators.hooks.mlflow import MLflowHook; "
+        "t = float(sys.argv[1]); time.sleep(max(0.0, t - time.time())); "
+        "MLflowHook(mlflow_conn_id='').experiment_id('race')"
+    )
+    start = __import__("time").time() + 8  # past every process's imports: they start together
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONPATH": str(ROOT)}
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code, str(start)], env=env, stderr=subprocess.PIPE, text=True)
+        for _ in range(4)
+    ]
+    errors = [p.communicate(timeout=180)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, [e[-600:] for e in errors]
