@@ -17,7 +17,11 @@ process, Airflow's included) and examples per wall second and per CPU-second. Ea
 backfill of its own, so that its CPU-seconds are read as it ends. Figures go to
 ``bench/results/pass_latency.json``.
 
-    python bench/pass_latency.py [--passes 6] [--rows 10000] [--pass_minutes 15]
+Variants, one after the other in one run: the scheduler's ``scheduler_idle_sleep_time``
+(``--idle_sleep_s``; Airflow's default 1 s, then 0.2 s, the deployment's): a skipped task's
+downstream tasks are skipped one scheduler loop at a time, and an idle loop sleeps that long.
+
+    python bench/pass_latency.py [--passes 6] [--rows 10000] [--pass_minutes 15] [--idle_sleep_s 1 0.2]
 """
 
 from __future__ import annotations
@@ -92,26 +96,54 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=10_000, help="rows of a busy pass")
     parser.add_argument("--pass_minutes", type=int, default=15)
     parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument(
+        "--idle_sleep_s",
+        type=float,
+        nargs="+",
+        default=[1.0, 0.2],
+        help="the scheduler's scheduler_idle_sleep_time of each variant, run one after the other",
+    )
     args = parser.parse_args()
+    from dev import spark_connect
+    from dev.env import airflow_env
+
+    root = ROOT / "var" / "bench" / "pass_latency"
+    shutil.rmtree(root, ignore_errors=True)
+    variants = []
+    env = airflow_env(ROOT, root / "airflow")
+    with spark_connect.running(env, root / "spark-connect"):  # one warm server for every variant
+        for i, idle in enumerate(args.idle_sleep_s):
+            print(f"== scheduler_idle_sleep_time {idle} s", flush=True)
+            per_pass = run_variant(root / str(i), idle, args)
+            if per_pass is None:
+                return 1
+            print_table(per_pass)
+            variants.append({"scheduler_idle_sleep_s": idle, **results(args, per_pass)})
+    doc = {"variants": variants}
+    for v in variants:
+        print(v["scheduler_idle_sleep_s"], json.dumps(v["summary"], indent=2))
+    print(f"-> {write_results('pass_latency', doc).relative_to(ROOT)}")
+    return 0
+
+
+def run_variant(base: Path, idle_sleep_s: float, args) -> list[dict] | None:
+    """The passes under a deployment whose scheduler sleeps ``idle_sleep_s`` between idle
+    loops; each pass's figures, or None when a run failed."""
     import yaml
 
-    from dev import spark_connect
     from dev.airflow import land_when_waited_for, run_backfill
     from dev.env import airflow_env
     from recpipe.launch.topology import free_ports
 
-    base = ROOT / "var" / "bench" / "pass_latency"
-    shutil.rmtree(base, ignore_errors=True)
     first = datetime.fromisoformat(f"{DAY}T08:00:00+00:00")
     starts = [first + timedelta(minutes=args.pass_minutes * i) for i in range(args.passes)]
     rows = [0 if i % 2 == 0 else args.rows for i in range(args.passes)]
     written = write_passes(base, starts, rows, args.pass_minutes)
     partitions = [p for p, _ in written]
-    model = f"bench_passes_{uuid.uuid4().hex[:6]}"
     dag_id = "bench_pass_latency"
     config = yaml.safe_load((ROOT / "conf/retrain/movielens_stream.yaml").read_text())
     config.update(
-        model_name=model,
+        model_name=f"bench_passes_{uuid.uuid4().hex[:6]}",
         dag_id=dag_id,
         start_date=DAY,
         runs_dir=str(base / "runs"),
@@ -129,6 +161,7 @@ def main() -> int:
         **airflow_env(ROOT, base / "airflow"),
         "RECPIPE_RETRAIN_CONFIGS": str(base / "stream.yaml"),
         "MLFLOW_TRACKING_URI": f"sqlite:///{base / 'mlflow.db'}",
+        "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": str(idle_sleep_s),
     }
     logicals = [s.strftime("%Y-%m-%dT%H:%M") for s in starts]
     landed: dict = {}
@@ -150,31 +183,20 @@ def main() -> int:
         daemon=True,
     )
     lander.start()
-    with spark_connect.running(env, base / "spark-connect"):
+    try:
         states = run_backfill(
-            env,
-            base / "airflow",
-            dag_id,
-            logicals,
-            args.timeout,
-            print,
-            chunk=1,
-            after_chunk=collect,
-            port=port,
-        )
-    stop.set()
+            env, base / "airflow", dag_id, logicals, args.timeout, print,
+            chunk=1, after_chunk=collect, port=port,
+        )  # fmt: skip
+    finally:
+        stop.set()
     if any(s != "success" for s in states.values()):
         print(f"runs failed: {states}")
-        return 1
-    per_pass = [
+        return None
+    return [
         summarize(lg, n, landed[lg], tis[lg], lag)
         for lg, n, (_, lag) in zip(logicals, rows, written, strict=True)
     ]
-    print_table(per_pass)
-    doc = results(args, per_pass)
-    print(json.dumps(doc["summary"], indent=2))
-    print(f"-> {write_results('pass_latency', doc).relative_to(ROOT)}")
-    return 0
 
 
 JOBS = ("prepare_features", "evaluate_pass", "train", "export")

@@ -50,6 +50,7 @@ def replay_movielens(
     granularity: str = "day",
     pass_minutes: int = 60,
     announce_url: str | None = None,
+    first_days: int | None = None,
 ) -> dict[str, int]:
     """Write the event partitions (a day or a pass each) and dimension snapshots.
 
@@ -61,6 +62,7 @@ def replay_movielens(
             60, an hour's partition ``hh=HH``; shorter, ``hh=HHMM`` partitions.
         announce_url: a Redis URL: each partition is announced there once complete
             (``recpipe.arrivals``), as a log exporter would.
+        first_days: only the first this many days that have ratings (default: all).
 
     Returns:
         ``{ds: rows}`` for every day written, or ``{"ds/HH[MM]": rows}`` for every pass of the
@@ -106,7 +108,7 @@ def replay_movielens(
             announce(client, partition)
 
     counts: dict[str, int] = {}
-    for ds in pc.unique(events["ds"]).to_pylist():
+    for ds in pc.unique(events["ds"]).to_pylist()[:first_days]:
         day = events.filter(pc.equal(events["ds"], ds))
         if granularity == "day":
             written = write_csv_partition(day.select(list(EVENT_COLUMNS)), ds_partition(out / "events", ds))
