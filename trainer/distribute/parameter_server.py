@@ -50,8 +50,10 @@ FETCH_ATTEMPTS = 5
 # later one (enough for the steps in flight between two logged steps)
 RECENT_STEPS = 64
 # the errors a fetch raises when the worker that ran the step went away before the chief copied
-# its result (the step itself is done, or run again by the coordinator)
-LOST_RESULT = (tf.errors.UnavailableError, tf.errors.CancelledError)
+# its result (the step itself is done, or run again by the coordinator): it died (Unavailable,
+# Cancelled), or came back without the context the result lived in (Aborted: "Unable to find a
+# context_id ... Perhaps the worker was restarted")
+LOST_RESULT = (tf.errors.UnavailableError, tf.errors.CancelledError, tf.errors.AbortedError)
 
 
 def cluster_from_tf_config() -> dict:
@@ -124,7 +126,8 @@ class ParameterServerDistribution(Distribution):
         loss of the first later step whose result is still there.
 
         Raises:
-            tf.errors.UnavailableError, tf.errors.CancelledError: no later step's loss either.
+            tf.errors.UnavailableError, tf.errors.CancelledError, tf.errors.AbortedError: no
+                later step's loss either (``LOST_RESULT``).
         """
         recent = list(self._recent)
         at = next((i for i, v in enumerate(recent) if v is value), len(recent))
@@ -151,12 +154,13 @@ def _fetch(coordinator, fn, args: tuple, value, attempts: int = FETCH_ATTEMPTS):
     chief copied it, the step (free of side effects) is scheduled again.
 
     Raises:
-        tf.errors.UnavailableError: still lost after ``attempts`` tries.
+        tf.errors.UnavailableError (or another ``LOST_RESULT``): still lost after ``attempts``
+            tries.
     """
     for _ in range(attempts - 1):
         try:
             return value.fetch()
-        except (tf.errors.UnavailableError, tf.errors.CancelledError):
+        except LOST_RESULT:
             log.warning("a gradient step's worker went away before its result was fetched; rescheduling")
             value = coordinator.schedule(fn, args=args)
     return value.fetch()
