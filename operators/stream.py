@@ -33,8 +33,7 @@ from recpipe.layout import (
     is_finished,
     is_pass_dir,
     partition_ds,
-    pass_of,
-    split_pass,
+    pass_step,
 )
 
 log = logging.getLogger(__name__)
@@ -95,11 +94,9 @@ class ProgressiveEvalOperator(EvalOperator):
 
     def _track(self, context, result_path: Path, out: dict) -> str:
         run = super()._track(context, result_path, out)
-        day, start = split_pass(str(self.eval_ds))
+        day = day_of(str(self.eval_ds))
         series = self.hook.day_run(self.experiment_name(), context["dag"].dag_id, day)
-        # the step: the hour of an hour's pass, the minute of the day of a shorter one
-        key = pass_of(str(self.eval_ds)) or "00"
-        step = int(key) if len(key) == 2 else start
+        step = pass_step(str(self.eval_ds)) if "/" in str(self.eval_ds) else 0
         metrics = out["metrics"]
         rows = [(f"pass_{k}", metrics[k], step) for k in ("auc", "logloss") if metrics.get(k) is not None]
         self.hook.log_metrics(series, [*rows, ("pass_rows", out["num_examples"], step)])

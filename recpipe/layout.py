@@ -110,6 +110,14 @@ def pass_of(ds: str) -> str | None:
     return ds.partition("/")[2] or None
 
 
+def pass_step(ds: str) -> int:
+    """A pass's place in its day as a number (the MLflow step of its day's curve): an hour's
+    pass its hour, a shorter pass its minute of the day (``1997-09-20/0515`` -> 315)."""
+    _, start = split_pass(ds)
+    key = ds.partition("/")[2]
+    return int(key) if len(key) == 2 else start
+
+
 def day_of(ds: str) -> str:
     """The day of a ``ds``: ``1997-09-20/05`` -> ``1997-09-20``."""
     return ds.partition("/")[0]

@@ -35,7 +35,7 @@ from dev.airflow import run_backfill  # noqa: E402
 from dev.env import airflow_env  # noqa: E402
 from recpipe.config import load_pipeline_config  # noqa: E402
 from recpipe.config.retrain import load_retrain_config  # noqa: E402
-from recpipe.layout import PASS_MINUTES  # noqa: E402
+from recpipe.layout import PASS_MINUTES, pass_step  # noqa: E402
 
 CONFIG = "conf/retrain/movielens_stream.yaml"  # one of the deployment's DAGs
 ROW = "{:<14} {:>5} {:>9}  {:<9} {:>10} {:>9} {:>10}"
@@ -230,8 +230,7 @@ def print_table(day, passes, runs, features, tracking_uri, stream) -> None:
                 str(sum(t["rows"] for t in tables)),
                 str(sum(t["tombstones"] for t in tables)),
             ]
-        # the MLflow step: the hour, or a shorter pass's minute of the day
-        step = int(key) if len(key) == 2 else int(key[:2]) * 60 + int(key[2:])
+        step = pass_step(f"{day}/{key}")  # the MLflow step of the day's curve
         score = f"{auc[step]:.4f}" if step in auc else "-"
         print(ROW.format(f"{day}/{key}", stats["rows"], score, *cells))
 
