@@ -8,10 +8,17 @@ faded linearly over the oldest 30 % of the window, so an id is drawn on many con
 then fades away; items likewise. The label is Bernoulli(sigmoid(z)), z the sum of a fixed effect
 per user, per item and per category and a price term, centred for ~30 % positives, so ids
 seen yesterday carry signal today and an id's row is worth learning only while it lives.
+
+With ``slices`` (``bench/freshness.py``) the windows slide within the day too: the day is cut
+into ``slices`` equal spans of time, span ``k``'s ids are drawn from the windows starting at
+``(day + k / slices) * drift``, and each row gets a ``timestamp`` (int64 Unix seconds, in its
+span, rows in time order): new ids arrive all day, as on a live site, so a model synced more
+often has seen more of them.
 """
 
 from __future__ import annotations
 
+from datetime import date, timedelta
 from pathlib import Path
 
 import numpy as np
@@ -35,16 +42,37 @@ def _draw(rng: np.random.Generator, rows: int, size: int, first: int, salt: int)
 
 
 def drift_day(
-    day: int, rows: int, users: int, items: int, user_drift: int, item_drift: int, seed: int = 0
+    day: int,
+    rows: int,
+    users: int,
+    items: int,
+    user_drift: int,
+    item_drift: int,
+    seed: int = 0,
+    slices: int | None = None,
+    start: str = "2024-01-01",
 ) -> pa.Table:
-    """Day ``day``'s rows (see the module docstring).
+    """Day ``day``'s rows (see the module docstring); day 0 is ``start``.
 
     Returns:
-        ``label`` int8, ``user_id`` / ``item_id`` / ``category`` string, ``price`` float64.
+        ``label`` int8, ``user_id`` / ``item_id`` / ``category`` string, ``price`` float64;
+        with ``slices``, ``timestamp`` int64 (Unix seconds) last.
     """
     rng = np.random.default_rng([seed, day])
-    user = _draw(rng, rows, users, day * user_drift, 1)
-    item = _draw(rng, rows, items, day * item_drift, 2)
+    if slices:
+        span = np.sort(rng.integers(0, slices, rows))  # each row's slice of the day
+        counts = np.bincount(span, minlength=slices)
+        user = np.concatenate(
+            [_draw(rng, n, users, int((day + k / slices) * user_drift), 1) for k, n in enumerate(counts)]
+        )
+        item = np.concatenate(
+            [_draw(rng, n, items, int((day + k / slices) * item_drift), 2) for k, n in enumerate(counts)]
+        )
+        midnight = (date.fromisoformat(start) + timedelta(days=day) - date(1970, 1, 1)).days * 86400
+        seconds = np.sort((span * 86400 // slices) + rng.integers(0, 86400 // slices, rows))
+    else:
+        user = _draw(rng, rows, users, day * user_drift, 1)
+        item = _draw(rng, rows, items, day * item_drift, 2)
     category = item % 50
     price = np.exp(rng.normal(2.0, 0.8, rows))
 
@@ -64,6 +92,7 @@ def drift_day(
             "item_id": pa.array([f"i{i}" for i in item.tolist()]),
             "category": pa.array([f"c{c}" for c in category.tolist()]),
             "price": price.round(2),
+            **({"timestamp": midnight + seconds} if slices else {}),
         }
     )
 
@@ -83,8 +112,10 @@ def synth_drift(
     items: int = 5_000,
     user_drift: int = 1_000,
     item_drift: int = 100,
+    slices: int | None = None,
 ) -> dict[str, int]:
-    """Write ``rows`` rows a day for ``days`` days as ``out/ds=YYYY-MM-DD/`` CSV partitions.
+    """Write ``rows`` rows a day for ``days`` days as ``out/ds=YYYY-MM-DD/`` CSV partitions
+    (``slices``: ids drift within the day too, rows carry a ``timestamp``; module docstring).
 
     Returns:
         ``{ds: rows}``.
@@ -92,6 +123,8 @@ def synth_drift(
     Raises:
         ValueError: ``rows`` or ``days`` is not positive.
     """
-    return write_days(
-        out, start, days, lambda d: drift_day(d, rows, users, items, user_drift, item_drift, seed), rows
-    )
+
+    def day(d: int):
+        return drift_day(d, rows, users, items, user_drift, item_drift, seed, slices, start)
+
+    return write_days(out, start, days, day, rows)

@@ -35,3 +35,15 @@ def test_ids_carry_signal_from_one_day_to_the_next():
 def test_rejects_empty_requests(tmp_path):
     with pytest.raises(ValueError, match="rows and days must be positive"):
         synth_drift(0, 3, tmp_path)
+
+
+def test_slices_drift_within_the_day_in_time_order():
+    day = drift_day(1, 20_000, 2_000, 500, 400, 40, slices=96, start="2024-01-01").to_pandas()
+    assert list(day.columns) == [*COLUMNS, "timestamp"]
+    ts = day.timestamp.to_numpy()
+    midnight = 1704153600  # 2024-01-02 00:00 UTC
+    assert ts.min() >= midnight and ts.max() < midnight + 86400 and (np.diff(ts) >= 0).all()
+    first_ids = np.array([int(u[1:]) for u in day.user_id])
+    morning, evening = first_ids[ts < midnight + 3 * 3600], first_ids[ts >= midnight + 21 * 3600]
+    # the window slides with the clock: evening ids start ~0.875 of a drift later than morning's
+    assert evening.min() >= 400 + 0.85 * 400 and morning.min() < 400 + 0.15 * 400
