@@ -9,6 +9,7 @@ the test fails; what a killed run left is swept when the next one starts (its na
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -18,6 +19,7 @@ from pathlib import Path
 PREFIX = "rph"
 SUBNET = "198.51.100"  # TEST-NET-2: never a private or public range
 _count = iter(range(10**6))
+ETC = Path("/etc/netns")  # a namespace's own /etc files, mounted by ip netns exec
 
 
 def _owner_alive(name: str) -> bool:
@@ -33,8 +35,8 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 
 
 def sweep() -> list[str]:
-    """Remove the namespaces and links named with ``PREFIX`` whose process is gone (a killed
-    run's; a concurrent test's stay); returns them."""
+    """Remove the namespaces, links and ``/etc/netns`` files named with ``PREFIX`` whose
+    process is gone (a killed run's; a concurrent test's stay); returns the namespaces and links."""
     gone = []
     for line in _ip("netns", "list").stdout.splitlines():
         name = line.split()[0] if line.strip() else ""
@@ -45,12 +47,16 @@ def sweep() -> list[str]:
                 except (ProcessLookupError, ValueError):
                     pass
             _ip("netns", "del", name, check=False)
+            shutil.rmtree(ETC / name, ignore_errors=True)
             gone.append(name)
     for line in _ip("-o", "link", "show").stdout.splitlines():
         name = line.split(":")[1].strip().split("@")[0]
         if name.startswith(PREFIX + "-") and not _owner_alive(name):
             _ip("link", "del", name, check=False)
             gone.append(name)
+    for etc in ETC.glob(PREFIX + "-*") if ETC.is_dir() else ():
+        if not _owner_alive(etc.name):
+            shutil.rmtree(etc, ignore_errors=True)
     return gone
 
 
@@ -121,7 +127,16 @@ class Hosts:
             # would take its end along) runs later, in the kernel's time
             _ip("link", "del", self.link(name), check=False)
             _ip("netns", "del", self.namespace(name), check=False)
+            shutil.rmtree(ETC / self.namespace(name), ignore_errors=True)
         _ip("link", "del", self.bridge, check=False)
+
+    def write_etc(self, name: str, file: str, text: str) -> Path:
+        """Host ``name``'s own ``/etc/<file>`` (``ip netns exec`` mounts
+        ``/etc/netns/<namespace>/<file>`` over it; ``hosts``: its names); removed on close."""
+        path = ETC / self.namespace(name) / file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        return path
 
     def _command(self, name: str, command: list[str]) -> list[str]:
         return ["ip", "netns", "exec", self.namespace(name), *command]

@@ -14,10 +14,11 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 
@@ -189,6 +190,7 @@ class Trainer:
         )
         self.loss_fn = build_loss(self.config.model, self.config.task_labels())
         self.train_step: Callable | None = None
+        self._predict: Callable | None = None
 
     def _restore(self) -> dict:
         tc = self.config.train_config
@@ -413,6 +415,38 @@ class Trainer:
             phases,
             dist.figures(),
         )
+
+    def train_batches(self, batches: Iterable[tuple], ds: str) -> float:
+        """Train one step on each of ``batches`` (``FeatureReader.batches`` tuples of this
+        job's config) in this process, for data of ``ds`` (a day or a pass: the online tables'
+        day boundary). No checkpoint, summary or log: consecutive calls are consecutive passes
+        of one warm process, what a pass costs without a process start, tracing or restore
+        (``bench/freshness.py``). The first call starts from the fresh model (no fine-tune).
+
+        Returns:
+            The last step's loss (NaN without batches).
+        """
+        if self.train_step is None:
+            online.refresh(self.model)
+            signature = self.dist.input_signature(None, self.reader.signature())
+            self.train_step = self._train_step_fn(signature)
+        online.start_day(self.model, ds)
+        loss = None
+        for flat in batches:
+            loss = self.dist.run_step(self.train_step, flat)
+        return float("nan") if loss is None else self.dist.fetch(loss)
+
+    def predict_batch(self, flat: tuple) -> np.ndarray:
+        """The model's probabilities ``float32 [B]`` (``[B, T]`` for T tasks) on one
+        ``FeatureReader.batches`` tuple, as it is now (``training=False``)."""
+        if self._predict is None:
+            reader, model = self.reader, self.model
+
+            def call(*inputs):
+                return tf.sigmoid(model(reader.structure(inputs)[0], training=False))
+
+            self._predict = tf.function(call, input_signature=self.reader.signature(), autograph=False)
+        return self._predict(*flat).numpy()
 
     def _online_stats(self) -> dict[str, dict[str, int]]:
         """Each online table's ``EmbeddingVariable.summary``, over the job (embedding-parallel

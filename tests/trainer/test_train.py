@@ -298,3 +298,31 @@ def test_recpipe_train_exit_codes_and_messages_name_commands_that_exist(ml_early
     assert no_data.returncode == 1 and "no finished feature partition" in no_data.stderr
     failed_job = run("--num_workers", "1", "--train_ds=2001-01-01")  # the job's process fails
     assert failed_job.returncode == 1 and "train worker 0 exited with code 1" in failed_job.stderr
+
+
+def test_train_batches_in_process_trains_and_scores_as_the_job_does(ml_early, tmp_path):
+    """The warm path (bench/freshness.py): the same batches through ``train_batches`` leave the
+    variables ``train()`` leaves, in two calls (two passes of one process), and
+    ``predict_batch`` scores as the saved checkpoint does."""
+    from trainer.scoring import load_model
+
+    config = _small(ml_early, **{"data_config.num_epochs": 1})
+    job = Trainer(_job(config, tmp_path / "job"))
+    job.train()
+    warm = Trainer(_job(config, tmp_path / "warm"))
+    first = list(warm.reader.batches(0))
+    half = len(first) // 2
+    assert np.isfinite(warm.train_batches(first[:half], DAYS[0]))
+    warm.train_batches(first[half:], DAYS[-1])
+    assert np.isnan(warm.train_batches([], DAYS[-1]))  # a quiet pass
+    assert int(warm.global_step) == len(first) == int(job.global_step)
+    expected, got = _values(job), _values(warm)
+    for name, value in expected.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-4, atol=1e-6, err_msg=name)
+    model, _ = load_model(config, job.manager.latest_checkpoint)
+    flat = first[0]
+    features, _ = warm.reader.structure(flat)
+    saved = tf.sigmoid(model(features, training=False)).numpy()
+    probs = warm.predict_batch(flat)
+    assert probs.shape == (len(flat[0]),) and 0 < probs.min() and probs.max() < 1
+    np.testing.assert_allclose(probs, saved, rtol=1e-4, atol=1e-5)

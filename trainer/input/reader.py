@@ -134,10 +134,10 @@ class FeatureReader:
             pending.append(table)
             pending_rows += table.num_rows
             if pending_rows >= self.buffer_rows:
-                yield self._permute(self._columns(pa.concat_tables(pending)), rng)
+                yield self._permute(self.block(pa.concat_tables(pending)), rng)
                 pending, pending_rows = [], 0
         if pending:
-            yield self._permute(self._columns(pa.concat_tables(pending)), rng)
+            yield self._permute(self.block(pa.concat_tables(pending)), rng)
 
     def _read(self, g: RowGroup) -> pa.Table:
         keep = self.holdout.get(g.path.parent)
@@ -163,9 +163,10 @@ class FeatureReader:
         strings = tf.strings.substr(blob, offsets[:-1], offsets[1:] - offsets[:-1])
         return hash_ids(strings, self._buckets[name]).numpy()
 
-    def _columns(self, table: pa.Table) -> Columns:
-        """A table's rows as a ``Columns`` block, each id hashed here: one vectorised op per
-        column and chunk, instead of one per feature and step."""
+    def block(self, table: pa.Table) -> Columns:
+        """A table's rows (it holds the label fields and the features, as a feature partition
+        does) as a ``Columns`` block, in their order, each id hashed here: one vectorised op
+        per column and chunk, instead of one per feature and step."""
         rows = table.num_rows
         labels = [np.asarray(table[name].to_numpy(), dtype=np.float32) for name in self.labels]
         ids = [self._ids_of(name, table[name].combine_chunks()) for name in self._ids]
@@ -193,7 +194,7 @@ class FeatureReader:
             yield batch
         if pad_to is not None and n < pad_to:
             schema = pq.ParquetFile(self.all_groups[0].path).schema_arrow
-            empty = self._columns(schema.empty_table().select(self.columns)).flat()
+            empty = self.block(schema.empty_table().select(self.columns)).flat()
             for _ in range(pad_to - n):
                 yield empty
 
