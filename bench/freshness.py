@@ -5,8 +5,9 @@ After Monolith (Liu et al. 2022, "Monolith: Real Time Recommendation System With
 Embedding Table", Table 2: batch training against online training synced every 5 h / 1 h /
 30 min). Two data sets: MovieLens-100K (its first ``--movielens_days`` days with ratings, from
 1997-09-20), and the drifting synthetic stream with ids that arrive all day
-(``dev/data/drift.py`` with ``slices``; ``--drift_days`` of ``--drift_rows``). Each data set's features are prepared by one ``recpipe
-features`` range job, its event time kept beside the labels (never a feature).
+(``dev/data/drift.py`` with ``slices``; ``--drift_days`` of ``--drift_rows``). Each data set's
+features are prepared by one ``recpipe features`` range job, its event time kept beside the
+labels (never a feature).
 
 Variants, trained in this process with recpipe's trainer (``Trainer.train_batches``):
 
