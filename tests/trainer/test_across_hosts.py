@@ -90,3 +90,37 @@ def test_a_worker_host_cut_off_mid_job_is_waited_for_and_the_job_ends(ml_early, 
     chief = run.replica("Chief").log
     assert code == 0, chief.read_text()[-5000:]
     assert job_result(chief)["global_step"] == 60
+
+
+def test_a_multi_worker_mirrored_tfjob_across_two_hosts_ends_where_one_host_does(config_path, tmp_path):
+    """The same two-worker synchronous job (rows in file order) on two hosts, started from its
+    TFJob, and on one host by ``recpipe train``: the same checkpoint, weights and slots."""
+    from tests.trainer.test_distribute import SPLITS, _assert_same_state, _train
+
+    edits = {
+        "train_config.optimizer_config": SPLITS["adam"],
+        "data_config.batch_size": 128,
+        "data_config.shuffle": False,
+        "train_config.num_steps": 20,
+        "train_config.save_checkpoints_steps": 10,
+        "train_config.log_step_count_steps": 10,
+    }
+    one, _ = _train(config_path, tmp_path / "one", "MultiWorkerMirroredStrategy", 2, **edits)
+    cluster = ClusterConfig(**K8S, worker={"count": 2})
+    model_dir = tmp_path / "two"
+    strategy = {**edits, "train_config.train_distribute": "MultiWorkerMirroredStrategy"}
+    job, _ = render(
+        "mwms", TrainDistribute.MultiWorkerMirroredStrategy, cluster, _args(config_path, model_dir, strategy)
+    )
+    with Hosts(["a", "b"]) as hosts:
+        run = start_tfjob(hosts, job, {("Worker", 0): "a", ("Worker", 1): "b"}, tmp_path / "logs")
+        try:
+            code = run.wait(timeout_s=600)
+        finally:
+            run.stop()
+    lead = run.replica("Worker").log
+    assert code == 0, lead.read_text()[-5000:]
+    two = job_result(lead)
+    assert two["global_step"] == one["global_step"] == 20
+    assert abs(two["loss"] - one["loss"]) < 1e-5
+    _assert_same_state(tmp_path / "one", model_dir)
