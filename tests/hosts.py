@@ -83,6 +83,11 @@ class Hosts:
     def address(self, name: str) -> str:
         return f"{SUBNET}.{10 + self.names.index(name)}"
 
+    @property
+    def gateway(self) -> str:
+        """The bridge's address: the root namespace, where the test runs."""
+        return f"{SUBNET}.1"
+
     def link(self, name: str) -> str:
         """The bridge-side end of the host's veth pair (what ``partition`` and ``limit`` act on)."""
         return f"{PREFIX}-{self.run_id}{self.names.index(name)}"

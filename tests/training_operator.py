@@ -108,10 +108,41 @@ class TFJobRun:
                 r.proc.wait()
 
 
-def start_tfjob(hosts: Hosts, job: dict, placement: dict[tuple[str, int], str], log_dir: Path) -> TFJobRun:
+def enforce_network_policy(hosts: Hosts, policy: dict, job: dict, inside: set[str]) -> list[str]:
+    """Enforce a rendered ``NetworkPolicy`` as a cluster's network plugin would, for the hosts
+    of ``run``: when it selects the job's pods (its ``training.kubeflow.org/job-name`` label)
+    and admits only pods of that label, each job host gets a ``prohibit`` route to every other
+    host and to the bridge (its answers to anyone outside the job are refused, so no connection
+    from outside is ever set up). Returns the hosts outside the job.
+
+    Raises:
+        ValueError: the policy does not select the job's pods or admits more than them.
+    """
+    from recpipe.launch.kubeflow import JOB_LABEL
+
+    name = job["metadata"]["name"]
+    pods = {"matchLabels": {JOB_LABEL: name}}
+    spec = policy["spec"]
+    if spec["podSelector"] != pods or spec["ingress"] != [{"from": [{"podSelector": pods}]}]:
+        raise ValueError(f"NetworkPolicy {policy['metadata']['name']} does not keep job {name} to itself")
+    outside = [h for h in hosts.names if h not in inside]
+    for host in inside:
+        for other in [*(hosts.address(h) for h in outside), hosts.gateway]:
+            hosts.run(host, ["ip", "route", "add", "prohibit", f"{other}/32"], check=True)
+    return outside
+
+
+def start_tfjob(
+    hosts: Hosts,
+    job: dict,
+    placement: dict[tuple[str, int], str],
+    log_dir: Path,
+    policy: dict | None = None,
+) -> TFJobRun:
     """Start every replica of TFJob ``job`` on its host (``placement``: (type, index) -> host
     name; every replica needs one), after writing each host's ``/etc/hosts`` with the job's
-    Services. Logs go to ``log_dir/<type>-<index>.log``.
+    Services and enforcing the job's rendered ``policy`` (``enforce_network_policy``). Logs go
+    to ``log_dir/<type>-<index>.log``.
 
     Raises:
         ValueError: ``job`` is not a TFJob, or a replica has no host.
@@ -140,6 +171,8 @@ def start_tfjob(hosts: Hosts, job: dict, placement: dict[tuple[str, int], str], 
             run.replicas.append(
                 Replica(kind, i, placement[(kind, i)], command, env, spec["restartPolicy"], log)
             )
+    if policy is not None:
+        enforce_network_policy(hosts, policy, job, {r.host for r in run.replicas})
     for r in run.replicas:
         run._start(r)
     return run

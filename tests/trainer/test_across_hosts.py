@@ -6,6 +6,7 @@ Services' names over the hosts' own interfaces."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 
 import numpy as np
@@ -32,7 +33,15 @@ def _args(config_path, model_dir, edits: dict) -> list[str]:
     ]  # fmt: skip
 
 
+def _connects(hosts: Hosts, host: str, address: str, port: int = 2222) -> bool:
+    probe = f"import socket; socket.create_connection(({address!r}, {port}), 3).close()"
+    return hosts.run(host, [sys.executable, "-c", probe], timeout=30).returncode == 0
+
+
 def test_an_asynchronous_ps_tfjob_trains_with_each_replica_on_its_own_host(ml_early, config_path, tmp_path):
+    """Four hosts for the job, a fifth outside it: the job's NetworkPolicy (enforced as a
+    network plugin would, ``enforce_network_policy``) admits the job's own traffic, and the
+    ps's port, open to the chief's host, refuses the outsider."""
     from trainer.scoring import evaluate
 
     cluster = ClusterConfig(**K8S, worker={"count": 2}, ps={"count": 1})
@@ -44,11 +53,17 @@ def test_an_asynchronous_ps_tfjob_trains_with_each_replica_on_its_own_host(ml_ea
         _args(config_path, model_dir, PS_EDITS),
         sync_mode=SyncMode.async_,
     )
-    assert policy["kind"] == "NetworkPolicy"
     placement = {("Chief", 0): "chief", ("Worker", 0): "w0", ("Worker", 1): "w1", ("PS", 0): "ps0"}
-    with Hosts(["chief", "w0", "w1", "ps0"]) as hosts:
-        run = start_tfjob(hosts, job, placement, tmp_path / "logs")
+    with Hosts(["chief", "w0", "w1", "ps0", "outsider"]) as hosts:
+        run = start_tfjob(hosts, job, placement, tmp_path / "logs", policy=policy)
         try:
+            ps = run.replica("PS")
+            deadline = time.monotonic() + 120
+            while "serving ps 0" not in ps.log.read_text(errors="replace"):
+                assert time.monotonic() < deadline and ps.proc.poll() is None, ps.log.read_text()[-3000:]
+                time.sleep(0.2)
+            assert _connects(hosts, "chief", hosts.address("ps0"))
+            assert not _connects(hosts, "outsider", hosts.address("ps0"))
             code = run.wait(timeout_s=600)
         finally:
             run.stop()
@@ -56,8 +71,7 @@ def test_an_asynchronous_ps_tfjob_trains_with_each_replica_on_its_own_host(ml_ea
     assert code == 0, chief.read_text()[-5000:]
     result = job_result(chief)
     assert result["global_step"] == 30 and np.isfinite(result["loss"])
-    log = chief.read_text()
-    assert "/job:ps/replica:0/task:0" in log
+    assert "/job:ps/replica:0/task:0" in chief.read_text()
     # the checkpoint restores on one host and scores as any other
     metrics = evaluate(with_edits(ml_early, PS_EDITS), model_dir, [EARLY[1]])
     assert 0.5 < metrics["auc"] < 1.0
