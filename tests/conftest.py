@@ -60,6 +60,7 @@ LONGEST_FIRST = (
     "tests/dags/test_executors.py",
     "tests/dags/test_model_classes.py",  # two tests, 3 minutes: run alone at the end otherwise
     "tests/trainer/test_distribute.py",
+    "tests/trainer/test_across_hosts.py",
     "tests/trainer/test_faults.py",
     "tests/trainer/test_train.py",
 )
