@@ -21,8 +21,9 @@ Variants, trained in this process with recpipe's trainer (``Trainer.train_batche
   only in how long the served model lags the trained one.
 
 Printed per data set and variant: the AUC of every scored event after ``--warmup_days`` (pooled)
-and the mean of the days' AUCs; the paired DeLong difference against the daily retrain on the
-same events with its 95 % interval (``recpipe.stats.paired_auc_test``). Also the warm process's
+and the mean of the days' AUCs; DeLong's paired differences on the same events, with their 95 %
+intervals (``recpipe.stats.paired_auc_test``): against the daily retrain, and for the stream's
+hourly and every-pass syncs against its daily sync (freshness alone). Also the warm process's
 cost of a pass of ``--pass_rows`` MovieLens rows (score, then train; wall and CPU seconds): what
 a pass costs without the process starts, tracing and restores of a pass under Airflow
 (``bench/pass_latency.py``). Figures go to ``bench/results/freshness.json``.
@@ -229,25 +230,30 @@ def labels_of(pipeline: Path, edits: dict, days: list[str]) -> dict[str, np.ndar
 
 
 def compare(labels: dict, variants: dict[str, dict], scored_days: list[str]) -> dict:
-    """Per variant: pooled AUC, mean daily AUC, and DeLong's paired difference against the
-    daily retrain on the same events (95 % interval)."""
+    """Per variant: pooled AUC, mean daily AUC, and DeLong's paired differences (95 %
+    intervals, p-values) against the daily retrain and, for the stream's fresher syncs,
+    against the stream synced daily (what freshness alone buys), on the same events."""
     from recpipe.stats import auc, paired_auc_test
 
     y = np.concatenate([labels[d] for d in scored_days])
-    base = np.concatenate([variants["daily_retrain"][d] for d in scored_days])
+    pooled = {name: np.concatenate([per_day[d] for d in scored_days]) for name, per_day in variants.items()}
     out = {}
     for name, per_day in variants.items():
-        s = np.concatenate([per_day[d] for d in scored_days])
-        test = paired_auc_test(y, base, s)
         daily = [auc(labels[d], per_day[d]) for d in scored_days if 0 < labels[d].sum() < len(labels[d])]
         out[name] = {
-            "auc": round(float(auc(y, s)), 4),
+            "auc": round(float(auc(y, pooled[name])), 4),
             "mean_daily_auc": round(float(np.mean(daily)), 4),
-            "diff_vs_daily_retrain": round(test.diff, 4),
-            "ci95_low": round(test.ci_low, 4) if name != "daily_retrain" else 0.0,
-            "ci95_high": round(test.ci_high, 4) if name != "daily_retrain" else 0.0,
-            "p_value": round(test.p_value, 4) if name != "daily_retrain" else 1.0,
         }
+        for base in ("daily_retrain", "stream_synced_daily"):
+            if name == base or (base == "stream_synced_daily" and name == "daily_retrain"):
+                continue
+            test = paired_auc_test(y, pooled[base], pooled[name])
+            out[name][f"vs_{base}"] = {
+                "diff": round(test.diff, 4),
+                "ci95_low": round(test.ci_low, 4),
+                "ci95_high": round(test.ci_high, 4),
+                "p_value": round(test.p_value, 4),
+            }
     out["events_scored"] = int(len(y))
     out["days_scored"] = len(scored_days)
     return out
@@ -326,11 +332,12 @@ def main() -> None:
         print(f"\n{name} {r['days']}: {r['events_scored']} events on {r['days_scored']} days scored")
         for variant in ("daily_retrain", *SYNCS):
             f = r[variant]
-            print(
-                f"  {variant:26s} AUC {f['auc']:.4f}  mean daily {f['mean_daily_auc']:.4f}  "
-                f"vs daily retrain {f['diff_vs_daily_retrain']:+.4f} "
-                f"[{f['ci95_low']:+.4f}, {f['ci95_high']:+.4f}]"
-            )
+            line = f"  {variant:26s} AUC {f['auc']:.4f}  mean daily {f['mean_daily_auc']:.4f}"
+            for base in ("daily_retrain", "stream_synced_daily"):
+                if f"vs_{base}" in f:
+                    t = f[f"vs_{base}"]
+                    line += f"  vs {base} {t['diff']:+.4f} [{t['ci95_low']:+.4f}, {t['ci95_high']:+.4f}]"
+            print(line)
         print("  cost:", r["cost"])
     print("->", write_results("freshness", results))
 
