@@ -60,12 +60,12 @@ NOT_TRAINING = {"raw_input_path", "train_input_path", "train_ds", "eval_ds"}
 
 
 def retrain_edits(name: str) -> tuple[dict, int]:
-    """A shipped retrain config's training edits and its window of days (1 for a stream)."""
+    """A shipped retrain config's training edits and its window of days."""
     from recpipe.config.retrain import load_retrain_config
 
     retrain = load_retrain_config(ROOT / "conf/retrain" / f"{name}.yaml")
     edits = {k: v for k, v in (retrain.edit_config_json or {}).items() if k not in NOT_TRAINING}
-    return edits, getattr(retrain, "training_window_days", None) or 1
+    return edits, retrain.training_window_days
 
 
 def days_from(first: str, n: int) -> list[str]:
@@ -164,15 +164,16 @@ def batches(block, index: np.ndarray, size: int, rng: np.random.Generator):
 
 def run_stream(pipeline: Path, edits: dict, days: list[str], name: str) -> tuple[dict, dict]:
     """One model trained pass after pass; each event scored at each sync interval's last sync
-    before it. (variant -> scores per day, figures)."""
+    before it. (variant -> scores per day, figures, the labels per day in the scores' order)."""
     trainer, config = trainer_for(pipeline, edits, days[0], OUT / name / "stream")
     reader, size = trainer.reader, config.data_config.batch_size
     rng = np.random.default_rng(config.train_config.random_seed)
-    scores = {v: {} for v in SYNCS}
+    scores, labels = {v: {} for v in SYNCS}, {}
     cpu, wall, passes, rows = time.process_time(), time.perf_counter(), 0, 0
     for ds in days:
         table, minute = day_table(config, reader, ds)
         block = reader.block(table)
+        labels[ds] = block.labels[0]  # label_fields[0]: the click
         for v in SYNCS:
             scores[v][ds] = np.zeros(table.num_rows, np.float32)
         for start in range(0, 1440, PASS_MINUTES):
@@ -191,7 +192,7 @@ def run_stream(pipeline: Path, edits: dict, days: list[str], name: str) -> tuple
         "wall_s": round(time.perf_counter() - wall, 1),
         "cpu_s": round(time.process_time() - cpu, 1),
     }
-    return scores, figures
+    return scores, figures, labels
 
 
 def run_daily(pipeline: Path, edits: dict, window: int, days: list[str], name: str) -> tuple[dict, dict]:
@@ -218,15 +219,6 @@ def run_daily(pipeline: Path, edits: dict, window: int, days: list[str], name: s
         "wall_s": round(time.perf_counter() - wall, 1),
         "cpu_s": round(time.process_time() - cpu, 1),
     }
-
-
-def labels_of(pipeline: Path, edits: dict, days: list[str]) -> dict[str, np.ndarray]:
-    from recpipe.config.loader import load_pipeline_config
-    from trainer.input import FeatureReader
-
-    config = load_pipeline_config(pipeline, edits).resolved(ROOT)
-    reader = FeatureReader(config, [])
-    return {ds: day_table(config, reader, ds)[0]["label"].to_numpy().astype(np.float32) for ds in days}
 
 
 def compare(labels: dict, variants: dict[str, dict], scored_days: list[str]) -> dict:
@@ -298,9 +290,8 @@ def one_data_set(name: str, pipeline: Path, edits: dict, days: list[str], warmup
     variants, figures = {}, {}
     scores, figures["daily_retrain"] = run_daily(pipeline, {**edits, **daily_edits}, window, days, name)
     variants["daily_retrain"] = scores
-    scores, figures["stream"] = run_stream(pipeline, {**edits, **stream_edits}, days, name)
+    scores, figures["stream"], labels = run_stream(pipeline, {**edits, **stream_edits}, days, name)
     variants.update(scores)
-    labels = labels_of(pipeline, edits, days)
     result = {
         "days": f"{days[0]}:{days[-1]}",
         "training_window_days": window,

@@ -57,7 +57,6 @@ class Replica:
     restart: str
     log: Path
     proc: subprocess.Popen | None = None
-    starts: int = 0
 
 
 @dataclass
@@ -69,7 +68,6 @@ class TFJobRun:
     replicas: list[Replica] = field(default_factory=list)
 
     def _start(self, r: Replica) -> None:
-        r.starts += 1
         r.proc = self.hosts.popen(r.host, r.argv, log=r.log, cwd=ROOT, env=r.env)
 
     def replica(self, kind: str, index: int = 0) -> Replica:
@@ -109,8 +107,8 @@ class TFJobRun:
 
 
 def enforce_network_policy(hosts: Hosts, policy: dict, job: dict, inside: set[str]) -> list[str]:
-    """Enforce a rendered ``NetworkPolicy`` as a cluster's network plugin would, for the hosts
-    of ``run``: when it selects the job's pods (its ``training.kubeflow.org/job-name`` label)
+    """Enforce a rendered ``NetworkPolicy`` as a cluster's network plugin would, for the job's
+    hosts ``inside``: when it selects the job's pods (its ``training.kubeflow.org/job-name`` label)
     and admits only pods of that label, each job host gets a ``prohibit`` route to every other
     host and to the bridge (its answers to anyone outside the job are refused, so no connection
     from outside is ever set up). Returns the hosts outside the job.
