@@ -179,7 +179,9 @@ class DistributedTrainOperator(JobOperator):
         summary = self.run(job, out.logs)
         if not summary or "checkpoint" not in summary:
             raise RuntimeError(f"training in {out.path} printed no result line")
-        fine_tune = str(source) if source else (summary.get("fine_tune") or {}).get("checkpoint")
+        # a resumed job reports the warm start of its first attempt (``ModelDir.fine_tune``)
+        report = summary.get("fine_tune") or {}
+        fine_tune = str(source) if source else report.get("source") or report.get("checkpoint")
         result = {
             **summary,
             "model_dir": str(out.path),

@@ -15,6 +15,7 @@ and ``ds`` ranges. Every file name another process reads is defined here and now
                eval/eval_result-<step>.json, eval_result.json
                eval_predictions.parquet, champion_eval_*          per-row label, probability (the gate's)
                normalization.json, pipeline.yaml             what serving and MLflow need
+               fine_tune.json                                what the job was warm-started from
                train_done.json                               the chief's end-of-training marker
                train_result.json, _SUCCESS                   the train task's result, then done
                export.json                                   the export task's result
@@ -289,6 +290,7 @@ class ModelDir:
     eval_result = property(lambda self: self.path / EVAL_RESULT)
     normalization = property(lambda self: self.path / "normalization.json")
     pipeline_config = property(lambda self: self.path / "pipeline.yaml")
+    fine_tune = property(lambda self: self.path / "fine_tune.json")
     train_done = property(lambda self: self.path / "train_done.json")
     train_result = property(lambda self: self.path / "train_result.json")
     success = property(lambda self: self.path / SUCCESS)

@@ -18,6 +18,8 @@ shared, as the manifest's ReadWriteMany volume is. Never imported by production 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -173,4 +175,144 @@ def start_tfjob(
         enforce_network_policy(hosts, policy, job, {r.host for r in run.replicas})
     for r in run.replicas:
         run._start(r)
+    return run
+
+
+# --- MPIJob (mpi-operator v2) -------------------------------------------------------------
+
+HOSTFILE = "/etc/mpi/hostfile"  # where mpi-operator mounts the job's hostfile (its ConfigMap)
+SSHD_CONFIG = """\
+Port 22
+HostKey /etc/ssh/ssh_host_ed25519_key
+AuthorizedKeysFile {keys}/authorized_keys
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+PidFile none
+"""
+SSH_CONFIG = """\
+Host *
+    IdentityFile {keys}/id_ed25519
+    StrictHostKeyChecking no
+    UserKnownHostsFile /dev/null
+    LogLevel ERROR
+    ConnectTimeout 10
+"""
+
+
+def mpi_worker(job: dict, index: int) -> str:
+    """Worker ``index``'s host name as mpi-operator v2 writes it into the hostfile: the pod
+    ``<job>-worker-<i>`` under the job's headless Service ``<job>``."""
+    name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
+    return f"{name}-worker-{index}.{name}.{namespace}.svc"
+
+
+@dataclass
+class MPIJobRun:
+    """An MPIJob's pods running on hosts: the workers' ``sshd`` and the launcher."""
+
+    hosts: Hosts
+    job: dict
+    launcher: Replica
+    workers: list[Replica]
+
+    def wait(self, timeout_s: float) -> int:
+        """Until the launcher ends (the job's outcome, mpi-operator's rule): its exit code.
+
+        Raises:
+            TimeoutError: the launcher ran past ``timeout_s``.
+        """
+        try:
+            return self.launcher.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"MPIJob {self.job['metadata']['name']} still running after {timeout_s} s")
+
+    def stop(self) -> None:
+        """Delete the pods (cleanPodPolicy ``Running``): the launcher, then the workers."""
+        for r in [self.launcher, *self.workers]:
+            if r.proc is not None and r.proc.poll() is None:
+                os.killpg(r.proc.pid, signal.SIGKILL)
+                r.proc.wait()
+
+
+def start_mpijob(
+    hosts: Hosts,
+    job: dict,
+    placement: dict[tuple[str, int], str],
+    log_dir: Path,
+    policy: dict | None = None,
+) -> MPIJobRun:
+    """Start MPIJob ``job`` as mpi-operator v2 does: an SSH key pair for the job (its Secret),
+    the hostfile of the workers' names with ``slotsPerWorker`` slots (its ConfigMap), each
+    worker's container (``sshd``) on its host, then, once every worker's port 22 answers,
+    the launcher's container. ``placement``: ("Launcher", 0) and ("Worker", i) -> host name.
+
+    Where the operator mounts files the stand-in writes them elsewhere: the key and the sshd /
+    ssh client settings go to each host's own ``/etc/ssh`` (``/etc/netns/<namespace>/ssh``,
+    mounted by ``ip netns exec``) instead of ``/root/.ssh``, and the launcher's
+    ``--hostfile /etc/mpi/hostfile`` is pointed at ``log_dir/hostfile``. Logs:
+    ``log_dir/<launcher|worker-i>.log``.
+
+    Raises:
+        ValueError: ``job`` is not an MPIJob, or a pod has no host.
+        TimeoutError: a worker's sshd did not answer within 30 s.
+    """
+    if job.get("kind") != "MPIJob":
+        raise ValueError(f"not an MPIJob: {job.get('kind')}")
+    name, spec = job["metadata"]["name"], job["spec"]
+    workers = spec["mpiReplicaSpecs"]["Worker"]["replicas"]
+    pods = [("Launcher", 0), *(("Worker", i) for i in range(workers))]
+    missing = [p for p in pods if p not in placement]
+    if missing:
+        raise ValueError(f"pods {missing} of {name} have no host")
+    log_dir.mkdir(parents=True, exist_ok=True)
+    keys = log_dir / "ssh"
+    keys.mkdir(mode=0o700)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(keys / "id_ed25519")], check=True
+    )
+    (keys / "authorized_keys").write_text((keys / "id_ed25519.pub").read_text())
+    names = [f"{hosts.address(placement[('Worker', i)])} {mpi_worker(job, i)}" for i in range(workers)]
+    launcher_name = f"{hosts.address(placement[('Launcher', 0)])} {name}-launcher"
+    for host in hosts.names:
+        hosts.write_etc(host, "hosts", "\n".join(["127.0.0.1 localhost", *names, launcher_name]) + "\n")
+        etc = hosts.write_etc(host, "ssh/sshd_config", SSHD_CONFIG.format(keys=keys)).parent
+        (etc / "ssh_config").write_text(SSH_CONFIG.format(keys=keys))
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(etc / "ssh_host_ed25519_key")],
+            check=True,
+        )
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation dir
+    hostfile = log_dir / "hostfile"
+    hostfile.write_text("".join(f"{mpi_worker(job, i)} slots={spec['slotsPerWorker']}\n" for i in range(workers)))
+    bin_dir = Path(sys.executable).parent  # the image's python and horovodrun
+
+    def replica(kind: str, i: int) -> Replica:
+        container = spec["mpiReplicaSpecs"][kind]["template"]["spec"]["containers"][0]
+        command = [
+            sys.executable if c == "python" else str(bin_dir / c) if c == "horovodrun" else c
+            for c in container["command"]
+        ]
+        command = [str(hostfile) if c == HOSTFILE else c for c in command]
+        env = {e["name"]: e["value"] for e in container.get("env", [])}
+        env = job_environment({**env, "K_MPI_JOB_ROLE": kind.lower()})
+        log = log_dir / (f"{kind.lower()}-{i}.log" if kind == "Worker" else "launcher.log")
+        restart = spec["mpiReplicaSpecs"][kind]["restartPolicy"]
+        return Replica(kind, i, placement[(kind, i)], command, env, restart, log)
+
+    run = MPIJobRun(hosts, job, replica("Launcher", 0), [replica("Worker", i) for i in range(workers)])
+    if policy is not None:
+        enforce_network_policy(hosts, policy, job, {placement[p] for p in pods})
+    for r in run.workers:
+        r.proc = hosts.popen(r.host, r.argv, log=r.log, cwd=ROOT, env=r.env)
+    for r in run.workers:  # the operator starts the launcher once the workers are running
+        deadline = time.monotonic() + 30
+        while hosts.run(r.host, ["ss", "-ltnH", "sport = :22"]).stdout.strip() == "":
+            if time.monotonic() > deadline or r.proc.poll() is not None:
+                raise TimeoutError(f"worker {r.index}'s sshd: {r.log.read_text(errors='replace')[-2000:]}")
+            time.sleep(0.2)
+    r = run.launcher
+    r.proc = hosts.popen(r.host, r.argv, log=r.log, cwd=ROOT, env=r.env)
     return run

@@ -203,7 +203,9 @@ class Trainer:
         if latest:
             self.dist.restore(self.state, latest)
             log.info("resumed from %s at step %d", latest, int(self.global_step.numpy()))
-            return {}
+            # a resumed job reports the warm start its first attempt made (the run's lineage)
+            kept = self.files.fine_tune
+            return json.loads(kept.read_text()) if kept.exists() else {}
         if tc.fine_tune_checkpoint:
             var_map = read_var_map(tc.fine_tune_ckpt_var_map) if tc.fine_tune_ckpt_var_map else None
             static = self.state.static_variables()
@@ -211,7 +213,8 @@ class Trainer:
             restored = restore_embedding_variables(
                 self.state.evs, tc.fine_tune_checkpoint, self.dist.sharding
             )
-            return {
+            report = {
+                "source": tc.fine_tune_checkpoint,
                 "checkpoint": report.checkpoint,
                 "restored": len(report.restored),
                 "missing": report.missing,
@@ -220,6 +223,9 @@ class Trainer:
                 "optimizer_iterations": report.optimizer_iterations,
                 **({"online_rows_restored": restored} if restored else {}),
             }
+            if self.dist.is_chief:
+                atomic.write_text(self.files.fine_tune, json.dumps(report))
+            return report
         return {}
 
     def _train_step_fn(self, signature: tuple) -> Callable:

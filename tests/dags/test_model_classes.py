@@ -88,11 +88,10 @@ def models(movielens_raw, tmp_path_factory) -> dict:
         for dag_id, days in runs.items():
             states[dag_id] = follow_runs(api, dag_id, days, 1800, print)
             tasks[dag_id] = [t for r in api.runs(dag_id) for t in api.task_instances(dag_id, r["dag_run_id"])]
-    for model in MODELS.values():
-        runs = var / "runs" / model
-        second = json.loads((runs / f"ds={DAYS[1]}" / "train_result.json").read_text())
-        assert second["fine_tune_checkpoint"] == str(runs / f"ds={DAYS[0]}")
-        assert second["fine_tune"]["restored"] > 10 and not second["fine_tune"]["missing"]
+    for dag_id, instances in tasks.items():  # what a busy machine retried, for the record
+        for t in instances:
+            if (t.get("try_number") or 1) > 1 or t.get("state") != "success":
+                print(dag_id, t.get("logical_date"), t["task_id"], t.get("state"), "try", t.get("try_number"))
     store = _store(stream["model_name"])
     yield {**stack, "states": states, "tasks": tasks, "broken": broken, "stream": stream, "store": store}
     for key in store["client"].scan_iter(match=f"recpipe:{stream['model_name']}:*"):
@@ -149,6 +148,14 @@ def test_each_model_runs_as_its_own_dag_and_a_broken_config_harms_none(models):
     }
     assert "broken.yaml" in models["broken"] and "retention_days" in models["broken"]
     assert "din.yaml" not in models["broken"] and "mmoe.yaml" not in models["broken"]
+
+
+@pytest.mark.parametrize("kind", MODELS)
+def test_each_models_second_day_fine_tunes_from_its_first(models, kind):
+    runs = models["var"] / "runs" / MODELS[kind]
+    second = json.loads((runs / f"ds={DAYS[1]}" / "train_result.json").read_text())
+    assert second["fine_tune_checkpoint"] == str(runs / f"ds={DAYS[0]}")
+    assert second["fine_tune"]["restored"] > 10 and not second["fine_tune"]["missing"]
 
 
 def test_the_models_training_jobs_took_the_pools_one_slot_in_turn(models):

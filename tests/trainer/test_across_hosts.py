@@ -138,3 +138,73 @@ def test_a_multi_worker_mirrored_tfjob_across_two_hosts_ends_where_one_host_does
     assert two["global_step"] == one["global_step"] == 20
     assert abs(two["loss"] - one["loss"]) < 1e-5
     _assert_same_state(tmp_path / "one", model_dir)
+
+
+def _reachable(hosts: Hosts, host: str, targets: list[tuple[str, int]]) -> list[list]:
+    """Which of ``targets`` (address, port) accept a connection from ``host`` (tried at once,
+    3 s each)."""
+    probe = (
+        "import json, socket, sys; from concurrent.futures import ThreadPoolExecutor\n"
+        "def ok(t):\n"
+        "    try: socket.create_connection(tuple(t), 3).close(); return True\n"
+        "    except OSError: return False\n"
+        "ts = json.loads(sys.argv[1])\n"
+        "with ThreadPoolExecutor(len(ts)) as pool: print(json.dumps([t for t, r in zip(ts, pool.map(ok, ts)) if r]))"
+    )
+    done = hosts.run(host, [sys.executable, "-c", probe, json.dumps(targets)], timeout=60, check=True)
+    return json.loads(done.stdout)
+
+
+def _listening(hosts: Hosts, host: str) -> set[int]:
+    out = hosts.run(host, ["ss", "-ltnH"]).stdout.split("\n")
+    return {int(line.split()[3].rsplit(":", 1)[1]) for line in out if line.strip()}
+
+
+@pytest.mark.parametrize("distribute", ["HorovodStrategy", "EmbeddingParallelStrategy"])
+def test_an_mpijob_across_hosts_ends_where_one_host_does_and_no_port_is_open_beyond_it(
+    config_path, tmp_path, distribute
+):
+    """Two ranks on two worker hosts, started from the MPIJob recpipe renders as mpi-operator v2
+    starts it (``horovodrun --gloo`` on the launcher's host over SSH to the workers' sshd), and
+    on one host by ``recpipe train``: the same checkpoint, weights and slots. While it runs,
+    every port listening on the job's hosts (sshd, Horovod's services, Gloo's) refuses a host
+    outside the job."""
+    from tests.trainer.test_distribute import SPLITS, _assert_same_state, _train
+    from tests.training_operator import start_mpijob
+
+    edits = {
+        "train_config.optimizer_config": SPLITS["lazy_adam+adam"],
+        "data_config.batch_size": 128,
+        "data_config.shuffle": False,
+        "train_config.num_steps": 20,
+        "train_config.save_checkpoints_steps": 10,
+        "train_config.log_step_count_steps": 10,
+    }
+    one, _ = _train(config_path, tmp_path / "one", distribute, 2, **edits)
+    model_dir = tmp_path / "two"
+    strategy = {**edits, "train_config.train_distribute": distribute}
+    job, policy = render(
+        "mpi", TrainDistribute(distribute), ClusterConfig(**K8S, worker={"count": 2}),
+        _args(config_path, model_dir, strategy),
+    )  # fmt: skip
+    placement = {("Launcher", 0): "launcher", ("Worker", 0): "w0", ("Worker", 1): "w1"}
+    with Hosts(["launcher", "w0", "w1", "outsider"]) as hosts:
+        run = start_mpijob(hosts, job, placement, tmp_path / "logs", policy=policy)
+        try:
+            deadline = time.monotonic() + 300
+            while len(_listening(hosts, "w0")) < 2:  # sshd, then the job's own ports
+                assert run.launcher.proc.poll() is None, run.launcher.log.read_text()[-5000:]
+                assert time.monotonic() < deadline, "no port of the job opened on w0"
+                time.sleep(0.2)
+            opened = [(hosts.address(h), p) for h in ("launcher", "w0", "w1") for p in _listening(hosts, h)]
+            assert len(opened) >= 4 and _reachable(hosts, "outsider", opened) == []
+            assert _connects(hosts, "launcher", hosts.address("w1"), 22)
+            code = run.wait(timeout_s=600)
+        finally:
+            run.stop()
+    log = run.launcher.log.read_text()
+    assert code == 0, log[-5000:]
+    two = job_result(run.launcher.log)
+    assert two["global_step"] == one["global_step"] == 20
+    assert abs(two["loss"] - one["loss"]) < 1e-5
+    _assert_same_state(tmp_path / "one", model_dir)

@@ -127,6 +127,16 @@ def test_one_trace_per_job_and_fine_tune_carries_the_slots(ml_early, tmp_path):
         for v in opt.variables:
             np.testing.assert_array_equal(v.numpy(), slots_before[v.name], err_msg=v.name)
     assert int(tuned.global_step) == 0
+    assert report["source"] == str(tmp_path / "day1")
+    # a retry resumes from the run's own checkpoint and still reports where the run started
+    assert tuned.train().fine_tune == report
+    again = _small(
+        ml_early,
+        **{"train_config.optimizer_config": LAZY_SPLIT, "train_config.num_steps": 8,
+           "train_config.fine_tune_checkpoint": "unused"},
+    )  # fmt: skip
+    resumed = Trainer(_job(again, tmp_path / "day2", continue_train=True)).train()
+    assert resumed.global_step == 8 and resumed.fine_tune == report
 
 
 def test_embedding_regularization_stays_on_the_looked_up_rows():
