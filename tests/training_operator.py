@@ -274,10 +274,17 @@ def start_mpijob(
         ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(keys / "id_ed25519")], check=True
     )
     (keys / "authorized_keys").write_text((keys / "id_ed25519.pub").read_text())
-    names = [f"{hosts.address(placement[('Worker', i)])} {mpi_worker(job, i)}" for i in range(workers)]
-    launcher_name = f"{hosts.address(placement[('Launcher', 0)])} {name}-launcher"
+    pod_names = {
+        ("Launcher", 0): f"{name}-launcher",
+        **{("Worker", i): mpi_worker(job, i).split(".")[0] for i in range(workers)},
+    }
+    lines = [
+        "127.0.0.1 localhost",
+        *(f"{hosts.address(placement[('Worker', i)])} {mpi_worker(job, i)} {pod_names[('Worker', i)]}" for i in range(workers)),
+        f"{hosts.address(placement[('Launcher', 0)])} {pod_names[('Launcher', 0)]}",
+    ]  # fmt: skip
     for host in hosts.names:
-        hosts.write_etc(host, "hosts", "\n".join(["127.0.0.1 localhost", *names, launcher_name]) + "\n")
+        hosts.write_etc(host, "hosts", "\n".join(lines) + "\n")
         etc = hosts.write_etc(host, "ssh/sshd_config", SSHD_CONFIG.format(keys=keys)).parent
         (etc / "ssh_config").write_text(SSH_CONFIG.format(keys=keys))
         subprocess.run(
@@ -296,6 +303,8 @@ def start_mpijob(
             for c in container["command"]
         ]
         command = [str(hostfile) if c == HOSTFILE else c for c in command]
+        # a pod's own host name (Gloo finds its address by it), in a UTS namespace of its own
+        command = ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', pod_names[(kind, i)], *command]
         env = {e["name"]: e["value"] for e in container.get("env", [])}
         env = job_environment({**env, "K_MPI_JOB_ROLE": kind.lower()})
         log = log_dir / (f"{kind.lower()}-{i}.log" if kind == "Worker" else "launcher.log")
