@@ -13,16 +13,22 @@ if ! java -version 2>&1 | grep -qE 'version "17'; then
   exit 1
 fi
 
-# The UI test renders Airflow's grid in Debian's Chromium (driven by Playwright from the lock).
-if [ ! -x /usr/bin/chromium ]; then
+# Debian packages a test needs, installed when setup runs as root with apt-get: name, the
+# file it brings, what needs it
+apt_package() {
+  [ -x "$2" ] && return 0
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    say "installing Debian's chromium (for the Airflow UI test)"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1 \
-      || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; }
+    say "installing Debian's $1 ($3)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$1" >/dev/null 2>&1 \
+      || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$1" >/dev/null; }
   else
-    say "chromium is missing: sudo apt-get install -y chromium (the UI screenshot test is skipped without it)"
+    say "$1 is missing: sudo apt-get install -y $1 ($3; its tests are skipped without it)"
   fi
-fi
+}
+# the UI test renders Airflow's grid in Chromium (driven by Playwright from the lock)
+apt_package chromium /usr/bin/chromium "the Airflow UI test"
+# the MPIJob workers' sshd in the multi-host tests (never started as a service here)
+apt_package openssh-server /usr/sbin/sshd "Horovod jobs across hosts"
 
 # make test and the stream demo talk to PostgreSQL and Redis on 127.0.0.1: say how to get them
 # (setup itself goes on without them)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -160,6 +161,7 @@ def _listening(hosts: Hosts, host: str) -> set[int]:
     return {int(line.split()[3].rsplit(":", 1)[1]) for line in out if line.strip()}
 
 
+@pytest.mark.skipif(not Path("/usr/sbin/sshd").exists(), reason="no sshd: make setup installs openssh-server")
 @pytest.mark.parametrize("distribute", ["HorovodStrategy", "EmbeddingParallelStrategy"])
 def test_an_mpijob_across_hosts_ends_where_one_host_does_and_no_port_is_open_beyond_it(
     config_path, tmp_path, distribute
