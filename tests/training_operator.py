@@ -227,7 +227,8 @@ class MPIJobRun:
         try:
             return self.launcher.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
-            raise TimeoutError(f"MPIJob {self.job['metadata']['name']} still running after {timeout_s} s")
+            name = self.job["metadata"]["name"]
+            raise TimeoutError(f"MPIJob {name} still running after {timeout_s} s") from None
 
     def stop(self) -> None:
         """Delete the pods (cleanPodPolicy ``Running``): the launcher, then the workers."""
@@ -278,22 +279,20 @@ def start_mpijob(
         ("Launcher", 0): f"{name}-launcher",
         **{("Worker", i): mpi_worker(job, i).split(".")[0] for i in range(workers)},
     }
-    lines = [
-        "127.0.0.1 localhost",
-        *(f"{hosts.address(placement[('Worker', i)])} {mpi_worker(job, i)} {pod_names[('Worker', i)]}" for i in range(workers)),
-        f"{hosts.address(placement[('Launcher', 0)])} {pod_names[('Launcher', 0)]}",
-    ]  # fmt: skip
+    fqdn = {("Launcher", 0): "", **{("Worker", i): mpi_worker(job, i) for i in range(workers)}}
+    lines = ["127.0.0.1 localhost"]
+    lines += [f"{hosts.address(placement[p])} {fqdn[p]} {pod_names[p]}" for p in pods]
     for host in hosts.names:
         hosts.write_etc(host, "hosts", "\n".join(lines) + "\n")
         etc = hosts.write_etc(host, "ssh/sshd_config", SSHD_CONFIG.format(keys=keys)).parent
         (etc / "ssh_config").write_text(SSH_CONFIG.format(keys=keys))
-        subprocess.run(
-            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(etc / "ssh_host_ed25519_key")],
-            check=True,
-        )
+        host_key = etc / "ssh_host_ed25519_key"
+        if not host_key.exists():  # a host's key outlives a job, as the image's does
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(host_key)], check=True)
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation dir
     hostfile = log_dir / "hostfile"
-    hostfile.write_text("".join(f"{mpi_worker(job, i)} slots={spec['slotsPerWorker']}\n" for i in range(workers)))
+    slots = spec["slotsPerWorker"]
+    hostfile.write_text("".join(f"{mpi_worker(job, i)} slots={slots}\n" for i in range(workers)))
     bin_dir = Path(sys.executable).parent  # the image's python and horovodrun
 
     def replica(kind: str, i: int) -> Replica:
@@ -304,7 +303,8 @@ def start_mpijob(
         ]
         command = [str(hostfile) if c == HOSTFILE else c for c in command]
         # a pod's own host name (Gloo finds its address by it), in a UTS namespace of its own
-        command = ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', pod_names[(kind, i)], *command]
+        pod = ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', pod_names[(kind, i)]]
+        command = [*pod, *command]
         env = {e["name"]: e["value"] for e in container.get("env", [])}
         env = job_environment({**env, "K_MPI_JOB_ROLE": kind.lower()})
         log = log_dir / (f"{kind.lower()}-{i}.log" if kind == "Worker" else "launcher.log")

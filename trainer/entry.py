@@ -95,11 +95,14 @@ def _train_eval(args, extra) -> int:
                 held.enter_context(locks.reading(source))
         try:
             result = Trainer(job, dist).train(on_log=_metrics_log(model_dir))
-        except Exception as err:
+        except Exception as raised:
+            err = dist.job_failure(raised) or raised  # e.g. a lost rank, said in one line
             if dist.exits_at_once_on_error:
                 held.close()  # release the model dir's locks first
                 exit_now(err, "recpipe train")
-            raise
+            if err is raised:
+                raise
+            raise err from raised
     if not dist.is_chief:
         return 0  # the chief writes the config, evaluates and prints the result
     atomic.write_text(ModelDir(model_dir).pipeline_config, _yaml(config))

@@ -150,7 +150,8 @@ def _reachable(hosts: Hosts, host: str, targets: list[tuple[str, int]]) -> list[
         "    try: socket.create_connection(tuple(t), 3).close(); return True\n"
         "    except OSError: return False\n"
         "ts = json.loads(sys.argv[1])\n"
-        "with ThreadPoolExecutor(len(ts)) as pool: print(json.dumps([t for t, r in zip(ts, pool.map(ok, ts)) if r]))"
+        "with ThreadPoolExecutor(len(ts)) as pool: up = list(pool.map(ok, ts))\n"
+        "print(json.dumps([t for t, r in zip(ts, up) if r]))"
     )
     done = hosts.run(host, [sys.executable, "-c", probe, json.dumps(targets)], timeout=60, check=True)
     return json.loads(done.stdout)
@@ -210,3 +211,55 @@ def test_an_mpijob_across_hosts_ends_where_one_host_does_and_no_port_is_open_bey
     assert two["global_step"] == one["global_step"] == 20
     assert abs(two["loss"] - one["loss"]) < 1e-5
     _assert_same_state(tmp_path / "one", model_dir)
+
+
+@pytest.mark.skipif(not Path("/usr/sbin/sshd").exists(), reason="no sshd: make setup installs openssh-server")
+def test_a_worker_host_cut_off_fails_an_mpijob_in_bounded_time_and_a_retry_resumes(config_path, tmp_path):
+    """Worker 1's host partitioned once checkpoint 10 exists: rank 0's next collective times
+    out (Gloo's 30 s), the job fails with the trainer's one-line reason instead of hanging;
+    the host back, the retry (the train task's next try: ``--continue_train``) resumes from
+    the checkpoint and ends with every step."""
+    from tests.trainer.test_distribute import SPLITS
+    from tests.training_operator import start_mpijob
+
+    edits = {
+        "train_config.optimizer_config": SPLITS["lazy_adam+adam"],
+        "train_config.train_distribute": "HorovodStrategy",
+        "data_config.batch_size": 128,
+        "data_config.num_epochs": 20,
+        "train_config.num_steps": 200,
+        "train_config.save_checkpoints_steps": 10,
+        "train_config.log_step_count_steps": 10,
+    }
+    model_dir = tmp_path / "model"
+    cluster = ClusterConfig(**K8S, worker={"count": 2})
+    args = _args(config_path, model_dir, edits)
+    job, _ = render("mpi-cut", TrainDistribute.HorovodStrategy, cluster, args)
+    placement = {("Launcher", 0): "launcher", ("Worker", 0): "w0", ("Worker", 1): "w1"}
+    with Hosts(["launcher", "w0", "w1"]) as hosts:
+        run = start_mpijob(hosts, job, placement, tmp_path / "logs")
+        try:
+            deadline = time.monotonic() + 300
+            while not (model_dir / "model.ckpt-10.index").exists():
+                assert run.launcher.proc.poll() is None, run.launcher.log.read_text()[-5000:]
+                assert time.monotonic() < deadline, "no checkpoint 10"
+                time.sleep(0.1)
+            hosts.partition("w1")
+            cut = time.monotonic()
+            code = run.wait(timeout_s=300)
+            failed_after = time.monotonic() - cut
+        finally:
+            run.stop()
+        log = run.launcher.log.read_text(errors="replace")
+        assert code != 0 and failed_after < 120, log[-5000:]
+        assert "recpipe train: PipelineError: rank 0 of 2" in log and "a Horovod collective failed" in log
+        hosts.heal("w1")
+        retry, _ = render("mpi-cut-2", TrainDistribute.HorovodStrategy, cluster, [*args, "--continue_train"])
+        run = start_mpijob(hosts, retry, placement, tmp_path / "retry")
+        try:
+            code = run.wait(timeout_s=600)
+        finally:
+            run.stop()
+    log = run.launcher.log.read_text(errors="replace")
+    assert code == 0, log[-5000:]
+    assert "resumed from" in log and job_result(run.launcher.log)["global_step"] == 200

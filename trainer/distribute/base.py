@@ -94,6 +94,11 @@ class Distribution:
         self.rank, self.world_size, self.is_chief = 0, 1, True
         self.replicas_per_process = 1
 
+    def job_failure(self, err: BaseException) -> Exception | None:
+        """What ``err``, raised while training, says about the job (another process or its
+        host lost: a ``recpipe.errors.PipelineError`` naming it), or None: ``err`` as it is."""
+        return None
+
     def local_examples(self, element) -> int:
         """Examples this process feeds in one step (``element`` from ``distribute``)."""
         labels = element[0]

@@ -32,6 +32,24 @@ class HorovodDistribution(Distribution):
         self.rank, self.world_size = hvd.rank(), hvd.size()
         self.is_chief = self.rank == 0
 
+    def job_failure(self, err: BaseException) -> Exception | None:
+        """A collective that failed on this rank: another rank exited, or its host stopped
+        answering for Gloo's timeout (``HOROVOD_GLOO_TIMEOUT_SECONDS``, horovodrun's
+        ``--gloo-timeout-seconds``, 30 s by default). The job cannot go on without the rank:
+        it fails, and a retry resumes from the latest checkpoint."""
+        import os
+
+        from recpipe.errors import PipelineError
+
+        if not isinstance(err, tf.errors.OpError) or "Horovod has been shut down" not in str(err):
+            return None
+        timeout = os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS", "30")
+        return PipelineError(
+            f"rank {self.rank} of {self.world_size} ({os.uname().nodename}): a Horovod collective "
+            f"failed: another rank exited or its host stopped answering within {timeout} s (see "
+            "the ranks' logs above); the job stops here and a retry resumes from the latest checkpoint"
+        )
+
     def all_sum(self, value: tf.Tensor) -> tf.Tensor:
         return self.hvd.allreduce(value, op=self.hvd.Sum, name="recpipe_all_sum")
 
