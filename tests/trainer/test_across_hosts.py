@@ -107,6 +107,37 @@ def test_a_worker_host_cut_off_mid_job_is_waited_for_and_the_job_ends(ml_early, 
     assert job_result(chief)["global_step"] == 60
 
 
+def test_the_ps_host_cut_off_fails_the_job_naming_it(config_path, tmp_path):
+    """The ps's host partitioned once checkpoint 10 exists: TensorFlow's calls to it would
+    wait for many minutes; the chief's watch (``train_config.ps_timeout_secs``, 10 s here)
+    ends the job with one line naming the ps and its Service."""
+    cluster = ClusterConfig(**K8S, worker={"count": 1}, ps={"count": 1})
+    model_dir = tmp_path / "model"
+    edits = {**PS_EDITS, "train_config.num_steps": 2000, "data_config.num_epochs": 50}
+    edits["train_config.ps_timeout_secs"] = 10
+    job, _ = render("ps-lost", TrainDistribute.PSStrategy, cluster, _args(config_path, model_dir, edits))
+    placement = {("Chief", 0): "chief", ("Worker", 0): "w0", ("PS", 0): "ps0"}
+    with Hosts(["chief", "w0", "ps0"]) as hosts:
+        run = start_tfjob(hosts, job, placement, tmp_path / "logs")
+        try:
+            chief = run.replica("Chief")
+            deadline = time.monotonic() + 300
+            while not (model_dir / "model.ckpt-10.index").exists():
+                assert chief.proc.poll() is None, chief.log.read_text()[-3000:]
+                assert time.monotonic() < deadline, "no checkpoint 10"
+                time.sleep(0.1)
+            hosts.partition("ps0")
+            cut = time.monotonic()
+            code = run.wait(timeout_s=120)
+            failed_after = time.monotonic() - cut
+        finally:
+            run.stop()
+    log = chief.log.read_text(errors="replace")
+    assert code == 1 and 10 <= failed_after < 60, log[-5000:]
+    lost = "ps 0 (ps-lost-ps-0.ranking.svc:2222) unreachable for 10 s"
+    assert f"recpipe train: PipelineError: {lost}" in log
+
+
 def test_a_multi_worker_mirrored_tfjob_across_two_hosts_ends_where_one_host_does(config_path, tmp_path):
     """The same two-worker synchronous job (rows in file order) on two hosts, started from its
     TFJob, and on one host by ``recpipe train``: the same checkpoint, weights and slots."""
@@ -263,3 +294,54 @@ def test_a_worker_host_cut_off_fails_an_mpijob_in_bounded_time_and_a_retry_resum
     log = run.launcher.log.read_text(errors="replace")
     assert code == 0, log[-5000:]
     assert "resumed from" in log and job_result(run.launcher.log)["global_step"] == 200
+
+
+def test_a_worker_host_cut_off_fails_a_mirrored_tfjob_naming_it_and_a_retry_resumes(config_path, tmp_path):
+    """The MultiWorkerMirrored job's worker 1 host partitioned once checkpoint 10 exists:
+    TensorFlow's coordination service misses its heartbeats and aborts the collectives, and
+    worker 0 fails with one line naming worker 1 and its Service; the host back, the retry
+    resumes from the checkpoint and ends with every step."""
+    edits = {
+        "train_config.train_distribute": "MultiWorkerMirroredStrategy",
+        "data_config.batch_size": 128,
+        "data_config.num_epochs": 20,
+        "train_config.num_steps": 200,
+        "train_config.save_checkpoints_steps": 10,
+        "train_config.log_step_count_steps": 10,
+    }
+    model_dir = tmp_path / "model"
+    cluster = ClusterConfig(**K8S, worker={"count": 2})
+    args = _args(config_path, model_dir, edits)
+    job, _ = render("mwms-cut", TrainDistribute.MultiWorkerMirroredStrategy, cluster, args)
+    placement = {("Worker", 0): "a", ("Worker", 1): "b"}
+    with Hosts(["a", "b"]) as hosts:
+        run = start_tfjob(hosts, job, placement, tmp_path / "logs")
+        try:
+            lead = run.replica("Worker")
+            deadline = time.monotonic() + 300
+            while not (model_dir / "model.ckpt-10.index").exists():
+                assert lead.proc.poll() is None, lead.log.read_text()[-5000:]
+                assert time.monotonic() < deadline, "no checkpoint 10"
+                time.sleep(0.1)
+            hosts.partition("b")
+            cut = time.monotonic()
+            code = run.wait(timeout_s=300)
+            failed_after = time.monotonic() - cut
+        finally:
+            run.stop()
+        log = lead.log.read_text(errors="replace")
+        assert code != 0 and failed_after < 120, log[-5000:]
+        lost = "worker 1 (mwms-cut-worker-1.ranking.svc:2222) stopped answering"
+        assert f"recpipe train: PipelineError: worker 0 of 2: {lost}" in log
+        hosts.heal("b")
+        retry, _ = render(
+            "mwms-cut", TrainDistribute.MultiWorkerMirroredStrategy, cluster, [*args, "--continue_train"]
+        )
+        run = start_tfjob(hosts, retry, placement, tmp_path / "retry")
+        try:
+            code = run.wait(timeout_s=600)
+        finally:
+            run.stop()
+    log = run.replica("Worker").log.read_text(errors="replace")
+    assert code == 0, log[-5000:]
+    assert "resumed from" in log and job_result(run.replica("Worker").log)["global_step"] == 200

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -15,6 +16,19 @@ LOCAL_PROCESSES = "RECPIPE_LOCAL_PROCESSES"
 
 class StrategyError(ConfigError):
     """The configured train_distribute cannot run here (the message says why)."""
+
+
+_TASK = re.compile(r"/job:(\w+)/(?:replica:\d+/)?task:(\d+)")
+
+
+def lost_task(err: BaseException, cluster: dict[str, list[str]]) -> str | None:
+    """The task a TensorFlow error says it lost: ``"<type> <index> (<address>)"``, the
+    address from ``cluster`` (TF_CONFIG's), or None when ``err`` names no task of it."""
+    for kind, index in _TASK.findall(str(err)):
+        addresses = cluster.get(kind, [])
+        if int(index) < len(addresses):
+            return f"{kind} {index} ({addresses[int(index)]})"
+    return None
 
 
 def online_tables_refused(strategy: str, features: list[str]) -> StrategyError:

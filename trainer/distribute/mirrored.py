@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
-from trainer.distribute.base import Distribution, StrategyError, share_cores
+from trainer.distribute.base import Distribution, StrategyError, lost_task, share_cores
 
 
 def _replica_devices(count: int) -> list[str]:
@@ -80,4 +80,20 @@ class MultiWorkerMirroredDistribution(_Collective):
         super().__init__(tf.distribute.MultiWorkerMirroredStrategy(communication_options=options))
         self.rank, self.world_size = int(task["index"]), len(workers)
         self.is_chief = self.rank == 0
+        self.cluster = tf_config["cluster"]
+
+    def job_failure(self, err: BaseException) -> Exception | None:
+        """A worker lost: TensorFlow's coordination service misses its heartbeats (10 s) or
+        it exited, and aborts every collective. The job cannot go on without it: it fails,
+        naming the worker and its address, and a retry resumes from the latest checkpoint."""
+        from recpipe.errors import PipelineError
+
+        lost = lost_task(err, self.cluster) if isinstance(err, tf.errors.OpError) else None
+        if lost is None or not isinstance(err, (tf.errors.UnavailableError, tf.errors.AbortedError)):
+            return None
+        return PipelineError(
+            f"worker {self.rank} of {self.world_size}: {lost} stopped answering (its process "
+            "exited or its host is cut off); the job stops here and a retry resumes from the "
+            "latest checkpoint"
+        )
         self.replicas_per_process = self.strategy.num_replicas_in_sync // self.world_size
