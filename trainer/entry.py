@@ -79,9 +79,9 @@ def _train_eval(args, extra) -> int:
     model_dir = Path(args.model_dir or config.model_dir)
     train_days = _days(config.train_ds, "train_ds")
     from trainer.distribute import distribution_for
-    from trainer.distribute.ps_watch import watching_ps
     from trainer.loop import Trainer, TrainJob
     from trainer.scoring import evaluate
+    from trainer.server_watch import watching_servers
 
     dist = distribution_for(config.train_config, config.feature_config.online_features)
     job = TrainJob(
@@ -94,9 +94,10 @@ def _train_eval(args, extra) -> int:
             source = source if source.is_dir() else source.parent  # a dir or a checkpoint prefix
             if config.train_config.fine_tune_checkpoint and not args.continue_train and source.is_dir():
                 held.enter_context(locks.reading(source))
-        ps = getattr(dist, "cluster", {}).get("ps") if dist.is_chief else None
-        if ps:
-            held.enter_context(watching_ps(ps, config.train_config.ps_timeout_secs))
+        cluster = getattr(dist, "cluster", {}) if dist.is_chief else {}
+        if cluster.get("ps"):  # a parameter-server job: its chief watches the ps and workers
+            servers = {kind: cluster[kind] for kind in ("ps", "worker") if cluster.get(kind)}
+            held.enter_context(watching_servers(servers, config.train_config.server_timeout_secs))
         try:
             result = Trainer(job, dist).train(on_log=_metrics_log(model_dir))
         except Exception as raised:

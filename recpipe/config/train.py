@@ -219,10 +219,10 @@ class TrainConfig(Section):
     """Steps between checkpoints (1000 when neither this nor ``save_checkpoints_secs`` is set)."""
     save_checkpoints_secs: int | None = Field(None, gt=0)
     """Seconds between checkpoints instead."""
-    ps_timeout_secs: int = Field(60, gt=0)
-    """A parameter-server job's chief fails, naming the ps, when a ps has not accepted a
-    connection for this many seconds (its host down or cut off; TensorFlow itself would wait
-    for many minutes)."""
+    server_timeout_secs: int = Field(60, gt=0)
+    """A parameter-server job's chief fails, naming the task, when a ps or worker has not
+    accepted a connection for this many seconds (its host down or cut off; TensorFlow itself
+    would wait for many minutes)."""
     keep_checkpoint_max: int = Field(10, gt=0)
     """Checkpoints kept in ``model_dir``."""
     save_summary_steps: int = Field(1000, gt=0)

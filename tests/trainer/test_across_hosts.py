@@ -107,14 +107,16 @@ def test_a_worker_host_cut_off_mid_job_is_waited_for_and_the_job_ends(ml_early, 
     assert job_result(chief)["global_step"] == 60
 
 
-def test_the_ps_host_cut_off_fails_the_job_naming_it(config_path, tmp_path):
-    """The ps's host partitioned once checkpoint 10 exists: TensorFlow's calls to it would
-    wait for many minutes; the chief's watch (``train_config.ps_timeout_secs``, 10 s here)
-    ends the job with one line naming the ps and its Service."""
+@pytest.mark.parametrize(("host", "task"), [("ps0", "ps-0"), ("w0", "worker-0")])
+def test_a_ps_or_worker_host_cut_off_for_good_fails_the_job_naming_it(config_path, tmp_path, host, task):
+    """The ps's (or the only worker's) host partitioned once checkpoint 10 exists, for good:
+    TensorFlow's calls to it would wait for many minutes; the chief's watch
+    (``train_config.server_timeout_secs``, 10 s here) ends the job with one line naming the
+    task and its Service."""
     cluster = ClusterConfig(**K8S, worker={"count": 1}, ps={"count": 1})
     model_dir = tmp_path / "model"
     edits = {**PS_EDITS, "train_config.num_steps": 2000, "data_config.num_epochs": 50}
-    edits["train_config.ps_timeout_secs"] = 10
+    edits["train_config.server_timeout_secs"] = 10
     job, _ = render("ps-lost", TrainDistribute.PSStrategy, cluster, _args(config_path, model_dir, edits))
     placement = {("Chief", 0): "chief", ("Worker", 0): "w0", ("PS", 0): "ps0"}
     with Hosts(["chief", "w0", "ps0"]) as hosts:
@@ -126,15 +128,15 @@ def test_the_ps_host_cut_off_fails_the_job_naming_it(config_path, tmp_path):
                 assert chief.proc.poll() is None, chief.log.read_text()[-3000:]
                 assert time.monotonic() < deadline, "no checkpoint 10"
                 time.sleep(0.1)
-            hosts.partition("ps0")
+            hosts.partition(host)
             cut = time.monotonic()
             code = run.wait(timeout_s=120)
             failed_after = time.monotonic() - cut
         finally:
             run.stop()
     log = chief.log.read_text(errors="replace")
-    assert code == 1 and 10 <= failed_after < 60, log[-5000:]
-    lost = "ps 0 (ps-lost-ps-0.ranking.svc:2222) unreachable for 10 s"
+    assert code != 0 and 10 <= failed_after < 60, log[-5000:]
+    lost = f"{task.replace('-', ' ')} (ps-lost-{task}.ranking.svc:2222) unreachable for 10 s"
     assert f"recpipe train: PipelineError: {lost}" in log
 
 
