@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,14 @@ from tests.training_operator import start_tfjob
 pytestmark = pytest.mark.slow
 
 K8S = {"launcher": "kubernetes", "image": "recpipe:test", "namespace": "ranking"}
+# a job to cut a host off from: checkpoints every 10 steps, 200 steps when nothing is cut
+CUT_EDITS = {
+    "data_config.batch_size": 128,
+    "data_config.num_epochs": 20,
+    "train_config.num_steps": 200,
+    "train_config.save_checkpoints_steps": 10,
+    "train_config.log_step_count_steps": 10,
+}
 
 
 def _args(config_path, model_dir, edits: dict) -> list[str]:
@@ -37,6 +46,26 @@ def _args(config_path, model_dir, edits: dict) -> list[str]:
 def _connects(hosts: Hosts, host: str, address: str, port: int = 2222) -> bool:
     probe = f"import socket; socket.create_connection(({address!r}, {port}), 3).close()"
     return hosts.run(host, [sys.executable, "-c", probe], timeout=30).returncode == 0
+
+
+def _cut_once_checkpointed(
+    hosts: Hosts, run, lead, model_dir, host: str, timeout_s: float
+) -> tuple[int, float]:
+    """Partition ``host`` (for good) once the job's checkpoint 10 exists and wait for the job
+    (``run``: a TFJob or MPIJob run; ``lead``: the replica whose exit is the job's); its exit
+    code and the seconds from the cut to it. The job's processes are stopped either way."""
+    try:
+        deadline = time.monotonic() + 300
+        while not (model_dir / "model.ckpt-10.index").exists():
+            assert lead.proc.poll() is None, lead.log.read_text(errors="replace")[-5000:]
+            assert time.monotonic() < deadline, "no checkpoint 10"
+            time.sleep(0.1)
+        hosts.partition(host)
+        cut = time.monotonic()
+        code = run.wait(timeout_s=timeout_s)
+        return code, time.monotonic() - cut
+    finally:
+        run.stop()
 
 
 def test_an_asynchronous_ps_tfjob_trains_with_each_replica_on_its_own_host(ml_early, config_path, tmp_path):
@@ -121,19 +150,8 @@ def test_a_ps_or_worker_host_cut_off_for_good_fails_the_job_naming_it(config_pat
     placement = {("Chief", 0): "chief", ("Worker", 0): "w0", ("PS", 0): "ps0"}
     with Hosts(["chief", "w0", "ps0"]) as hosts:
         run = start_tfjob(hosts, job, placement, tmp_path / "logs")
-        try:
-            chief = run.replica("Chief")
-            deadline = time.monotonic() + 300
-            while not (model_dir / "model.ckpt-10.index").exists():
-                assert chief.proc.poll() is None, chief.log.read_text()[-3000:]
-                assert time.monotonic() < deadline, "no checkpoint 10"
-                time.sleep(0.1)
-            hosts.partition(host)
-            cut = time.monotonic()
-            code = run.wait(timeout_s=120)
-            failed_after = time.monotonic() - cut
-        finally:
-            run.stop()
+        chief = run.replica("Chief")
+        code, failed_after = _cut_once_checkpointed(hosts, run, chief, model_dir, host, 120)
     log = chief.log.read_text(errors="replace")
     assert code != 0 and 10 <= failed_after < 60, log[-5000:]
     lost = f"{task.replace('-', ' ')} (ps-lost-{task}.ranking.svc:2222) unreachable for 10 s"
@@ -227,17 +245,25 @@ def test_an_mpijob_across_hosts_ends_where_one_host_does_and_no_port_is_open_bey
     with Hosts(["launcher", "w0", "w1", "outsider"]) as hosts:
         run = start_mpijob(hosts, job, placement, tmp_path / "logs", policy=policy)
         try:
-            deadline = time.monotonic() + 300
-            while len(_listening(hosts, "w0")) < 2:  # sshd, then the job's own ports
-                assert run.launcher.proc.poll() is None, run.launcher.log.read_text()[-5000:]
-                assert time.monotonic() < deadline, "no port of the job opened on w0"
-                time.sleep(0.2)
-            opened = [(hosts.address(h), p) for h in ("launcher", "w0", "w1") for p in _listening(hosts, h)]
-            assert len(opened) >= 4 and _reachable(hosts, "outsider", opened) == []
             assert _connects(hosts, "launcher", hosts.address("w1"), 22)
-            code = run.wait(timeout_s=600)
+            # every port seen listening on the job's hosts while it runs, tried from outside
+            # (tried in the background: a try from outside waits 3 s for an answer)
+            probed, tries, job_hosts = set(), [], ("launcher", "w0", "w1")
+            with ThreadPoolExecutor(8) as pool:
+                deadline = time.monotonic() + 600
+                while run.launcher.proc.poll() is None and time.monotonic() < deadline:
+                    seen = {(hosts.address(h), p) for h in job_hosts for p in _listening(hosts, h)}
+                    if seen - probed:
+                        tries.append(pool.submit(_reachable, hosts, "outsider", sorted(seen - probed)))
+                        probed |= seen
+                    time.sleep(0.05)
+                reachable = [t for done in tries for t in done.result()]
+            code = run.wait(timeout_s=1)
         finally:
             run.stop()
+    assert reachable == []
+    # sshd on each worker and the job's own ports (Horovod's services, Gloo's) on the workers
+    assert len({p for a, p in probed if a == hosts.address("w0") and p != 22}) >= 1 and len(probed) >= 4
     log = run.launcher.log.read_text()
     assert code == 0, log[-5000:]
     two = job_result(run.launcher.log)
@@ -256,13 +282,9 @@ def test_a_worker_host_cut_off_fails_an_mpijob_in_bounded_time_and_a_retry_resum
     from tests.training_operator import start_mpijob
 
     edits = {
+        **CUT_EDITS,
         "train_config.optimizer_config": SPLITS["lazy_adam+adam"],
         "train_config.train_distribute": "HorovodStrategy",
-        "data_config.batch_size": 128,
-        "data_config.num_epochs": 20,
-        "train_config.num_steps": 200,
-        "train_config.save_checkpoints_steps": 10,
-        "train_config.log_step_count_steps": 10,
     }
     model_dir = tmp_path / "model"
     cluster = ClusterConfig(**K8S, worker={"count": 2})
@@ -271,18 +293,7 @@ def test_a_worker_host_cut_off_fails_an_mpijob_in_bounded_time_and_a_retry_resum
     placement = {("Launcher", 0): "launcher", ("Worker", 0): "w0", ("Worker", 1): "w1"}
     with Hosts(["launcher", "w0", "w1"]) as hosts:
         run = start_mpijob(hosts, job, placement, tmp_path / "logs")
-        try:
-            deadline = time.monotonic() + 300
-            while not (model_dir / "model.ckpt-10.index").exists():
-                assert run.launcher.proc.poll() is None, run.launcher.log.read_text()[-5000:]
-                assert time.monotonic() < deadline, "no checkpoint 10"
-                time.sleep(0.1)
-            hosts.partition("w1")
-            cut = time.monotonic()
-            code = run.wait(timeout_s=300)
-            failed_after = time.monotonic() - cut
-        finally:
-            run.stop()
+        code, failed_after = _cut_once_checkpointed(hosts, run, run.launcher, model_dir, "w1", 300)
         log = run.launcher.log.read_text(errors="replace")
         assert code != 0 and failed_after < 120, log[-5000:]
         assert "recpipe train: PipelineError: rank 0 of 2" in log and "a Horovod collective failed" in log
@@ -303,14 +314,7 @@ def test_a_worker_host_cut_off_fails_a_mirrored_tfjob_naming_it_and_a_retry_resu
     TensorFlow's coordination service misses its heartbeats and aborts the collectives, and
     worker 0 fails with one line naming worker 1 and its Service; the host back, the retry
     resumes from the checkpoint and ends with every step."""
-    edits = {
-        "train_config.train_distribute": "MultiWorkerMirroredStrategy",
-        "data_config.batch_size": 128,
-        "data_config.num_epochs": 20,
-        "train_config.num_steps": 200,
-        "train_config.save_checkpoints_steps": 10,
-        "train_config.log_step_count_steps": 10,
-    }
+    edits = {**CUT_EDITS, "train_config.train_distribute": "MultiWorkerMirroredStrategy"}
     model_dir = tmp_path / "model"
     cluster = ClusterConfig(**K8S, worker={"count": 2})
     args = _args(config_path, model_dir, edits)
@@ -318,19 +322,8 @@ def test_a_worker_host_cut_off_fails_a_mirrored_tfjob_naming_it_and_a_retry_resu
     placement = {("Worker", 0): "a", ("Worker", 1): "b"}
     with Hosts(["a", "b"]) as hosts:
         run = start_tfjob(hosts, job, placement, tmp_path / "logs")
-        try:
-            lead = run.replica("Worker")
-            deadline = time.monotonic() + 300
-            while not (model_dir / "model.ckpt-10.index").exists():
-                assert lead.proc.poll() is None, lead.log.read_text()[-5000:]
-                assert time.monotonic() < deadline, "no checkpoint 10"
-                time.sleep(0.1)
-            hosts.partition("b")
-            cut = time.monotonic()
-            code = run.wait(timeout_s=300)
-            failed_after = time.monotonic() - cut
-        finally:
-            run.stop()
+        lead = run.replica("Worker")
+        code, failed_after = _cut_once_checkpointed(hosts, run, lead, model_dir, "b", 300)
         log = lead.log.read_text(errors="replace")
         assert code != 0 and failed_after < 120, log[-5000:]
         lost = "worker 1 (mwms-cut-worker-1.ranking.svc:2222) stopped answering"

@@ -631,3 +631,20 @@ def test_the_check_that_a_job_left_nothing_running_sees_only_that_job(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_lost_task_is_the_one_the_error_blames_never_this_process():
+    from trainer.distribute.base import lost_task
+
+    cluster = {"worker": ["w0:2222", "w1:2222", "w2:2222"]}
+    aborted = (
+        "Collective ops on /job:worker/replica:0/task:0/device:CPU:0 aborted by: Error reported from "
+        "/job:worker/task:2: Task /job:worker/replica:0/task:2 heartbeat timeout"
+    )
+    assert lost_task(RuntimeError(aborted), cluster, ("worker", 0)) == "worker 2 (w2:2222)"
+    assert (
+        lost_task(RuntimeError("on /job:worker/replica:0/task:1/x"), cluster, ("worker", 0))
+        == "worker 1 (w1:2222)"
+    )
+    assert lost_task(RuntimeError("/job:worker/task:0 only"), cluster, ("worker", 0)) is None
+    assert lost_task(RuntimeError("/job:ps/task:0"), cluster) is None  # no such task in the cluster

@@ -21,13 +21,19 @@ class StrategyError(ConfigError):
 _TASK = re.compile(r"/job:(\w+)/(?:replica:\d+/)?task:(\d+)")
 
 
-def lost_task(err: BaseException, cluster: dict[str, list[str]]) -> str | None:
+def lost_task(
+    err: BaseException, cluster: dict[str, list[str]], me: tuple[str, int] | None = None
+) -> str | None:
     """The task a TensorFlow error says it lost: ``"<type> <index> (<address>)"``, the
-    address from ``cluster`` (TF_CONFIG's), or None when ``err`` names no task of it."""
-    for kind, index in _TASK.findall(str(err)):
-        addresses = cluster.get(kind, [])
-        if int(index) < len(addresses):
-            return f"{kind} {index} ({addresses[int(index)]})"
+    address from ``cluster`` (TF_CONFIG's), or None when ``err`` names no task of it but ``me``
+    (this process's own type and index). A task the error blames (``Task /job:...`` or
+    ``reported from /job:...``) is taken before one it merely mentions."""
+    text = str(err)
+    named = [(m.start(), kind, int(index)) for m in _TASK.finditer(text) for kind, index in [m.groups()]]
+    blamed = [n for n in named if text[max(0, n[0] - 14) : n[0]].endswith(("Task ", "reported from "))]
+    for _, kind, index in blamed + named:
+        if (kind, index) != me and index < len(cluster.get(kind, [])):
+            return f"{kind} {index} ({cluster[kind][index]})"
     return None
 
 

@@ -88,7 +88,11 @@ class MultiWorkerMirroredDistribution(_Collective):
         naming the worker and its address, and a retry resumes from the latest checkpoint."""
         from recpipe.errors import PipelineError
 
-        lost = lost_task(err, self.cluster) if isinstance(err, tf.errors.OpError) else None
+        lost = (
+            lost_task(err, self.cluster, ("worker", self.rank))
+            if isinstance(err, tf.errors.OpError)
+            else None
+        )
         if lost is None or not isinstance(err, (tf.errors.UnavailableError, tf.errors.AbortedError)):
             return None
         return PipelineError(
