@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.results import write_results  # noqa: E402
+from bench.strategies import _children_cpu  # noqa: E402
 
 # mode: (train_config edits, batches per step: sync sums one batch per worker)
 MODES = {
@@ -53,13 +54,6 @@ PLACEMENT = {
 def _sent(hosts, name: str) -> int:
     """Bytes host ``name`` sent: what the bridge's end of its link received."""
     return int(Path(f"/sys/class/net/{hosts.link(name)}/statistics/rx_bytes").read_text())
-
-
-def _children_cpu() -> float:
-    import resource
-
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 def run(work: Path, buckets: int, mode: str, rate: str, steps: int, batch: int) -> dict:

@@ -30,6 +30,8 @@ from recpipe.launch.isolation import job_environment
 from tests.hosts import Hosts
 
 PORT = 2222  # the training operator's default port for TFJob replicas
+# the image's programs a container's command names, as this machine has them
+IMAGE_BIN = {"python": sys.executable, "horovodrun": str(Path(sys.executable).parent / "horovodrun")}
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -163,7 +165,7 @@ def start_tfjob(
     run = TFJobRun(hosts, job)
     for kind, spec in job["spec"]["tfReplicaSpecs"].items():
         container = spec["template"]["spec"]["containers"][0]
-        command = [sys.executable if c == "python" else c for c in container["command"]]
+        command = [IMAGE_BIN.get(c, c) for c in container["command"]]
         pod_env = {e["name"]: e["value"] for e in container.get("env", [])}
         for i in range(spec["replicas"]):
             env = job_environment({**pod_env, "TF_CONFIG": json.dumps(tf_config(job, kind, i))})
@@ -293,15 +295,10 @@ def start_mpijob(
     hostfile = log_dir / "hostfile"
     slots = spec["slotsPerWorker"]
     hostfile.write_text("".join(f"{mpi_worker(job, i)} slots={slots}\n" for i in range(workers)))
-    bin_dir = Path(sys.executable).parent  # the image's python and horovodrun
 
     def replica(kind: str, i: int) -> Replica:
         container = spec["mpiReplicaSpecs"][kind]["template"]["spec"]["containers"][0]
-        command = [
-            sys.executable if c == "python" else str(bin_dir / c) if c == "horovodrun" else c
-            for c in container["command"]
-        ]
-        command = [str(hostfile) if c == HOSTFILE else c for c in command]
+        command = [str(hostfile) if c == HOSTFILE else IMAGE_BIN.get(c, c) for c in container["command"]]
         # a pod's own host name (Gloo finds its address by it), in a UTS namespace of its own
         pod = ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', pod_names[(kind, i)]]
         command = [*pod, *command]

@@ -81,6 +81,7 @@ class MultiWorkerMirroredDistribution(_Collective):
         self.rank, self.world_size = int(task["index"]), len(workers)
         self.is_chief = self.rank == 0
         self.cluster = tf_config["cluster"]
+        self.replicas_per_process = self.strategy.num_replicas_in_sync // self.world_size
 
     def job_failure(self, err: BaseException) -> Exception | None:
         """A worker lost: TensorFlow's coordination service misses its heartbeats (10 s) or
@@ -88,16 +89,13 @@ class MultiWorkerMirroredDistribution(_Collective):
         naming the worker and its address, and a retry resumes from the latest checkpoint."""
         from recpipe.errors import PipelineError
 
-        lost = (
-            lost_task(err, self.cluster, ("worker", self.rank))
-            if isinstance(err, tf.errors.OpError)
-            else None
-        )
-        if lost is None or not isinstance(err, (tf.errors.UnavailableError, tf.errors.AbortedError)):
+        if not isinstance(err, (tf.errors.UnavailableError, tf.errors.AbortedError)):
+            return None
+        lost = lost_task(err, self.cluster, ("worker", self.rank))
+        if lost is None:
             return None
         return PipelineError(
             f"worker {self.rank} of {self.world_size}: {lost} stopped answering (its process "
             "exited or its host is cut off); the job stops here and a retry resumes from the "
             "latest checkpoint"
         )
-        self.replicas_per_process = self.strategy.num_replicas_in_sync // self.world_size
