@@ -12,6 +12,8 @@ does. Variables are broadcast from rank 0 after restore; rank 0 is the chief.
 
 from __future__ import annotations
 
+import os
+
 import tensorflow as tf
 
 from trainer.distribute.base import Distribution, share_cores
@@ -37,11 +39,12 @@ class HorovodDistribution(Distribution):
         answering for Gloo's timeout (``HOROVOD_GLOO_TIMEOUT_SECONDS``, horovodrun's
         ``--gloo-timeout-seconds``, 30 s by default). The job cannot go on without the rank:
         it fails, and a retry resumes from the latest checkpoint."""
-        import os
-
         from recpipe.errors import PipelineError
 
-        if not isinstance(err, tf.errors.OpError) or "Horovod has been shut down" not in str(err):
+        text = str(err) if isinstance(err, tf.errors.OpError) else ""
+        # the collective that timed out fails as its op (node Horovod...); a later one finds
+        # Horovod shut down
+        if "Horovod has been shut down" not in text and "{{node Horovod" not in text:
             return None
         timeout = os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS", "30")
         return PipelineError(
