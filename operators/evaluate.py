@@ -107,6 +107,11 @@ class EvalOperator(JobOperator):
         ]
         log.info("evaluating %s (%s) on eval_ds=%s", checkpoint, what, self.eval_ds)
         line = self.run_command(self.step, "trainer.eval", args, out.logs)
+        return self._report(context, config, result_path, predictions, what, line)
+
+    def _report(self, context, config, result_path: Path, predictions: Path, what: str, line=None) -> dict:
+        """The XCom of an evaluation whose job wrote ``result_path`` and ``predictions``, its
+        metrics logged to MLflow."""
         result = json.loads(result_path.read_text())
         # an undefined metric (NaN: GAUC with no user holding both labels) is None: XCom is JSON
         metrics = {

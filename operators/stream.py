@@ -54,11 +54,13 @@ def pass_has_rows(features_root: str, pass_ds: str) -> bool:
 class ProgressiveEvalOperator(EvalOperator):
     """Progressive validation (PaddleRec's per-pass metric): score the model as it was before
     this pass, the one the pass's training starts from (``operators.warm_start.source``: the
-    day's previous pass, a day's first pass the champion), on every row of the pass, before
-    training on them. Besides the nested run, AUC, logloss and
+    day's previous pass, a day's first pass the champion), on every row of the pass, as if
+    before training on them. A one-process train job scored it already (``recpipe train
+    --score_first``, with the model it had restored): this task reports that score; otherwise
+    it scores that model in a job of its own. Besides the nested run, AUC, logloss and
     rows go to the day's run (``MLflowHook.day_run``) as ``pass_auc`` / ``pass_logloss`` /
-    ``pass_rows`` with the hour as step: one curve a day. A pass that trained already (a
-    re-run) keeps the score it had.
+    ``pass_rows`` with the hour as step: one curve a day. A re-run keeps the score it
+    logged.
 
     Args:
         previous_in: the runs root holding the passes' model dirs (templated).
@@ -76,12 +78,20 @@ class ProgressiveEvalOperator(EvalOperator):
 
     def execute(self, context) -> dict[str, Any]:
         out = ModelDir(confine(self.model_dir, "model_dir"))
-        scored = out.result(self.result_name)
-        if out.success.exists() and scored.exists():
-            # the pass trained already (a re-run): its score was taken before, and logged
-            log.info("pass %s trained already: keeping its score %s", self.eval_ds, scored)
+        scored, tracked = out.result(self.result_name), out.tracked(self.result_name)
+        if tracked.exists():
+            # a re-run: the score was taken before training, and logged
+            log.info("pass %s was scored and logged before: keeping %s", self.eval_ds, scored)
             return {"metrics": json.loads(scored.read_text()), "reason": "scored before training"}
-        return super().execute(context)
+        if scored.exists():  # the one-process train job scored it (--score_first)
+            what = "the train job's model before its first step"
+            config = self.load_config({"eval_ds": self.eval_ds})
+            result = self._report(context, config, scored, out.predictions(self.result_name), what)
+        else:  # a job of its own, of the model the pass's training started from
+            result = super().execute(context)
+        if result.get("mlflow_run_id"):
+            atomic.write_text(tracked, result["mlflow_run_id"])
+        return result
 
     def _checkpoint(self) -> tuple[str | None, str]:
 
@@ -127,17 +137,13 @@ class PassExportOperator(JobOperator):
     def execute(self, context) -> dict[str, Any]:
         out = ModelDir(confine(self.model_dir, "model_dir"))
         export_dir = confine(self.export_dir, "export_dir")
-        from recpipe.exports.files import BASE
-
-        day = day_of(str(self.ds))
         done = json.loads(out.export_record.read_text()) if out.export_record.exists() else None
         if done and is_finished(done["export"]):
-            log.info("reusing the export %s of an earlier attempt", done["export"])
+            # the train job's (one process) or an earlier attempt's
+            log.info("reusing the export %s", done["export"])
         else:
-            has_base = is_finished(Path(export_dir) / day / BASE)
-            target = ["--delta", str(self.ds)] if has_base else ["--base", str(self.ds)]
-            args = [*self.config_args(), "--model_dir", str(out.path), "--export_dir", str(export_dir)]
-            args += target
+            args = [*self.config_args(), "--model_dir", str(out.path)]
+            args += pass_export_args(export_dir, str(self.ds))
             done = self.run_command("export", "trainer.export", args, out.logs)
             atomic.write_text(out.export_record, json.dumps(done))
         step = done["global_step"]
@@ -152,6 +158,16 @@ class PassExportOperator(JobOperator):
             parent_metrics=[("export_bytes", done["bytes"], 0)],
         )
         return {**done, "mlflow_run_id": run}
+
+
+def pass_export_args(export_dir: str | Path, pass_ds: str) -> list[str]:
+    """``--export_dir`` and ``--base`` (the day has no finished base yet) or ``--delta`` for
+    the pass ``pass_ds`` (``YYYY-MM-DD/HH[MM]``), as ``recpipe export`` and ``recpipe train``
+    take them."""
+    from recpipe.exports.files import BASE
+
+    has_base = is_finished(Path(export_dir) / day_of(pass_ds) / BASE)
+    return ["--export_dir", str(export_dir), "--delta" if has_base else "--base", pass_ds]
 
 
 class OnlineStorePushOperator(BaseOperator):

@@ -2,7 +2,9 @@
 trainer): every run one pass: prepare the pass's features, score the model as it stands on
 them (progressive validation), train on them from the day's previous pass (a day's first
 pass: from the champion), export the day's base at its first trained pass and a delta after
-every other, push it to the Redis embedding store, keep the newest days' pass dirs.
+every other, push it to the Redis embedding store, keep the newest days' pass dirs. A
+one-process job does the scoring, training and export in one process (``train``);
+``evaluate_pass`` and ``export`` then report what it wrote.
 
 A pass is an hour of data, or ``stream.pass_minutes`` of it (a run every that many minutes).
 The last pass of ``stream.close_hour`` (23) closes the day as the daily DAG does: the day's last
@@ -85,7 +87,17 @@ def stream_retrain_dag(home: Path, retrain: RetrainConfig, doc_md: str | None = 
         )
         # the day's previous pass; a day's first pass the champion (or, before any close, the
         # newest pass): never a model its day's close rejected
-        train = tasks.train(model_dir, ds=pass_ds, train_ds=pass_ds, holdout=False, previous_pass=True)
+        # one process scores the pass first, trains and exports it (a one-process job; a
+        # larger one leaves the scoring and the export to those tasks' own jobs)
+        train = tasks.train(
+            model_dir,
+            ds=pass_ds,
+            train_ds=pass_ds,
+            holdout=False,
+            previous_pass=True,
+            score_first=PASS_EVAL_RESULT,
+            export_dir=tasks.exports,
+        )
         export = PassExportOperator(
             task_id="export",
             execution_timeout=retrain.timeouts.of("export"),
@@ -98,7 +110,9 @@ def stream_retrain_dag(home: Path, retrain: RetrainConfig, doc_md: str | None = 
             end_parent_run=True,  # a pass that does not close the day registers nothing
             trigger_rule="none_failed",
         )
-        last = wait_for_pass >> prepare >> has_rows >> evaluate >> train >> export
+        # the pass's rows reach the store first; its score is reported beside
+        wait_for_pass >> prepare >> has_rows >> train >> [evaluate, export]
+        last = export
         if redis_url:
             last = last >> OnlineStorePushOperator(
                 task_id="push",
@@ -141,10 +155,11 @@ def stream_retrain_dag(home: Path, retrain: RetrainConfig, doc_md: str | None = 
             eval_task_id="evaluate_day",
             export_task_id="export_saved_model",
         )
-        last >> close >> evaluate_day >> evaluate_champion >> export_saved_model >> register
+        [last, evaluate] >> close
+        close >> evaluate_day >> evaluate_champion >> export_saved_model >> register
         # not downstream of closes_day: a short circuit skips its direct downstream tasks whatever
         # their trigger rule, and retention must run after every pass
-        [last, register] >> retention
+        [last, evaluate, register] >> retention
         if (approved := tasks.approval(register)) is not None:  # gate.approval: required
             approved >> retention
     return dag

@@ -53,6 +53,13 @@ class DistributedTrainOperator(JobOperator):
         previous_pass: ``ds`` is a pass (``YYYY-MM-DD/HH``): fine-tune from the newest finished
             pass of the same day before it; a day's first pass follows the rule above (the
             champion, so that a day whose close was rejected is not built on).
+        score_first: a stream pass: the one-process job also scores the pass with the model it
+            starts from, before training, into this result file of ``model_dir``
+            (``recpipe train --score_first``; ``ProgressiveEvalOperator`` reports it).
+        export_dir: a stream pass: the one-process job also exports the trained model, the
+            day's base or the pass's delta (``--export_dir``, ``--base`` / ``--delta``), and
+            records it where ``PassExportOperator`` reports it (templated). A job of several
+            processes leaves both to those tasks' own jobs.
         training_window_days: window length when ``train_ds`` is not given.
         warm_start_root: where earlier days' model dirs are (``ds=YYYY-MM-DD``) (templated).
         full_retrain: train from scratch (templated; a bool under native rendering).
@@ -76,6 +83,7 @@ class DistributedTrainOperator(JobOperator):
         "model_name",
         "train_distribute",
         "num_workers",
+        "export_dir",
     )
     ui_color = "#e8d4f7"
 
@@ -95,9 +103,12 @@ class DistributedTrainOperator(JobOperator):
         num_workers: int | None = None,
         holdout: bool = True,
         previous_pass: bool = False,
+        score_first: str | None = None,
+        export_dir: str | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        self.score_first, self.export_dir = score_first, export_dir
         self.holdout = holdout
         self.previous_pass = previous_pass
         self.model_dir = model_dir
@@ -163,18 +174,25 @@ class DistributedTrainOperator(JobOperator):
             log.info("warm start from %s (%s)", source or "nothing (training from scratch)", why)
         distribute = config.train_config.train_distribute
         cluster = self.cluster()
-        job = training_job(
-            kubernetes_job_name(self.dag_id, str(self.ds), context["run_id"], context["ti"].try_number)
-            if cluster.launcher == "kubernetes"
-            else "train",
-            distribute,
-            cluster,
-            args,
-            cwd=project_home(),
-            workers=self.num_workers,
-            eval_args=common if config.eval_config.eval_method == EvalMethod.separate else None,
-            sync_mode=config.train_config.ps_mode,
-        )
+
+        def job_of(args: list[str]):
+            return training_job(
+                kubernetes_job_name(self.dag_id, str(self.ds), context["run_id"], context["ti"].try_number)
+                if cluster.launcher == "kubernetes"
+                else "train",
+                distribute,
+                cluster,
+                args,
+                cwd=project_home(),
+                workers=self.num_workers,
+                eval_args=common if config.eval_config.eval_method == EvalMethod.separate else None,
+                sync_mode=config.train_config.ps_mode,
+            )
+
+        job = job_of(args)
+        if (self.score_first or self.export_dir) and len(job.argv) == 1 and not job.manifests:
+            # one process: it scores, trains and exports the pass with one start and restore
+            job = job_of([*args, *self._one_pass_args()])
         log.info("%s with %s on %s", distribute.value, job.roles or "manifests", cluster.launcher)
         summary = self.run(job, out.logs)
         if not summary or "checkpoint" not in summary:
@@ -191,9 +209,20 @@ class DistributedTrainOperator(JobOperator):
         }
         if self.degraded:  # e.g. the separate evaluator crashed for good: training is still fine
             result["degraded"] = self.degraded
+        if summary.get("export"):  # what the export task reports (it exports only without one)
+            atomic.write_text(out.export_record, json.dumps(summary["export"]))
         atomic.write_text(out.train_result, json.dumps(result, indent=2))
         out.success.touch()  # last: a finished model dir is never trained again
         return config, result
+
+    def _one_pass_args(self) -> list[str]:
+        """``recpipe train``'s flags that score the pass first and export it after."""
+        args = ["--score_first", self.score_first] if self.score_first else []
+        if self.export_dir:
+            from operators.stream import pass_export_args
+
+            args += pass_export_args(confine(self.export_dir, "export_dir"), str(self.ds))
+        return args
 
     def _track(self, context, out: ModelDir, result: dict, config) -> str:
         params = flatten(config.to_dict())

@@ -306,6 +306,11 @@ class ModelDir:
         """A named result file of an evaluation task (``champion_eval_result.json``)."""
         return self.path / name
 
+    def tracked(self, result_name: str) -> Path:
+        """The MLflow run id that a result was logged to (``mlflow/<result>.run_id``): a re-run
+        task that finds it logs nothing twice."""
+        return self.path / "mlflow" / f"{result_name}.run_id"
+
     def predictions(self, result_name: str) -> Path:
         """The per-row labels and probabilities beside a result: ``eval_result.json`` ->
         ``eval_predictions.parquet``."""

@@ -70,6 +70,18 @@ def list_variables(path: str | Path) -> list[tuple[str, list[int]]]:
     return sorted(out)
 
 
+def checkpoint_step(path: str | Path) -> int:
+    """The ``global_step`` a checkpoint (prefix or directory) was saved at; 0 when it holds
+    none.
+
+    Raises:
+        CheckpointError: nothing restorable there.
+    """
+    reader = tf.train.load_checkpoint(resolve(path))
+    key = "global_step" + VALUE_SUFFIX
+    return int(reader.get_tensor(key)) if reader.has_tensor(key) else 0
+
+
 def read_var_map(path: str | Path) -> dict[str, str]:
     """``fine_tune_ckpt_var_map``: lines of ``name_in_current_model<TAB>name_in_checkpoint``.
 

@@ -61,6 +61,23 @@ def train_eval_main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--skip_eval", action="store_true", help="train only; the caller evaluates eval_ds (the DAGs do)"
     )
+    one_pass = parser.add_argument_group(
+        "a stream pass in one process (the stream DAG's train task: no job of its own to score or export)"
+    )
+    one_pass.add_argument(
+        "--score_first",
+        metavar="RESULT_NAME",
+        default=None,
+        help="before training, score train_ds with the model the job fine-tunes from into "
+        "model_dir/RESULT_NAME and its predictions (progressive validation; nothing when the job "
+        "resumes or starts from scratch)",
+    )
+    one_pass.add_argument(
+        "--export_dir", default=None, help="after training, export the model here (with --base or --delta)"
+    )
+    target = one_pass.add_mutually_exclusive_group()
+    target.add_argument("--base", metavar="DAY[/PASS]", default=None, help="as recpipe export --base")
+    target.add_argument("--delta", metavar="DAY/PASS", default=None, help="as recpipe export --delta")
     launch = parser.add_argument_group("multi-process jobs (started here through recpipe.launch)")
     launch.add_argument("--num_workers", type=int, default=None, help="worker processes / Horovod ranks")
     launch.add_argument("--num_ps", type=int, default=None, help="parameter servers (PSStrategy, NoStrategy)")
@@ -78,12 +95,19 @@ def _train_eval(args, extra) -> int:
     config = config_from_args(args, extra)
     model_dir = Path(args.model_dir or config.model_dir)
     train_days = _days(config.train_ds, "train_ds")
+    if bool(args.export_dir) != bool(args.base or args.delta):
+        raise UsageError("--export_dir and --base / --delta go together: where, and which export")
     from trainer.distribute import distribution_for
     from trainer.loop import Trainer, TrainJob
     from trainer.scoring import evaluate
     from trainer.server_watch import watching_servers
 
     dist = distribution_for(config.train_config, config.feature_config.online_features)
+    if (args.score_first or args.export_dir) and (dist.world_size > 1 or getattr(dist, "cluster", None)):
+        raise UsageError(
+            "--score_first and --export_dir are for one-process jobs: a multi-process job's tasks "
+            "score (recpipe eval) and export (recpipe export) on their own"
+        )
     job = TrainJob(
         config=config, model_dir=model_dir, train_days=train_days, continue_train=args.continue_train
     )
@@ -99,7 +123,9 @@ def _train_eval(args, extra) -> int:
             servers = {kind: cluster[kind] for kind in ("ps", "worker") if cluster.get(kind)}
             held.enter_context(watching_servers(servers, config.train_config.server_timeout_secs))
         try:
-            result = Trainer(job, dist).train(on_log=_metrics_log(model_dir))
+            trainer = Trainer(job, dist)
+            on_start = args.score_first and _score_first(config, model_dir, train_days, args.score_first)
+            result = trainer.train(on_log=_metrics_log(model_dir), on_start=on_start)
         except Exception as raised:
             err = dist.job_failure(raised) or raised  # e.g. a lost rank, said in one line
             if dist.exits_at_once_on_error:
@@ -128,10 +154,37 @@ def _train_eval(args, extra) -> int:
         summary["distribution"] = result.distribution
     if result.online_tables:  # the day's rows used, admitted, evicted, filtered share per table
         summary["online_tables"] = result.online_tables
+    if args.export_dir:  # the model in memory is the checkpoint just saved: no restore
+        summary["export"] = _export_online(config, trainer.model, model_dir, result.global_step, args)
     if config.eval_ds and not args.skip_eval:
         summary["eval"] = evaluate(config, model_dir, _days(config.eval_ds, "eval_ds"), result.checkpoint)
     print(json.dumps(summary))
     return 0
+
+
+def _score_first(config, model_dir: Path, days: list[str], result_name: str):
+    """``Trainer.train``'s ``on_start`` for ``--score_first``: the model as restored from the
+    fine-tune checkpoint scored on ``days`` (``trainer.scoring.score``), result and predictions
+    under ``model_dir`` as ``recpipe eval`` of that checkpoint writes them."""
+
+    def on_start(model, fine_tune: dict) -> None:
+        from trainer.checkpoints import checkpoint_step
+        from trainer.scoring import score
+
+        files = ModelDir(model_dir)
+        source = fine_tune["checkpoint"]
+        score(
+            config,
+            model,
+            checkpoint_step(source),
+            source,
+            model_dir,
+            days,
+            files.result(result_name),
+            files.predictions(result_name),
+        )
+
+    return on_start
 
 
 def _without_launch_flags(argv: list[str]) -> list[str]:

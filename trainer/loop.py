@@ -191,10 +191,12 @@ class Trainer:
         self.loss_fn = build_loss(self.config.model, self.config.task_labels())
         self.train_step: Callable | None = None
         self._predict: Callable | None = None
+        self.resumed = False  # set by _restore: the job resumed its own latest checkpoint
 
     def _restore(self) -> dict:
         tc = self.config.train_config
         latest = self.manager.latest_checkpoint
+        self.resumed = latest is not None
         if latest and not self.job.continue_train:
             raise ModelDirInUseError(
                 f"model_dir {self.job.model_dir} already holds checkpoints (latest {latest}); "
@@ -274,11 +276,18 @@ class Trainer:
         )
         return float(lr.numpy() if hasattr(lr, "numpy") else lr)
 
-    def train(self, on_log: Callable[[int, dict], None] | None = None) -> TrainResult:
+    def train(
+        self,
+        on_log: Callable[[int, dict], None] | None = None,
+        on_start: Callable[[keras.Model, dict], None] | None = None,
+    ) -> TrainResult:
         """Train until ``num_steps`` or ``num_epochs`` of data; return the final state.
 
         ``on_log(step, {"loss", "learning_rate", "examples_per_sec"})`` is called on the chief
         at every ``log_step_count_steps`` (for tracking); examples/s are this process's.
+        ``on_start(model, fine_tune_report)`` is called on the chief once the model holds the
+        fine-tune checkpoint's variables, before the first step; not when the job resumes its
+        own checkpoint or starts from scratch (a stream pass's progressive score).
         In a synchronous job every process runs the same steps: shards are padded to the
         largest one's batch count.
         """
@@ -289,6 +298,8 @@ class Trainer:
         fine_tune = self._restore()
         dist.broadcast([v for v in self.state.all_variables() if not self.state.is_per_rank(v)])
         online.refresh(self.model)  # the id -> row maps, from the restored / broadcast rows
+        if on_start is not None and dist.is_chief and fine_tune and not self.resumed:
+            on_start(self.model, fine_tune)
         memory = MemoryProfile()
         memory.mark("build")  # model, optimizer slots, checkpoint restored
         online_start = self._online_stats()  # the day's figures include the day boundary's

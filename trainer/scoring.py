@@ -89,13 +89,31 @@ def evaluate(
     With ``predictions_path``, the rows' ``label`` and ``probability`` (float32, in the
     readers' fixed order: two checkpoints scored on the same days give aligned files) go to
     that Parquet file, for the gate's paired test (``recpipe.stats``)."""
+    path = resolve(checkpoint or model_dir)
+    model, step = load_model(config, path)
+    return score(config, model, step, path, model_dir, eval_days, result_path, predictions_path)
+
+
+def score(
+    config: PipelineConfig,
+    model: RankingModel,
+    step: int,
+    checkpoint: str,
+    model_dir: str | Path,
+    eval_days: list[str],
+    result_path: str | Path | None = None,
+    predictions_path: str | Path | None = None,
+) -> dict:
+    """``evaluate`` of a model already in this process (``checkpoint``: where its variables
+    came from, recorded with ``step``): a stream pass's train job scores the pass with the
+    model it starts from before training on it (PaddleRec's progressive validation), with no
+    process, restore or config load of its own. Writes and returns what ``evaluate`` does."""
     model_dir = Path(model_dir)
+    path = checkpoint
     partitions, holdout = holdout_split(config, eval_days, "eval")
     groups = [m.value().uid_field for m in config.eval_config.metrics_set if m.which() == "gauc"]
     # GAUC groups by the raw ids: hashed ones could merge users that share a bucket
     reader = FeatureReader(config, partitions, shuffle=False, holdout=holdout, raw_columns=tuple(groups))
-    path = resolve(checkpoint or model_dir)
-    model, step = load_model(config, path)
     labels, probs, kept = predict(model, reader, config.eval_config.num_examples)
     columns = {}
     if probs.ndim == 2:  # a multi-task model: each task's metrics as <task>/<metric>

@@ -224,12 +224,13 @@ def test_the_sensor_as_the_daily_dag_runs_it_names_the_missing_partition(stack):
 
 def test_stream_dag_wiring(probe):
     up = probe["stream_upstream"]
-    chain = ["wait_for_pass", "prepare_features", "has_rows", "evaluate_pass", "train", "export", "push"]
+    chain = ["wait_for_pass", "prepare_features", "has_rows", "train", "export", "push"]
     close = ["closes_day", "evaluate_day", "evaluate_champion", "export_saved_model", "register_and_gate"]
     want = {task: [chain[i - 1]] if i else [] for i, task in enumerate(chain)}
-    want |= {task: [close[i - 1]] if i else ["push"] for i, task in enumerate(close)}
+    want["evaluate_pass"] = ["train"]  # reports the score the train job took before training
+    want |= {task: [close[i - 1]] if i else ["evaluate_pass", "push"] for i, task in enumerate(close)}
     # retention after the pass, and after the day's close when it closes one
-    want["retention"] = ["push", "register_and_gate"]
+    want["retention"] = ["evaluate_pass", "push", "register_and_gate"]
     assert up == want
     assert probe["stream_schedule"] == ["0 * * * *", 1]
 

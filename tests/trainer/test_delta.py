@@ -223,3 +223,54 @@ def test_pushes_to_redis_are_idempotent_ordered_and_delete_tombstones(chain):
     finally:
         for key in client.scan_iter(match=f"recpipe:{model}:*"):
             client.delete(key)
+
+
+def test_one_train_job_scores_trains_and_exports_a_pass_as_three_jobs_would(chain, tmp_path, capsys):
+    """``recpipe train --score_first --export_dir --delta`` (the stream DAG's one-process
+    pass): the score it takes before training equals ``recpipe eval`` of the checkpoint it
+    fine-tunes from, row by row, and the delta it writes from the model in memory equals
+    ``recpipe export`` of the checkpoint it saved."""
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    from recpipe.exports.files import read_manifest, read_params
+    from recpipe.layout import ModelDir
+    from trainer.entry import export_main, train_eval_main
+    from trainer.scoring import evaluate
+
+    runs = chain["root"] / "runs"
+    config = with_edits(
+        chain["config"], {"train_ds": f"{DAY}/20", "train_config.fine_tune_checkpoint": str(runs / "B")}
+    )
+    config_file = tmp_path / "pipeline.json"
+    config_file.write_text(json.dumps(config.to_dict()))
+    for name in ("one", "separate"):  # each an export chain up to pass B
+        for export in ("base", "delta-19"):
+            shutil.copytree(chain["exports"] / export, tmp_path / name / DAY / export)
+    model_dir = tmp_path / "C"
+    args = ["--pipeline_config_path", str(config_file), "--model_dir", str(model_dir)]
+    one_pass = ["--score_first", "pass_eval_result.json", "--export_dir", str(tmp_path / "one")]
+    assert train_eval_main([*args, "--skip_eval", *one_pass, "--delta", f"{DAY}/20"]) == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+    files = ModelDir(model_dir)
+    scored = json.loads(files.result("pass_eval_result.json").read_text())
+    want = evaluate(config, tmp_path / "B-eval", [f"{DAY}/20"], runs / "B", predictions_path=tmp_path / "p.pq")
+    assert scored["checkpoint"] == want["checkpoint"] and scored["global_step"] == want["global_step"] > 0
+    assert scored["num_examples"] == want["num_examples"] > 50 and scored["auc"] == pytest.approx(want["auc"])
+    got = pq.read_table(files.predictions("pass_eval_result.json")).column("probability").to_numpy()
+    np.testing.assert_allclose(got, pq.read_table(tmp_path / "p.pq").column("probability").to_numpy(), atol=1e-6)
+
+    assert printed["export"]["export"] == str(tmp_path / "one" / DAY / "delta-20")
+    assert export_main([*args, "--export_dir", str(tmp_path / "separate"), "--delta", f"{DAY}/20"]) == 0
+    one, separate = tmp_path / "one" / DAY / "delta-20", tmp_path / "separate" / DAY / "delta-20"
+    assert read_manifest(one)["tables"] == read_manifest(separate)["tables"]
+    got, want = read_params(one), read_params(separate)
+    assert _rows(got).keys() == _rows(want).keys()
+    for table, rows in _rows(want).items():
+        assert _rows(got)[table].keys() == rows.keys(), table
+        for key, row in rows.items():
+            np.testing.assert_array_equal(_rows(got)[table][key], row)
+    for name, value in want.dense.items():
+        np.testing.assert_array_equal(got.dense[name], value)
