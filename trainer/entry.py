@@ -154,8 +154,16 @@ def _train_eval(args, extra) -> int:
         summary["distribution"] = result.distribution
     if result.online_tables:  # the day's rows used, admitted, evicted, filtered share per table
         summary["online_tables"] = result.online_tables
-    if args.export_dir:  # the model in memory is the checkpoint just saved: no restore
-        summary["export"] = _export_online(config, trainer.model, model_dir, result.global_step, args)
+    if args.export_dir:
+        # a delta's rows come from the model in memory, the checkpoint just saved; a base's
+        # SavedModel from a model restored from it: the trained model's traced functions hold
+        # table variables that growth replaced, which tf.saved_model.save cannot reach
+        model = trainer.model
+        if args.base:
+            from trainer.scoring import load_model
+
+            model, _ = load_model(config, result.checkpoint)
+        summary["export"] = _export_online(config, model, model_dir, result.global_step, args)
     if config.eval_ds and not args.skip_eval:
         summary["eval"] = evaluate(config, model_dir, _days(config.eval_ds, "eval_ds"), result.checkpoint)
     print(json.dumps(summary))

@@ -263,6 +263,10 @@ def test_each_pass_fine_tunes_from_the_days_previous_pass(days):
     assert second["fine_tune_checkpoint"] == str(runs / f"hh={PASSES[0]}")
     assert first["train_ds"] == f"{DAYS[2]}/{PASSES[0]}" and second["online_tables"]
     assert second["global_step"] == 3 * -(-ROWS // 32)  # 3 epochs of 400 rows, batch 32
+    # one job a pass: it scored the pass before training and exported it after
+    for key in PASSES[:1]:  # PASSES[-1] closes the day: its close runs jobs of its own
+        assert sorted(p.name for p in (runs / f"hh={key}" / "logs").iterdir()) == ["train-0.log"]
+        assert (runs / f"hh={key}" / "pass_eval_predictions.parquet").exists()
 
 
 def test_day_two_is_rejected_and_day_three_promoted_against_day_ones_champion(days):
