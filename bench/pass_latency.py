@@ -256,6 +256,9 @@ def results(args, per_pass: list[dict]) -> dict:
     def median(key, group):
         return statistics.median(p[key] for p in group) if group else None
 
+    def task_median(tasks, group):  # the tasks' own seconds summed, per pass
+        return statistics.median(sum(p["task_s"].get(t, 0) for t in tasks) for p in group) if group else None
+
     return {
         "summary": {
             "passes": len(per_pass),
@@ -270,6 +273,13 @@ def results(args, per_pass: list[dict]) -> dict:
             "quiet_scheduling_s_median": median("scheduling_s", quiet),
             "busy_scheduling_s_median": median("scheduling_s", busy),
             "busy_jobs_s_median": median("jobs_s", busy),
+            # where a busy pass's jobs go: the feature job (a quiet pass's is Spark's planning
+            # alone), the train job (it scores and exports too when it is one process), and
+            # the two tasks that report its score and export
+            "quiet_prepare_s_median": task_median(["prepare_features"], quiet),
+            "busy_prepare_s_median": task_median(["prepare_features"], busy),
+            "busy_train_s_median": task_median(["train"], busy),
+            "busy_reports_s_median": task_median(["evaluate_pass", "export"], busy),
             "busy_cpu_s_median": median("cpu_s", busy),
             "busy_applied_s_p95": _p95([p["applied_s"] for p in busy]) if busy else None,
             "freshness_s_p95": _p95([p["freshness_s"] for p in busy]) if busy else None,
