@@ -256,6 +256,8 @@ def deployment(
     extra_env: dict | None = None,
     workers: tuple[tuple[str, ...], ...] = (),
     port: int | None = None,
+    host: str = "127.0.0.1",
+    start_worker=None,
 ) -> Iterator[Api]:
     """Migrate the metadata DB and run the four components (and ``workers``: further
     ``airflow`` commands with their arguments), logged to ``<airflow_home>/<command>.log``;
@@ -265,6 +267,9 @@ def deployment(
         env: the environment (``dev.env.airflow_env``); ``extra_env`` goes on top.
         database_url: metadata DB (default SQLite in ``airflow_home``).
         port: the api-server's port (default: a free one).
+        host: the address the api-server listens on, and the URL tasks reach it at.
+        start_worker: ``(argv, env, log_path) -> Popen`` starts each of ``workers``
+            elsewhere (another host: ``tests.hosts.Hosts.popen``); default here.
     """
     port = port or free_ports(1)[0]
     airflow_home = Path(airflow_home)
@@ -272,9 +277,10 @@ def deployment(
         **env,
         "AIRFLOW_HOME": str(airflow_home),
         "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(airflow_home / "logs"),
+        "AIRFLOW__API__HOST": host,
         "AIRFLOW__API__PORT": str(port),
-        "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
-        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
+        "AIRFLOW__API__BASE_URL": f"http://{host}:{port}",
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://{host}:{port}/execution/",
         "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
@@ -299,6 +305,10 @@ def deployment(
         commands = [(name, *(["--port", str(port)] if name == "api-server" else [])) for name in COMPONENTS]
         for command in [*commands, *workers]:
             name = "-".join(c for c in command[:2] if not c.startswith("-"))
+            if start_worker is not None and command in workers:
+                argv = [sys.executable, "-m", "airflow", *command]
+                procs.append(start_worker(argv, env, airflow_home / f"{name}.log"))
+                continue
             with (airflow_home / f"{name}.log").open("wb") as log:
                 procs.append(
                     subprocess.Popen(
@@ -309,7 +319,7 @@ def deployment(
                         start_new_session=True,
                     )
                 )
-        api = Api(f"http://127.0.0.1:{port}", airflow_home)
+        api = Api(f"http://{host}:{port}", airflow_home)
         api.login()
         yield api
     finally:
