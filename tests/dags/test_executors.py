@@ -145,13 +145,18 @@ def hosts_redis(address: str, port: int, password: str, log: Path) -> subprocess
     proc.stdin.write(f"requirepass {password}\n".encode())
     proc.stdin.close()
     deadline = time.monotonic() + 30
-    while True:
-        try:
-            redis.Redis(host=address, port=port, password=password).ping()
-            return proc
-        except redis.ConnectionError:
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.2)
+    try:
+        while True:
+            try:
+                redis.Redis(host=address, port=port, password=password).ping()
+                return proc
+            except redis.ConnectionError:
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+                time.sleep(0.2)
+    except BaseException:
+        proc.kill()  # the caller never gets it to stop
+        proc.wait()
+        raise
 
 
 def champion_version(stack) -> int | None:
