@@ -45,18 +45,20 @@ def get_spark(
     With ``remote`` (``sc://host:port``), a Spark Connect session on that server
     (``dev.spark_connect`` starts one with the settings below): no JVM starts here. Else the
     master is, in order: ``master``, the one spark-submit set, ``$RECPIPE_SPARK_MASTER``,
-    ``local[*]``. Loopback only, no UI port, UTC. In local mode one shuffle partition per
-    worker thread (the job's few aggregations need no more); on a cluster Spark's default,
-    which adaptive query execution coalesces.
+    ``local[*]``. The driver on ``$SPARK_LOCAL_IP`` (loopback by default), no UI port, UTC. In
+    local mode one shuffle partition per worker thread (the job's few aggregations need no
+    more); on a cluster Spark's default, which adaptive query execution coalesces.
     """
     if remote is not None:
         return _connect(app_name, remote)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    # the address this host's driver listens on and tells executors (other hosts' on a
+    # cluster): $SPARK_LOCAL_IP, loopback by default
+    address = os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = (
         SparkSession.builder.appName(app_name)
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", address)
+        .config("spark.driver.bindAddress", address)
         .config("spark.driver.memory", os.environ.get("RECPIPE_SPARK_DRIVER_MEMORY", "2g"))
     )
     for key, value in SERVER_CONF.items():

@@ -129,8 +129,9 @@ def feature_job(home: Path, retrain, ds: str, edits_arg: str, name: str) -> Base
             "PYSPARK_DRIVER_PYTHON": sys.executable,
             "PYTHONPATH": str(home),
             "RECPIPE_HOME": str(home),
-            "SPARK_LOCAL_IP": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"),
         },
-        # recpipe's JVM functions load with the driver's JVM, before the job's Python starts
-        conf={"spark.ui.enabled": "false", "spark.driver.host": "127.0.0.1", **session_conf()},
+        # recpipe's JVM functions load with the driver's JVM, before the job's Python starts;
+        # the driver's address is the task host's SPARK_LOCAL_IP (features/session.py), read
+        # where the task runs, not where this DAG file is parsed
+        conf={"spark.ui.enabled": "false", **session_conf()},
     )

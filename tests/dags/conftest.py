@@ -86,10 +86,17 @@ def new_stack(movielens_raw, base, edits: dict | None = None, **overrides) -> di
     return {"env": env, "var": var, "base": base, "tracking_uri": env["MLFLOW_TRACKING_URI"]}
 
 
-def airflow(env: dict, *args: str, check: bool = True, timeout: int = 900) -> subprocess.CompletedProcess:
-    """Run the ``airflow`` CLI of this environment; on failure, show the output's tail."""
+def airflow(
+    env: dict, *args: str, check: bool = True, timeout: int = 900, on: list[str] = ()
+) -> subprocess.CompletedProcess:
+    """Run the ``airflow`` CLI of this environment (``on``: a prefix that runs it elsewhere,
+    e.g. ``ip netns exec NS``); on failure, show the output's tail."""
     proc = subprocess.run(
-        [sys.executable, "-m", "airflow", *args], env=env, capture_output=True, text=True, timeout=timeout
+        [*on, sys.executable, "-m", "airflow", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
     if check and proc.returncode != 0:
         raise AssertionError(

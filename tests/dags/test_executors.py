@@ -169,33 +169,39 @@ def champion_version(stack) -> int | None:
 
 
 @contextmanager
-def spark_standalone(logs: Path):
+def spark_standalone(logs: Path, hosts=None):
     """A Spark standalone master and one worker (1 core, 1 GiB) from pyspark's own
-    distribution, bound to 127.0.0.1 on free ports; yields the master URL."""
+    distribution on free ports; yields the master URL. On 127.0.0.1, or with ``hosts``
+    (``tests.hosts.Hosts`` naming ``spark-master`` and ``spark-worker``) each on its host's
+    address (``SPARK_LOCAL_IP``: every server, and the executors the worker starts, listen
+    there)."""
     import pyspark
 
     spark_class = Path(pyspark.__file__).parent / "bin" / "spark-class"
     port = free_port()
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
     logs.mkdir(parents=True, exist_ok=True)
-    master = ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port)]
+    address = {"master": "127.0.0.1", "worker": "127.0.0.1"}
+    if hosts is not None:
+        address = {name: hosts.address(f"spark-{name}") for name in address}
+    master = ["org.apache.spark.deploy.master.Master", "--host", address["master"], "--port", str(port)]
     master += ["--webui-port", str(free_port())]
-    url = f"spark://127.0.0.1:{port}"
-    worker = ["org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1", "--cores", "1"]
+    url = f"spark://{address['master']}:{port}"
+    worker = ["org.apache.spark.deploy.worker.Worker", url, "--host", address["worker"], "--cores", "1"]
     worker += ["--memory", "1g", "--webui-port", str(free_port()), "--work-dir", str(logs / "work")]
     procs = []
     try:
         for name, args in (("master", master), ("worker", worker)):
-            out = (logs / f"{name}.log").open("wb")
-            procs.append(
-                subprocess.Popen(
-                    [str(spark_class), *args],
-                    env=env,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
+            env = {**os.environ, "SPARK_LOCAL_IP": address[name], "PYSPARK_PYTHON": sys.executable}
+            command = [str(spark_class), *args]
+            if hosts is not None:
+                procs.append(hosts.popen(f"spark-{name}", command, logs / f"{name}.log", env=env))
+            else:
+                out = (logs / f"{name}.log").open("wb")
+                procs.append(
+                    subprocess.Popen(
+                        command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                    )
                 )
-            )
             text, deadline = "", time.monotonic() + 120
             ready = (
                 "Successfully registered with master" if name == "worker" else "I have been elected leader"
@@ -215,24 +221,35 @@ def spark_standalone(logs: Path):
             p.wait(timeout=60)
 
 
-def test_prepare_features_runs_on_a_spark_standalone_cluster(movielens_raw, tmp_path_factory):
-    # spark-submit, the feature job's other engine, for clusters that schedule applications
+def test_prepare_features_runs_on_a_spark_standalone_cluster_across_hosts(movielens_raw, tmp_path_factory):
+    """spark-submit, the feature job's other engine, for clusters that schedule applications:
+    the master on one host, the worker (and its executor) on another, the driver (the DAG's
+    task, ``airflow tasks test``) on a third; each listens on its own host's address."""
+    from tests.hosts import Hosts
+
     stack = new_stack(movielens_raw, tmp_path_factory.mktemp("spark-cluster"), spark_connect_conn_id=None)
     base = stack["base"]
-    with spark_standalone(base / "spark") as master:
+    with (
+        Hosts(["spark-master", "spark-worker", "driver"]) as hosts,
+        spark_standalone(base / "spark", hosts) as master,
+    ):
         env = {
             **stack["env"],
             "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": master}),
+            "SPARK_LOCAL_IP": hosts.address("driver"),
         }
-        proc = airflow(env, "tasks", "test", "recpipe_daily_retrain", "prepare_features", DAYS[0])
+        on = ["ip", "netns", "exec", hosts.namespace("driver")]
+        proc = airflow(env, "tasks", "test", "recpipe_daily_retrain", "prepare_features", DAYS[0], on=on)
         # the application ran on the cluster's executor, not in local mode
         apps = list((base / "spark" / "work").glob("app-*"))
     out = proc.stdout + proc.stderr
     assert f"spark-submit --master {master}" in out
     assert len(apps) == 1 and list(apps[0].glob("*/stderr")), apps
+    executor_log = "".join(p.read_text() for p in apps[0].glob("*/stderr"))
+    # the executor, on the worker's host, fetched the job from the driver on its host
+    assert f"spark://CoarseGrainedScheduler@{hosts.address('driver')}:" in executor_log, executor_log[-2000:]
     if session_conf():  # recpipe's JVM functions were shipped to the executor and used
         assert "JVM functions are not loaded" not in out
-        executor_log = "".join(p.read_text() for p in apps[0].glob("*/stderr"))
         assert "recpipe-spark.jar" in executor_log, executor_log[-2000:]
     day = stack["var"] / "features" / f"ds={DAYS[0]}"
     assert (day / "_SUCCESS").exists()

@@ -256,11 +256,12 @@ def test_one_train_job_scores_trains_and_exports_a_pass_as_three_jobs_would(chai
 
     files = ModelDir(model_dir)
     scored = json.loads(files.result("pass_eval_result.json").read_text())
-    want = evaluate(config, tmp_path / "B-eval", [f"{DAY}/20"], runs / "B", predictions_path=tmp_path / "p.pq")
+    separate = tmp_path / "p.pq"
+    want = evaluate(config, tmp_path / "B-eval", [f"{DAY}/20"], runs / "B", predictions_path=separate)
     assert scored["checkpoint"] == want["checkpoint"] and scored["global_step"] == want["global_step"] > 0
     assert scored["num_examples"] == want["num_examples"] > 50 and scored["auc"] == pytest.approx(want["auc"])
     got = pq.read_table(files.predictions("pass_eval_result.json")).column("probability").to_numpy()
-    np.testing.assert_allclose(got, pq.read_table(tmp_path / "p.pq").column("probability").to_numpy(), atol=1e-6)
+    np.testing.assert_allclose(got, pq.read_table(separate).column("probability").to_numpy(), atol=1e-6)
 
     assert printed["export"]["export"] == str(tmp_path / "one" / DAY / "delta-20")
     assert export_main([*args, "--export_dir", str(tmp_path / "separate"), "--delta", f"{DAY}/20"]) == 0
