@@ -10,7 +10,7 @@ looks only every 60 s, so a wait that ends sooner was ended by the message.
 
 Per pass, from the landing: the wait's end, the first job task's start, the rows applied in
 Redis (the push's end; with the last event's distance to the pass's end, the freshness of the
-served rows), the run's end; the
+served rows), the run's end, the served model's progressive AUC on the pass's rows; the
 tasks' own seconds and the rest of the run's wall time, which is Airflow's scheduling between
 tasks; the machine's CPU-seconds from the landing to the run's end (``/proc/stat``: every
 process, Airflow's included) and examples per wall second and per CPU-second. Each pass is a
@@ -193,10 +193,22 @@ def run_variant(base: Path, idle_sleep_s: float, args) -> list[dict] | None:
     if any(s != "success" for s in states.values()):
         print(f"runs failed: {states}")
         return None
+    runs = base / "runs" / config["model_name"]
     return [
-        summarize(lg, n, landed[lg], tis[lg], lag)
+        {**summarize(lg, n, landed[lg], tis[lg], lag), **served_auc(runs, lg)}
         for lg, n, (_, lag) in zip(logicals, rows, written, strict=True)
     ]
+
+
+def served_auc(runs: Path, logical: str) -> dict:
+    """The pass's progressive AUC: the model served before it (the day's previous pass)
+    scored on its rows before training on them (``pass_eval_result.json``; None for a quiet
+    pass, or the day's first with no model before it)."""
+    day, key = logical[:10], logical[11:].replace(":", "")
+    scored = runs / f"ds={day}" / f"hh={key}" / "pass_eval_result.json"
+    if not scored.exists():
+        return {"served_auc": None}
+    return {"served_auc": json.loads(scored.read_text()).get("auc")}
 
 
 JOBS = ("prepare_features", "evaluate_pass", "train", "export")
@@ -282,6 +294,7 @@ def results(args, per_pass: list[dict]) -> dict:
             "busy_reports_s_median": task_median(["evaluate_pass", "export"], busy),
             "busy_cpu_s_median": median("cpu_s", busy),
             "busy_applied_s_p95": _p95([p["applied_s"] for p in busy]) if busy else None,
+            "freshness_s_p50": median("freshness_s", busy),
             "freshness_s_p95": _p95([p["freshness_s"] for p in busy]) if busy else None,
             "freshness_s_max": max((p["freshness_s"] for p in busy), default=None),
             "pass_minutes": args.pass_minutes,
