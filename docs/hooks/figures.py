@@ -4,8 +4,8 @@ figure has one source.
 ``{{ fig NAME PATH [FORMAT] }}`` in a page is replaced by the value at ``PATH`` (dotted keys,
 or a list's index)
 of ``bench/results/NAME.json``, formatted by ``FORMAT`` (a ``format()`` spec such as ``.2f`` or
-``,.0f``; default: as it is; a null value is ``-``). ``{{ source NAME }}`` gives the file's command, commit, machine
-and date. A missing file or key fails the (strict) build, naming the page.
+``,.0f``; default: as it is; a null value is ``-``). ``{{ source NAME }}`` gives the file's
+command, commit, machine and date. A missing file or key fails the (strict) build, naming the page.
 """
 
 from __future__ import annotations
