@@ -30,7 +30,6 @@ from airflow_client.client.api.backfill_api import BackfillApi
 from airflow_client.client.api.dag_api import DAGApi
 from airflow_client.client.api.dag_run_api import DagRunApi
 from airflow_client.client.api.import_error_api import ImportErrorApi
-from airflow_client.client.api.pool_api import PoolApi
 from airflow_client.client.api.task_instance_api import TaskInstanceApi
 from airflow_client.client.api.x_com_api import XComApi
 from airflow_client.client.exceptions import ApiException, NotFoundException
@@ -41,7 +40,6 @@ from airflow_client.client.models import (
     DAGPatchBody,
     DagRunMutableStates,
     DAGRunPatchBody,
-    PoolBody,
     ReprocessBehavior,
     TriggerDAGRunPostBody,
     UpdateHITLDetailPayload,
@@ -82,7 +80,7 @@ class Api:
             BackfillApi(client),
             XComApi(client),
         )
-        self.pools, self.import_errors_api = PoolApi(client), ImportErrorApi(client)
+        self.import_errors_api = ImportErrorApi(client)
 
     def login(self, timeout: float = 180) -> str:
         """Wait up to ``timeout`` seconds for the api-server and get a token (the simple auth
@@ -198,10 +196,6 @@ class Api:
         """A task instance's log, whole, as text."""
         got = self.task_instances_api.get_log(dag_id, run_id, task_id, try_number, full_content=True)
         return json.dumps(_plain(got))
-
-    def set_pool(self, name: str, slots: int, description: str = "") -> None:
-        """Create the pool ``name`` with ``slots`` slots."""
-        self.pools.post_pool(PoolBody(name=name, slots=slots, description=description))
 
     def hitl_detail(self, dag_id: str, run_id: str, task_id: str) -> dict | None:
         """The Human-in-the-loop request of a task (``subject``, ``body``, ``options``, ...),

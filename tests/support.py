@@ -174,3 +174,26 @@ def write_click_log(
         write_csv_partition(table, ds_partition(out / "events", ds))
         clicks[ds] = int(label.sum())
     return clicks
+
+
+def doc_commands(page: str, test: str) -> str:
+    """The shell block(s) of ``docs/<page>`` marked ``<!-- commands: run by <test> -->``, as
+    written there (``docs/hooks/commands.py``). Fails the test when the page marks none."""
+    sys.path.insert(0, str(ROOT / "docs" / "hooks"))
+    from commands import marked
+
+    texts = marked((ROOT / "docs" / page).read_text(), test)
+    assert texts, f"docs/{page} marks no block 'run by {test}'"
+    return "\n".join(texts)
+
+
+def run_doc_commands(text: str, cwd: Path, env: dict | None = None, timeout: int = 120):
+    """Run a page's commands with bash (``set -e``: each must succeed), ``recpipe`` and
+    ``airflow`` found on PATH as a user's activated venv finds them; returns the run."""
+    env = dict(os.environ if env is None else env)
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '/usr/bin:/bin')}"
+    done = subprocess.run(
+        ["bash", "-e", "-c", text], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert done.returncode == 0, f"{text}\nexited {done.returncode}:\n{(done.stdout + done.stderr)[-3000:]}"
+    return done

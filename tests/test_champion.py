@@ -30,17 +30,19 @@ def registry(tmp_path, monkeypatch):
     return MlflowClient(uri)
 
 
-def _version(client, root: Path, day: str, promoted: bool = True, hour: str | None = None):
+def _version(
+    client, root: Path, day: str, promoted: bool = True, hour: str | None = None, model: str = MODEL
+):
     model_dir = root / "runs" / f"ds={day}" / (f"hh={hour}" if hour else "")
     model_dir.mkdir(parents=True, exist_ok=True)
     (model_dir / "_SUCCESS").touch()
-    n = len(client.search_model_versions(f"name = '{MODEL}'")) + 1
+    n = len(client.search_model_versions(f"name = '{model}'")) + 1
     export = root / "exports" / str(n)  # beside a stream model's <day>/ export chains
     export.mkdir(parents=True)
     tags = {"ds": day, "model_dir": str(model_dir), "export_path": str(export)}
     if promoted:
         tags["promotion"] = "promoted"
-    return client.create_model_version(MODEL, str(export), tags=tags)
+    return client.create_model_version(model, str(export), tags=tags)
 
 
 def test_set_and_roll_back_with_who_and_why(registry, tmp_path):
@@ -95,29 +97,30 @@ def test_a_version_whose_files_are_gone_is_refused_naming_them(registry, tmp_pat
     assert int(registry.get_registered_model(MODEL).aliases["champion"]) == 2
 
 
-def test_the_cli_shows_and_moves_the_champion(registry, tmp_path):
-    registry.create_registered_model(MODEL)
-    _version(registry, tmp_path, "2024-03-01")
-    _version(registry, tmp_path, "2024-03-02")
-    registry.set_registered_model_alias(MODEL, "champion", "2")
-    env = {**__import__("os").environ}
-    moved = subprocess.run(
-        [*RECPIPE, "champion", "rollback", "--model_name", MODEL, "--reason", "AUC fell", "--by", "dave"],
-        capture_output=True, text=True, cwd=ROOT, env=env, timeout=120,
-    )  # fmt: skip
-    assert moved.returncode == 0, moved.stderr
-    assert json.loads(moved.stdout)["version"] == 1
-    shown = subprocess.run(
-        [*RECPIPE, "champion", "show", "--model_name", MODEL],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-    )
-    out = json.loads(shown.stdout)
-    assert out["champion"]["version"] == 1 and out["history"][0]["reason"] == "AUC fell"
+def test_the_rollback_pages_commands_run_as_written(registry, tmp_path):
+    from tests.support import doc_commands, run_doc_commands
+
+    model = "movielens_deepfm"  # the page's
+    registry.create_registered_model(model)
+    for day in range(1, 9):  # day 7's model was rejected by its gate; day 8's is the champion
+        _version(registry, tmp_path, f"2024-03-{day:02d}", promoted=day != 7, model=model)
+    registry.set_registered_model_alias(model, "champion", "8")
+    test = "tests/test_champion.py::test_the_rollback_pages_commands_run_as_written"
+    done = run_doc_commands(doc_commands("rollback.md", test), ROOT)
+    decoder, outputs, at, out = json.JSONDecoder(), [], 0, done.stdout
+    while out[at:].strip():  # one JSON document a command
+        doc, at = decoder.raw_decode(out, len(out) - len(out[at:].lstrip()))
+        outputs.append(doc)
+    shown, back, chosen = outputs
+    assert shown["champion"]["version"] == 8
+    assert (back["version"], back["previous"]) == (6, 8)  # the newest earlier version its gate promoted
+    assert (chosen["version"], chosen["previous"]) == (7, 6)
+    assert [h["reason"] for h in history(registry, model)][-2:] == [
+        "day 12 AUC fell in serving",
+        "back to the pre-drift model",
+    ]
     refused = subprocess.run(
-        [*RECPIPE, "champion", "set", "--model_name", MODEL, "--version", "9", "--reason", "x"],
+        [*RECPIPE, "champion", "set", "--model_name", model, "--version", "9", "--reason", "x"],
         capture_output=True, text=True, cwd=ROOT, timeout=120,
     )  # fmt: skip
     assert refused.returncode == 1 and "no version 9" in refused.stderr

@@ -112,3 +112,22 @@ def test_the_cli_reference_is_the_parsers_help_and_a_page_naming_a_missing_flag_
         render("`recpipe train --pipeline_config_path c.yaml --train_ds 1997-09-20`", "a.md")
     with pytest.raises(PluginError, match="recpipe serve push --nope"):
         render("```\nrecpipe serve push --nope\n```", "a.md")
+
+
+def test_every_shell_block_says_how_its_commands_are_checked():
+    import pytest
+    from mkdocs.exceptions import PluginError
+
+    sys.path.insert(0, str(ROOT / "docs" / "hooks"))
+    from commands import check
+
+    check((ROOT / "README.md").read_text(), "README.md")  # outside the site: checked here
+    with pytest.raises(PluginError, match=r"page.md:3: a shell block without"):
+        check("text\n\n```bash\nrecpipe train\n```\n", "page.md")
+    with pytest.raises(PluginError, match=r"tests/test_docs.py::test_nothing, which does not exist"):
+        check("<!-- commands: run by tests/test_docs.py::test_nothing -->\n```bash\nls\n```\n", "page.md")
+    with pytest.raises(PluginError, match=r"'not run:' is not"):
+        check("<!-- commands: not run: -->\n```bash\nls\n```\n", "page.md")
+    check(
+        "<!-- commands: synopsis -->\n```bash\nrecpipe train [--flag]\n```\n```python\nx = 1\n```\n", "p.md"
+    )

@@ -41,6 +41,7 @@ def models(movielens_raw, tmp_path_factory) -> dict:
     """The folder of three retrain configs, the deployment's backfills of two days for both
     models at once, and what the API server says of their task instances."""
     from dev.airflow import _create_backfill, deployment, follow_runs
+    from tests.support import doc_commands, run_doc_commands
 
     base = tmp_path_factory.mktemp("models")
     stack = new_stack(movielens_raw, base, EDITS, training_window_days=3)
@@ -78,8 +79,12 @@ def models(movielens_raw, tmp_path_factory) -> dict:
     env = {**stack["env"], "RECPIPE_RETRAIN_CONFIGS": str(folder)}
     extra = {"AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False"}
     states, tasks = {}, {}
+    # the pool made as docs/models.md says
+    pool_test = (
+        "tests/dags/test_model_classes.py::test_the_models_training_jobs_took_the_pools_one_slot_in_turn"
+    )
+    run_doc_commands(doc_commands("models.md", pool_test), base, env)
     with deployment(env, base / "airflow", extra_env=extra) as api:
-        api.set_pool("training", 1, "the cluster's one training slot")
         broken = api.wait_for_import_error("recpipe_retrain_configs.py")
         runs = {f"{kind}_daily": DAYS[:2] for kind in MODELS} | {STREAM_DAG: PASSES}
         for dag_id, days in runs.items():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import threading
 import time
@@ -103,3 +104,29 @@ def test_announcing_an_incomplete_partition_is_refused(tmp_path):
         [*RECPIPE, "announce", str(tmp_path)], capture_output=True, text=True, cwd=ROOT, timeout=60
     )
     assert done.returncode == 2 and f"{tmp_path}: no _SUCCESS" in done.stderr
+
+
+def test_the_stream_pages_announce_runs_as_written(tmp_path):
+    # docs/stream.md's two lines, in a folder where the partition's files were written
+    import redis
+
+    from tests.support import doc_commands, run_doc_commands
+
+    test = "tests/operators/test_arrivals.py::test_the_stream_pages_announce_runs_as_written"
+    partition = tmp_path / "data/raw/my_stream/events/ds=2024-01-01/hh=0915"
+    partition.mkdir(parents=True)
+    (partition / "part-0.parquet").write_bytes(b"rows")
+    pubsub = redis.Redis(host="127.0.0.1", port=6379).pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe("recpipe:partitions")
+    try:
+        pubsub.get_message(timeout=5)  # the subscription's confirmation: subscribed from here on
+        env = {**os.environ, "RECPIPE_ARRIVALS_REDIS_URL": "redis://127.0.0.1:6379/0"}
+        done = run_doc_commands(doc_commands("stream.md", test), tmp_path, env)
+        deadline, message = time.monotonic() + 10, None
+        while message is None and time.monotonic() < deadline:
+            message = pubsub.get_message(timeout=1)
+    finally:
+        pubsub.close()
+    assert "announced (1 waiting)" in done.stdout
+    assert (partition / SUCCESS).exists()
+    assert message is not None and message["data"].decode() == str(partition.resolve())
