@@ -22,6 +22,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -229,6 +230,9 @@ def _sequence_lengths(spark: SparkSession, config: PipelineConfig, written: Path
     return spark.read.parquet(str(written)).agg(*aggs).first().asDict()
 
 
+_HOUR = re.compile(r"\d{2}(?:[0-5][05])?")
+
+
 def _with_hours(days: list[str], hh: str, pass_minutes: int | None = None) -> list[str]:
     """Each day of ``days`` -> its passes ``hh`` (``HH[MM]`` or ``HH[MM]:HH[MM]``), in order.
 
@@ -236,11 +240,20 @@ def _with_hours(days: list[str], hh: str, pass_minutes: int | None = None) -> li
         ConfigError: a day that is already a pass, or malformed hours (names ``--hh``).
     """
     start, _, end = hh.partition(":")
+    for part in (start, end) if end else (start,):
+        if not _HOUR.fullmatch(part) or int(part[:2]) > 23 or int(part[2:] or 0) > 55:
+            raise ConfigError(
+                f"--hh {hh}: {part!r} is neither an hour HH (00 to 23) nor a pass's start HHMM "
+                "(minutes 00 to 55, a multiple of 5)"
+            )
     out = []
     for day in days:
         if "/" in day:
-            raise ConfigError(f"--hh={hh!r} with --ds {day}: give the hour once")
-        out += parse_ds_range(f"{day}/{start}:{day}/{end or start}", "--hh", pass_minutes)
+            raise ConfigError(f"--hh {hh} with --ds {day}: give the hour once")
+        try:
+            out += parse_ds_range(f"{day}/{start}:{day}/{end or start}", "--hh", pass_minutes)
+        except ConfigError as err:  # said of the range it built: say it of what was typed
+            raise ConfigError(f"--hh {hh} with --ds {day}: {str(err).split(': ', 1)[1]}") from None
     return out
 
 

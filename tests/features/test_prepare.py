@@ -439,7 +439,10 @@ def test_the_command_line_takes_passes_as_ds_slash_hh_or_with_hh(ml_passes, tmp_
         "1997-09-21/22",
         "1997-09-21/23",
     ]
-    with pytest.raises(ConfigError, match="--hh"):
-        _with_hours(["1997-09-20"], "24")
+    # said of what was typed, in words
+    with pytest.raises(ConfigError, match=r"^--hh 00:25: '25' is neither an hour HH \(00 to 23\)"):
+        _with_hours(["1997-09-20"], "00:25")
+    with pytest.raises(ConfigError, match=r"^--hh 0915:0900 with --ds 1997-09-20: end before start$"):
+        _with_hours(["1997-09-20"], "0915:0900")
     with pytest.raises(ConfigError, match="give the hour once"):
         _with_hours(["1997-09-20/05"], "05")
