@@ -1,11 +1,12 @@
 """The GEO chief's bookkeeping of its workers' batches over random interleavings (a Hypothesis
-stateful test): batches queued, trained by one worker or another, pushes every ``geo_step``,
-workers lost in a step, while staging a push, after its commit; the chief's ``sync``. The
-workers are stand-ins (a step, a stage and a pull that succeed or raise TensorFlow's
-``UnavailableError``, as a lost worker's ops do); the chief's code is
+stateful test): batches queued, trained by one worker or another, pushes staged every
+``geo_step`` and sent later (its own thread in a job; here a rule that runs it between any two
+others), workers lost in a step, while staging, while a push ships, after its commit; the
+chief's ``sync``. The workers are stand-ins (a step, a stage, a ship and a pull that succeed or
+raise TensorFlow's ``UnavailableError``, as a lost worker's ops do); the chief's code is
 ``GeoParameterServerDistribution``'s own, run in this thread. After every step: no batch is
 trained twice, each trained batch is applied once (as the ps counts) or lost with its worker
-or still pending on a live one, a failed step's error is raised by the next call, and once no
+or still pending or in flight, a failed step's error is raised by the next call, and once no
 worker is left nothing waits in the queue."""
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from trainer.distribute.base import StrategyError
 from trainer.distribute.geo import GeoParameterServerDistribution
 
-FATES = st.sampled_from([None, None, None, "step", "stage", "pull", "error"])
+FATES = st.sampled_from([None, None, None, "step", "stage", "error"])
+PUSH_FATES = st.sampled_from([None, None, "ship", "pull"])
 
 
 class Ps:
@@ -38,12 +40,17 @@ class StandInWorker:
 
     def __init__(self, index: int, trained: Counter):
         self.index, self.alive, self.pending, self.stale, self.pairs = index, True, [], {}, []
+        self.sending: list[int] = []
+        self.inflight = None
+        self.exited = False  # its thread ended
         self.id_slots: list[int] = []
         self.fate: str | None = None
         self.trained = trained
 
     def scope(self):
         return contextlib.nullcontext()
+
+    push_scope = scope
 
     def _maybe_lost(self, where: str) -> None:
         if self.fate == where:
@@ -61,7 +68,11 @@ class StandInWorker:
         self._maybe_lost("stage")
         return []
 
-    def pull(self, pushed_ids):
+    def ship(self, staged):
+        self._maybe_lost("ship")
+        return staged
+
+    def pull(self):
         self._maybe_lost("pull")
         return tf.zeros([0], tf.int32)
 
@@ -81,9 +92,18 @@ class GeoChief(RuleBasedStateMachine):
             self.ps.applied += int(batches)
 
         chief._commits = {i: commit for i in range(workers)}
+        self.unsent: list = []  # pushes staged, their thread not run yet
+        chief._dispatch = self.unsent.append
+        chief._wait_sent = self._send_now  # the stage waits for the worker's last push
         self.chief = chief
         self.items: list = []
         self.raised: list = []
+
+    def _send_now(self, worker) -> None:
+        push = worker.inflight
+        if push is not None and push in self.unsent:
+            self.unsent.remove(push)
+            self.chief._send(push)
 
     def _alive(self):
         return [w for w in self.chief.workers if w.alive]
@@ -123,15 +143,39 @@ class GeoChief(RuleBasedStateMachine):
         worker = data.draw(st.sampled_from(self._alive()))
         worker.fate = fate
         item = self.chief._queue.get_nowait()
-        self.chief._train(worker, item)
+        worker.exited = not self.chief._train(worker, item)
         worker.fate = None if worker.alive else worker.fate
 
+    @precondition(
+        lambda self: (
+            not self.chief._queue.empty() and any(not w.alive and not w.exited for w in self.chief.workers)
+        )
+    )
+    @rule(data=st.data())
+    def a_thread_whose_worker_its_push_lost_takes_a_batch(self, data):
+        # its thread waited for the queue while the push's thread found the worker gone
+        worker = data.draw(st.sampled_from([w for w in self.chief.workers if not w.alive and not w.exited]))
+        item = self.chief._queue.get_nowait()
+        assert self.chief._train(worker, item) is False
+        worker.exited = True
+
     @precondition(lambda self: self._alive() and self.chief._queue.unfinished_tasks == 0)
-    @rule(data=st.data(), fate=FATES)
+    @rule(data=st.data(), fate=st.sampled_from([None, "stage", "ship", "pull"]))
     def sync_before_a_checkpoint(self, data, fate):
         worker = data.draw(st.sampled_from(self._alive()))
-        worker.fate = fate if fate in ("stage", "pull") else None
+        worker.fate = fate
         self._call(self.chief.sync)
+        worker.fate = None if worker.alive else worker.fate
+
+    @precondition(lambda self: self.unsent)
+    @rule(data=st.data(), fate=PUSH_FATES)
+    def a_staged_push_is_sent(self, data, fate):
+        push = data.draw(st.sampled_from(self.unsent))
+        self.unsent.remove(push)
+        worker = push.worker
+        worker.fate = fate if worker.alive else "ship"  # a dead worker's copy is gone
+        self.chief._send(push)
+        assert push.done.is_set()
         worker.fate = None if worker.alive else worker.fate
 
     @invariant()
@@ -143,7 +187,11 @@ class GeoChief(RuleBasedStateMachine):
         assert not chief.applied & chief.lost
         assert self.ps.applied == len(chief.applied)  # the ps counted each push's batches
         pending = {n for w in chief.workers if w.alive for n in w.pending}
-        assert set(self.trained) == chief.applied | chief.lost | pending
+        sending = {n for w in chief.workers for n in w.sending}
+        assert not sending & (chief.applied | chief.lost | pending)
+        assert set(self.trained) == chief.applied | chief.lost | pending | sending
+        if not self.unsent:
+            assert all(not w.sending for w in chief.workers)
         assert set(chief.trained) == set(self.trained)
 
     @invariant()

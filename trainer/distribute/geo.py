@@ -19,12 +19,21 @@ chief's input; its step touches only that worker's variables. A push, run on the
   row-wise optimizer on the tables (``lazy_adam``, ``adagrad``, ``ftrl``) changes only the
   rows a step looked up; Adam's momentum moves every row it has seen, and all of those travel.
 
-A push is staged, then committed: the worker computes its change and copies it to the ps as
-tensors (nothing global changes), then one function with every op on the ps applies it,
-marks the changed rows for the other workers (after the rows hold the update) and counts
-its batches on the ps; the worker then pulls. A worker lost while staging loses its
-push whole; once staged, the commit does not need it. So each batch is applied exactly once
-or not at all, and the chief's ledger (``figures``: trained, applied, lost) says which.
+A push is staged, shipped, committed, then pulled, and only staging holds up the worker's
+steps (PaddleRec's GEO communicator sends from a thread of its own while training goes on):
+
+- stage, in the worker's turn between two steps: the change since the last push (worker-local
+  ops; its last-pushed values advance to the copy's), so a push holds exactly the batches
+  trained before it;
+- then a thread of the chief's sends it: copies the change to the ps (nothing global changes:
+  a worker lost here loses its push whole), one function with every op on the ps applies it,
+  marks the changed rows for the other workers (after the rows hold the update) and counts its
+  batches on the ps; the worker then pulls: each row another worker changed, and the dense
+  values, move its copy by ``global - last pulled``, so what the worker trained meanwhile is
+  kept. One push a worker is in flight at a time: the next stage waits for the last pull.
+
+So each batch is applied exactly once or not at all, and the chief's ledger (``figures``:
+trained, applied, lost) says which.
 
 Each worker's optimizer slots are its own; a checkpoint holds the ps values of the model and
 the first live worker's optimizer slots (so tomorrow's fine-tune resumes them). Tables stay
@@ -110,6 +119,16 @@ class _Step:
         )
 
 
+class _Push:
+    """One staged push of a worker: ``staged`` (``stage``'s tensors, on the worker), its
+    ``batches``; ``done`` is set once it was committed and pulled, or lost."""
+
+    __slots__ = ("worker", "staged", "batches", "done")
+
+    def __init__(self, worker, staged: list, batches: list[int]):
+        self.worker, self.staged, self.batches, self.done = worker, staged, batches, threading.Event()
+
+
 class _Worker:
     """One worker's model copy, its last-pulled values and its step, push and pull functions.
 
@@ -127,7 +146,11 @@ class _Worker:
     def __init__(self, index: int, device: str, parts: StepParts, local: StepParts, stale: dict):
         self.index, self.device, self.local = index, device, local
         self.executor = eager_executor.new_executor(enable_async=False)
-        self.pending: list[int] = []  # the batches trained here since the last push
+        # the push's thread has an executor of its own: a lost worker's error stays in it
+        self.push_executor = eager_executor.new_executor(enable_async=False)
+        self.pending: list[int] = []  # the batches trained here since the last stage
+        self.sending: list[int] = []  # the batches of the push in flight, until its commit
+        self.inflight: _Push | None = None
         self.alive = True
         g_vars, l_vars = parts.state.model.variables, local.state.model.variables
         if [v.shape for v in g_vars] != [v.shape for v in l_vars]:
@@ -145,6 +168,7 @@ class _Worker:
         places = [2 if i in stale else 1 for i in range(len(self.pairs))]
         self.id_slots = [sum(places[:i]) for i in sorted(stale)]
         self.stage = self._stage_fn()
+        self.ship = self._ship_fn()
         self.pull = self._pull_fn()
         self.pull_all = self._pull_all_fn()
         self.copy_slots = self._copy_slots_fn()
@@ -153,6 +177,12 @@ class _Worker:
     def scope(self):
         """Ops run on this worker, their errors kept in its own executor."""
         with eager_context.executor_scope(self.executor), tf.device(self.device):
+            yield
+
+    @contextlib.contextmanager
+    def push_scope(self):
+        """Ops of this worker's push (run by the chief's push thread)."""
+        with eager_context.executor_scope(self.push_executor), tf.device(self.device):
             yield
 
     def _step_fn(self, signature: tuple):
@@ -175,33 +205,48 @@ class _Worker:
         return step
 
     def _stage_fn(self):
-        # g: a global variable (on a ps), c: this worker's copy, s: c as last pulled
+        # c: this worker's copy, s: c as last pushed or pulled
         pairs, snapshot, stale = self.pairs, self.snapshot, self.stale
 
         @tf.function(autograph=False)
         def stage():
-            """This worker's change since its last pull, computed here and copied to the ps
-            (each tensor placed on its variable's ps): dense deltas, and for each table the
-            ids that changed and their deltas. Nothing global changes: a worker lost here
-            loses its push whole."""
+            """This worker's change since its last push, kept on the worker: dense deltas, and
+            for each table the ids that changed and their deltas; the snapshot takes the
+            copy's values, so what the worker trains next is the next push's."""
             out = []
-            for i, (g, c) in enumerate(pairs):
+            for i, (_, c) in enumerate(pairs):
                 s = snapshot[i]
-                if i not in stale:
-                    delta = c - s
-                    with tf.device(g.device):
-                        out.append(tf.identity(delta))
-                    continue
-                # the rows that changed here since the last pull: the ones a step looked up, and
-                # under an optimizer that moves rows without a gradient (Adam's momentum) more
                 now, then = c.read_value(), s.read_value()
+                if i not in stale:
+                    out.append(now - then)
+                    s.assign(now)
+                    continue
+                # the rows that changed here since the last push: the ones a step looked up, and
+                # under an optimizer that moves rows without a gradient (Adam's momentum) more
                 ids = tf.where(tf.reduce_any(tf.not_equal(now, then), axis=1))[:, 0]
-                delta = tf.gather(now, ids) - tf.gather(then, ids)
-                with tf.device(g.device):
-                    out += [tf.identity(ids), tf.identity(delta)]
+                rows = tf.gather(now, ids)
+                out += [ids, rows - tf.gather(then, ids)]
+                s.scatter_update(tf.IndexedSlices(rows, ids))
             return out
 
         return stage
+
+    def _ship_fn(self):
+        devices = []
+        for i, (g, _) in enumerate(self.pairs):
+            devices += [g.device] * (2 if i in self.stale else 1)
+
+        @tf.function(autograph=False, reduce_retracing=True)
+        def ship(staged):
+            """``stage``'s tensors copied to their variables' ps: a worker lost here loses its
+            push whole."""
+            out = []
+            for t, device in zip(staged, devices, strict=True):
+                with tf.device(device):
+                    out.append(tf.identity(t))
+            return out
+
+        return ship
 
     def commit_fn(self, applied: tf.Variable):
         """The function that applies a staged push (``stage``'s tensors, already on the ps,
@@ -233,21 +278,19 @@ class _Worker:
     def _pull_fn(self):
         pairs, snapshot, stale, me = self.pairs, self.snapshot, self.stale, self.index
 
-        @tf.function(autograph=False, reduce_retracing=True)
-        def pull(pushed_ids):
-            """After a commit: take the dense values, and the rows other workers changed
-            (``pushed_ids``: per table, the ids this worker pushed)."""
+        @tf.function(autograph=False)
+        def pull():
+            """After a commit: the dense values, and the rows other workers changed; each moves
+            the copy by ``global - last pulled`` (additive, as the steps running meanwhile
+            are: their updates are kept). Returns ``int32 [tables]``, the rows received."""
             received = []
             for i, (g, c) in enumerate(pairs):
                 s = snapshot[i]
                 if i not in stale:
                     new = g.read_value()
-                    c.assign(new)
+                    c.assign_add(new - s.read_value())
                     s.assign(new)
                     continue
-                # own rows: the ps now holds local (unless marked changed by another worker below)
-                ids = pushed_ids[len(received)]
-                s.scatter_update(tf.IndexedSlices(tf.gather(c.read_value(), ids), ids))
                 mine = stale[i][me]
                 with tf.device(mine.device):
                     changed = tf.where(mine.read_value())[:, 0]
@@ -255,7 +298,7 @@ class _Worker:
                 # read after the marks are cleared: a mark set later is pulled next time
                 with tf.control_dependencies([cleared]):
                     rows = tf.gather(g, changed)
-                c.scatter_update(tf.IndexedSlices(rows, changed))
+                c.scatter_add(tf.IndexedSlices(rows - tf.gather(s, changed), changed))
                 s.scatter_update(tf.IndexedSlices(rows, changed))
                 received.append(tf.size(changed))
             return tf.stack(received) if received else tf.zeros([0], tf.int32)
@@ -389,8 +432,12 @@ class GeoParameterServerDistribution(Distribution):
             pass
 
     def _train(self, worker: _Worker, item: _Step) -> bool:
-        """Train ``item`` (taken from the queue) on ``worker``, pushing every ``geo_step`` of
-        its batches; False once the worker is lost (its thread then ends)."""
+        """Train ``item`` (taken from the queue) on ``worker``, staging a push every
+        ``geo_step`` of its batches; False once the worker is lost (its thread then ends)."""
+        if not worker.alive:  # lost by its push's thread
+            self._queue.task_done()
+            self._requeue(item)
+            return False
         try:
             with worker.scope():
                 item.loss = float(worker.step(*item.element))
@@ -409,12 +456,15 @@ class GeoParameterServerDistribution(Distribution):
             return True
         with self._lock:
             self.trained[item.number] = worker.index
-        worker.pending.append(item.number)
-        pushed = True
+            if worker.alive:
+                worker.pending.append(item.number)
+            else:  # its push's thread lost it meanwhile: the batch went with the copy
+                self.lost.add(item.number)
+        pushed = worker.alive
         try:
-            if len(worker.pending) >= self.geo_step:
+            if pushed and len(worker.pending) >= self.geo_step:
                 pushed = self._push(worker)
-        except Exception as err:  # noqa: BLE001 - a ps lost or a bug: the job fails with it
+        except Exception as err:  # noqa: BLE001 - a bug: the job fails with it
             item.error = err
             self._fail(err)
         # trained and counted: its push is applied whole or lost with the worker, never
@@ -426,16 +476,23 @@ class GeoParameterServerDistribution(Distribution):
         return pushed
 
     def _lost(self, worker: _Worker, err: BaseException) -> None:
+        """``worker`` is gone (its step's or its push's thread found it): the batches it
+        trained since its last stage are lost. Those of a push in flight are its push
+        thread's to settle (applied if the push left the worker, else lost). Either thread may
+        call it, once or twice."""
         with self._lock:
+            if not worker.alive:
+                return
             worker.alive = False
-            self.lost.update(worker.pending)
+            gone = worker.pending
+            self.lost.update(gone)
+            worker.pending = []
         log.warning(
-            "geo: worker %d failed (%s); its %d batches since its last push are lost, the others train on",
+            "geo: worker %d failed (%s); its %d batches not yet staged are lost, the others train on",
             worker.index,
             type(err).__name__,
-            len(worker.pending),
+            len(gone),
         )
-        worker.pending = []
 
     def _fail(self, err: BaseException) -> None:
         with self._lock:
@@ -477,37 +534,75 @@ class GeoParameterServerDistribution(Distribution):
             self._queue.task_done()
 
     def _push(self, worker: _Worker) -> bool:
-        """Stage the worker's change on the ps, commit it there whole, pull the others'.
-        Returns False when the worker was lost (its push then applied whole or not at all)."""
-        batches = worker.pending
+        """Stage the worker's change (after its last push's pull: the stage reads the copy
+        the pull moves) and hand it to a push thread. Returns False when the worker was lost
+        (its batches then lost, never applied)."""
+        self._wait_sent(worker)
+        if not worker.alive:
+            return False
         try:
             with worker.scope():
                 staged = worker.stage()
         except WORKER_LOST as err:
             self._lost(worker, err)
             return False
-        with self._commit_lock, eager_context.executor_scope(self._commit_executor):
-            self._commits[worker.index](staged, tf.constant(len(batches), tf.int64))  # on the ps only
         with self._lock:
-            self.applied.update(batches)
-        worker.pending = []
-        pushed_ids = [staged[k] for k in worker.id_slots]
-        sent = np.array([ids.shape[0] for ids in pushed_ids], np.int64)  # no op, no round trip
-        try:
-            with worker.scope():
-                received = worker.pull(pushed_ids).numpy()
-        except WORKER_LOST as err:
-            self._lost(worker, err)
-            return False
-        rows = [self._row_bytes[i] for i in sorted(worker.stale)]
-        with self._lock:
-            t = self.traffic
-            t["pushes"] += 1
-            t["rows_sent"] += int(sent.sum())
-            t["rows_received"] += int(received.sum())
-            t["bytes_to_ps"] += self._dense_bytes + int(np.dot(sent, rows))
-            t["bytes_from_ps"] += self._dense_bytes + int(np.dot(received, rows))
+            push = _Push(worker, staged, worker.pending)
+            worker.sending, worker.pending = worker.pending, []
+            worker.inflight = push
+        self._dispatch(push)
         return True
+
+    def _dispatch(self, push: _Push) -> None:
+        """Send ``push`` from a thread of its own: the worker trains on meanwhile."""
+        name = f"geo-push-{push.worker.index}"
+        threading.Thread(target=self._send, args=(push,), name=name, daemon=True).start()
+
+    def _wait_sent(self, worker: _Worker) -> None:
+        if worker.inflight is not None:
+            worker.inflight.done.wait()
+
+    def _send(self, push: _Push) -> None:
+        """Ship ``push`` to the ps, commit it there whole, pull the others' changes. A lost
+        worker is dropped (its push applied whole or not at all); any other error fails the
+        job at the loop's next call."""
+        worker = push.worker
+        try:
+            try:
+                with worker.push_scope():
+                    shipped = worker.ship(push.staged)
+            except WORKER_LOST as err:
+                with self._lock:  # nothing of it reached the ps
+                    self.lost.update(push.batches)
+                    worker.sending = []
+                self._lost(worker, err)
+                self._requeue(None)  # the last worker gone: the queued batches fail now
+                return
+            with self._commit_lock, eager_context.executor_scope(self._commit_executor):
+                self._commits[worker.index](shipped, tf.constant(len(push.batches), tf.int64))  # ps only
+            with self._lock:
+                self.applied.update(push.batches)
+                worker.sending = []
+            sent = np.array([push.staged[k].shape[0] for k in worker.id_slots], np.int64)  # no op
+            try:
+                with worker.push_scope():
+                    received = worker.pull().numpy()
+            except WORKER_LOST as err:
+                self._lost(worker, err)
+                self._requeue(None)
+                return
+            rows = [self._row_bytes[i] for i in sorted(worker.stale)]
+            with self._lock:
+                t = self.traffic
+                t["pushes"] += 1
+                t["rows_sent"] += int(sent.sum())
+                t["rows_received"] += int(received.sum())
+                t["bytes_to_ps"] += self._dense_bytes + int(np.dot(sent, rows))
+                t["bytes_from_ps"] += self._dense_bytes + int(np.dot(received, rows))
+        except Exception as err:  # noqa: BLE001 - a ps lost or a bug: the job fails with it
+            self._fail(err)
+        finally:
+            push.done.set()
 
     def run_step(self, train_step, element):
         self._raise_error()
@@ -547,7 +642,8 @@ class GeoParameterServerDistribution(Distribution):
             self._dispatched = 0
 
     def sync(self) -> None:
-        """Wait for every queued batch, then push every worker's remaining change.
+        """Wait for every queued batch and push in flight, then push every worker's remaining
+        change and wait for it.
 
         Raises:
             StrategyError: every worker has failed. The first error of a step (one whose
@@ -557,12 +653,17 @@ class GeoParameterServerDistribution(Distribution):
             return
         self._advance_counters()
         self._raise_error()
+        for worker in self.workers:
+            self._wait_sent(worker)
         live = [w for w in self.workers if w.alive]
         if not live:
             raise StrategyError(ALL_FAILED)
         for worker in live:
             if worker.pending:
                 self._push(worker)
+        for worker in live:
+            self._wait_sent(worker)
+        self._raise_error()
 
     def prepare_save(self, state, saved) -> None:
         """The first live worker's optimizer slots into the chief's optimizers, which the
