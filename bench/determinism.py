@@ -9,7 +9,8 @@ on both:
 
 both with the same ``random_seed``. Printed per process: examples/s by wall time and per
 CPU-second of the training loop, the final loss and the next day's AUC; then each variant's
-fastest rates, (b)/(a), and whether every repeat of a variant gave bit-identical loss and AUC.
+fastest rates, (b)/(a), and whether every repeat of a variant gave bit-identical loss and AUC;
+written to ``bench/results/determinism.json``.
 
     python bench/determinism.py [--rows 200000] [--repeats 3]
 """
@@ -27,8 +28,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.criteo_data import CONFIG, bench_edits, days, prepare  # noqa: E402
+from bench.results import write_results  # noqa: E402
 
 VARIANTS = {"(a) op_determinism off": False, "(b) op_determinism on": True}
+KEYS = {"(a) op_determinism off": "off", "(b) op_determinism on": "on"}  # in the results file
 
 
 def run(work: Path, buckets: int, model_dir: Path, deterministic: bool) -> dict:
@@ -73,10 +76,19 @@ def main() -> int:
         for n, rs in results.items()
     }
     (a, b) = best.values()
+    figures: dict = {"rows": args.rows, "repeats": args.repeats, "variants": {}}
     for name, (wall, cpu) in best.items():
         same = len({(r["loss"], r["eval"]["auc"]) for r in results[name]}) == 1
         print(f"{name}: fastest {wall:.0f} ex/s wall, {cpu:.0f} ex/CPU-s; repeats identical: {same}")
+        figures["variants"][KEYS[name]] = {
+            "examples_per_sec": round(wall),
+            "per_cpu_s": round(cpu),
+            "repeats_identical": same,
+            "auc": round(results[name][0]["eval"]["auc"], 4),
+        }
+    figures["on_vs_off"] = {"wall": round(b[0] / a[0], 2), "per_cpu_s": round(b[1] / a[1], 2)}
     print(f"(b)/(a): {b[0] / a[0]:.2f}x wall, {b[1] / a[1]:.2f}x per CPU-second")
+    print(f"wrote {write_results('determinism', figures)}")
     return 0
 
 
