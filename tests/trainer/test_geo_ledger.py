@@ -1,13 +1,13 @@
 """The GEO chief's bookkeeping of its workers' batches over random interleavings (a Hypothesis
 stateful test): batches queued, trained by one worker or another, pushes staged every
 ``geo_step`` and sent later (its own thread in a job; here a rule that runs it between any two
-others), workers lost in a step, while staging, while a push ships, after its commit; the
-chief's ``sync``. The workers are stand-ins (a step, a stage, a ship and a pull that succeed or
-raise TensorFlow's ``UnavailableError``, as a lost worker's ops do); the chief's code is
-``GeoParameterServerDistribution``'s own, run in this thread. After every step: no batch is
-trained twice, each trained batch is applied once (as the ps counts) or lost with its worker
-or still pending or in flight, a failed step's error is raised by the next call, and once no
-worker is left nothing waits in the queue."""
+others), workers lost in a step, while staging, while a push ships, while it fetches after its
+commit, while merging; the chief's ``sync``. The workers are stand-ins (a step, a stage, a
+ship, a fetch and a merge that succeed or raise TensorFlow's ``UnavailableError``, as a lost
+worker's ops do); the chief's code is ``GeoParameterServerDistribution``'s own, run in this
+thread. After every step: no batch is trained twice, each trained batch is applied once (as
+the ps counts) or lost with its worker or still pending or in flight, a failed step's error
+is raised by the next call, and once no worker is left nothing waits in the queue."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from trainer.distribute.base import StrategyError
 from trainer.distribute.geo import GeoParameterServerDistribution
 
-FATES = st.sampled_from([None, None, None, "step", "stage", "error"])
-PUSH_FATES = st.sampled_from([None, None, "ship", "pull"])
+FATES = st.sampled_from([None, None, None, "step", "stage", "merge", "error"])
+PUSH_FATES = st.sampled_from([None, None, "ship", "fetch"])
 
 
 class Ps:
@@ -72,9 +72,12 @@ class StandInWorker:
         self._maybe_lost("ship")
         return staged
 
-    def pull(self):
-        self._maybe_lost("pull")
-        return tf.zeros([0], tf.int32)
+    def fetch(self):
+        self._maybe_lost("fetch")
+        return [], tf.zeros([0], tf.int32)
+
+    def merge(self, fetched):
+        self._maybe_lost("merge")
 
 
 class GeoChief(RuleBasedStateMachine):
@@ -160,7 +163,7 @@ class GeoChief(RuleBasedStateMachine):
         worker.exited = True
 
     @precondition(lambda self: self._alive() and self.chief._queue.unfinished_tasks == 0)
-    @rule(data=st.data(), fate=st.sampled_from([None, "stage", "ship", "pull"]))
+    @rule(data=st.data(), fate=st.sampled_from([None, "stage", "ship", "fetch", "merge"]))
     def sync_before_a_checkpoint(self, data, fate):
         worker = data.draw(st.sampled_from(self._alive()))
         worker.fate = fate

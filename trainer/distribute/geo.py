@@ -19,8 +19,9 @@ chief's input; its step touches only that worker's variables. A push, run on the
   row-wise optimizer on the tables (``lazy_adam``, ``adagrad``, ``ftrl``) changes only the
   rows a step looked up; Adam's momentum moves every row it has seen, and all of those travel.
 
-A push is staged, shipped, committed, then pulled, and only staging holds up the worker's
-steps (PaddleRec's GEO communicator sends from a thread of its own while training goes on):
+A push is staged, shipped, committed, fetched, then merged, and only staging and merging (both
+on the worker, no network) hold up the worker's steps (PaddleRec's GEO communicator sends from a
+thread of its own while training goes on):
 
 - stage, in the worker's turn between two steps: the change since the last push (worker-local
   ops; its last-pushed values advance to the copy's), so a push holds exactly the batches
@@ -28,9 +29,11 @@ steps (PaddleRec's GEO communicator sends from a thread of its own while trainin
 - then a thread of the chief's sends it: copies the change to the ps (nothing global changes:
   a worker lost here loses its push whole), one function with every op on the ps applies it,
   marks the changed rows for the other workers (after the rows hold the update) and counts its
-  batches on the ps; the worker then pulls: each row another worker changed, and the dense
-  values, move its copy by ``global - last pulled``, so what the worker trained meanwhile is
-  kept. One push a worker is in flight at a time: the next stage waits for the last pull.
+  batches on the ps, then fetches to the worker each row another worker changed and the dense
+  values;
+- merge, in the worker's turn again: the fetched values move its copy by ``fetched - last
+  pulled``, so what the worker trained meanwhile is kept. One push a worker is in flight at a
+  time: the next stage waits for the last merge.
 
 So each batch is applied exactly once or not at all, and the chief's ledger (``figures``:
 trained, applied, lost) says which.
@@ -121,12 +124,14 @@ class _Step:
 
 class _Push:
     """One staged push of a worker: ``staged`` (``stage``'s tensors, on the worker), its
-    ``batches``; ``done`` is set once it was committed and pulled, or lost."""
+    ``batches``; ``done`` is set once it was committed and its pull fetched (``fetched``,
+    merged into the copy by the worker's own thread between two steps), or it failed."""
 
-    __slots__ = ("worker", "staged", "batches", "done")
+    __slots__ = ("worker", "staged", "batches", "done", "fetched")
 
     def __init__(self, worker, staged: list, batches: list[int]):
         self.worker, self.staged, self.batches, self.done = worker, staged, batches, threading.Event()
+        self.fetched = None
 
 
 class _Worker:
@@ -169,7 +174,8 @@ class _Worker:
         self.id_slots = [sum(places[:i]) for i in sorted(stale)]
         self.stage = self._stage_fn()
         self.ship = self._ship_fn()
-        self.pull = self._pull_fn()
+        self.fetch = self._fetch_fn()
+        self.merge = self._merge_fn()
         self.pull_all = self._pull_all_fn()
         self.copy_slots = self._copy_slots_fn()
 
@@ -275,21 +281,21 @@ class _Worker:
 
         return commit
 
-    def _pull_fn(self):
-        pairs, snapshot, stale, me = self.pairs, self.snapshot, self.stale, self.index
+    def _fetch_fn(self):
+        pairs, stale, me, device = self.pairs, self.stale, self.index, self.device
 
         @tf.function(autograph=False)
-        def pull():
-            """After a commit: the dense values, and the rows other workers changed; each moves
-            the copy by ``global - last pulled`` (additive, as the steps running meanwhile
-            are: their updates are kept). Returns ``int32 [tables]``, the rows received."""
-            received = []
-            for i, (g, c) in enumerate(pairs):
-                s = snapshot[i]
+        def fetch():
+            """After a commit, in the push's thread: the dense values, and the ids and rows
+            other workers changed, copied to this worker (the network's part of a pull; the
+            copy is untouched). Returns (per variable ``[value]`` or ``[ids, rows]``,
+            ``int32 [tables]`` the rows received)."""
+            fetched, received = [], []
+            for i, (g, _) in enumerate(pairs):
                 if i not in stale:
-                    new = g.read_value()
-                    c.assign_add(new - s.read_value())
-                    s.assign(new)
+                    value = g.read_value()
+                    with tf.device(device):
+                        fetched.append(tf.identity(value))
                     continue
                 mine = stale[i][me]
                 with tf.device(mine.device):
@@ -298,12 +304,35 @@ class _Worker:
                 # read after the marks are cleared: a mark set later is pulled next time
                 with tf.control_dependencies([cleared]):
                     rows = tf.gather(g, changed)
-                c.scatter_add(tf.IndexedSlices(rows - tf.gather(s, changed), changed))
-                s.scatter_update(tf.IndexedSlices(rows, changed))
+                with tf.device(device):
+                    fetched += [tf.identity(changed), tf.identity(rows)]
                 received.append(tf.size(changed))
-            return tf.stack(received) if received else tf.zeros([0], tf.int32)
+            return fetched, (tf.stack(received) if received else tf.zeros([0], tf.int32))
 
-        return pull
+        return fetch
+
+    def _merge_fn(self):
+        pairs, snapshot, stale = self.pairs, self.snapshot, self.stale
+
+        @tf.function(autograph=False, reduce_retracing=True)
+        def merge(fetched):
+            """Between two steps: the copy moves by ``fetched - last pulled`` (what the worker
+            trained since its last stage is kept) and the snapshot takes ``fetched``."""
+            k = 0
+            for i, (_, c) in enumerate(pairs):
+                s = snapshot[i]
+                if i not in stale:
+                    new = fetched[k]
+                    k += 1
+                    c.assign_add(new - s.read_value())
+                    s.assign(new)
+                    continue
+                ids, rows = fetched[k], fetched[k + 1]
+                k += 2
+                c.scatter_add(tf.IndexedSlices(rows - tf.gather(s, ids), ids))
+                s.scatter_update(tf.IndexedSlices(rows, ids))
+
+        return merge
 
     def _pull_all_fn(self):
         pairs, snapshot, opt_pairs = self.pairs, self.snapshot, self.opt_pairs
@@ -434,7 +463,8 @@ class GeoParameterServerDistribution(Distribution):
     def _train(self, worker: _Worker, item: _Step) -> bool:
         """Train ``item`` (taken from the queue) on ``worker``, staging a push every
         ``geo_step`` of its batches; False once the worker is lost (its thread then ends)."""
-        if not worker.alive:  # lost by its push's thread
+        self._merge_sent(worker)  # a push sent meanwhile: its pull, between two steps
+        if not worker.alive:  # lost by its push's thread or its merge
             self._queue.task_done()
             self._requeue(item)
             return False
@@ -538,6 +568,7 @@ class GeoParameterServerDistribution(Distribution):
         the pull moves) and hand it to a push thread. Returns False when the worker was lost
         (its batches then lost, never applied)."""
         self._wait_sent(worker)
+        self._merge_sent(worker)
         if not worker.alive:
             return False
         try:
@@ -561,6 +592,23 @@ class GeoParameterServerDistribution(Distribution):
     def _wait_sent(self, worker: _Worker) -> None:
         if worker.inflight is not None:
             worker.inflight.done.wait()
+
+    def _merge_sent(self, worker: _Worker) -> None:
+        """In the worker's turn (no step of it runs): merge what its sent push fetched into
+        its copy. Merged there, not by the push's thread: an optimizer's update of a dense
+        variable is not atomic with another write (``use_locking`` off), so a merge beside
+        a step could be lost."""
+        push = worker.inflight
+        if push is None or not push.done.is_set():
+            return
+        worker.inflight = None
+        if push.fetched is None or not worker.alive:  # lost, or the job failed with it
+            return
+        try:
+            with worker.scope():
+                worker.merge(push.fetched)
+        except WORKER_LOST as err:
+            self._lost(worker, err)
 
     def _send(self, push: _Push) -> None:
         """Ship ``push`` to the ps, commit it there whole, pull the others' changes. A lost
@@ -586,7 +634,8 @@ class GeoParameterServerDistribution(Distribution):
             sent = np.array([push.staged[k].shape[0] for k in worker.id_slots], np.int64)  # no op
             try:
                 with worker.push_scope():
-                    received = worker.pull().numpy()
+                    fetched, received = worker.fetch()
+                push.fetched, received = fetched, received.numpy()
             except WORKER_LOST as err:
                 self._lost(worker, err)
                 self._requeue(None)
@@ -653,8 +702,9 @@ class GeoParameterServerDistribution(Distribution):
             return
         self._advance_counters()
         self._raise_error()
-        for worker in self.workers:
+        for worker in self.workers:  # no step runs now: merged here
             self._wait_sent(worker)
+            self._merge_sent(worker)
         live = [w for w in self.workers if w.alive]
         if not live:
             raise StrategyError(ALL_FAILED)
@@ -663,6 +713,7 @@ class GeoParameterServerDistribution(Distribution):
                 self._push(worker)
         for worker in live:
             self._wait_sent(worker)
+            self._merge_sent(worker)
         self._raise_error()
 
     def prepare_save(self, state, saved) -> None:
