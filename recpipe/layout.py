@@ -81,7 +81,11 @@ def split_pass(ds: str) -> tuple[str, int | None]:
             5 below 60.
     """
     day, sep, key = ds.partition("/")
-    date.fromisoformat(day)
+    try:
+        date.fromisoformat(day)
+    except ValueError as err:  # Python's words ("Invalid isoformat string") name no format
+        reason = "" if "isoformat" in str(err) else f" ({err})"
+        raise ValueError(f"{day!r} is not a date YYYY-MM-DD{reason}") from None
     if not sep:
         return day, None
     if len(key) not in (2, 4) or not key.isdigit():
@@ -214,7 +218,8 @@ def parse_ds_range(text: str, field: str = "ds", pass_minutes: int | None = None
         (first, m0), (last, m1) = split_pass(start), split_pass(end)
     except ValueError as err:
         raise ConfigError(
-            f"{field}={text!r}: expected YYYY-MM-DD[/HH[MM]][:YYYY-MM-DD[/HH[MM]]] ({err})"
+            f"{field}={text!r}: {err}; expected YYYY-MM-DD (a day), YYYY-MM-DD/HH or "
+            "YYYY-MM-DD/HHMM (a pass), or START:END of either"
         ) from None
     k0, k1 = start.partition("/")[2], end.partition("/")[2]
     if len(k0) != len(k1):

@@ -282,6 +282,7 @@ def test_cli_checks_retrain_and_cluster_configs_by_their_fields(tmp_path):
         ("1997-02-30", "day is out of range for month"),
         ("1997-03-05:1997-01-01", "end before start"),
         ("1997-02-03/25", "the pass after '/' must be HH (00..23) or HHMM"),
+        ("yesterday", "'yesterday' is not a date YYYY-MM-DD; expected YYYY-MM-DD (a day)"),
     ],
 )
 def test_impossible_days_and_reversed_ranges_name_the_field(value, why):

@@ -286,7 +286,10 @@ def test_recpipe_features_exit_codes():
     bad_day = subprocess.run(
         [*base, "--ds", "1997-13-01"], capture_output=True, text=True, cwd=ROOT, timeout=120
     )
-    assert bad_day.returncode == 2 and "--ds='1997-13-01': expected YYYY-MM-DD" in bad_day.stderr
+    assert (
+        bad_day.returncode == 2
+        and "--ds='1997-13-01': '1997-13-01' is not a date YYYY-MM-DD (month" in bad_day.stderr
+    )
     missing = subprocess.run(
         [*base, "--ds", "1990-01-01", "--raw_input_path=/nowhere"],
         capture_output=True,
