@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 from airflow.sdk import BaseOperator
@@ -21,7 +22,11 @@ from operators.sensors import RawPartitionSensor
 
 def raw_partition_sensor(task_id: str, marker: str, retrain) -> RawPartitionSensor:
     """Wait for ``marker`` (a raw partition's ``_SUCCESS``, templated) by ``retrain.sensor``'s
-    mode, interval, timeout and arrival messages; never retried (its timeout is the wait)."""
+    mode, interval, timeout and arrival messages. Its timeout is never retried (Airflow fails
+    an ``AirflowSensorTimeout`` at once: the timeout is the wait); anything else is, once: a
+    deferred wait whose partition arrived within a second can resume before a busy scheduler
+    has processed the deferral's own executor event, and Airflow then fails the running task
+    ("state changed externally"); the retry finds the partition at once."""
     return RawPartitionSensor(
         task_id=task_id,
         execution_timeout=retrain.timeouts.of(task_id),
@@ -31,7 +36,8 @@ def raw_partition_sensor(task_id: str, marker: str, retrain) -> RawPartitionSens
         poke_interval=retrain.sensor.poke_interval_s,
         timeout=retrain.sensor.timeout_s,
         arrivals_conn_id=retrain.sensor.arrivals_conn_id,
-        retries=0,
+        retries=1,
+        retry_delay=timedelta(seconds=1),
     )
 
 
