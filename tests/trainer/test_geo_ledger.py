@@ -25,6 +25,7 @@ from trainer.distribute.base import StrategyError
 from trainer.distribute.geo import GeoParameterServerDistribution
 
 FATES = st.sampled_from([None, None, None, "step", "stage", "merge", "error"])
+COPY_FATES = st.sampled_from([None, None, "copy"])
 PUSH_FATES = st.sampled_from([None, None, "ship", "fetch"])
 
 
@@ -42,6 +43,7 @@ class StandInWorker:
         self.index, self.alive, self.pending, self.stale, self.pairs = index, True, [], {}, []
         self.sending: list[int] = []
         self.inflight = None
+        self.ready: queue.Queue = queue.Queue(maxsize=1)
         self.exited = False  # its thread ended
         self.id_slots: list[int] = []
         self.fate: str | None = None
@@ -50,7 +52,11 @@ class StandInWorker:
     def scope(self):
         return contextlib.nullcontext()
 
-    push_scope = scope
+    push_scope = feed_scope = scope
+
+    def copy(self, element):
+        self._maybe_lost("copy")
+        return tuple(element)
 
     def _maybe_lost(self, where: str) -> None:
         if self.fate == where:
@@ -120,7 +126,13 @@ class GeoChief(RuleBasedStateMachine):
             self.chief._error = None  # the job would end here; the test goes on looking
             return None
 
-    @precondition(lambda self: self._alive() and not self.chief._queue.full())
+    def _room(self) -> bool:
+        # a place left for every batch copied to a worker too: one re-queued must not wait
+        # for a thread to take from the queue, as this test has none
+        held = sum(w.ready.qsize() for w in self.chief.workers)
+        return self.chief._queue.qsize() + held < self.chief._queue.maxsize
+
+    @precondition(lambda self: self._alive() and self._room())
     @rule()
     def queue_a_batch(self):
         item = self._call(self.chief.run_step, None, (len(self.items),))
@@ -147,6 +159,8 @@ class GeoChief(RuleBasedStateMachine):
         worker.fate = fate
         item = self.chief._queue.get_nowait()
         worker.exited = not self.chief._train(worker, item)
+        if worker.exited:  # as _serve does: a batch copied to it goes back to the queue
+            self.chief._drain_ready(worker)
         worker.fate = None if worker.alive else worker.fate
 
     @precondition(
@@ -160,6 +174,7 @@ class GeoChief(RuleBasedStateMachine):
         worker = data.draw(st.sampled_from([w for w in self.chief.workers if not w.alive and not w.exited]))
         item = self.chief._queue.get_nowait()
         assert self.chief._train(worker, item) is False
+        self.chief._drain_ready(worker)
         worker.exited = True
 
     @precondition(lambda self: self._alive() and self.chief._queue.unfinished_tasks == 0)
@@ -168,6 +183,35 @@ class GeoChief(RuleBasedStateMachine):
         worker = data.draw(st.sampled_from(self._alive()))
         worker.fate = fate
         self._call(self.chief.sync)
+        worker.fate = None if worker.alive else worker.fate
+
+    @precondition(
+        lambda self: (
+            not self.chief._queue.empty()
+            and any(not w.exited and not w.ready.full() for w in self.chief.workers)
+        )
+    )
+    @rule(data=st.data(), fate=COPY_FATES)
+    def a_feeder_copies_the_next_batch_to_its_worker(self, data, fate):
+        worker = data.draw(
+            st.sampled_from([w for w in self.chief.workers if not w.exited and not w.ready.full()])
+        )
+        worker.fate = fate if worker.alive else None
+        if not self.chief._copy(worker, self.chief._queue.get_nowait()):
+            assert not worker.alive
+        worker.fate = None if worker.alive else worker.fate
+
+    @precondition(lambda self: any(not w.exited and not w.ready.empty() for w in self.chief.workers))
+    @rule(data=st.data(), fate=FATES)
+    def a_worker_trains_the_batch_copied_to_it(self, data, fate):
+        worker = data.draw(
+            st.sampled_from([w for w in self.chief.workers if not w.exited and not w.ready.empty()])
+        )
+        worker.fate = fate if worker.alive else None
+        item = worker.ready.get_nowait()
+        if item is None or not self.chief._train(worker, item):  # as _serve does
+            self.chief._drain_ready(worker)
+            worker.exited = True
         worker.fate = None if worker.alive else worker.fate
 
     @precondition(lambda self: self.unsent)
@@ -202,6 +246,7 @@ class GeoChief(RuleBasedStateMachine):
         if not hasattr(self, "chief"):
             return
         queued = set(id(i) for i in list(self.chief._queue.queue))
+        queued |= {id(i) for w in self.chief.workers for i in list(w.ready.queue) if i is not None}
         for item in self.items:
             if item.done.is_set():
                 assert (item.loss is None) != (item.error is None) or item.error is not None

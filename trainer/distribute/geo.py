@@ -108,9 +108,10 @@ def narrow(element) -> tuple:
 
 class _Step:
     """One batch handed to the workers (``number``: its place in the job's input): ``done``
-    is set once some worker trained on it."""
+    is set once some worker trained on it; ``shipped``: its tensors copied to the worker that
+    holds it, ahead of its step (None until then, and again when it is re-queued)."""
 
-    __slots__ = ("element", "number", "done", "loss", "error")
+    __slots__ = ("element", "number", "done", "loss", "error", "shipped")
 
     def __init__(self, element, number: int):
         self.element, self.number, self.done, self.loss, self.error = (
@@ -120,6 +121,7 @@ class _Step:
             None,
             None,
         )
+        self.shipped = None
 
 
 class _Push:
@@ -153,6 +155,9 @@ class _Worker:
         self.executor = eager_executor.new_executor(enable_async=False)
         # the push's thread has an executor of its own: a lost worker's error stays in it
         self.push_executor = eager_executor.new_executor(enable_async=False)
+        # the feeder's too: it copies the next batch to the worker while the step runs
+        self.feed_executor = eager_executor.new_executor(enable_async=False)
+        self.ready: queue.Queue = queue.Queue(maxsize=1)  # a batch copied here, its step next
         self.pending: list[int] = []  # the batches trained here since the last stage
         self.sending: list[int] = []  # the batches of the push in flight, until its commit
         self.inflight: _Push | None = None
@@ -184,6 +189,16 @@ class _Worker:
         """Ops run on this worker, their errors kept in its own executor."""
         with eager_context.executor_scope(self.executor), tf.device(self.device):
             yield
+
+    @contextlib.contextmanager
+    def feed_scope(self):
+        """Ops of this worker's feeder (run by a thread of the chief's)."""
+        with eager_context.executor_scope(self.feed_executor), tf.device(self.device):
+            yield
+
+    def copy(self, element) -> tuple:
+        """``element``'s tensors copied to this worker (call under ``feed_scope``)."""
+        return tuple(tf.identity(t) for t in element)
 
     @contextlib.contextmanager
     def push_scope(self):
@@ -457,8 +472,59 @@ class GeoParameterServerDistribution(Distribution):
         return self._serve
 
     def _serve(self, worker: _Worker) -> None:
-        while self._train(worker, self._queue.get()):
+        name = f"geo-feed-{worker.index}"
+        threading.Thread(target=self._feed, args=(worker,), name=name, daemon=True).start()
+        while True:
+            item = worker.ready.get()
+            if item is None or not self._train(worker, item):
+                self._drain_ready(worker)
+                return
+
+    def _feed(self, worker: _Worker) -> None:
+        while self._copy(worker, self._queue.get()):
             pass
+
+    def _copy(self, worker: _Worker, item: _Step) -> bool:
+        """Copy ``item``'s batch (taken from the queue) to ``worker`` while its step before
+        runs, and hand it to the worker's thread; False once the worker is lost (the batch
+        is then re-queued for another worker, and the feeder ends)."""
+        if worker.alive:
+            try:
+                with worker.feed_scope():
+                    item.shipped = worker.copy(item.element)
+            except WORKER_LOST as err:
+                self._lost(worker, err)
+        while True:
+            # checked and handed over under the lock the worker is declared lost under: a
+            # batch is never left with a worker whose thread has drained its hand
+            with self._lock:
+                if worker.alive:
+                    try:
+                        worker.ready.put_nowait(item)
+                        return True
+                    except queue.Full:
+                        pass
+                else:
+                    item.shipped = None
+                    with contextlib.suppress(queue.Full):
+                        worker.ready.put_nowait(None)  # wakes the worker's thread to end
+                    break
+            time.sleep(PUT_POLL_S)
+        self._queue.task_done()
+        self._requeue(item)
+        return False
+
+    def _drain_ready(self, worker: _Worker) -> None:
+        """The worker's thread ends: a batch copied to it goes back to the queue."""
+        with self._lock:
+            try:
+                item = worker.ready.get_nowait()
+            except queue.Empty:
+                return
+        if item is not None:
+            item.shipped = None
+            self._queue.task_done()
+            self._requeue(item)
 
     def _train(self, worker: _Worker, item: _Step) -> bool:
         """Train ``item`` (taken from the queue) on ``worker``, staging a push every
@@ -470,7 +536,7 @@ class GeoParameterServerDistribution(Distribution):
             return False
         try:
             with worker.scope():
-                item.loss = float(worker.step(*item.element))
+                item.loss = float(worker.step(*(item.shipped or item.element)))
         except WORKER_LOST as err:
             # the step ran on the worker's copy alone: nothing of this batch reached the ps,
             # so another worker trains it
@@ -543,6 +609,7 @@ class GeoParameterServerDistribution(Distribution):
                     return
                 try:
                     if item is not None:
+                        item.shipped = None  # on the lost worker: copied again by the next
                         self._queue.put_nowait(item)
                     return
                 except queue.Full:
@@ -553,6 +620,12 @@ class GeoParameterServerDistribution(Distribution):
         """Nobody is left to train ``item`` and the queued batches: each fails, and join()
         returns. Called with the lock held."""
         self._fail(StrategyError(ALL_FAILED))
+        held = [w.ready.get_nowait() for w in self.workers if not w.ready.empty()]
+        for got in held:  # copied to a worker, not yet stepped: taken from the queue
+            if got is not None:
+                got.error = StrategyError(ALL_FAILED)
+                got.done.set()
+                self._queue.task_done()
         while True:
             if item is not None:
                 item.error = StrategyError(ALL_FAILED)
