@@ -9,7 +9,8 @@ values and trains on without waiting for anyone.
 Here the chief (this process) keeps the global variables on the ps, as in asynchronous PS
 training, and builds one copy of model and optimizers on each worker (``StepParts.
 build_replica`` under the worker's device). A thread per worker feeds it batches from the
-chief's input; its step touches only that worker's variables. A push, run on the worker:
+chief's input, each copied to the worker by a feeder thread while the step before it runs;
+its step touches only that worker's variables. A push, run on the worker:
 
 - dense variables: ``global += local - last_pulled``, then ``local = last_pulled = global``;
 - tables (rank-2 variables of the embedding and wide groups): only the rows that changed on
