@@ -179,7 +179,7 @@ class _Worker:
         places = [2 if i in stale else 1 for i in range(len(self.pairs))]
         self.id_slots = [sum(places[:i]) for i in sorted(stale)]
         self.stage = self._stage_fn()
-        self.ship = self._ship_fn()
+        self.ship = self._ship_fn(places)
         self.fetch = self._fetch_fn()
         self.merge = self._merge_fn()
         self.pull_all = self._pull_all_fn()
@@ -253,10 +253,8 @@ class _Worker:
 
         return stage
 
-    def _ship_fn(self):
-        devices = []
-        for i, (g, _) in enumerate(self.pairs):
-            devices += [g.device] * (2 if i in self.stale else 1)
+    def _ship_fn(self, places: list[int]):
+        devices = [g.device for (g, _), n in zip(self.pairs, places, strict=True) for _ in range(n)]
 
         @tf.function(autograph=False, reduce_retracing=True)
         def ship(staged):
