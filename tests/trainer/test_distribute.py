@@ -648,3 +648,20 @@ def test_a_lost_task_is_the_one_the_error_blames_never_this_process():
     )
     assert lost_task(RuntimeError("/job:worker/task:0 only"), cluster, ("worker", 0)) is None
     assert lost_task(RuntimeError("/job:ps/task:0"), cluster) is None  # no such task in the cluster
+
+
+def test_an_error_that_blames_no_task_names_the_peer_that_does_not_answer():
+    """A cancelled all-reduce names no task: the peer whose server port refuses a connect is
+    the one named."""
+    import socket
+
+    from trainer.distribute.base import silent_task
+
+    with socket.socket() as listening, socket.socket() as closed:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        closed.bind(("127.0.0.1", 0))  # bound, never listening: a connect is refused
+        up, down = (f"127.0.0.1:{s.getsockname()[1]}" for s in (listening, closed))
+        me = ("worker", 0)
+        assert silent_task({"worker": ["me:1", up, down]}, me, timeout_s=1) == f"worker 2 ({down})"
+        assert silent_task({"worker": ["me:1", up]}, me, timeout_s=1) is None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -34,6 +35,24 @@ def lost_task(
     for _, kind, index in blamed + named:
         if (kind, index) != me and index < len(cluster.get(kind, [])):
             return f"{kind} {index} ({cluster[kind][index]})"
+    return None
+
+
+def silent_task(cluster: dict[str, list[str]], me: tuple[str, int], timeout_s: float = 3.0) -> str | None:
+    """The first task of ``cluster`` but ``me`` whose address refuses or ignores a TCP connect
+    within ``timeout_s`` seconds: ``"<type> <index> (<address>)"``, or None when all answer.
+
+    For a collective error that names no task (a cancelled all-reduce says only "Cancelled"):
+    a host cut off or a process gone no longer accepts connections on its server port."""
+    for kind, addresses in cluster.items():
+        for index, address in enumerate(addresses):
+            if (kind, index) == me:
+                continue
+            host, _, port = address.rpartition(":")
+            try:
+                socket.create_connection((host, int(port)), timeout=timeout_s).close()
+            except (OSError, ValueError):
+                return f"{kind} {index} ({address})"
     return None
 
 

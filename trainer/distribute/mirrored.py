@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
-from trainer.distribute.base import Distribution, StrategyError, lost_task, share_cores
+from trainer.distribute.base import Distribution, StrategyError, lost_task, share_cores, silent_task
 
 
 def _replica_devices(count: int) -> list[str]:
@@ -89,9 +89,11 @@ class MultiWorkerMirroredDistribution(_Collective):
         naming the worker and its address, and a retry resumes from the latest checkpoint."""
         from recpipe.errors import PipelineError
 
-        if not isinstance(err, (tf.errors.UnavailableError, tf.errors.AbortedError)):
+        if not isinstance(err, tf.errors.OpError):  # Unavailable, Aborted, or a cancelled all-reduce
             return None
-        lost = lost_task(err, self.cluster, ("worker", self.rank))
+        me = ("worker", self.rank)
+        # an error that blames no other task (a cancelled all-reduce): ask the peers themselves
+        lost = lost_task(err, self.cluster, me) or silent_task(self.cluster, me)
         if lost is None:
             return None
         return PipelineError(
