@@ -146,6 +146,38 @@ def test_readers_never_see_a_row_missing_while_pushes_rewrite_it(tmp_path, store
     assert len(list(client.scan_iter(match=f"recpipe:{model}:g*"))) == 2000  # one generation left
 
 
+def test_a_push_interrupted_before_its_switch_leaves_rows_the_next_push_deletes(tmp_path, store, monkeypatch):
+    """A rebuild that dies after writing some batches of its new generation (the generation
+    recorded before its first row) leaves rows no reader sees; the next push deletes them, and
+    a store written before the record of generations is swept whole once."""
+    import recpipe.exports.store as online_store
+    from recpipe.exports.store import applied, push
+
+    client, model = store
+    big = tmp_path / "big"
+    _export(big, "base", 0, None, _rows(range(50), 0.5))
+    push(client, model, big / "base")
+    monkeypatch.setattr(online_store, "BATCH", 10)
+    real = online_store._Pusher.switch
+
+    def dies(*args, **kwargs):
+        raise ConnectionError("the pusher's host went away")
+
+    monkeypatch.setattr(online_store._Pusher, "switch", dies)
+    with pytest.raises(ConnectionError):
+        push(client, model, big / "base")
+    keys = lambda: {k.decode().split(":")[2] for k in client.scan_iter(match=f"recpipe:{model}:g*")}  # noqa: E731
+    assert keys() == {"g1", "g2"} and applied(client, model)["generation"] == "1"
+    monkeypatch.setattr(online_store._Pusher, "switch", real)
+    push(client, model, big / "base")
+    assert keys() == {"g3"} and client.smembers(f"recpipe:{model}:written-generations") == {b"3"}
+    # a store from before the record: rows of a generation it does not name are swept too
+    client.delete(f"recpipe:{model}:written-generations")
+    client.hset(f"recpipe:{model}:g0:t:7", "version", "old")
+    push(client, model, big / "base")
+    assert keys() == {"g4"} and len(_held(client, model)) == 50
+
+
 def _slowed(monkeypatch, when, action):
     """Run ``action()`` whenever the store reads the params of an export named ``when``."""
     import recpipe.exports.store as online_store

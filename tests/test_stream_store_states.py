@@ -264,6 +264,18 @@ class StreamStore(RuleBasedStateMachine):
         assert rows == want
 
     @invariant()
+    def rows_lie_in_the_applied_generation_alone(self):
+        # every push that ran ended (switched or fenced before its first row): no other
+        # generation's row is left to take memory
+        if not hasattr(self, "client"):
+            return
+        from recpipe.exports.store import applied
+
+        generation = applied(self.client, self.model).get("generation")
+        rows = {k.decode().split(":")[2] for k in self.client.scan_iter(match=f"recpipe:{self.model}:g*")}
+        assert rows <= {f"g{generation}"}, rows
+
+    @invariant()
     def the_chain_serves_the_last_exported_pass(self):
         if not hasattr(self, "day_dir") or not (self.day_dir / BASE / SUCCESS).exists():
             return

@@ -8,7 +8,9 @@ Keys of a model (``<prefix>:<model>:...``):
   (its variable name -> the row as little-endian float32 bytes) and ``version``
   (``<day>/<name>@<global_step>`` of the export that wrote it);
 - ``push-lock``: the pushers' lock (redis-py's ``Lock``), whose token also fences every write;
-- ``next-generation``: the counter new generations are drawn from.
+- ``next-generation``: the counter new generations are drawn from;
+- ``written-generations``: a set of the generations drawn and not yet deleted (a push interrupted
+  before its switch leaves one; the next switch deletes it).
 
 Exports are ordered by ``(day, sequence)``:
 
@@ -35,7 +37,9 @@ generation before the switch, its keys are new, and a chain's later rows carry t
 fields as its base's (one model's tables), so nothing stale can stay. The rows go in batches
 of ``BATCH`` to one script call: the server unpacks them, cheaper for the pushing process
 than redis-py building as many pipelined commands (``bench/push.py`` compares the push with
-a bare pipelined ``HSET``).
+a bare pipelined ``HSET``). One batch is in flight while the next is built (a thread sends
+it), so the pushing process and the server work at once; batches still reach the server in
+order, one at a time, and the first refused one stops the push.
 
 Dense weights stay with the SavedModel; the store holds embedding rows only (Monolith's and
 PaddleRec's split between parameter server and model file).
@@ -44,6 +48,7 @@ PaddleRec's split between parameter server and model file).
 from __future__ import annotations
 
 import logging
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -197,30 +202,39 @@ class _Pusher:
         lock_ms = int(LOCK_TIMEOUT_S * 1000)
         ops: list = []
         count = written = deleted = 0
+        sender = ThreadPoolExecutor(1, thread_name_prefix="push")
+        sent: Future | None = None
 
         def flush(now: bool = False) -> None:
-            nonlocal ops, count
+            nonlocal ops, count, sent
             if count >= BATCH or (now and count):
-                self._run(self.write, [self.lock.name], [lock_ms, *ops])
+                if sent is not None:
+                    sent.result()  # the batch before: written, or its error (StoreFenced) raised here
+                sent = sender.submit(self._run, self.write, [self.lock.name], [lock_ms, *ops])
                 ops, count = [], 0
 
-        for table, rows in params.tables.items():
-            names = list(rows.views)
-            views = [np.ascontiguousarray(rows.views[n], "<f4") for n in names]
-            for i, key in enumerate(rows.ids.tolist()):
-                ops += [op, row_key(self.model, table, key, generation, self.prefix), len(names) + 1]
-                ops += ["version", version]
-                for name, values in zip(names, views, strict=True):
-                    ops += [name, values[i].tobytes()]
-                count += 1
-                written += 1
-                flush()
-            for key in rows.tombstones.tolist():
-                ops += ["D", row_key(self.model, table, key, generation, self.prefix)]
-                count += 1
-                deleted += 1
-                flush()
-        flush(now=True)
+        try:
+            for table, rows in params.tables.items():
+                names = list(rows.views)
+                views = [np.ascontiguousarray(rows.views[n], "<f4") for n in names]
+                head = row_key(self.model, table, "", generation, self.prefix)
+                for i, key in enumerate(rows.ids.tolist()):
+                    ops += [op, f"{head}{key}", len(names) + 1, "version", version]
+                    for name, values in zip(names, views, strict=True):
+                        ops += [name, values[i].tobytes()]
+                    count += 1
+                    written += 1
+                    flush()
+                for key in rows.tombstones.tolist():
+                    ops += ["D", f"{head}{key}"]
+                    count += 1
+                    deleted += 1
+                    flush()
+            flush(now=True)
+            if sent is not None:
+                sent.result()
+        finally:
+            sender.shutdown(wait=True)  # a batch in flight ends before the push returns or raises
         return {"rows": written, "deleted": deleted}
 
     def switch(self, held: dict, manifest: dict, generation: str, backwards: bool = False) -> None:
@@ -234,25 +248,43 @@ class _Pusher:
         self._run(self.commit_script, keys, args)
 
     def new_generation(self) -> str:
-        return str(self.client.incr(_key(self.prefix, self.model, "next-generation")))
+        """A generation no push wrote before, recorded in ``written-generations`` before any of its
+        rows is written (so that an interrupted push's rows are found and deleted later)."""
+        generation = str(self.client.incr(_key(self.prefix, self.model, "next-generation")))
+        self.client.sadd(_key(self.prefix, self.model, "written-generations"), generation)
+        return generation
 
-    def drop_other_generations(self, keep: str) -> int:
-        """Delete every row key of the model outside generation ``keep`` (the old generation,
-        one an interrupted push left, rows of a store written before generations)."""
-        control = {
-            _key(self.prefix, self.model, k).encode() for k in ("applied", "push-lock", "next-generation")
-        }
-        mine = _key(self.prefix, self.model, f"g{keep}", "").encode()
+    def _unlink(self, names) -> int:
+        # UNLINK: the server frees the rows' memory in a background thread
         gone, batch = 0, []
-        for name in self.client.scan_iter(match=_key(self.prefix, self.model, "*"), count=BATCH):
-            if name in control or name.startswith(mine):
-                continue
+        for name in names:
             batch.append(name)
             if len(batch) >= BATCH:
-                gone += self.client.delete(*batch)
+                gone += self.client.unlink(*batch)
                 batch = []
-        if batch:
-            gone += self.client.delete(*batch)
+        return gone + (self.client.unlink(*batch) if batch else 0)
+
+    def drop_other_generations(self, keep: str, held: dict) -> int:
+        """Delete every row key of the model outside generation ``keep``: those of the
+        generations ``written-generations`` records (the old one, one an interrupted push left), each
+        found by a server-side match; the number of keys deleted. A store whose applied
+        generation (``held``, before the switch) is not recorded there (written by a recpipe
+        before the set, or before generations) is swept whole once."""
+        recorded = _key(self.prefix, self.model, "written-generations")
+        others = {g.decode() for g in self.client.smembers(recorded)} - {keep}
+        gone = 0
+        if held and held.get("generation") not in others | {keep}:
+            control = {
+                _key(self.prefix, self.model, k).encode()
+                for k in ("applied", "push-lock", "next-generation", "written-generations")
+            }
+            mine = _key(self.prefix, self.model, f"g{keep}", "").encode()
+            names = self.client.scan_iter(match=_key(self.prefix, self.model, "*"), count=10 * BATCH)
+            gone += self._unlink(n for n in names if n not in control and not n.startswith(mine))
+        for generation in sorted(others):
+            match = _key(self.prefix, self.model, f"g{generation}", "*")
+            gone += self._unlink(self.client.scan_iter(match=match, count=10 * BATCH))
+            self.client.srem(recorded, generation)
         return gone
 
     def push(self, export: Path) -> dict[str, int]:
@@ -300,7 +332,7 @@ class _Pusher:
             for k, v in self.write_export(export, read_manifest(export), generation, fresh=True).items():
                 totals[k] += v
         self.switch(held, last, generation, backwards)
-        totals["deleted"] += self.drop_other_generations(generation)
+        totals["deleted"] += self.drop_other_generations(generation, held)
         return {**totals, "stale": 0}
 
 
