@@ -9,11 +9,15 @@ writes every day's features in one write partitioned by day. Each day is then pu
 ``prepare_day`` publishes it: a temporary directory with its Parquet files, ``_stats.json``
 and ``_normalization.json``, renamed over ``ds=YYYY-MM-DD`` with ``_SUCCESS`` last.
 
+Behaviour histories (``data_config.behavior_sequence``) are computed over the range at once
+(``features.sequence.add_range_histories``): a row's history is the state before the range,
+then the user's events ordered by day and time, as carrying the state from day to day gives;
+each day's state is published after its features, as ``prepare_day`` publishes it.
+
 The range job takes the clean case only; ``features.prepare.prepare_days`` prepares the range
-day by day instead, by ``prepare_day``'s rules, when a day is a pass (``D/HH``), the config
-carries behaviour histories (each day's state depends on the day before), or the aggregation
-finds a day with rows to quarantine or with no rows (its errors and quarantine are
-``prepare_day``'s).
+day by day instead, by ``prepare_day``'s rules, when a day is a pass (``D/HH``) or a day of
+the range holds pass states of histories, or the aggregation finds a day with rows to
+quarantine or with no rows (its errors and quarantine are ``prepare_day``'s).
 ``tests/features/test_backfill.py`` compares both ways file by file.
 """
 
@@ -30,12 +34,13 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from features import figures
-from features.schema import SOURCE, check_header, data_files
+from features.schema import BAD, SOURCE, check_header, data_files
+from features.sequence import ROW, add_range_histories, sequence_length_columns, state_root
 from features.steps import feature_rows, quarantine, read_raw, window_moments, window_normalization
 from recpipe import atomic
 from recpipe.config.data import FeatureType
 from recpipe.config.pipeline import PipelineConfig
-from recpipe.layout import FeaturePartition, ds_partition
+from recpipe.layout import SUCCESS, FeaturePartition, ds_partition
 
 log = logging.getLogger(__name__)
 DAY = "ds"  # partitionBy names each directory ds=<day>, as the layout does
@@ -51,9 +56,14 @@ def prepare_range(spark: SparkSession, config: PipelineConfig, days: list[str]) 
         RawInputError: a day's raw partition is missing or unreadable (nothing is written).
     """
     days = list(days)
-    if len(days) < 2 or any("/" in d for d in days) or config.data_config.behavior_sequence is not None:
-        return None
     dc = config.data_config
+    seq = dc.behavior_sequence
+    if len(days) < 2 or any("/" in d for d in days):
+        return None
+    if seq is not None and any(
+        any(ds_partition(state_root(config.train_input_path), d).glob("hh=*")) for d in days
+    ):
+        return None  # a day's pass states order before its own: day by day, as prepare_day orders them
     files = {d: data_files(ds_partition(config.raw_input_path, d)) for d in days}
     if dc.input_format != "parquet" and dc.with_header:
         for path in (p for day in days for p in files[day]):
@@ -61,9 +71,11 @@ def prepare_range(spark: SparkSession, config: PipelineConfig, days: list[str]) 
     rows = read_raw(spark, config, [p for d in days for p in files[d]])
     # the day of each row, from its file's partition directory
     rows = rows.withColumn(DAY, F.regexp_extract(F.col(SOURCE), r"ds=(\d{4}-\d{2}-\d{2})/[^/]*$", 1))
+    # a history column is never null (an empty list at least): counted as none, not computed
+    counting = rows.select("*", *[F.array().alias(c) for c in seq.columns]) if seq is not None else rows
     counted = {
         r[DAY]: r.asDict()
-        for r in rows.groupBy(DAY).agg(*figures.day_metrics(config, moments=True)).collect()
+        for r in counting.groupBy(DAY).agg(*figures.day_metrics(config, moments=True)).collect()
     }
     unclean = [d for d in days if not counted.get(d, {}).get("__total") or counted[d]["__bad"]]
     if unclean:
@@ -79,6 +91,16 @@ def prepare_range(spark: SparkSession, config: PipelineConfig, days: list[str]) 
         plans[d] = {"window": [*window, d], "statistics": dense_stats, "features": normalization}
 
     staging = Path(config.train_input_path) / f"_backfill-{uuid.uuid4().hex[:8]}"  # readers skip _
+    states, sequence = None, dict.fromkeys(days)
+    if seq is not None:
+        good = ~F.col(BAD)  # a clean range: every row is good
+        if seq.positive_only:
+            good = good & (F.col(dc.label_fields[0]) > 0)
+        types = dc.all_fields(sequences=False)
+        rows, states, source = add_range_histories(
+            spark, rows, seq, types, config.train_input_path, days, good, DAY
+        )
+        sequence = {d: {"state_from": source if i == 0 else days[i - 1]} for i, d in enumerate(days)}
     try:
         params = _day_params(spark, config, plans)
         by_day = rows.join(F.broadcast(params), on=DAY, how="inner")
@@ -90,11 +112,52 @@ def prepare_range(spark: SparkSession, config: PipelineConfig, days: list[str]) 
             for f in features
             if f.feature_type == FeatureType.RawFeature
         }
-        written = feature_rows(by_day, config, normalization, keep=(DAY,))
+        written = feature_rows(by_day, config, normalization, keep=(DAY,) if states is None else (DAY, ROW))
+        if states is not None:  # each day's rows in their logged order (the histories' joins shuffled them)
+            written = written.orderBy(DAY, ROW).drop(ROW)
         written.write.partitionBy(DAY).mode("overwrite").parquet(str(staging))
-        return [_publish(config, d, staging, counted[d], moments[d], plans[d], files[d]) for d in days]
+        if states is not None:
+            states.write.partitionBy(DAY).mode("overwrite").parquet(str(staging / STATES))
+            _sequence_figures(spark, config, staging, sequence)
+        out = []
+        for d in days:
+            out.append(_publish(config, d, staging, counted[d], moments[d], plans[d], files[d], sequence[d]))
+            if states is not None:  # after its features, as prepare_day publishes a state
+                _publish_state(spark, config, d, staging / STATES, states.schema)
+        return out
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+STATES = "_states"  # under the staging folder: the range's states, partitioned by day
+
+
+def _sequence_figures(spark: SparkSession, config: PipelineConfig, staging: Path, sequence: dict) -> None:
+    """Add each day's ``users`` (its state's rows) and history lengths (as
+    ``features.prepare.sequence_lengths`` takes them) to ``sequence`` (day -> figures)."""
+    users = spark.read.parquet(str(staging / STATES)).groupBy(DAY).count().collect()
+    for r in users:
+        sequence[str(r[DAY])]["users"] = r["count"]  # the partition value read back as a date
+    for d in sequence:
+        sequence[d].setdefault("users", 0)
+    aggs = sequence_length_columns(config)
+    if aggs:
+        for r in spark.read.parquet(str(staging)).groupBy(DAY).agg(*aggs).collect():
+            sequence[str(r[DAY])].update({k: v for k, v in r.asDict().items() if k != DAY})
+
+
+def _publish_state(spark: SparkSession, config: PipelineConfig, ds: str, staged: Path, schema) -> None:
+    """Move day ``ds``'s state from ``staged`` to ``_sequence_state/ds=<ds>``, ``_SUCCESS`` last
+    (a day whose state is empty gets an empty Parquet file, as ``prepare_day`` writes it)."""
+    with atomic.directory(ds_partition(state_root(config.train_input_path), ds)) as tmp:
+        part = staged / f"{DAY}={ds}"
+        if part.is_dir():
+            for f in part.iterdir():
+                f.rename(tmp / f.name)
+        else:
+            fields = [f for f in schema.fields if f.name != DAY]
+            spark.createDataFrame([], T.StructType(fields)).write.mode("overwrite").parquet(str(tmp))
+        (tmp / SUCCESS).touch()
 
 
 def _param(feature: str, key: str) -> str:
@@ -126,6 +189,7 @@ def _publish(
     moments: dict,
     plan: dict,
     files: list[Path],
+    sequence: dict | None = None,
 ) -> dict:
     """Move day ``ds``'s written files from ``staging`` into its partition with its side
     files, as ``prepare_day`` publishes a day; its stats."""
@@ -142,6 +206,8 @@ def _publish(
         "normalization_window": plan["window"],
         "raw_files": [str(p) for p in files],
     }
+    if sequence is not None:
+        stats["sequence"] = sequence
     quarantine(None, 0, Path(config.effective_quarantine_path), ds)  # a re-run leaves no old rows
     final = ds_partition(config.train_input_path, ds)
     with atomic.directory(final) as tmp:

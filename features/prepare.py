@@ -39,7 +39,7 @@ from features.schema import (
     RawInputError,
     quarantined,
 )
-from features.sequence import add_histories, state_root, write_state
+from features.sequence import add_histories, sequence_length_columns, state_root, write_state
 from features.session import get_spark
 from features.steps import (
     feature_rows,
@@ -51,7 +51,6 @@ from features.steps import (
 from features.transform import needs_statistics
 from recpipe import atomic
 from recpipe.config.args import add_config_args, config_from_args
-from recpipe.config.data import FeatureType
 from recpipe.config.errors import ConfigError
 from recpipe.config.pipeline import PipelineConfig
 from recpipe.errors import PipelineError, run_command
@@ -210,24 +209,9 @@ def prepare_days(spark: SparkSession, config: PipelineConfig, days: list[str]) -
 
 
 def _sequence_lengths(spark: SparkSession, config: PipelineConfig, written: Path) -> dict:
-    """Per SequenceFeature over a history column: its mean length and its share of empty
-    histories in the written features (``<feature>.mean_length``, ``<feature>.empty_share``)."""
-    columns = set(config.data_config.behavior_sequence.columns)
-    names = [
-        f.name
-        for f in config.feature_config.features
-        if f.feature_type == FeatureType.SequenceFeature and f.input_names[0] in columns
-    ]
-    if not names:
-        return {}
-    aggs = []
-    for name in names:
-        size = F.size(F.col(name))
-        aggs += [
-            F.mean(size).alias(f"{name}.mean_length"),
-            F.mean((size == 0).cast("double")).alias(f"{name}.empty_share"),
-        ]
-    return spark.read.parquet(str(written)).agg(*aggs).first().asDict()
+    """``sequence_length_columns`` over the features written to ``written``."""
+    aggs = sequence_length_columns(config)
+    return spark.read.parquet(str(written)).agg(*aggs).first().asDict() if aggs else {}
 
 
 _HOUR = re.compile(r"\d{2}(?:[0-5][05])?")

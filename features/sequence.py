@@ -28,12 +28,14 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from features.transform import clean_id
-from recpipe.config.data import BehaviorSequence, InputType
+from recpipe.config.data import BehaviorSequence, FeatureType, InputType
+from recpipe.config.pipeline import PipelineConfig
 from recpipe.layout import SUCCESS, ds_partition, is_finished, split_pass
 
 STATE_DIR = "_sequence_state"
 _EVENTS = "_events"  # array<struct<t: long, v: array<string>>>: oldest first
 _T, _V = "t", "v"
+ROW = "_row"  # a range's rows: each one's place in the files read
 
 
 def state_root(train_input_path: str | Path) -> Path:
@@ -80,6 +82,99 @@ def _event(seq: BehaviorSequence, types: dict[str, InputType]) -> Column:
     return F.struct(F.col(seq.time_field).cast(T.LongType()).alias(_T), values.alias(_V))
 
 
+def _read_state(spark: SparkSession, train_input_path: str | Path, ds: str, event_type) -> tuple:
+    """The latest finished state before ``ds`` and its ds (None: an empty state)."""
+    source = previous_state(train_input_path, ds)
+    if source is not None:
+        return spark.read.parquet(str(ds_partition(state_root(train_input_path), source))), source
+    schema = T.StructType([T.StructField("user", T.StringType()), T.StructField(_EVENTS, event_type)])
+    return spark.createDataFrame([], schema), None
+
+
+def _histories(
+    spark: SparkSession,
+    rows: DataFrame,
+    seq: BehaviorSequence,
+    types: dict[str, InputType],
+    train_input_path: str | Path,
+    first: str,
+    good: Column,
+    keys: tuple[str, ...],
+) -> tuple[DataFrame, DataFrame, DataFrame, str | None]:
+    """The history columns of ``rows``, whose events are ordered by ``(*keys, time)``: a day's
+    (no keys) or a range's (the day column first). Returns (rows with the history columns,
+    the moments: ``user, *keys, t, cum``, the state before ``first``, its ds or None)."""
+    n = seq.max_length
+    # the join below shuffles: each row's place, to give the rows back in their logged order
+    rows = rows.withColumn("_seq_row", F.monotonically_increasing_id())
+    rows = rows.withColumn("_seq_user", clean_id(F.col(seq.user_field), types[seq.user_field]))
+    rows = rows.withColumn("_seq_t", F.col(seq.time_field).cast(T.LongType()))
+    counts = good & F.col("_seq_t").isNotNull()
+    events = rows.filter(counts).select(
+        F.col("_seq_user").alias("user"), *keys, _event(seq, types).alias("e")
+    )
+
+    # the events grouped by user and time ("moments", each its events in order); a moment's
+    # running history: the last n events up to and including it (n moments hold at least n)
+    moments = events.groupBy("user", *keys, F.col("e").getField(_T).alias(_T)).agg(
+        F.array_sort(F.collect_list("e")).alias("here")
+    )
+    running = Window.partitionBy("user").orderBy(*keys, _T).rowsBetween(-(n - 1), 0)
+    moments = moments.select(
+        "user",
+        *keys,
+        _T,
+        F.lit(1).alias("kind"),
+        _last(F.flatten(F.collect_list("here").over(running)), n).alias("cum"),
+    )
+    # each row's history: the running history of the user's last moment strictly before its
+    # time (a row sorts before a moment at its own time; a row without a time gets none)
+    asked = rows.select(F.col("_seq_user").alias("user"), *keys, F.col("_seq_t").alias(_T)).distinct()
+    asked = asked.select(
+        "user",
+        *keys,
+        _T,
+        F.lit(0).alias("kind"),
+        F.lit(None).cast(moments.schema["cum"].dataType).alias("cum"),
+    )
+    prior = (
+        Window.partitionBy("user")
+        .orderBy(*keys, F.col(_T).asc_nulls_first(), "kind")
+        .rowsBetween(Window.unboundedPreceding, -1)
+    )
+    today = (
+        asked.unionByName(moments)
+        .withColumn("prior", F.last("cum", ignorenulls=True).over(prior))
+        .filter(F.col("kind") == 0)
+    )
+    state, source = _read_state(spark, train_input_path, first, moments.schema["cum"].dataType)
+    history = today.join(state, "user", "left").select(
+        F.col("user").alias("_seq_user"),
+        *keys,
+        F.col(_T).alias("_seq_t"),
+        _both(_EVENTS, "prior", n, state).alias("_seq_h"),
+    )
+    joined = rows.join(history, ["_seq_user", *keys, "_seq_t"], "left")
+    # a day: its rows back in their logged order here; a range keeps each row's place
+    # (``ROW``) for its writer to order by (the sort of a write partitioned by day would
+    # otherwise replace this one)
+    joined = joined.withColumnRenamed("_seq_row", ROW) if keys else joined.orderBy("_seq_row")
+    histories = F.coalesce(F.col("_seq_h"), _empty(state))
+    columns = [F.transform(histories, _value(i)).alias(seq.column(f)) for i, f in enumerate(seq.fields)]
+    out = joined.select(*[c for c in joined.columns if not c.startswith("_seq_")], *columns)
+    return out, moments, state, source
+
+
+def _empty(state: DataFrame) -> Column:
+    return F.array().cast(state.schema[_EVENTS].dataType)
+
+
+def _both(earlier: str, later: str, n: int, state: DataFrame) -> Column:
+    """The last ``n`` events of ``earlier`` then ``later`` (either may be null)."""
+    empty = _empty(state)
+    return _last(F.concat(F.coalesce(F.col(earlier), empty), F.coalesce(F.col(later), empty)), n)
+
+
 def add_histories(
     spark: SparkSession,
     rows: DataFrame,
@@ -104,72 +199,67 @@ def add_histories(
         (rows with the history columns, the new state: ``user string, _events``, figures:
         ``{"state_from": ds or None}``).
     """
-    n = seq.max_length
-    # the join below shuffles: each row's place, to give the day back in its logged order
-    rows = rows.withColumn("_seq_row", F.monotonically_increasing_id())
-    rows = rows.withColumn("_seq_user", clean_id(F.col(seq.user_field), types[seq.user_field]))
-    rows = rows.withColumn("_seq_t", F.col(seq.time_field).cast(T.LongType()))
-    counts = good & F.col("_seq_t").isNotNull()
-    events = rows.filter(counts).select(F.col("_seq_user").alias("user"), _event(seq, types).alias("e"))
-
-    # the day's events grouped by user and time ("moments", each its events in order); a
-    # moment's running history: the last n events up to and including it (n moments hold at
-    # least n events)
-    moments = events.groupBy("user", F.col("e").getField(_T).alias(_T)).agg(
-        F.array_sort(F.collect_list("e")).alias("here")
-    )
-    running = Window.partitionBy("user").orderBy(_T).rowsBetween(-(n - 1), 0)
-    moments = moments.select(
-        "user",
-        _T,
-        F.lit(1).alias("kind"),
-        _last(F.flatten(F.collect_list("here").over(running)), n).alias("cum"),
-    )
-    # each row's history: the running history of the user's last moment strictly before its
-    # time (a row sorts before a moment at its own time; a row without a time gets none)
-    asked = rows.select(F.col("_seq_user").alias("user"), F.col("_seq_t").alias(_T)).distinct()
-    asked = asked.select(
-        "user", _T, F.lit(0).alias("kind"), F.lit(None).cast(moments.schema["cum"].dataType).alias("cum")
-    )
-    prior = (
-        Window.partitionBy("user")
-        .orderBy(F.col(_T).asc_nulls_first(), "kind")
-        .rowsBetween(Window.unboundedPreceding, -1)
-    )
-    today = (
-        asked.unionByName(moments)
-        .withColumn("prior", F.last("cum", ignorenulls=True).over(prior))
-        .filter(F.col("kind") == 0)
-    )
-
-    source = previous_state(train_input_path, ds)
-    if source is not None:
-        state = spark.read.parquet(str(ds_partition(state_root(train_input_path), source)))
-    else:
-        event_type = moments.schema["cum"].dataType
-        schema = T.StructType([T.StructField("user", T.StringType()), T.StructField(_EVENTS, event_type)])
-        state = spark.createDataFrame([], schema)
-    empty = F.array().cast(state.schema[_EVENTS].dataType)
-
-    def both(earlier: str, later: str) -> Column:
-        return _last(F.concat(F.coalesce(F.col(earlier), empty), F.coalesce(F.col(later), empty)), n)
-
-    history = today.join(state, "user", "left").select(
-        F.col("user").alias("_seq_user"), F.col(_T).alias("_seq_t"), both(_EVENTS, "prior").alias("_seq_h")
-    )
-    joined = rows.join(history, ["_seq_user", "_seq_t"], "left").orderBy("_seq_row")
-    histories = F.coalesce(F.col("_seq_h"), empty)
-    columns = [F.transform(histories, _value(i)).alias(seq.column(f)) for i, f in enumerate(seq.fields)]
-    out = joined.select(*[c for c in rows.columns if not c.startswith("_seq_")], *columns)
-
+    out, moments, state, source = _histories(spark, rows, seq, types, train_input_path, ds, good, ())
     # the user's last moment's running history: the day's last n events
     ends = moments.groupBy("user").agg(F.max_by("cum", _T).alias("today"))
     new_state = (
         state.join(ends, "user", "full")
-        .select("user", both(_EVENTS, "today").alias(_EVENTS))
+        .select("user", _both(_EVENTS, "today", seq.max_length, state).alias(_EVENTS))
         .filter(F.size(_EVENTS) > 0)
     )
     return out, new_state, {"state_from": source}
+
+
+def add_range_histories(
+    spark: SparkSession,
+    rows: DataFrame,
+    seq: BehaviorSequence,
+    types: dict[str, InputType],
+    train_input_path: str | Path,
+    days: list[str],
+    good: Column,
+    day: str,
+) -> tuple[DataFrame, DataFrame, str | None]:
+    """``add_histories`` over consecutive ``days`` in one job: each row's history holds the
+    state before ``days[0]``, the user's events of the range's earlier days, then the same
+    day's events strictly before the row's time (what preparing the days one after another
+    gives, row by row). ``rows``' column ``day`` names each row's day.
+
+    Returns:
+        (rows with the history columns and ``ROW``, each row's place in the files: order a
+        day's rows by it; the state at the end of each day: ``user string, <day> string,
+        _events``; the ds of the state before ``days[0]`` or None).
+    """
+    out, moments, state, source = _histories(spark, rows, seq, types, train_input_path, days[0], good, (day,))
+    # each user's state at each day's end: the running history of their last moment up to
+    # that day (carried over days without events), after the state before the range
+    ends = moments.groupBy("user", day).agg(F.max_by("cum", _T).alias("today"))
+    users = state.select("user").unionByName(ends.select("user")).distinct()
+    grid = users.crossJoin(spark.createDataFrame([(d,) for d in days], [day]))
+    carried = Window.partitionBy("user").orderBy(day).rowsBetween(Window.unboundedPreceding, 0)
+    states = (
+        grid.join(ends, ["user", day], "left")
+        .withColumn("today", F.last("today", ignorenulls=True).over(carried))
+        .join(state, "user", "left")
+        .select("user", day, _both(_EVENTS, "today", seq.max_length, state).alias(_EVENTS))
+        .filter(F.size(_EVENTS) > 0)
+    )
+    return out, states, source
+
+
+def sequence_length_columns(config: PipelineConfig) -> list:
+    """Per SequenceFeature over a history column, aggregations of its mean length and share of
+    empty histories (``<feature>.mean_length``, ``<feature>.empty_share``)."""
+    columns = set(config.data_config.behavior_sequence.columns)
+    aggs = []
+    for f in config.feature_config.features:
+        if f.feature_type == FeatureType.SequenceFeature and f.input_names[0] in columns:
+            size = F.size(F.col(f.name))
+            aggs += [
+                F.mean(size).alias(f"{f.name}.mean_length"),
+                F.mean((size == 0).cast("double")).alias(f"{f.name}.empty_share"),
+            ]
+    return aggs
 
 
 def write_state(state: DataFrame, path: Path) -> None:

@@ -101,3 +101,44 @@ def test_a_missing_day_fails_the_range_before_anything_is_written(spark, one_by_
     with pytest.raises(RawInputError, match="ds=1997-09-19"):
         prepare_days(spark, config, ["1997-09-19", *days[:2]])
     assert not (tmp_path / "features").exists() or not any((tmp_path / "features").iterdir())
+
+
+def _states(root: Path, ds: str):
+    part = root / "_sequence_state" / f"ds={ds}"
+    assert (part / "_SUCCESS").exists(), ds
+    return pq.read_table(part).sort_by("user")
+
+
+def test_histories_over_a_range_in_one_job_equal_the_days_one_by_one(spark, movielens_raw, tmp_path):
+    """conf/movielens_din.yaml (each user's last 20 rated films): the first two days one by
+    one, then five in one job, against all seven one by one: the same rows with the same
+    histories, the same stats (their history figures too) and each day's state, user by user."""
+    from recpipe.config import load_pipeline_config
+
+    def config(name: str):
+        paths = {"raw_input_path": str(movielens_raw / "events"), "train_input_path": str(tmp_path / name)}
+        return load_pipeline_config(
+            ROOT / "conf/movielens_din.yaml", {**paths, "model_dir": str(tmp_path / "m")}
+        )
+
+    reference, ranged = config("one_by_one"), config("range")
+    days = _days(reference, N)
+    for ds in days:
+        prepare_day(spark, reference, ds)
+    for ds in days[:2]:
+        prepare_day(spark, ranged, ds)
+    stats = prepare_days(spark, ranged, days[2:])
+    jobs = set()
+    for ds in days:
+        want, got = _day(Path(reference.train_input_path), ds), _day(Path(ranged.train_input_path), ds)
+        assert got["rows"].equals(want["rows"]), ds
+        assert got["stats"] == want["stats"], ds
+        assert _states(Path(ranged.train_input_path), ds).equals(
+            _states(Path(reference.train_input_path), ds)
+        )
+        if ds in days[2:]:
+            jobs |= got["jobs"]
+    assert len(jobs) == 1  # the range's features in one write
+    assert stats[0]["sequence"]["state_from"] == days[1] and stats[0]["sequence"]["users"] > 0
+    hist = [c for c in got["rows"].column_names if c.startswith("hist")]
+    assert hist and any(len(h) for h in got["rows"].column(hist[0]).to_pylist())  # histories carried
