@@ -11,7 +11,6 @@ written to ``var/acceptance/movielens.json`` and printed.
 from __future__ import annotations
 
 import json
-import os
 import warnings
 
 import numpy as np
@@ -275,11 +274,6 @@ def test_mmoe_tasks_match_each_task_alone_out_of_time(ml_all, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(3600)
-@pytest.mark.skipif(
-    os.environ.get("RECPIPE_ACCEPTANCE_DIN") != "1",
-    reason="on demand (RECPIPE_ACCEPTANCE_DIN=1): its 213 days with histories take ~25 min of Spark",
-)
 def test_din_over_rated_histories_beats_deepfm_out_of_time(ml_all_din, tmp_path):
     """conf/movielens_din.yaml (DIN's attention over each user's last 20 films, their genres,
     and, pooled with the same weights, the ratings the user gave them) against DeepFM on the
