@@ -9,7 +9,10 @@ process (``--only``), in turn, ``--repeats`` times (a wall-clock ratio on a shar
 swings between runs; the CPU-second rate moves less).
 
 Printed per model and repeat: rows, wall s, CPU s, examples/s, examples per CPU-second,
-peak RSS (MiB), and the ratio of each model's examples per CPU-second to DeepFM's.
+peak RSS (MiB), and the ratio of each model's examples per CPU-second to DeepFM's (DIN's goal:
+at least 0.8x). The days' preparation (one Spark job over the range, histories included) is
+timed too (goal: at most 5 minutes for the 213 days). Figures go to
+``bench/results/model_classes.json``.
 
 Usage: ``python bench/model_classes.py [--days 213] [--repeats 2] [--work var/bench/models]``
 (``make data`` first: the raw days under data/raw/movielens).
@@ -31,6 +34,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.results import write_results  # noqa: E402
+
 MODELS = {
     "DeepFM": "conf/movielens_deepfm.yaml",
     "MMoE": "conf/movielens_mmoe.yaml",
@@ -45,9 +50,11 @@ def _paths(work: Path) -> dict:
     }
 
 
-def prepare(work: Path, days: int) -> list[str]:
-    """The first ``days`` raw days prepared with the DIN config (histories need day order)."""
-    from features.prepare import prepare_day
+def prepare(work: Path, days: int) -> tuple[list[str], dict | None]:
+    """The first ``days`` raw days prepared with the DIN config, in one Spark job (the range's
+    histories included); the days and the job's wall and CPU seconds (None when every day
+    was prepared before)."""
+    from features.prepare import prepare_days
     from features.session import get_spark
     from recpipe.config import load_pipeline_config
 
@@ -56,13 +63,28 @@ def prepare(work: Path, days: int) -> list[str]:
         raise SystemExit(f"{raw} is missing: run `make data` first")
     all_days = sorted(p.name.removeprefix("ds=") for p in raw.iterdir() if p.name.startswith("ds="))[:days]
     config = load_pipeline_config(ROOT / MODELS["DIN"], _paths(work))
-    todo = [d for d in all_days if not (work / "features" / f"ds={d}" / "_SUCCESS").exists()]
-    if todo:
+    if any(not (work / "features" / f"ds={d}" / "_SUCCESS").exists() for d in all_days):
+        shutil.rmtree(work / "features", ignore_errors=True)  # the whole range, timed
+        wall = time.perf_counter()
         spark = get_spark("bench-models", master="local[2]")
-        for ds in todo:
-            prepare_day(spark, config, ds)
+        cpu = _jvm_cpu(spark)
+        prepare_days(spark, config, all_days)
+        timed = {
+            "days": len(all_days),
+            "wall_s": time.perf_counter() - wall,
+            "jvm_cpu_s": _jvm_cpu(spark) - cpu,
+        }
         spark.stop()
-    return all_days
+        return all_days, timed
+    return all_days, None
+
+
+def _jvm_cpu(spark) -> float:
+    """CPU seconds so far of this process's children: the Spark JVM that ``spark`` started."""
+    import psutil
+
+    children = psutil.Process().children(recursive=True)
+    return sum(c.cpu_times().user + c.cpu_times().system for c in children)
 
 
 def train_one(name: str, work: Path, days: list[str]) -> dict:
@@ -96,13 +118,20 @@ def main() -> None:
         print(json.dumps(train_one(args.only, args.work, days)))
         return
 
-    days = prepare(args.work, args.days)
+    days, prepared = prepare(args.work, args.days)
     print(f"{len(days)} MovieLens days ({days[0]} .. {days[-1]}), prepared with histories")
+    if prepared:
+        print(
+            f"prepared in one job: {prepared['wall_s']:.1f} s wall, {prepared['jvm_cpu_s']:.1f} "
+            "CPU-s of the JVM (goal: at most 300 s)"
+        )
+    runs: list[list[dict]] = []
     names = ["rows", "wall s", "CPU s", "ex/s", "ex/CPU-s", "peak MiB", "vs DeepFM"]
     widths = [8, 7, 7, 7, 9, 9, 9]
     print(f"{'model':8s} " + " ".join(f"{n:>{w}s}" for n, w in zip(names, widths, strict=True)))
     for _ in range(args.repeats):
         base = None
+        runs.append([])
         for name in MODELS:
             env = {**os.environ, "BENCH_DAYS": json.dumps(days)}
             out = subprocess.run(
@@ -115,12 +144,24 @@ def main() -> None:
             r = json.loads(out.stdout.strip().splitlines()[-1])
             per_cpu = r["rows"] / r["cpu_s"]
             base = base or per_cpu
+            runs[-1].append(
+                {**r, "per_s": r["rows"] / r["wall_s"], "per_cpu_s": per_cpu, "vs_deepfm": per_cpu / base}
+            )
             print(
                 f"{name:8s} {r['rows']:8,d} {r['wall_s']:7.1f} {r['cpu_s']:7.1f} "
                 f"{r['rows'] / r['wall_s']:7,.0f} {per_cpu:9,.0f} {r['peak_rss_mib']:9,.0f} "
                 f"{per_cpu / base:9.2f}",
                 flush=True,
             )
+    din = [next(r["vs_deepfm"] for r in run if r["model"] == "DIN") for run in runs]
+    print(f"DIN per CPU-s vs DeepFM: {' / '.join(f'{x:.2f}' for x in din)} (goal: at least 0.80)")
+    figures = {
+        "prepared": prepared,
+        "runs": runs,
+        "din_vs_deepfm": din,
+        "goals": {"din_vs_deepfm": 0.8, "prepare_s": 300},
+    }
+    print(f"-> {write_results('model_classes', figures).relative_to(ROOT)}")
 
 
 if __name__ == "__main__":
