@@ -30,6 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 DS = "2024-01-01"
 
+from bench.results import write_results  # noqa: E402
+
 
 def prepare(rows: int, work: Path, buckets: int):
     from bench.criteo_data import prepare as prepare_days
@@ -143,7 +145,8 @@ def main() -> None:
     work = Path(args.workdir)
     config = prepare(args.rows, work, args.buckets)
     print(f"data: {args.rows} rows, {26 * args.buckets * 16 / 1e6:.1f}M embedding parameters, batch 1024")
-    print(f"input pipeline alone: {_fmt(input_only(config))}")
+    input_rate = input_only(config)
+    print(f"input pipeline alone: {_fmt(input_rate)}")
     loop = trainer_loop(config, work / "model")
     print(f"trainer loop:         {_fmt(loop)}")
     streaming = minimal_loop(config, stream=True)
@@ -163,6 +166,22 @@ def main() -> None:
         f"trainer loop on pre-loaded batches: {_fmt(own)}, ratio {own[0] / ceiling[0]:.3f} wall, "
         f"{own[1] / ceiling[1]:.3f} CPU (the loop's own overhead)"
     )
+    rates = {
+        "input_only": input_rate,
+        "trainer_loop": loop,
+        "minimal_loop": streaming,
+        "minimal_preloaded": ceiling,
+        "trainer_preloaded": own,
+    }
+    figures = {
+        "rows": args.rows,
+        "rates": {k: {"examples_per_sec": round(w), "per_cpu_s": round(c)} for k, (w, c) in rates.items()},
+        "loop_vs_minimal": {"wall": loop[0] / streaming[0], "cpu": loop[1] / streaming[1]},
+        "loop_vs_compute": {"wall": loop[0] / ceiling[0], "cpu": loop[1] / ceiling[1]},
+        "own_vs_compute": {"wall": own[0] / ceiling[0], "cpu": own[1] / ceiling[1]},
+        "goal_loop_vs_minimal": 0.95,
+    }
+    print(f"-> {write_results('train_throughput', figures).relative_to(ROOT)}")
 
 
 if __name__ == "__main__":
