@@ -111,7 +111,7 @@ def _states(root: Path, ds: str):
 
 def test_histories_over_a_range_in_one_job_equal_the_days_one_by_one(spark, movielens_raw, tmp_path):
     """conf/movielens_din.yaml (each user's last 20 rated films): the first two days one by
-    one, then five in one job, against all seven one by one: the same rows with the same
+    one, then three in one job, against all five one by one: the same rows with the same
     histories, the same stats (their history figures too) and each day's state, user by user."""
     from recpipe.config import load_pipeline_config
 
@@ -122,7 +122,7 @@ def test_histories_over_a_range_in_one_job_equal_the_days_one_by_one(spark, movi
         )
 
     reference, ranged = config("one_by_one"), config("range")
-    days = _days(reference, N)
+    days = _days(reference, 5)
     for ds in days:
         prepare_day(spark, reference, ds)
     for ds in days[:2]:
