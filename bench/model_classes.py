@@ -67,20 +67,20 @@ def prepare(work: Path, days: int) -> tuple[list[str], dict | None]:
         shutil.rmtree(work / "features", ignore_errors=True)  # the whole range, timed
         wall = time.perf_counter()
         spark = get_spark("bench-models", master="local[2]")
-        cpu = _jvm_cpu(spark)
+        cpu = _jvm_cpu()
         prepare_days(spark, config, all_days)
         timed = {
             "days": len(all_days),
             "wall_s": time.perf_counter() - wall,
-            "jvm_cpu_s": _jvm_cpu(spark) - cpu,
+            "jvm_cpu_s": _jvm_cpu() - cpu,
         }
         spark.stop()
         return all_days, timed
     return all_days, None
 
 
-def _jvm_cpu(spark) -> float:
-    """CPU seconds so far of this process's children: the Spark JVM that ``spark`` started."""
+def _jvm_cpu() -> float:
+    """CPU seconds so far of this process's children: the Spark JVM a session started."""
     import psutil
 
     children = psutil.Process().children(recursive=True)
@@ -144,13 +144,11 @@ def main() -> None:
             r = json.loads(out.stdout.strip().splitlines()[-1])
             per_cpu = r["rows"] / r["cpu_s"]
             base = base or per_cpu
-            runs[-1].append(
-                {**r, "per_s": r["rows"] / r["wall_s"], "per_cpu_s": per_cpu, "vs_deepfm": per_cpu / base}
-            )
+            r |= {"per_s": r["rows"] / r["wall_s"], "per_cpu_s": per_cpu, "vs_deepfm": per_cpu / base}
+            runs[-1].append(r)
             print(
-                f"{name:8s} {r['rows']:8,d} {r['wall_s']:7.1f} {r['cpu_s']:7.1f} "
-                f"{r['rows'] / r['wall_s']:7,.0f} {per_cpu:9,.0f} {r['peak_rss_mib']:9,.0f} "
-                f"{per_cpu / base:9.2f}",
+                f"{name:8s} {r['rows']:8,d} {r['wall_s']:7.1f} {r['cpu_s']:7.1f} {r['per_s']:7,.0f} "
+                f"{per_cpu:9,.0f} {r['peak_rss_mib']:9,.0f} {r['vs_deepfm']:9.2f}",
                 flush=True,
             )
     din = [next(r["vs_deepfm"] for r in run if r["model"] == "DIN") for run in runs]

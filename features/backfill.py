@@ -134,7 +134,7 @@ STATES = "_states"  # under the staging folder: the range's states, partitioned 
 
 def _sequence_figures(spark: SparkSession, config: PipelineConfig, staging: Path, sequence: dict) -> None:
     """Add each day's ``users`` (its state's rows) and history lengths (as
-    ``features.prepare.sequence_lengths`` takes them) to ``sequence`` (day -> figures)."""
+    ``features.sequence.sequence_length_columns`` takes them) to ``sequence`` (day -> figures)."""
     users = spark.read.parquet(str(staging / STATES)).groupBy(DAY).count().collect()
     for r in users:
         sequence[str(r[DAY])]["users"] = r["count"]  # the partition value read back as a date

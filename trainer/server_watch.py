@@ -29,6 +29,20 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 
+def probe(address: str, timeout_s: float) -> bool | None:
+    """A TCP connect to ``address`` (``host:port``): True when accepted, False when refused
+    (no server on a live host), None when nothing answered within ``timeout_s`` seconds (no
+    route, no such name, a host cut off)."""
+    host, port = address.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+        return True
+    except ConnectionRefusedError:
+        return False
+    except OSError:
+        return None
+
+
 class ServerWatch:
     """Watch the servers of ``tasks`` (``{"ps": ["host:port", ...], "worker": [...]}``, as in
     TF_CONFIG's ``cluster``) in rounds, in the calling thread (``run``).
@@ -55,14 +69,7 @@ class ServerWatch:
     def _answers(self, address: str) -> bool:
         """Whether ``address``'s host answers: it accepts, or refuses (a server whose process
         ended on a live host: TensorFlow sees that at once and deals with it)."""
-        host, port = address.rsplit(":", 1)
-        try:
-            socket.create_connection((host, int(port)), timeout=min(self.interval_s * 2, 5)).close()
-            return True
-        except ConnectionRefusedError:
-            return True
-        except OSError:  # no answer in time, no route, no such name
-            return False
+        return probe(address, min(self.interval_s * 2, 5)) is not None
 
     def run(self) -> str | None:
         """Watch until a task is lost (returns its name, after ``on_lost``) or ``alive()`` is

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import tensorflow as tf
 
 from recpipe.config.errors import ConfigError
+from trainer.server_watch import probe
 
 LOCAL_PROCESSES = "RECPIPE_LOCAL_PROCESSES"
 
@@ -48,10 +48,11 @@ def silent_task(cluster: dict[str, list[str]], me: tuple[str, int], timeout_s: f
         for index, address in enumerate(addresses):
             if (kind, index) == me:
                 continue
-            host, _, port = address.rpartition(":")
             try:
-                socket.create_connection((host, int(port)), timeout=timeout_s).close()
-            except (OSError, ValueError):
+                answered = probe(address, timeout_s)
+            except ValueError:  # no port: nothing to connect to
+                answered = None
+            if answered is not True:
                 return f"{kind} {index} ({address})"
     return None
 

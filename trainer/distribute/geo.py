@@ -504,7 +504,6 @@ class GeoParameterServerDistribution(Distribution):
                     except queue.Full:
                         pass
                 else:
-                    item.shipped = None
                     with contextlib.suppress(queue.Full):
                         worker.ready.put_nowait(None)  # wakes the worker's thread to end
                     break
@@ -521,7 +520,6 @@ class GeoParameterServerDistribution(Distribution):
             except queue.Empty:
                 return
         if item is not None:
-            item.shipped = None
             self._queue.task_done()
             self._requeue(item)
 
