@@ -28,6 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from bench.results import write_results  # noqa: E402
+
 
 def _size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
@@ -56,26 +58,41 @@ def main() -> int:
     import yaml
 
     from recpipe.config import load_pipeline_config
+    from recpipe.exports.files import TableRows
     from trainer import online
     from trainer.delta import export_base, export_delta
+    from trainer.embedding_tables import variable_name
     from trainer.input import sample_inputs
     from trainer.models.builders import build_model
     from trainer.serving import export_saved_model
 
     stream = yaml.safe_load((ROOT / "conf/retrain/movielens_stream.yaml").read_text())
     edits = dict(stream["edit_config_json"])
-    edits["model_config.ev_params"] = {**edits["model_config.ev_params"], "max_capacity": args.rows}
+    # room for --rows ids in every member of a group
+    edits["model_config.ev_params"] = {**edits["model_config.ev_params"], "max_capacity": 8 * args.rows}
     config = load_pipeline_config(ROOT / stream["pipeline_config_path"], edits)
     model = build_model(config)
     model(sample_inputs(config))
     rng = np.random.default_rng(0)
     evs = online.tables(model)
+    # each member table of each online table (a group holds several) gets --rows ids, through
+    # the tables' own loader (the rows a restored checkpoint would give), all looked up at step 50
+    rows = {
+        member: TableRows(
+            rng.choice(2**62, size=args.rows, replace=False).astype(np.int64),
+            {
+                ev.member_name(variable_name(view.weights), member): rng.normal(
+                    0, 0.01, (args.rows, view.dim)
+                ).astype(np.float32)
+                for view in ev.views
+            },
+        )
+        for ev in evs
+        for member in ev.members
+    }
+    online.load_rows(model, rows)
     for ev in evs:
-        keys = rng.choice(2**62, size=args.rows, replace=False).astype(np.int64)
-        ev.keys.assign(keys)
-        ev.versions.assign(np.full(args.rows, 50, np.int64))
-        for view in ev.views:
-            view.weights.assign(rng.normal(0, 0.01, view.weights.shape).astype(np.float32))
+        ev.versions.assign(np.where(ev.ids() != online.FREE, 50, 0).astype(np.int64))
     model.ev_clock.step.assign(50)
     online.refresh(model)
     work = Path(tempfile.mkdtemp(prefix="recpipe-delta-"))
@@ -86,7 +103,7 @@ def main() -> int:
         base = _timed(lambda: export_base(config, model, {}, exports, day, 1), args.repeats)
         # a pass: some rows looked up and moved, some evicted
         for ev in evs:
-            n = args.rows
+            n = int((ev.ids() != online.FREE).sum())  # used rows come first
             touched = rng.choice(n, size=int(n * args.touched), replace=False)
             versions = ev.versions.numpy()
             versions[touched] = 100
@@ -101,19 +118,40 @@ def main() -> int:
         model.ev_clock.step.assign(100)
         online.refresh(model)
         delta = _timed(lambda: export_delta(config, model, {}, exports, "09", 2), args.repeats)
-        rows = {
+        table = {
             "(a) full SavedModel": (full, _size(full[2])),
             "(b) base (SavedModel + rows)": (base, _size(base[2])),
             f"(c) delta, {args.touched:.0%} touched, {args.evicted:.0%} evicted": (delta, _size(delta[2])),
         }
-        ids = len(evs) * args.rows
-        print(f"{len(evs)} online tables x {args.rows:,} ids ({ids:,} rows); best of {args.repeats}")
+        ids = len(rows) * args.rows
+        print(f"{len(evs)} online tables, {len(rows)} id tables x {args.rows:,} ids ({ids:,} rows)")
+        print(f"best of {args.repeats}")
         print(f"{'export':<40} {'MiB':>8} {'wall s':>8} {'CPU s':>8} {'bytes/(a)':>10} {'wall/(a)':>9}")
-        for name, ((wall, cpu, _), size) in rows.items():
+        figures = {}
+        for key, (name, ((wall, cpu, _), size)) in zip(("full", "base", "delta"), table.items(), strict=True):
+            figures[key] = {"mib": size / 2**20, "wall_s": wall, "cpu_s": cpu}
             print(
                 f"{name:<40} {size / 2**20:8.1f} {wall:8.2f} {cpu:8.2f} "
-                f"{size / rows['(a) full SavedModel'][1]:10.3f} {wall / full[0]:9.3f}"
+                f"{size / table['(a) full SavedModel'][1]:10.3f} {wall / full[0]:9.3f}"
             )
+        d, f = figures["delta"], figures["full"]
+        ratios = {
+            "bytes": d["mib"] / f["mib"],
+            "wall": d["wall_s"] / f["wall_s"],
+            "cpu": d["cpu_s"] / f["cpu_s"],
+        }
+        shares = ", ".join(f"{k} {v:.3f}" for k, v in ratios.items())
+        print(f"delta / full: {shares} (goal: at most 0.1)")
+        summary = {
+            "id_tables": len(rows),
+            "online_tables": len(evs),
+            "ids_per_table": args.rows,
+            "touched": args.touched,
+            "evicted": args.evicted,
+            "repeats": args.repeats,
+        }
+        path = write_results("delta_export", {**summary, **figures, "delta_over_full": ratios})
+        print(f"-> {path.relative_to(ROOT)}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -25,12 +25,17 @@ import argparse
 import os
 import shutil
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import pyarrow.csv as pacsv
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.results import write_results  # noqa: E402
+
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -154,6 +159,23 @@ def main() -> None:
     print(f"(c2) / (b): wall {std_w / bare_w:.2f}x, CPU {std_c / bare_c:.2f}x")
     print(f"(c3) / (b): wall {bt_w / bare_w:.2f}x, CPU {bt_c / bare_c:.2f}x")
     print(f"(c) / (a): wall {job_w / floor[0]:.1f}x")
+    measured = {
+        "pyarrow_read_csv": floor,
+        "spark_bare": (bare_w, bare_c),
+        "feature_job": (job_w, job_c),
+        "feature_job_standard": (std_w, std_c),
+        "feature_job_spark_expressions": (bt_w, bt_c),
+    }
+    figures = {
+        name: {"wall_s": w, "cpu_s": c, "rows_per_s": args.rows / w, "rows_per_cpu_s": args.rows / c}
+        for name, (w, c) in measured.items()
+    }
+    over_bare = {
+        name: {"wall": figures[name]["wall_s"] / bare_w, "cpu": figures[name]["cpu_s"] / bare_c}
+        for name in ("feature_job", "feature_job_standard", "feature_job_spark_expressions")
+    }
+    doc = {"rows": args.rows, "repeats": args.repeats, "variants": figures, "over_bare": over_bare}
+    print(f"-> {write_results('feature_prep', doc).relative_to(ROOT)}")
 
 
 if __name__ == "__main__":
