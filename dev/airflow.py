@@ -242,6 +242,44 @@ def _plain(model) -> dict:
     return model.model_dump(mode="json", by_alias=True)
 
 
+_MIGRATED: dict[str, Path] = {}  # this process's migrated SQLite DB, by Airflow version
+
+
+def migrate_db(env: dict) -> None:
+    """``airflow db migrate`` for the metadata DB of ``env``. A new SQLite file is a copy of
+    one migrated once by this process (the same schema: a migration costs 6-13 s, a copy
+    milliseconds); an existing file or another database is migrated in place.
+
+    Raises:
+        subprocess.CalledProcessError: the migration failed.
+    """
+    import atexit
+    import shutil
+    import tempfile
+
+    url = env.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "")
+    target = Path(url.removeprefix("sqlite:///")) if url.startswith("sqlite:////") else None
+
+    def migrate(environ: dict) -> None:
+        argv = [sys.executable, "-m", "airflow", "db", "migrate"]
+        subprocess.run(argv, env=environ, check=True, capture_output=True)
+
+    if target is None or target.exists():
+        migrate(env)
+        return
+    template = _MIGRATED.get("sqlite")
+    if template is None:
+        home = Path(tempfile.mkdtemp(prefix="recpipe-airflow-db-"))
+        atexit.register(shutil.rmtree, home, True)
+        template = home / "airflow.db"
+        migrate({**env, "AIRFLOW_HOME": str(home), **database_env(f"sqlite:///{template}")})
+        _MIGRATED["sqlite"] = template
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(target.name + ".partial")
+    shutil.copyfile(template, partial)
+    partial.rename(target)  # a reader never finds half a database
+
+
 @contextmanager
 def deployment(
     env: dict,
@@ -286,9 +324,7 @@ def deployment(
     env.update(database_env(database_url or f"sqlite:///{airflow_home / 'airflow.db'}"))
     env.update(extra_env or {})
     airflow_home.mkdir(parents=True, exist_ok=True)
-    subprocess.run(
-        [sys.executable, "-m", "airflow", "db", "migrate"], env=env, check=True, capture_output=True
-    )
+    migrate_db(env)
     procs = []
     server = None
     if not env.get(forkserver.ENV):

@@ -82,7 +82,9 @@ def new_stack(movielens_raw, base, edits: dict | None = None, **overrides) -> di
         "RECPIPE_TRAIN_CONFIG": str(base / "retrain.yaml"),
         "MLFLOW_TRACKING_URI": f"sqlite:///{var / 'mlflow' / 'mlflow.db'}",
     }
-    airflow(env, "db", "migrate")
+    from dev.airflow import migrate_db
+
+    migrate_db(env)
     return {"env": env, "var": var, "base": base, "tracking_uri": env["MLFLOW_TRACKING_URI"]}
 
 
