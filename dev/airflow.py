@@ -9,12 +9,15 @@ process groups; ``Api`` logs in through the simple auth manager and calls ``/api
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -242,7 +245,7 @@ def _plain(model) -> dict:
     return model.model_dump(mode="json", by_alias=True)
 
 
-_MIGRATED: dict[str, Path] = {}  # this process's migrated SQLite DB, by Airflow version
+_template_db: Path | None = None  # a SQLite metadata DB this process migrated
 
 
 def migrate_db(env: dict) -> None:
@@ -253,30 +256,25 @@ def migrate_db(env: dict) -> None:
     Raises:
         subprocess.CalledProcessError: the migration failed.
     """
-    import atexit
-    import shutil
-    import tempfile
-
-    url = env.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "")
-    target = Path(url.removeprefix("sqlite:///")) if url.startswith("sqlite:////") else None
+    global _template_db
 
     def migrate(environ: dict) -> None:
         argv = [sys.executable, "-m", "airflow", "db", "migrate"]
         subprocess.run(argv, env=environ, check=True, capture_output=True)
 
+    url = env.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "")
+    target = Path(url.removeprefix("sqlite:///")) if url.startswith("sqlite:////") else None
     if target is None or target.exists():
         migrate(env)
         return
-    template = _MIGRATED.get("sqlite")
-    if template is None:
+    if _template_db is None:
         home = Path(tempfile.mkdtemp(prefix="recpipe-airflow-db-"))
         atexit.register(shutil.rmtree, home, True)
-        template = home / "airflow.db"
-        migrate({**env, "AIRFLOW_HOME": str(home), **database_env(f"sqlite:///{template}")})
-        _MIGRATED["sqlite"] = template
+        migrate({**env, "AIRFLOW_HOME": str(home), **database_env(f"sqlite:///{home / 'airflow.db'}")})
+        _template_db = home / "airflow.db"
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(target.name + ".partial")
-    shutil.copyfile(template, partial)
+    shutil.copyfile(_template_db, partial)
     partial.rename(target)  # a reader never finds half a database
 
 
