@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -126,11 +127,21 @@ def daily_runs(stack) -> dict:
     return {**stack, "logs": logs, "runs": stack["var"] / "runs" / MODEL}
 
 
-@pytest.fixture
-def postgres_db():
-    """A fresh database on the PostgreSQL server at 127.0.0.1 (SQLAlchemy URL), dropped after."""
+@contextlib.contextmanager
+def fresh_postgres_db():
+    """A fresh database on the PostgreSQL server at 127.0.0.1 (SQLAlchemy URL), dropped after,
+    even when the test fails."""
     name = f"recpipe_airflow_{uuid.uuid4().hex[:8]}"
     psql = ["psql", "-h", "127.0.0.1", "-U", "postgres", "-v", "ON_ERROR_STOP=1", "-c"]
     subprocess.run([*psql, f"CREATE DATABASE {name}"], check=True, capture_output=True)
-    yield f"postgresql+psycopg2://postgres@127.0.0.1:5432/{name}"
-    subprocess.run([*psql, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"], capture_output=True)
+    try:
+        yield f"postgresql+psycopg2://postgres@127.0.0.1:5432/{name}"
+    finally:
+        subprocess.run([*psql, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"], capture_output=True)
+
+
+@pytest.fixture
+def postgres_db():
+    """A fresh PostgreSQL metadata database for one test (``fresh_postgres_db``)."""
+    with fresh_postgres_db() as url:
+        yield url

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from tests.dags.conftest import DAYS, new_stack
+from tests.dags.conftest import DAYS, fresh_postgres_db, new_stack
 from tests.support import ROOT, write_click_log
 
 pytestmark = pytest.mark.slow
@@ -84,7 +84,9 @@ def models(movielens_raw, tmp_path_factory) -> dict:
         "tests/dags/test_model_classes.py::test_the_models_training_jobs_took_the_pools_one_slot_in_turn"
     )
     run_doc_commands(doc_commands("models.md", pool_test), base, env)
-    with deployment(env, base / "airflow", extra_env=extra) as api:
+    # PostgreSQL, as production runs several models: Airflow refuses to create a backfill on
+    # SQLite while the scheduler writes the runs of another
+    with fresh_postgres_db() as db, deployment(env, base / "airflow", db, extra_env=extra) as api:
         broken = api.wait_for_import_error("recpipe_retrain_configs.py")
         runs = {f"{kind}_daily": DAYS[:2] for kind in MODELS} | {STREAM_DAG: PASSES}
         for dag_id, days in runs.items():

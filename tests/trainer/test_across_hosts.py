@@ -316,8 +316,9 @@ def test_a_worker_host_cut_off_fails_an_mpijob_in_bounded_time_and_a_retry_resum
 def test_a_worker_host_cut_off_fails_a_mirrored_tfjob_naming_it_and_a_retry_resumes(config_path, tmp_path):
     """The MultiWorkerMirrored job's worker 1 host partitioned once checkpoint 10 exists:
     TensorFlow's coordination service misses its heartbeats and aborts the collectives, and
-    worker 0 fails with one line naming worker 1 and its Service; the host back, the retry
-    resumes from the checkpoint and ends with every step."""
+    the worker that fails first (either side of the cut: the job fails with it and its peer is
+    deleted, the operator's rule) says so in one line naming the other and its Service; the
+    host back, the retry resumes from the checkpoint and ends with every step."""
     edits = {**CUT_EDITS, "train_config.train_distribute": "MultiWorkerMirroredStrategy"}
     model_dir = tmp_path / "model"
     cluster = ClusterConfig(**K8S, worker={"count": 2})
@@ -328,10 +329,14 @@ def test_a_worker_host_cut_off_fails_a_mirrored_tfjob_naming_it_and_a_retry_resu
         run = start_tfjob(hosts, job, placement, tmp_path / "logs")
         lead = run.replica("Worker")
         code, failed_after = _cut_once_checkpointed(hosts, run, lead, model_dir, "b", 300)
-        log = lead.log.read_text(errors="replace")
-        assert code != 0 and failed_after < 120, log[-5000:]
-        lost = "worker 1 (mwms-cut-worker-1.ranking.svc:2222) stopped answering"
-        assert f"recpipe train: PipelineError: worker 0 of 2: {lost}" in log
+        assert code != 0 and failed_after < 120, lead.log.read_text(errors="replace")[-5000:]
+        failed = [r for r in run.replicas if (r.proc.returncode or 0) > 0]  # not killed by stop()
+        assert failed, [r.proc.returncode for r in run.replicas]
+        for r in failed:
+            other = 1 - r.index
+            lost = f"worker {other} (mwms-cut-worker-{other}.ranking.svc:2222) stopped answering"
+            log = r.log.read_text(errors="replace")
+            assert f"recpipe train: PipelineError: worker {r.index} of 2: {lost}" in log, log[-3000:]
         hosts.heal("b")
         retry, _ = render(
             "mwms-cut", TrainDistribute.MultiWorkerMirroredStrategy, cluster, [*args, "--continue_train"]
