@@ -40,7 +40,8 @@ MMOE_GATE = {
 def models(movielens_raw, tmp_path_factory) -> dict:
     """The folder of three retrain configs, the deployment's backfills of two days for both
     models at once, and what the API server says of their task instances."""
-    from dev.airflow import _create_backfill, deployment, follow_runs
+    from dev.airflow import _create_backfill, deployment, follow_runs, migrate_db
+    from dev.env import database_env
     from tests.support import doc_commands, run_doc_commands
 
     base = tmp_path_factory.mktemp("models")
@@ -76,25 +77,30 @@ def models(movielens_raw, tmp_path_factory) -> dict:
     (folder / "broken.yaml").write_text(
         yaml.safe_dump({**common, "model_name": "broken", "retention_days": 0})
     )
-    env = {**stack["env"], "RECPIPE_RETRAIN_CONFIGS": str(folder)}
     extra = {"AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False"}
     states, tasks = {}, {}
     # the pool made as docs/models.md says
     pool_test = (
         "tests/dags/test_model_classes.py::test_the_models_training_jobs_took_the_pools_one_slot_in_turn"
     )
-    run_doc_commands(doc_commands("models.md", pool_test), base, env)
     # PostgreSQL, as production runs several models: Airflow refuses to create a backfill on
     # SQLite while the scheduler writes the runs of another
-    with fresh_postgres_db() as db, deployment(env, base / "airflow", db, extra_env=extra) as api:
-        broken = api.wait_for_import_error("recpipe_retrain_configs.py")
-        runs = {f"{kind}_daily": DAYS[:2] for kind in MODELS} | {STREAM_DAG: PASSES}
-        for dag_id, days in runs.items():
-            api.wait_for_dag(dag_id)
-            _create_backfill(api, dag_id, days, print)
-        for dag_id, days in runs.items():
-            states[dag_id] = follow_runs(api, dag_id, days, 1800, print)
-            tasks[dag_id] = [t for r in api.runs(dag_id) for t in api.task_instances(dag_id, r["dag_run_id"])]
+    with fresh_postgres_db() as db:
+        env = {**stack["env"], **database_env(db), "RECPIPE_RETRAIN_CONFIGS": str(folder)}
+        env.pop("AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS", None)
+        migrate_db(env)
+        run_doc_commands(doc_commands("models.md", pool_test), base, env)
+        with deployment(env, base / "airflow", db, extra_env=extra) as api:
+            broken = api.wait_for_import_error("recpipe_retrain_configs.py")
+            runs = {f"{kind}_daily": DAYS[:2] for kind in MODELS} | {STREAM_DAG: PASSES}
+            for dag_id, days in runs.items():
+                api.wait_for_dag(dag_id)
+                _create_backfill(api, dag_id, days, print)
+            for dag_id, days in runs.items():
+                states[dag_id] = follow_runs(api, dag_id, days, 1800, print)
+                tasks[dag_id] = [
+                    t for r in api.runs(dag_id) for t in api.task_instances(dag_id, r["dag_run_id"])
+                ]
     for dag_id, instances in tasks.items():  # what a busy machine retried, for the record
         for t in instances:
             if (t.get("try_number") or 1) > 1 or t.get("state") != "success":
