@@ -382,6 +382,7 @@ def run_backfill(
     confs: dict[str, dict] | None = None,
     after_chunk=None,
     port: int | None = None,
+    database_url: str | None = None,
 ) -> dict[str, str]:
     """Run ``days`` of ``dag_id`` as an Airflow backfill under a real scheduler.
 
@@ -404,6 +405,7 @@ def run_backfill(
         after_chunk: called with the deployment's API client and the chunk's days after
             each chunk that succeeded, before the next one starts (a test's checks).
         port: the api-server's port (default: a free one), for a client of one's own.
+        database_url: the metadata DB (``deployment``'s; default SQLite in ``airflow_home``).
 
     Returns:
         ``{ds: run state}``; stops following at the first failed run ("failed") or at the
@@ -411,6 +413,7 @@ def run_backfill(
         so that the next scheduler to start does not carry on with it.
     """
     airflow_home = Path(airflow_home)
+    db = database_url or env.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN")
     extra = {
         "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",
         # the DAG file does not change during a backfill: parse it once, not every 30 s (each
@@ -418,7 +421,7 @@ def run_backfill(
         "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "3600",
     }
     echo(f"starting Airflow (logs: {airflow_home}/<component>.log)")
-    with deployment(env, airflow_home, extra_env=extra, port=port) as api:
+    with deployment(env, airflow_home, database_url, extra_env=extra, port=port) as api:
         was_paused = api.wait_for_dag(dag_id)["is_paused"]
         states: dict[str, str] = {}
         try:
@@ -429,8 +432,8 @@ def run_backfill(
             for part in [days[i : i + size] for i in range(0, len(days), size)]:
                 since = datetime.now(UTC).isoformat()  # runs queued earlier are not this backfill's
                 conf = (confs or {}).get(part[0])
-                if env.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"):
-                    complete_finished_backfills(env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"], dag_id)
+                if db:
+                    complete_finished_backfills(db, dag_id)
                 _create_backfill(api, dag_id, part, echo, conf)
                 states.update(follow_runs(api, dag_id, part, timeout, echo, durations, since))
                 if any(states.get(ds) != "success" for ds in part):
