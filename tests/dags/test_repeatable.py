@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dev.airflow import run_backfill
-from tests.dags.conftest import DAYS, MODEL, SEPARATE, new_stack
+from tests.dags.conftest import DAYS, MODEL, SEPARATE, fresh_postgres_db, new_stack
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +43,10 @@ def test_two_days_run_again_as_a_backfill_give_identical_metrics(daily_runs, mov
     again = new_stack(movielens_raw, tmp_path_factory.mktemp("again"), SEPARATE)  # as daily_runs
     lines: list[str] = []
     home = Path(again["env"]["AIRFLOW_HOME"])
-    states = run_backfill(again["env"], home, "recpipe_daily_retrain", DAYS[:2], 1500, lines.append)
+    with fresh_postgres_db() as db:  # a deployment's database, as docker compose runs it
+        states = run_backfill(
+            again["env"], home, "recpipe_daily_retrain", DAYS[:2], 1500, lines.append, database_url=db
+        )
     assert states == dict.fromkeys(DAYS[:2], "success"), "\n".join(lines)
     for ds in DAYS[:2]:  # each of the 9 tasks reported once as it ended, then the run
         tasks = [line.split()[1] for line in lines if line.startswith(f"  ds={ds}  ")]
