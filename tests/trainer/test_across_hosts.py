@@ -265,9 +265,11 @@ def test_an_mpijob_across_hosts_ends_where_one_host_does_and_no_port_is_open_bey
         finally:
             run.stop()
     assert reachable == []
-    # sshd on each worker and the job's own ports (Horovod's services, Gloo's) on the workers
+    # sshd on each worker and at least one of the job's own ports: the launcher's rendezvous
+    # server lives as long as the job; a rank's Gloo listener only while its pairs connect
+    # (milliseconds: a quiet machine's polls miss it, a busy one's catch it)
     workers = {hosts.address("w0"), hosts.address("w1")}
-    assert len({p for a, p in probed if a in workers and p != 22}) >= 1 and len(probed) >= 4, probed
+    assert {(a, 22) for a in workers} <= probed and any(p != 22 for _, p in probed), probed
     log = run.launcher.log.read_text()
     assert code == 0, log[-5000:]
     two = job_result(run.launcher.log)
