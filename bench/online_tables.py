@@ -31,6 +31,10 @@ from datetime import date, timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.results import write_results  # noqa: E402
+
 RECPIPE = [sys.executable, "-m", "recpipe.cli"]
 DIM = 16
 CAPACITY = {"user_id": 8192, "item_id": 4096}
@@ -179,11 +183,16 @@ def main() -> int:
                 flush=True,
             )
     (out / "results.json").write_text(json.dumps(rows, indent=2))
-    _goals(rows)
+    figures = _goals(rows)
+    path = write_results("online_tables", {"days": args.days, "rows_a_day": args.rows,
+                                            "batch_size": args.batch_size, "repeats": args.repeats,
+                                            "capacity": CAPACITY, **EV, **figures})  # fmt: skip
+    print(f"-> {path.relative_to(ROOT)}")
     return 0
 
 
-def _goals(rows: dict[str, list[dict]]) -> None:
+def _goals(rows: dict[str, list[dict]]) -> dict:
+    """Print the figures against their goals; return them (the results file's)."""
     a, b = rows["hashed"], rows["online"]
     over = [r["ds"] for r in b for t in ("user", "item") if r[f"{t}_rows_used"] > r[f"{t}_capacity"]]
     rss = [r["rss"] for r in b[WARM_UP_DAYS:]] or [r["rss"] for r in b]  # short runs: every day
@@ -204,6 +213,20 @@ def _goals(rows: dict[str, list[dict]]) -> None:
         f"mean next-day AUC (days 2..): (a) {auc_a:.4f}, (b) {auc_b:.4f}, "
         f"(b) - (a) {auc_b - auc_a:+.4f} (goal >= -0.002)"
     )
+    ratios = sorted(y["cpu_rate"] / x["cpu_rate"] for x, y in zip(a, b, strict=True))
+    late = b[WARM_UP_DAYS:] or b
+    return {
+        "within_capacity": not over,
+        "user_rows_used": {"max": max(r["user_rows_used"] for r in b),
+                           "after_warm_up_min": min(r["user_rows_used"] for r in late),
+                           "after_warm_up_max": max(r["user_rows_used"] for r in late)},
+        "online_rss_mib": {"min": min(rss), "max": max(rss), "median": mid, "spread": spread},
+        "per_cpu_s": {"hashed": cpu_a, "online": cpu_b, "ratio": cpu_b / cpu_a,
+                      "day_ratio_median": ratios[len(ratios) // 2],
+                      "day_ratio_min": ratios[0], "day_ratio_max": ratios[-1]},
+        "next_day_auc": {"hashed": auc_a, "online": auc_b, "diff": auc_b - auc_a},
+        "warm_up_days": WARM_UP_DAYS,
+    }  # fmt: skip
 
 
 if __name__ == "__main__":
