@@ -171,7 +171,13 @@ def main() -> int:
                 "rss": result["peak_rss_mib"],
                 "wall_rate": examples,
                 "cpu_rate": cpu_rate,
+                "loop_cpu_s": min(r["cpu_seconds"] for r in results),
                 "auc": result["eval"]["auc"],
+                # the least disturbed repeat's first step (tracing, Grappler) and later steps
+                **{
+                    k: min((r.get("phases") or {}).get(k, 0) for r in results)
+                    for k in ("first_step_cpu_s", "step_cpu_ms", "step_ops")
+                },
                 **{f"user_{k}": v for k, v in user.items()},
                 **{f"item_{k}": v for k, v in table_figures(result, "item_id").items()},
             }
@@ -225,6 +231,12 @@ def _goals(rows: dict[str, list[dict]]) -> dict:
                       "day_ratio_median": ratios[len(ratios) // 2],
                       "day_ratio_min": ratios[0], "day_ratio_max": ratios[-1]},
         "next_day_auc": {"hashed": auc_a, "online": auc_b, "diff": auc_b - auc_a},
+        # where (b)'s CPU goes: medians over the days
+        "phases": {name: {k: sorted(r[k] for r in days)[len(days) // 2]
+                          for k in ("first_step_cpu_s", "step_cpu_ms", "step_ops")}
+                   for name, days in (("hashed", a), ("online", b))},
+        "loop_cpu_s_median": {name: sorted(r["loop_cpu_s"] for r in days)[len(days) // 2]
+                              for name, days in (("hashed", a), ("online", b))},
         "warm_up_days": WARM_UP_DAYS,
     }  # fmt: skip
 
