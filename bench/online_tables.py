@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -165,13 +166,14 @@ def main() -> int:
             user = table_figures(result, "user_id")
             # the least disturbed repeat: interference only adds time
             examples = max(r["examples_per_sec"] for r in results) * 1.0
-            cpu_rate = args.rows / max(min(r["cpu_seconds"] for r in results), 1e-9)
+            loop_cpu_s = min(r["cpu_seconds"] for r in results)
+            cpu_rate = args.rows / max(loop_cpu_s, 1e-9)
             entry = {
                 "ds": ds,
                 "rss": result["peak_rss_mib"],
                 "wall_rate": examples,
                 "cpu_rate": cpu_rate,
-                "loop_cpu_s": min(r["cpu_seconds"] for r in results),
+                "loop_cpu_s": loop_cpu_s,
                 "auc": result["eval"]["auc"],
                 # the least disturbed repeat's first step (tracing, Grappler) and later steps
                 **{
@@ -201,8 +203,9 @@ def _goals(rows: dict[str, list[dict]]) -> dict:
     """Print the figures against their goals; return them (the results file's)."""
     a, b = rows["hashed"], rows["online"]
     over = [r["ds"] for r in b for t in ("user", "item") if r[f"{t}_rows_used"] > r[f"{t}_capacity"]]
-    rss = [r["rss"] for r in b[WARM_UP_DAYS:]] or [r["rss"] for r in b]  # short runs: every day
-    mid = sorted(rss)[len(rss) // 2]
+    late = b[WARM_UP_DAYS:] or b  # short runs: every day
+    rss = [r["rss"] for r in late]
+    mid = statistics.median_high(rss)
     spread = max(abs(x - mid) / mid for x in rss)
     cpu_a = sum(r["cpu_rate"] for r in a) / len(a)
     cpu_b = sum(r["cpu_rate"] for r in b) / len(b)
@@ -220,7 +223,6 @@ def _goals(rows: dict[str, list[dict]]) -> dict:
         f"(b) - (a) {auc_b - auc_a:+.4f} (goal >= -0.002)"
     )
     ratios = sorted(y["cpu_rate"] / x["cpu_rate"] for x, y in zip(a, b, strict=True))
-    late = b[WARM_UP_DAYS:] or b
     return {
         "within_capacity": not over,
         "user_rows_used": {"max": max(r["user_rows_used"] for r in b),
@@ -228,14 +230,14 @@ def _goals(rows: dict[str, list[dict]]) -> dict:
                            "after_warm_up_max": max(r["user_rows_used"] for r in late)},
         "online_rss_mib": {"min": min(rss), "max": max(rss), "median": mid, "spread": spread},
         "per_cpu_s": {"hashed": cpu_a, "online": cpu_b, "ratio": cpu_b / cpu_a,
-                      "day_ratio_median": ratios[len(ratios) // 2],
+                      "day_ratio_median": statistics.median_high(ratios),
                       "day_ratio_min": ratios[0], "day_ratio_max": ratios[-1]},
         "next_day_auc": {"hashed": auc_a, "online": auc_b, "diff": auc_b - auc_a},
         # where (b)'s CPU goes: medians over the days
-        "phases": {name: {k: sorted(r[k] for r in days)[len(days) // 2]
+        "phases": {name: {k: statistics.median_high(r[k] for r in days)
                           for k in ("first_step_cpu_s", "step_cpu_ms", "step_ops")}
                    for name, days in (("hashed", a), ("online", b))},
-        "loop_cpu_s_median": {name: sorted(r["loop_cpu_s"] for r in days)[len(days) // 2]
+        "loop_cpu_s_median": {name: statistics.median_high(r["loop_cpu_s"] for r in days)
                               for name, days in (("hashed", a), ("online", b))},
         "warm_up_days": WARM_UP_DAYS,
     }  # fmt: skip
