@@ -384,19 +384,37 @@ def variables_mb(model_dir: Path) -> float:
     return total / 2**20
 
 
-def summary(days: list[Day]) -> None:
+def key(step: str) -> str:
+    """A step's key in the results file (``train online`` -> ``train_online``): the docs'
+    figure paths are dotted words."""
+    return step.replace(" ", "_")
+
+
+def summary(days: list[Day]) -> dict:
+    """Print each goal beside its figure; returns them by size (``{rows: {goal: ...}}``) and,
+    across sizes, the growth of each step from the smallest size to the largest."""
     print("\ngoals")
+    out: dict = {}
     for day in days:
+        goals = out.setdefault(str(day.rows), {"floor": {}, "rss": {}})
         for name, (step, floor) in day.figures.items():
             if floor is not None:
-                ok = step.cpu_s <= 1.5 * floor.cpu_s
-                print(
-                    f"  {day.rows:>11,} {name:<14} CPU x floor {step.cpu_s / floor.cpu_s:5.2f} (<= 1.5: {ok})"
-                )
+                x = step.cpu_s / floor.cpu_s
+                goals["floor"][key(name)] = {
+                    "cpu_x": x,
+                    "wall_x": step.wall_s / floor.wall_s,
+                    "met": x <= 1.5,
+                }
+                print(f"  {day.rows:>11,} {name:<14} CPU x floor {x:5.2f} (<= 1.5: {x <= 1.5})")
         hashed, online = day.figures.get("train hashed"), day.figures.get("train online")
         if hashed and online:
             h, o = hashed[0], online[0]
             rate_h, rate_o = day.train_rows / h.cpu_s, day.train_rows / o.cpu_s
+            goals["online_vs_hashed"] = {
+                "per_cpu_s": [rate_o, rate_h],
+                "x": rate_o / rate_h,
+                "met": rate_o / rate_h >= 0.7,
+            }
             print(
                 f"  {day.rows:>11,} online / hashed examples per CPU-s: {rate_o:,.0f} / {rate_h:,.0f}"
                 f" = {rate_o / rate_h:.2f} (>= 0.7: {rate_o / rate_h >= 0.7})"
@@ -406,6 +424,10 @@ def summary(days: list[Day]) -> None:
                 bound = 2 * var + 1024
                 ok = m.peak_rss_mb <= bound
                 res = m.result
+                goals["rss"][variant] = {
+                    "peak_mb": m.peak_rss_mb, "variables_mb": var, "bound_mb": bound, "met": ok,
+                    "memory_mb": res.get("memory_mb"),
+                }  # fmt: skip
                 print(
                     f"  {day.rows:>11,} train {variant}: peak RSS {m.peak_rss_mb:,.0f} MiB, variables and "
                     f"slots {var:,.0f} MiB, bound 2x + 1 GiB = {bound:,.0f} (ok: {ok}); phases "
@@ -414,14 +436,17 @@ def summary(days: list[Day]) -> None:
     if len(days) > 1:
         small, large = days[0], days[-1]
         ratio = large.rows / small.rows
+        growth_all = out["growth"] = {"rows_x": ratio, "steps": {}}
         for name in small.figures:
             if name in large.figures:
                 growth = large.figures[name][0].wall_s / small.figures[name][0].wall_s
                 cpu = large.figures[name][0].cpu_s / small.figures[name][0].cpu_s
+                growth_all["steps"][key(name)] = {"wall_x": growth, "cpu_x": cpu, "met": cpu <= 1.1 * ratio}
                 print(
                     f"  {name:<14} {large.rows:,} / {small.rows:,} rows ({ratio:.0f}x): wall {growth:.1f}x, "
                     f"CPU {cpu:.1f}x (<= {1.1 * ratio:.0f}x: {growth <= 1.1 * ratio})"
                 )
+    return out
 
 
 def table_summary(tables: dict) -> str:
@@ -446,31 +471,43 @@ def table_summary(tables: dict) -> str:
     )
 
 
-KEPT = ("examples_per_sec", "cpu_seconds", "auc", "memory_mb", "bytes", "rows")
+KEPT = ("examples_per_sec", "cpu_seconds", "auc", "memory_mb", "bytes", "rows", "phases")
 
 
-def save(path: Path, days: list[Day]) -> None:
-    """Add the days' figures to ``path`` (``{rows: {step: {wall_s, cpu_s, peak_rss_mb, floor}}}``;
-    sizes measured by earlier runs are kept): ``bench/production_dag.py`` reads them."""
-    figures = json.loads(path.read_text()) if path.exists() else {}
+def save(days: list[Day], goals: dict, args) -> Path:
+    """Add the days' figures to ``bench/results/production_day.json`` (``sizes``: ``{rows: {step:
+    {wall_s, cpu_s, peak_rss_mb, floor, result}, "goals": ..., "commit": ..., "date": ...}}``);
+    sizes and steps measured by earlier runs are kept, each with the commit and date of its own
+    run. ``bench/production_dag.py`` reads them."""
+    from bench.results import COMMIT, FOLDER, write_results
+
+    path = FOLDER / "production_day.json"
+    earlier = json.loads(path.read_text()) if path.exists() else {}
+    sizes = earlier.get("sizes", {})
+    today = time.strftime("%Y-%m-%d", time.gmtime())
     for day in days:
-        out = figures.setdefault(str(day.rows), {})
+        out = sizes.setdefault(str(day.rows), {})
         for name, (step, floor) in day.figures.items():
-            out[name] = {
+            out[key(name)] = {
                 "wall_s": round(step.wall_s, 1),
                 "cpu_s": round(step.cpu_s, 1),
                 "peak_rss_mb": round(step.peak_rss_mb),
                 "floor": None
                 if floor is None
                 else {"wall_s": round(floor.wall_s, 1), "cpu_s": round(floor.cpu_s, 1)},
-                "result": {
-                    k: v
-                    for k, v in step.result.items()
-                    if k in ("examples_per_sec", "auc", "memory_mb", "bytes", "rows")
-                },
+                "result": {k: v for k, v in step.result.items() if k in KEPT},
+                "commit": COMMIT,
+                "date": today,
             }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(figures, indent=1))
+        out.setdefault("goals", {}).update(goals.get(str(day.rows), {}))
+        out["train_rows"] = day.train_rows
+        tables = day.figures.get("train online")
+        if tables:
+            out["online_tables"] = table_summary(tables[0].result.get("online_tables", {}))
+    doc = {"sizes": sizes, "buckets": args.buckets, "filter_freq": args.filter_freq}
+    if "growth" in goals or "growth" in earlier:
+        doc["growth"] = goals.get("growth", earlier.get("growth"))
+    return write_results("production_day", doc)
 
 
 def main() -> int:
@@ -497,9 +534,8 @@ def main() -> int:
         stats = day.figures.get("train online")
         if stats:
             print(f"{'':>11} online tables: {table_summary(stats[0].result.get('online_tables', {}))}")
-    summary(days)
-    save(root / "results.json", days)
-    print(f"\n{time.perf_counter() - start:.0f} s in all; figures in {root / 'results.json'}")
+    path = save(days, summary(days), args)
+    print(f"\n{time.perf_counter() - start:.0f} s in all; figures in {path.relative_to(ROOT)}")
     return 0
 
 

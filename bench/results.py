@@ -16,19 +16,25 @@ ROOT = Path(__file__).resolve().parents[1]
 FOLDER = ROOT / "bench" / "results"
 
 
+def _describe() -> str:
+    out = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True, cwd=ROOT)
+    return out.stdout.strip()
+
+
+# the tree the bench started from: a long bench must not take a later commit's name
+COMMIT = _describe()
+
+
 def write_results(name: str, figures: dict) -> Path:
     """Write ``figures`` (JSON-able) with their provenance to ``bench/results/<name>.json``
     (atomically: a reader never sees half a file); the path."""
     from recpipe import atomic
 
-    commit = subprocess.run(
-        ["git", "describe", "--always", "--dirty"], capture_output=True, text=True, cwd=ROOT
-    )
     script = Path(sys.argv[0]).resolve()
     where = script.relative_to(ROOT) if script.is_relative_to(ROOT) else script
     doc = {
         "command": " ".join(["python", str(where), *sys.argv[1:]]),
-        "commit": commit.stdout.strip(),
+        "commit": COMMIT,
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
         "date": datetime.now(UTC).date().isoformat(),
         **figures,

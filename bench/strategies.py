@@ -137,11 +137,13 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=2048, help="global batch")
     parser.add_argument("--workdir", default=str(ROOT / "var/bench/strategies"))
     parser.add_argument("--eval", action="store_true", help="AUC of each job on a second day")
+    parser.add_argument("--results", default="strategies", help="bench/results/<NAME>.json")
     parser.add_argument(
         "--only", nargs="+", choices=list(STRATEGIES), default=list(STRATEGIES), help="NoStrategy always runs"
     )
     args = parser.parse_args()
     from bench.criteo_data import prepare
+    from bench.results import write_results
 
     work = Path(args.workdir)
     # with --eval, a second day of as many rows to evaluate on
@@ -151,12 +153,20 @@ def main() -> None:
         f"global batch {args.batch}, {args.steps} steps; {os.cpu_count()} cores shared by all processes"
     )
     base = base_cpu = None
+    jobs = {}
     for name, (_, workers, ps, _, _) in STRATEGIES.items():
         if name != "NoStrategy" and name not in args.only:
             continue
         r = run(work, args.buckets, name, args.steps, args.batch, args.eval)
         base = base or r["examples_per_sec"]
         base_cpu = base_cpu or r["per_cpu_s"]
+        r.update(
+            workers=workers,
+            ps=ps,
+            vs_none=r["examples_per_sec"] / base,
+            per_cpu_vs_none=r["per_cpu_s"] / base_cpu,
+        )
+        jobs[name] = r
         processes = f"x{workers}{f'+{ps}ps' if ps else ''}"
         print(
             f"{name:26s} {processes:6s} {r['examples_per_sec']:9,.0f} examples/s "
@@ -173,6 +183,8 @@ def main() -> None:
         "batch over the CPU-seconds of all its processes (start-up included), which other tenants "
         "of a shared machine do not inflate as they do wall time"
     )
+    figures = {"rows": args.rows, "steps": args.steps, "global_batch": args.batch, "jobs": jobs}
+    print(f"-> {write_results(args.results, figures).relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

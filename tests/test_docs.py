@@ -64,6 +64,7 @@ def test_a_figure_is_quoted_from_its_benchs_results_file_and_a_wrong_one_fails_t
     doc = json.loads((RESULTS / "push.json").read_text())
     text = render("push: {{ fig push figures.push.wall_vs_floor .2f }}x ({{ source push }})", "a.md")
     assert text.startswith(f"push: {doc['figures']['push']['wall_vs_floor']:.2f}x (`python bench/push.py")
+    assert render("{{ fig model_classes goals.din_vs_deepfm met }}", "a.md") in ("met", "**not met**")
     with pytest.raises(PluginError, match="a.md: bench/results/push.json has no 'figures.nothing'"):
         render("{{ fig push figures.nothing }}", "a.md")
     with pytest.raises(PluginError, match="a.md: no results file bench/results/none.json"):

@@ -2,10 +2,10 @@
 figure has one source.
 
 ``{{ fig NAME PATH [FORMAT] }}`` in a page is replaced by the value at ``PATH`` (dotted keys,
-or a list's index)
-of ``bench/results/NAME.json``, formatted by ``FORMAT`` (a ``format()`` spec such as ``.2f`` or
-``,.0f``; default: as it is; a null value is ``-``). ``{{ source NAME }}`` gives the file's
-command, commit, machine and date. A missing file or key fails the (strict) build, naming the page.
+or a list's index) of ``bench/results/NAME.json``, formatted by ``FORMAT`` (a ``format()`` spec
+such as ``.2f`` or ``,.0f``, or ``met`` for a goal's true / false; default: as it is; a null
+value is ``-``). ``{{ source NAME }}`` gives the file's command, commit, machine and date. A
+missing file or key fails the (strict) build, naming the page.
 """
 
 from __future__ import annotations
@@ -56,6 +56,8 @@ def render(markdown: str, page: str) -> str:
         value = _value(doc, dotted, name, page)
         if value is None:  # a figure the bench could not take (a quiet pass's AUC)
             return "-"
+        if spec == "met":
+            return "met" if value else "**not met**"
         return format(value, spec) if spec else str(value)
 
     return _TAG.sub(one, markdown)
