@@ -101,7 +101,8 @@ def train_one(name: str, work: Path, days: list[str]) -> dict:
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     rows = result.global_step * config.data_config.batch_size
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"model": name, "rows": rows, "wall_s": wall, "cpu_s": cpu, "peak_rss_mib": peak}
+    out = {"model": name, "rows": rows, "wall_s": wall, "cpu_s": cpu, "peak_rss_mib": peak}
+    return out | {"phases": result.phases}
 
 
 def main() -> None:
@@ -118,6 +119,7 @@ def main() -> None:
         print(json.dumps(train_one(args.only, args.work, days)))
         return
 
+    shutil.rmtree(args.work / "features", ignore_errors=True)  # the preparation is measured
     days, prepared = prepare(args.work, args.days)
     print(f"{len(days)} MovieLens days ({days[0]} .. {days[-1]}), prepared with histories")
     if prepared:
@@ -159,6 +161,7 @@ def main() -> None:
         "din_vs_deepfm": din,
         "goals": {"din_vs_deepfm": 0.8, "prepare_s": 300},
     }
+    figures["goals"]["met"] = {"din_vs_deepfm": min(din) >= 0.8, "prepare_s": prepared["wall_s"] <= 300}
     print(f"-> {write_results('model_classes', figures).relative_to(ROOT)}")
 
 

@@ -37,6 +37,28 @@ def test_attention_ignores_padding_and_pools_an_empty_history_to_zeros():
         DINAttention(DNN(hidden_units=[8, 4]))
 
 
+def test_the_first_layer_split_by_parts_scores_as_the_concatenated_form_with_the_same_variables():
+    """The scoring MLP's first layer is computed as ``q @ (W_q + W_d) + [k, q * k] @ [W_k - W_d;
+    W_p]``: the same scores as ``[q, k, q - k, q * k] @ W``, the same kernel, named as before."""
+    tf.random.set_seed(2)
+    layer = DINAttention(DNN(hidden_units=[8, 4, 1]), name="din_0")
+    query, keys = tf.random.normal([5, 6]), tf.random.normal([5, 7, 6])
+    mask = tf.sequence_mask([7, 3, 1, 0, 5], 7)
+    out = layer(query, keys, mask)
+    names = sorted(v.name for v in layer.weights)
+    assert names == [
+        "din_0/att_dnn/dense_0/bias:0", "din_0/att_dnn/dense_0/kernel:0", "din_0/att_dnn/dense_1/bias:0",
+        "din_0/att_dnn/dense_1/kernel:0", "din_0/att_score/bias:0", "din_0/att_score/kernel:0",
+    ]  # fmt: skip
+    assert layer.mlp.dense[0].kernel.shape == (24, 8)
+    q = tf.tile(query[:, None, :], [1, 7, 1])
+    concat = tf.concat([q, keys, q - keys, q * keys], axis=-1)
+    scores = tf.squeeze(layer.score(layer.mlp(concat)), -1)
+    scores = tf.where(mask, scores, -1e9 * tf.ones_like(scores))
+    weights = tf.nn.softmax(scores, axis=-1) * tf.cast(mask, tf.float32)
+    np.testing.assert_allclose(out.numpy(), tf.einsum("bl,bld->bd", weights, keys).numpy(), atol=1e-5)
+
+
 def test_aux_history_is_pooled_with_the_history_weights_and_takes_no_part_in_them():
     tf.random.set_seed(1)
     layer = DINAttention(DNN(hidden_units=[8, 1]))

@@ -24,11 +24,21 @@ class MLP(keras.layers.Layer):
         self.norms = [BatchNorm(name=f"bn_{i}") for i in range(len(self.dense))] if config.use_bn else []
         self.dropout = keras.layers.Dropout(config.dropout_ratio) if config.dropout_ratio else None
 
-    def call(self, x, training=False):
+    def call(self, x, training=False, preactivation=False):
+        """``x``: ``float32 [..., d]``; with ``preactivation``, the first layer's
+        pre-activation ``x @ W_0 + b_0`` (``[..., hidden_units[0]]``) that the caller computed
+        in a cheaper form. Returns ``float32 [..., hidden_units[-1]]``."""
         for i, dense in enumerate(self.dense):
-            x = dense(x)
-            if self.norms:
-                x = self.norms[i](x, training=training)
-            if self.dropout is not None:
-                x = self.dropout(x, training=training)
+            if i == 0 and preactivation:
+                x = dense.activation(x)
+            else:
+                x = dense(x)
+            x = self._after(i, x, training)
+        return x
+
+    def _after(self, i, x, training):
+        if self.norms:
+            x = self.norms[i](x, training=training)
+        if self.dropout is not None:
+            x = self.dropout(x, training=training)
         return x
