@@ -36,6 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.results import write_results  # noqa: E402  (the commit at the start)
 from dev import spark_connect  # noqa: E402
 from dev.airflow import run_backfill  # noqa: E402
 from dev.env import airflow_env  # noqa: E402
@@ -259,8 +260,6 @@ def main() -> int:
             print(f"{'':>14}against the bench's jobs ({bench_s:.0f} s, run apart): +{extra:.0f} %")
             by_day[ds]["bench_jobs_s"] = bench_s
     if not args.report:
-        from bench.results import write_results
-
         bench_steps = {step: bench[step]["wall_s"] for step in set(jobs_of.values()) if step in bench}
         doc = {"rows": args.rows, "online": args.online, "states": states, "days": by_day}
         doc.update(bench_steps=bench_steps, goals={"dag_adds": 0.10, "landing_to_alias_s": GOAL_S})

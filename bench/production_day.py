@@ -45,6 +45,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from bench.criteo_data import CONFIG, LAZY, bench_edits  # noqa: E402
 from bench.process_tree import Measured, run  # noqa: E402
+from bench.results import COMMIT, FOLDER, write_results  # noqa: E402  (the commit at the start)
 
 DS = "2024-01-01"
 BATCH = 1024
@@ -479,8 +480,6 @@ def save(days: list[Day], goals: dict, args) -> Path:
     {wall_s, cpu_s, peak_rss_mb, floor, result}, "goals": ..., "commit": ..., "date": ...}}``);
     sizes and steps measured by earlier runs are kept, each with the commit and date of its own
     run. ``bench/production_dag.py`` reads them."""
-    from bench.results import COMMIT, FOLDER, write_results
-
     path = FOLDER / "production_day.json"
     earlier = json.loads(path.read_text()) if path.exists() else {}
     sizes = earlier.get("sizes", {})

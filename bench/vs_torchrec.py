@@ -366,6 +366,7 @@ def main() -> int:
             "process_cpu_vs_a": ratio(proc_cpu),
             "auc": mean(auc),
             "auc_minus_a": gap,
+            "loop_cores": mean(wall) / mean(loop_cpu),  # CPU-s per wall second of the loop
             "peak_rss_mb": mean(rss),
             "rss_vs_a": ratio(rss),
             "phases": rounds[-1][variant][1].get("phases") if variant != "a_torchrec" else None,

@@ -4,13 +4,15 @@ Train on 1997-09-20..1998-02-28 (78k ratings), evaluate on 1998-03-01..1998-04-2
 ratings, 83 % of them by users absent from training). Baselines on the same split and the
 same Spark features: the item's (smoothed) positive rate in the training window, and
 logistic regression on the same features (one-hot ids and genres, the dense values; C tuned
-on the eval days, which favours the baseline). DeepFM must beat both on AUC. Figures are
-written to ``var/acceptance/movielens.json`` and printed.
+on the eval days, which favours the baseline). DeepFM must beat both on AUC. Each test writes its figures to
+``var/acceptance/<name>.json`` and prints them; ``bench/acceptance.py`` runs them all and
+gathers the figures into ``bench/results/acceptance.json``.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import warnings
 
 import numpy as np
@@ -76,6 +78,20 @@ def _baselines(config) -> dict[str, dict[str, float]]:
     }
 
 
+def _record(name: str, figures: dict) -> None:
+    """A test's figures to ``var/acceptance/<name>.json`` (``bench/acceptance.py`` gathers
+    them into a results file the docs render; keys as words: ``like/auc`` -> ``like_auc``)."""
+
+    def words(value):
+        if isinstance(value, dict):
+            return {re.sub(r"[^\w-]", "_", str(k)): words(v) for k, v in value.items()}
+        return value
+
+    out = ROOT / "var" / "acceptance" / f"{name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(words(figures), indent=2))
+
+
 @pytest.mark.slow
 def test_models_beat_baselines_out_of_time(ml_all, tmp_path):
     config = ml_all
@@ -96,9 +112,7 @@ def test_models_beat_baselines_out_of_time(ml_all, tmp_path):
             "steps": trained.global_step,
             "examples_per_sec": round(trained.examples_per_sec),
         }
-    out = ROOT / "var/acceptance/movielens.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
+    _record("movielens", results)
     print(
         "\n"
         + "\n".join(
@@ -142,9 +156,7 @@ def test_sparse_optimizers_match_dense_adam_out_of_time(ml_all, tmp_path):
             "auc": evaluate(config, model_dir, parse_ds_range(config.eval_ds))["auc"],
             "examples_per_sec": round(trained.examples_per_sec),
         }
-    out = ROOT / "var/acceptance/sparse_optimizers.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
+    _record("sparse_optimizers", results)
     print("\n" + "\n".join(f"{n:16s} {r}" for n, r in results.items()))
     for name in ("lazy_adam+adam", "adagrad+adam", "ftrl+adam"):
         assert abs(results[name]["auc"] - results["adam"]["auc"]) < 0.005, (name, results)
@@ -201,9 +213,7 @@ def test_strategies_match_no_strategy_out_of_time(ml_all, tmp_path):
     # PaddleRec's GEO: local copies pushing every 10 steps (2 workers, 1 ps)
     geo = {**same, "train_config.sync_mode": "geo", "train_config.geo_step": 10}
     results["NoStrategy+geo"] = run("NoStrategy", 2, ps=1, name="geo", **geo)
-    out = ROOT / "var/acceptance/strategies.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
+    _record("strategies", results)
     print("\n" + "\n".join(f"{n:28s} {r}" for n, r in results.items()))
     for name, r in results.items():
         assert r["steps"] == results["NoStrategy"]["steps"]
@@ -226,9 +236,7 @@ def test_online_tables_keep_the_fixed_tables_auc_out_of_time(ml_all, tmp_path):
     metrics = evaluate(config, model_dir, parse_ds_range(config.eval_ds))
     tables = trained.online_tables
     result = {"auc": metrics["auc"], "gauc": metrics["gauc"], "steps": trained.global_step, **tables}
-    out = ROOT / "var/acceptance/online_tables.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
+    _record("online_tables", result)
     print("\n" + json.dumps(result, indent=2))
     assert metrics["auc"] >= 0.7125
     for table in ("user_id", "item_id"):
@@ -261,6 +269,7 @@ def test_mmoe_tasks_match_each_task_alone_out_of_time(ml_all, tmp_path):
         ).train()
         got = evaluate(config, model_dir, parse_ds_range(config.eval_ds))
         results[name] = {k: v for k, v in got.items() if "/" in k}
+    _record("mmoe", results)
     print("\n" + "\n".join(f"{name:12s} {r}" for name, r in results.items()))
     for task in ("like", "rated_high"):
         assert results["both"][f"{task}/auc"] >= results[task][f"{task}/auc"] - 0.003, task
@@ -283,6 +292,7 @@ def test_din_over_rated_histories_beats_deepfm_out_of_time(ml_all_din, tmp_path)
         days = parse_ds_range(config.train_ds)
         Trainer(TrainJob(config=config, model_dir=model_dir, train_days=days)).train()
         results[name] = evaluate(config, model_dir, parse_ds_range(config.eval_ds))["auc"]
+    _record("din", {name: {"auc": auc} for name, auc in results.items()})
     print(f"\nAUC {results}")
     assert results["MultiTowerDIN"] >= results["DeepFM"] + 0.005
     assert results["MultiTowerDIN"] >= 0.7155 + 0.005
