@@ -36,12 +36,13 @@ def main() -> int:
     parser.add_argument("--workdir", default=str(ROOT / "var/bench/memory_sizing"))
     args = parser.parse_args()
     work = Path(args.workdir)
-    prepare(args.rows, 1, work, args.buckets[0])
+    prepare(args.rows, 1, work, args.buckets[0], holdout_percent=10)  # the DAG's split
     sizes = {}
     for buckets in args.buckets:
         model_dir = work / f"model-{buckets}"
         shutil.rmtree(model_dir, ignore_errors=True)
         edits = {**bench_edits(work, buckets), "train_config.optimizer_config": [LAZY]}
+        edits["data_config.holdout_percent"] = 10
         argv = [sys.executable, "-m", "recpipe.cli", "train", "--pipeline_config_path", str(CONFIG),
                 "--edit_config_json", json.dumps(edits), "--model_dir", str(model_dir),
                 f"--train_ds={START}", f"--eval_ds={START}", "--skip_eval"]  # fmt: skip
