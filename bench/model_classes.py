@@ -10,8 +10,10 @@ swings between runs; the CPU-second rate moves less).
 
 Printed per model and repeat: rows, wall s, CPU s, examples/s, examples per CPU-second,
 peak RSS (MiB), and the ratio of each model's examples per CPU-second to DeepFM's (DIN's goal:
-at least 0.8x). The days' preparation (one Spark job over the range, histories included) is
-timed too (goal: at most 5 minutes for the 213 days). Figures go to
+at least 0.8x). Two cut-down DINs locate DIN's cost: ``DIN_towers`` (the user and item towers
+alone: no history looked up, no attention) and ``DIN_score`` (the histories looked up and
+pooled by a one-layer score, no attention MLP). The days' preparation (one Spark job over the
+range, histories included) is timed too (goal: at most 5 minutes for the 213 days). Figures go to
 ``bench/results/model_classes.json``.
 
 Usage: ``python bench/model_classes.py [--days 213] [--repeats 2] [--work var/bench/models]``
@@ -25,6 +27,7 @@ import json
 import os
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -40,6 +43,13 @@ MODELS = {
     "DeepFM": "conf/movielens_deepfm.yaml",
     "MMoE": "conf/movielens_mmoe.yaml",
     "DIN": "conf/movielens_din.yaml",
+    "DIN_towers": "conf/movielens_din.yaml",
+    "DIN_score": "conf/movielens_din.yaml",
+}
+# the cut-down DINs: where DIN's step goes
+EDITS = {
+    "DIN_towers": {"model_config.multi_tower.din_towers": [], "model_config.seq_att_groups": []},
+    "DIN_score": {"model_config.multi_tower.din_towers": [{"input": "din", "dnn": {"hidden_units": [1]}}]},
 }
 
 
@@ -93,6 +103,7 @@ def train_one(name: str, work: Path, days: list[str]) -> dict:
     from trainer.loop import Trainer, TrainJob
 
     edits = {**_paths(work), "data_config.num_epochs": 1, "train_config.save_checkpoints_steps": 10**6}
+    edits |= EDITS.get(name, {})
     config = load_pipeline_config(ROOT / MODELS[name], edits)
     model_dir = work / "models" / name
     shutil.rmtree(model_dir, ignore_errors=True)
@@ -154,11 +165,24 @@ def main() -> None:
                 flush=True,
             )
     din = [next(r["vs_deepfm"] for r in run if r["model"] == "DIN") for run in runs]
+    # a later step's CPU-ms by model, the median over the repeats
+    step = {
+        m: statistics.median_high(r["phases"]["step_cpu_ms"] for run in runs for r in run if r["model"] == m)
+        for m in MODELS
+    }
+    parts = {
+        "towers_vs_deepfm_ms": step["DIN_towers"] - step["DeepFM"],
+        "histories_ms": step["DIN_score"] - step["DIN_towers"],
+        "attention_mlp_ms": step["DIN"] - step["DIN_score"],
+    }
+    print(f"a later step, CPU-ms: {step}; DIN's parts: {parts}")
     print(f"DIN per CPU-s vs DeepFM: {' / '.join(f'{x:.2f}' for x in din)} (goal: at least 0.80)")
     figures = {
         "prepared": prepared,
         "runs": runs,
         "din_vs_deepfm": din,
+        "step_cpu_ms": step,
+        "din_parts": parts,
         "goals": {"din_vs_deepfm": 0.8, "prepare_s": 300},
     }
     figures["goals"]["met"] = {"din_vs_deepfm": min(din) >= 0.8, "prepare_s": prepared["wall_s"] <= 300}
