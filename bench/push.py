@@ -6,11 +6,9 @@ delta that moves ``--touched`` of them and deletes ``--evicted``, written by
 
   floor     a bare pipelined ``HSET`` a row (the same keys and fields, no lock, no fencing,
             no script), batches of ``store.BATCH``;
-  replace   every row replaced whole, ``DEL`` + ``HSET`` in the fenced script (the push as
-            it was: what an in-place delta still does);
   push      ``recpipe.exports.store.push`` of the base then the delta: the base's rows into a
             new generation, one ``HSET`` each in the fenced script, then the switch and the
-            old generation's deletion; the delta in place (``DEL`` + ``HSET``).
+            old generation's deletion; the delta in place, one ``HSET`` a row too.
 
 Each variant runs ``--repeats`` times, alternating; the best wall time is kept with its CPU
 seconds (this process's and the Redis server's, from ``INFO cpu``), rows per wall second and
@@ -123,16 +121,11 @@ def main() -> int:
                     pipe.delete(store.row_key(model, table, key, 1))
         pipe.execute()
 
-    def replace(model: str) -> None:
-        with store._Pusher(client, model, store.PREFIX) as session:
-            for export in exports:
-                session.write_export(export, store.read_manifest(export), "1", fresh=False)
-
     def push(model: str) -> None:
         for export in exports:
             store.push(client, model, export)
 
-    variants = {"floor": floor, "replace": replace, "push": push}
+    variants = {"floor": floor, "push": push}
     best: dict[str, dict] = {}
     for _ in range(args.repeats):
         for name, fn in variants.items():

@@ -30,11 +30,12 @@ names, whatever the pushers' timing): every batch of row writes and the final sw
 Lua scripts that first check that the push lock still holds this pusher's token, and extend
 it. A pusher whose lock expired (a slow push, a paused process) or was lost to a Redis
 restart has every later write refused (``StoreFenced``), so it can never write over a newer
-pusher's rows. A delta written in place replaces each row whole, its ``DEL`` and ``HSET`` in
-one script: a reader sees the old row or the new one, never none. A new generation's rows
-(a base, a rebuild's chain) are one ``HSET`` each, with no ``DEL``: no reader sees the
-generation before the switch, its keys are new, and a chain's later rows carry the same
-fields as its base's (one model's tables), so nothing stale can stay. The rows go in batches
+pusher's rows. Every row is one ``HSET`` of all its fields, with no ``DEL``: every row of a
+chain (a base and the deltas that follow it: one model's tables) carries the same fields, so an
+``HSET`` over a row written before replaces each of them and nothing stale can stay; one
+command, so a reader of a delta written in place sees the old row or the new one, never none or
+a mix. A new generation's rows (a base, a rebuild's chain) are written where no reader looks
+before the switch. The rows go in batches
 of ``BATCH`` to one script call: the server unpacks them, cheaper for the pushing process
 than redis-py building as many pipelined commands (``bench/push.py`` compares the push with
 a bare pipelined ``HSET``). One batch is in flight while the next is built (a thread sends
@@ -66,16 +67,15 @@ LOCK_WAIT_S = 120
 RECORD = ("day", "name", "sequence", "global_step", "ev_step")
 
 # KEYS[1]: the push lock. ARGV[1]: this pusher's token, ARGV[2]: the lock's ttl in ms, then
-# ops: "S" key n field value ... (set a row's fields: a row of a new generation), "R" key n
-# field value ... (replace a row whole: DEL, then HSET) or "D" key (delete a row).
+# ops: "S" key n field value ... (set every field of a row) or "D" key (delete a row).
 _WRITE = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.error_reply('FENCED') end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 local i = 3
 while i <= #ARGV do
   local op, key = ARGV[i], ARGV[i + 1]
-  if op ~= 'S' then redis.call('DEL', key) end
   if op == 'D' then
+    redis.call('DEL', key)
     i = i + 2
   else
     local n = tonumber(ARGV[i + 2])
@@ -190,13 +190,10 @@ class _Pusher:
                 ) from None
             raise
 
-    def write_export(
-        self, export: Path, manifest: dict, generation: str, fresh: bool = False
-    ) -> dict[str, int]:
-        """Write one export's rows and tombstones into ``generation``, in fenced batches;
-        ``fresh``: a generation no reader sees yet, whose rows this push alone writes (each
-        row one ``HSET``, else ``DEL`` + ``HSET``)."""
-        op = "S" if fresh else "R"
+    def write_export(self, export: Path, manifest: dict, generation: str) -> dict[str, int]:
+        """Write one export's rows (each one ``HSET`` of all its fields) and tombstones into
+        ``generation``, in fenced batches."""
+        op = "S"
         params = read_params(export)
         version = f"{manifest['day']}/{manifest['name']}@{manifest['global_step']}"
         lock_ms = int(LOCK_TIMEOUT_S * 1000)
@@ -329,7 +326,7 @@ class _Pusher:
         generation = self.new_generation()
         totals = {"rows": 0, "deleted": 0}
         for export in exports:
-            for k, v in self.write_export(export, read_manifest(export), generation, fresh=True).items():
+            for k, v in self.write_export(export, read_manifest(export), generation).items():
                 totals[k] += v
         self.switch(held, last, generation, backwards)
         totals["deleted"] += self.drop_other_generations(generation, held)
