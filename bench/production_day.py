@@ -334,13 +334,29 @@ class Day:
         def flush():  # millions of keys: seconds, outside what is measured
             redis.Redis.from_url(REDIS, socket_timeout=900).flushdb()
 
+        def server_cpu() -> float:  # the Redis server's CPU-seconds so far (INFO cpu)
+            info = redis.Redis.from_url(REDIS).info("cpu")
+            return info["used_cpu_user"] + info["used_cpu_sys"]
+
         flush()
+        marks = [server_cpu()]
+
+        def between():
+            marks.append(server_cpu())
+            flush()
+            marks.append(server_cpu())
+
         self.measure(
             "push",
             [*RECPIPE, "serve", "push", *chain, "--model", "bench", "--redis_url", REDIS],
             ["push", "--exports", *chain],
-            between=flush,
+            between=between,
         )
+        marks.append(server_cpu())
+        # the server's share, which the pushing process's tree does not hold
+        self.server_cpu_s = {"push": marks[1] - marks[0], "floor": marks[3] - marks[2]}
+        cpu = self.server_cpu_s
+        print(f"{'':>11} Redis server CPU-s: push {cpu['push']:.1f}, floor {cpu['floor']:.1f}")
         flush()
 
 
@@ -498,7 +514,14 @@ def save(days: list[Day], goals: dict, args) -> Path:
                 "commit": COMMIT,
                 "date": today,
             }
-        out.setdefault("goals", {}).update(goals.get(str(day.rows), {}))
+        kept = out.setdefault("goals", {})
+        for name, value in goals.get(str(day.rows), {}).items():  # a step run alone keeps the others'
+            if isinstance(value, dict) and isinstance(kept.get(name), dict) and name != "online_vs_hashed":
+                kept[name].update(value)
+            else:
+                kept[name] = value
+        if getattr(day, "server_cpu_s", None):
+            out["push"]["server_cpu_s"] = day.server_cpu_s
         out["train_rows"] = day.train_rows
         tables = day.figures.get("train online")
         if tables:
