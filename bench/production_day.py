@@ -527,8 +527,11 @@ def save(days: list[Day], goals: dict, args) -> Path:
         if tables:
             out["online_tables"] = table_summary(tables[0].result.get("online_tables", {}))
     doc = {"sizes": sizes, "buckets": args.buckets, "filter_freq": args.filter_freq}
-    if "growth" in goals or "growth" in earlier:
-        doc["growth"] = goals.get("growth", earlier.get("growth"))
+    growth = earlier.get("growth", {"steps": {}})
+    if "growth" in goals:  # the steps this run measured at both sizes; the others' kept
+        growth = {**goals["growth"], "steps": {**growth["steps"], **goals["growth"]["steps"]}}
+    if growth["steps"]:
+        doc["growth"] = growth
     return write_results("production_day", doc)
 
 
