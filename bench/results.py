@@ -17,8 +17,14 @@ FOLDER = ROOT / "bench" / "results"
 
 
 def _describe() -> str:
-    out = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True, cwd=ROOT)
-    return out.stdout.strip()
+    """The commit, ``-dirty`` when a tracked file outside ``bench/results/`` has changes (an
+    earlier bench's results file does not change the code being measured)."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)bench/results")
+    return git("describe", "--always") + ("-dirty" if changed else "")
 
 
 # the tree the bench started from: a long bench must not take a later commit's name
