@@ -18,8 +18,8 @@ batch 1024.
 Each variant runs in its own process, the variants alternate, ``--repeat`` times. Printed:
 examples/s of the training loop, examples per CPU-second of the loop and of the whole
 process, held-out AUC, peak RSS of the process tree, and each ratio to (a) of the same round.
-Goals: (c) >= 1.2x (a) by wall second and 1.5x by CPU-second of the loop at an AUC within
-0.002; (b) >= 1.6x (a) by CPU-second of the loop; peak RSS within 1.5x of (a)'s. The figures
+Goals: (c) >= 1.2x (a) by wall second and 1.5x by CPU-second of the loop at an AUC no more
+than 0.002 below (a)'s; (b) >= 1.6x (a) by CPU-second of the loop; peak RSS within 1.5x of (a)'s. The figures
 go to ``bench/results/vs_torchrec.json``.
 
 TorchRec is installed for this benchmark only, in its own virtual environment
@@ -397,7 +397,7 @@ def main() -> int:
         goals["met"] = {
             "c_wall": c["wall_vs_a"] >= goals["c_wall"],
             "c_loop_cpu": c["loop_cpu_vs_a"] >= goals["c_loop_cpu"],
-            "c_auc": abs(c["auc_minus_a"]) <= goals["auc_within"],
+            "c_auc": c["auc_minus_a"] >= -goals["auc_within"],  # within 0.002 below, or above
             "b_loop_cpu": b["loop_cpu_vs_a"] >= goals["b_loop_cpu"],
             "rss": all(v["rss_vs_a"] <= goals["rss"] for v in table.values()),
         }
