@@ -47,6 +47,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from bench.criteo_data import ADAM, CONFIG, LAZY  # noqa: E402
 
 VENV = ROOT / "var/bench/torchrec-venv"
+BATCH = 1024  # every variant's batch
 TORCH = ["torch==2.13.0", "fbgemm-gpu-cpu==1.8.0", "numpy", "pyarrow", "scipy"]
 # torchrec's metadata asks for the CUDA fbgemm-gpu: it goes in without dependencies, with
 # the ones it imports on the CPU
@@ -204,7 +205,7 @@ def torchrec_child(work: Path) -> dict:
         cols = [np.log1p(np.maximum(part[c].fill_null(0).to_numpy().astype(np.float32), 0)) for c in DENSE]
         return torch.from_numpy(np.stack(cols, 1))
 
-    batch = 1024
+    batch = BATCH
     torch.manual_seed(0)
 
     def batches(part, ids):
@@ -367,6 +368,7 @@ def main() -> int:
             "auc": mean(auc),
             "auc_minus_a": gap,
             "loop_cores": mean(wall) / mean(loop_cpu),  # CPU-s per wall second of the loop
+            "step_cpu_ms": 1e3 * BATCH / mean(loop_cpu),  # a batch's CPU-ms, the loop's mean
             "peak_rss_mb": mean(rss),
             "rss_vs_a": ratio(rss),
             "phases": rounds[-1][variant][1].get("phases") if variant != "a_torchrec" else None,
@@ -403,6 +405,7 @@ def main() -> int:
         }
         print("met:", goals["met"])
         doc = {"rows": args.rows, "train_rows": rows, "ids": sum(vocab.values()), "rounds": len(rounds)}
+        pipe["cpu_ms_per_batch"] = 1e3 * BATCH / pipe["examples_per_cpu_s"]
         doc.update(variants=table, input_pipeline=pipe, goals=goals)
         print(f"-> {write_results('vs_torchrec', doc).relative_to(ROOT)}")
     return 0
