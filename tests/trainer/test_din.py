@@ -130,6 +130,23 @@ def test_a_bad_multi_tower_din_names_its_field(edits, message):
         build_model(config)
 
 
+def test_a_multi_tower_din_without_din_towers_is_easyrecs_multi_tower():
+    """``din_towers: []`` and no ``seq_att_groups``: the towers over the feature groups alone
+    (its tables of one width still come back per feature, as the towers pick them by name)."""
+    from recpipe.config import load_pipeline_config
+    from trainer.input import sample_inputs
+    from trainer.models.builders import build_model
+
+    config = with_edits(
+        load_pipeline_config(ROOT / "conf/movielens_din.yaml"),
+        {"model_config.multi_tower.din_towers": [], "model_config.seq_att_groups": []},
+    )
+    model = build_model(config)
+    logits = model(sample_inputs(config))
+    assert logits.shape[0] >= 1 and np.all(np.isfinite(logits.numpy()))
+    assert not any("din_" in v.name for v in model.trainable_variables)
+
+
 @pytest.fixture(scope="module")
 def ml_din(spark, movielens_raw, tmp_path_factory):
     """conf/movielens_din.yaml over the first week, prepared by the Spark job."""

@@ -132,8 +132,9 @@ class RankingModel(EmbeddedModel):
             }
             hidden, extra = self.tower(embeddings, dense, training=training, sequences=sequences)
         else:
-            # tables of one width: the tower takes the fused lookup's [B, F, D] as it is
-            embeddings = self.embedding(inputs, stacked=self.embedding.width is not None, training=training)
+            # tables of one width: a tower that takes the fused lookup's [B, F, D] gets it as it is
+            stacked = self.embedding.width is not None and getattr(self.tower, "takes_stacked", True)
+            embeddings = self.embedding(inputs, stacked=stacked, training=training)
             hidden, extra = self.tower(embeddings, dense, training=training)
         logit = self.head(hidden)
         if extra is not None:

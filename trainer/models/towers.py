@@ -118,6 +118,8 @@ class MultiTowerDINTower(keras.layers.Layer):
         sequences: dict history name -> (``float32 [B, L, D]``, ``bool [B, L]`` mask).
     """
 
+    takes_stacked = False  # its towers pick features by name, with or without histories
+
     def __init__(self, towers: list, din: list, final: DNN, **kwargs):
         super().__init__(**kwargs)
         self.groups = [(names, columns) for names, columns, _ in towers]
