@@ -38,9 +38,10 @@ a mix. A new generation's rows (a base, a rebuild's chain) are written where no 
 before the switch. The rows go in batches
 of ``BATCH`` to one script call: the server unpacks them, cheaper for the pushing process
 than redis-py building as many pipelined commands (``bench/push.py`` compares the push with
-a bare pipelined ``HSET``). One batch is in flight while the next is built (a thread sends
-it), so the pushing process and the server work at once; batches still reach the server in
-order, one at a time, and the first refused one stops the push.
+a bare pipelined ``HSET``). A batch is sent before the reply to the one before it is read, so
+the server runs one while the pushing process builds the next (a sending thread did not
+overlap them: the builder held the interpreter's lock while the sender waited for it); batches
+reach the server in order on one connection, and the first refused one stops the push.
 
 Dense weights stay with the SavedModel; the store holds embedding rows only (Monolith's and
 PaddleRec's split between parameter server and model file).
@@ -49,7 +50,6 @@ PaddleRec's split between parameter server and model file).
 from __future__ import annotations
 
 import logging
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -178,37 +178,53 @@ class _Pusher:
         try:
             return script(keys=keys, args=[self.token, *args])
         except ResponseError as err:
-            if "FENCED" in str(err):
-                raise StoreFenced(
-                    f"{self.model}: the push lock expired (after {LOCK_TIMEOUT_S} s without a write) "
-                    "or Redis restarted while this push ran; another pusher may hold the store, "
-                    "so nothing more was written. Retry the push"
-                ) from None
-            if "MOVED" in str(err):
-                raise StoreFenced(
-                    f"{self.model}: the store's applied export changed during this push"
-                ) from None
-            raise
+            self._refused(err)
+
+    def _refused(self, err: ResponseError):
+        """Raise what a refused script means: ``StoreFenced`` for the fence, a changed
+        ``applied`` or a restarted Redis (its scripts gone with the lock); else ``err``."""
+        text = str(err)
+        if "FENCED" in text or "NOSCRIPT" in text:
+            raise StoreFenced(
+                f"{self.model}: the push lock expired (after {LOCK_TIMEOUT_S} s without a write) "
+                "or Redis restarted while this push ran; another pusher may hold the store, "
+                "so nothing more was written. Retry the push"
+            ) from None
+        if "MOVED" in text:
+            raise StoreFenced(f"{self.model}: the store's applied export changed during this push") from None
+        raise err
 
     def write_export(self, export: Path, manifest: dict, generation: str) -> dict[str, int]:
         """Write one export's rows (each one ``HSET`` of all its fields) and tombstones into
-        ``generation``, in fenced batches."""
-        op = "S"
+        ``generation``, in fenced batches: each batch is sent before the reply to the one before
+        it is read, so that the server runs a batch while this process builds the next (two in
+        flight on one connection, in order; the first refused one stops the push, and the one
+        sent after it is refused by the same fence)."""
         params = read_params(export)
         version = f"{manifest['day']}/{manifest['name']}@{manifest['global_step']}"
         lock_ms = int(LOCK_TIMEOUT_S * 1000)
         ops: list = []
-        count = written = deleted = 0
-        sender = ThreadPoolExecutor(1, thread_name_prefix="push")
-        sent: Future | None = None
+        count = written = deleted = in_flight = 0
+        self.client.script_load(_WRITE)  # EVALSHA below: a restart after this reads as fenced
+        pool = self.client.connection_pool
+        conn = pool.get_connection()
+
+        def receive() -> None:
+            nonlocal in_flight
+            in_flight -= 1
+            try:
+                conn.read_response()
+            except ResponseError as err:
+                self._refused(err)
 
         def flush(now: bool = False) -> None:
-            nonlocal ops, count, sent
+            nonlocal ops, count, in_flight
             if count >= BATCH or (now and count):
-                if sent is not None:
-                    sent.result()  # the batch before: written, or its error (StoreFenced) raised here
-                sent = sender.submit(self._run, self.write, [self.lock.name], [lock_ms, *ops])
+                conn.send_command("EVALSHA", self.write.sha, 1, self.lock.name, self.token, lock_ms, *ops)
+                in_flight += 1
                 ops, count = [], 0
+                if in_flight > 1:
+                    receive()  # the batch before: written, or its refusal raised here
 
         try:
             for table, rows in params.tables.items():
@@ -216,7 +232,7 @@ class _Pusher:
                 views = [np.ascontiguousarray(rows.views[n], "<f4") for n in names]
                 head = row_key(self.model, table, "", generation, self.prefix)
                 for i, key in enumerate(rows.ids.tolist()):
-                    ops += [op, f"{head}{key}", len(names) + 1, "version", version]
+                    ops += ["S", f"{head}{key}", len(names) + 1, "version", version]
                     for name, values in zip(names, views, strict=True):
                         ops += [name, values[i].tobytes()]
                     count += 1
@@ -228,10 +244,12 @@ class _Pusher:
                     deleted += 1
                     flush()
             flush(now=True)
-            if sent is not None:
-                sent.result()
+            while in_flight:
+                receive()
         finally:
-            sender.shutdown(wait=True)  # a batch in flight ends before the push returns or raises
+            if in_flight:  # replies left unread: the connection cannot serve another command
+                conn.disconnect()
+            pool.release(conn)
         return {"rows": written, "deleted": deleted}
 
     def switch(self, held: dict, manifest: dict, generation: str, backwards: bool = False) -> None:
