@@ -17,13 +17,15 @@ FOLDER = ROOT / "bench" / "results"
 
 
 def _describe() -> str:
-    """The commit, ``-dirty`` when a tracked file outside ``bench/results/`` has changes (an
-    earlier bench's results file does not change the code being measured)."""
+    """The commit, ``-dirty`` when a tracked file outside ``bench/results/`` and ``docs/`` has
+    changes (an earlier bench's results file, or a page being written, does not change the
+    code being measured)."""
 
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], capture_output=True, text=True, cwd=ROOT).stdout.strip()
 
-    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)bench/results")
+    outside = (".", ":(exclude)bench/results", ":(exclude)docs")
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", *outside)
     return git("describe", "--always") + ("-dirty" if changed else "")
 
 
