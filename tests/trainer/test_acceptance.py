@@ -249,7 +249,7 @@ def test_online_tables_keep_the_fixed_tables_auc_out_of_time(ml_all, tmp_path):
 def test_mmoe_tasks_match_each_task_alone_out_of_time(ml_all, tmp_path):
     """conf/movielens_mmoe.yaml's two tasks from one rating (``like``: >= 4, ``rated_high``:
     = 5) on the same features: each task's AUC within 0.003 of the same MMoE trained on that
-    task alone, or better (issue 38)."""
+    task alone, or better."""
     from recpipe.config import load_pipeline_config
 
     paths = {k: getattr(ml_all, k) for k in ("raw_input_path", "train_input_path")}
