@@ -280,8 +280,8 @@ def test_mmoe_tasks_match_each_task_alone_out_of_time(ml_all, tmp_path):
 def test_din_over_rated_histories_beats_deepfm_out_of_time(ml_all_din, tmp_path):
     """conf/movielens_din.yaml (DIN's attention over each user's last 20 films, their genres,
     and, pooled with the same weights, the ratings the user gave them) against DeepFM on the
-    same rows: at least 0.005 AUC above DeepFM, and above DeepFM's 0.7155 by as much (issue
-    38). Most eval users are new: their history is all the model knows of them."""
+    same rows: at least 0.005 AUC above DeepFM, and above DeepFM's 0.7155 by as much. Most eval
+    users are new: their history is all the model knows of them."""
     from recpipe.config import load_pipeline_config
 
     paths = {k: getattr(ml_all_din, k) for k in ("raw_input_path", "train_input_path")}
