@@ -45,7 +45,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from bench.criteo_data import CONFIG, LAZY, bench_edits  # noqa: E402
 from bench.process_tree import Measured, run  # noqa: E402
-from bench.results import COMMIT, FOLDER, write_results  # noqa: E402  (the commit at the start)
+from bench.results import COMMIT, FOLDER, word, write_results  # noqa: E402  (the commit at the start)
 
 DS = "2024-01-01"
 BATCH = 1024
@@ -232,6 +232,7 @@ class Day:
         self.online = {"filter_freq": filter_freq, "max_capacity": 1 << 24}
         self.train_rows = rows * (100 - HOLDOUT) // 100
         self.figures: dict[str, tuple[Measured, Measured | None]] = {}
+        self.server_cpu_s: dict[str, float] | None = None  # the push's and its floor's Redis CPU-s
         self.logs = self.work / "logs"
 
     def edit(self, online: bool = False, checkpoint_steps: int = 100_000) -> dict:
@@ -401,12 +402,6 @@ def variables_mb(model_dir: Path) -> float:
     return total / 2**20
 
 
-def key(step: str) -> str:
-    """A step's key in the results file (``train online`` -> ``train_online``): the docs'
-    figure paths are dotted words."""
-    return step.replace(" ", "_")
-
-
 def summary(days: list[Day]) -> dict:
     """Print each goal beside its figure; returns them by size (``{rows: {goal: ...}}``) and,
     across sizes, the growth of each step from the smallest size to the largest."""
@@ -417,7 +412,7 @@ def summary(days: list[Day]) -> dict:
         for name, (step, floor) in day.figures.items():
             if floor is not None:
                 x = step.cpu_s / floor.cpu_s
-                goals["floor"][key(name)] = {
+                goals["floor"][word(name)] = {
                     "cpu_x": x,
                     "wall_x": step.wall_s / floor.wall_s,
                     "met": x <= 1.5,
@@ -458,7 +453,7 @@ def summary(days: list[Day]) -> dict:
             if name in large.figures:
                 growth = large.figures[name][0].wall_s / small.figures[name][0].wall_s
                 cpu = large.figures[name][0].cpu_s / small.figures[name][0].cpu_s
-                growth_all["steps"][key(name)] = {"wall_x": growth, "cpu_x": cpu, "met": cpu <= 1.1 * ratio}
+                growth_all["steps"][word(name)] = {"wall_x": growth, "cpu_x": cpu, "met": cpu <= 1.1 * ratio}
                 print(
                     f"  {name:<14} {large.rows:,} / {small.rows:,} rows ({ratio:.0f}x): wall {growth:.1f}x, "
                     f"CPU {cpu:.1f}x (<= {1.1 * ratio:.0f}x: {growth <= 1.1 * ratio})"
@@ -503,7 +498,7 @@ def save(days: list[Day], goals: dict, args) -> Path:
     for day in days:
         out = sizes.setdefault(str(day.rows), {})
         for name, (step, floor) in day.figures.items():
-            out[key(name)] = {
+            out[word(name)] = {
                 "wall_s": round(step.wall_s, 1),
                 "cpu_s": round(step.cpu_s, 1),
                 "peak_rss_mb": round(step.peak_rss_mb),
@@ -516,11 +511,11 @@ def save(days: list[Day], goals: dict, args) -> Path:
             }
         kept = out.setdefault("goals", {})
         for name, value in goals.get(str(day.rows), {}).items():  # a step run alone keeps the others'
-            if isinstance(value, dict) and isinstance(kept.get(name), dict) and name != "online_vs_hashed":
+            if isinstance(value, dict) and isinstance(kept.get(name), dict):
                 kept[name].update(value)
             else:
                 kept[name] = value
-        if getattr(day, "server_cpu_s", None):
+        if day.server_cpu_s:
             out["push"]["server_cpu_s"] = day.server_cpu_s
         out["train_rows"] = day.train_rows
         tables = day.figures.get("train online")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -33,9 +34,23 @@ def _describe() -> str:
 COMMIT = _describe()
 
 
+def word(key) -> str:
+    """A key as the docs' figure paths can name it: dotted words (``train online`` ->
+    ``train_online``, ``PSStrategy+geo_step=10`` -> ``PSStrategy_geo_step_10``)."""
+    return re.sub(r"[^\w-]", "_", str(key))
+
+
+def _words(value):
+    if isinstance(value, dict):
+        return {word(k): _words(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_words(v) for v in value]
+    return value
+
+
 def write_results(name: str, figures: dict) -> Path:
     """Write ``figures`` (JSON-able) with their provenance to ``bench/results/<name>.json``
-    (atomically: a reader never sees half a file); the path."""
+    (atomically: a reader never sees half a file; every key made a ``word``); the path."""
     from recpipe import atomic
 
     script = Path(sys.argv[0]).resolve()
@@ -45,6 +60,6 @@ def write_results(name: str, figures: dict) -> Path:
         "commit": COMMIT,
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
         "date": datetime.now(UTC).date().isoformat(),
-        **figures,
+        **_words(figures),
     }
     return atomic.write_text(FOLDER / f"{name}.json", json.dumps(doc, indent=2) + "\n")

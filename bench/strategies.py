@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -170,7 +169,7 @@ def main() -> None:
             vs_none=r["examples_per_sec"] / base,
             per_cpu_vs_none=r["per_cpu_s"] / base_cpu,
         )
-        jobs[re.sub(r"[^\w-]", "_", name)] = {"name": name, **r}  # a dotted path of words in the docs
+        jobs[name] = {"name": name, **r}
         processes = f"x{workers}{f'+{ps}ps' if ps else ''}"
         print(
             f"{name:26s} {processes:6s} {r['examples_per_sec']:9,.0f} examples/s "

@@ -166,6 +166,7 @@ class _Pusher:
         except LockError as err:
             raise StoreError(f"{self.model}: cannot take the store's push lock ({err})") from None
         self.token = self.lock.local.token
+        self.client.script_load(_WRITE)  # write_export's EVALSHA: a restart after this reads as fenced
         return self
 
     def __exit__(self, *exc):
@@ -205,7 +206,6 @@ class _Pusher:
         lock_ms = int(LOCK_TIMEOUT_S * 1000)
         ops: list = []
         count = written = deleted = in_flight = 0
-        self.client.script_load(_WRITE)  # EVALSHA below: a restart after this reads as fenced
         pool = self.client.connection_pool
         conn = pool.get_connection()
 

@@ -12,7 +12,6 @@ gathers the figures into ``bench/results/acceptance.json``.
 from __future__ import annotations
 
 import json
-import re
 import warnings
 
 import numpy as np
@@ -80,16 +79,10 @@ def _baselines(config) -> dict[str, dict[str, float]]:
 
 def _record(name: str, figures: dict) -> None:
     """A test's figures to ``var/acceptance/<name>.json`` (``bench/acceptance.py`` gathers
-    them into a results file the docs render; keys as words: ``like/auc`` -> ``like_auc``)."""
-
-    def words(value):
-        if isinstance(value, dict):
-            return {re.sub(r"[^\w-]", "_", str(k)): words(v) for k, v in value.items()}
-        return value
-
+    them into a results file the docs render)."""
     out = ROOT / "var" / "acceptance" / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(words(figures), indent=2))
+    out.write_text(json.dumps(figures, indent=2))
 
 
 @pytest.mark.slow
