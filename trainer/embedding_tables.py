@@ -248,3 +248,27 @@ def rows_of(variable) -> tf.Tensor:
     if plain_variable(variable):
         return tf.raw_ops.VariableShape(input=variable.handle, out_type=tf.int64)[0]
     return tf.shape(variable, out_type=tf.int64)[0]
+
+
+_UNIQUE = "_recpipe_unique_rows"  # an attribute of a traced row tensor
+
+
+def gather_unique(variable, rows: tf.Tensor) -> tf.Tensor:
+    """``tf.gather(variable, rows)`` for ``rows`` (``int64 [U]``) known to be distinct: the
+    gradient's ``tf.IndexedSlices`` then already has one entry per row, and
+    ``sums_duplicates`` tells the optimizers so (tf-keras would sum duplicates again: a
+    ``tf.unique`` over the rows and a segment sum a step)."""
+    rows = tf.identity(rows)
+    if not tf.executing_eagerly():
+        setattr(rows, _UNIQUE, True)
+    return tf.gather(variable, rows)
+
+
+def sums_duplicates(grad: tf.IndexedSlices) -> bool:
+    """Whether ``grad`` (a table's gradient) may hold a row more than once: False only for the
+    gradient of one ``gather_unique`` (its indices the reshaped rows); a gradient of several
+    lookups of one table concatenates theirs."""
+    op = grad.indices.op if hasattr(grad.indices, "op") else None
+    if op is None or op.type != "Reshape":
+        return True
+    return not getattr(op.inputs[0], _UNIQUE, False)

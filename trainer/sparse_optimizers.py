@@ -1,7 +1,8 @@
 """Optimizers whose update of an embedding table touches only the rows in the batch.
 
 A table's gradient from ``tf.gather`` is a ``tf.IndexedSlices`` over the looked-up rows;
-tf-keras's ``apply_gradients`` first sums duplicate ids (``_deduplicate_sparse_grad``), so
+tf-keras's ``apply_gradients`` first sums duplicate ids (``_deduplicate_sparse_grad``; not
+for a gradient whose rows are already distinct, ``trainer.embedding_tables.gather_unique``), so
 each ``update_step`` below sees unique row ids. Dense gradients (MLP weights) take the
 parent class's dense path unchanged. Slots are the parent's (``m``/``v``; ``accumulator``/
 ``linear``), so checkpoints look the same as with the dense optimizer.
@@ -16,7 +17,7 @@ from __future__ import annotations
 import tensorflow as tf
 import tf_keras as keras
 
-from trainer.embedding_tables import plain_variable, rows_of
+from trainer.embedding_tables import plain_variable, rows_of, sums_duplicates
 
 
 def _set_rows(slot: tf.Variable, indices: tf.Tensor, rows: tf.Tensor) -> None:
@@ -50,6 +51,14 @@ class GrowableSlots:
         )
         self._variables.append(variable)
         return variable
+
+    def _deduplicate_sparse_grad(self, grads):
+        # an online table's gradient already has one entry per row (gather_unique)
+        kept = {
+            i: g for i, g in enumerate(grads) if isinstance(g, tf.IndexedSlices) and not sums_duplicates(g)
+        }
+        summed = super()._deduplicate_sparse_grad([None if i in kept else g for i, g in enumerate(grads)])
+        return [kept.get(i, g) for i, g in enumerate(summed)]
 
     def _filled(self, var: tf.Variable, value: float) -> tf.Tensor:
         """A slot's initial value ``value`` in the shape of ``var``, known or not."""

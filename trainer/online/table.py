@@ -60,7 +60,7 @@ import tf_keras as keras
 
 from recpipe.config.data import EVParams
 from recpipe.exports.files import TableRows
-from trainer.embedding_tables import rows_of, variable_name
+from trainer.embedding_tables import gather_unique, rows_of, variable_name
 from trainer.online import eviction
 from trainer.online.admission import SKETCH_DEPTH, SKETCH_NAME, CountMinSketch, fitted_width, ready
 from trainer.online.clock import EVClock
@@ -223,9 +223,10 @@ class EmbeddingVariable:
     def count(self, keys: tf.Tensor, counts: tf.Tensor | None, members: tf.Tensor | None = None) -> None:
         """Admit, count and evict for one step's ``keys`` (``int64 [N]``), each standing for
         ``counts`` sightings (``int64 [N]``; default 1); in a group ``members`` (``int64 [N]``)
-        is each key's member index. Returns the rows of ``keys`` after admission (``int64
-        [N]``, -1 for ids without one), or None where the ids admitted are the union over
-        processes (``key_union``) and the caller looks them up.
+        is each key's member index. Returns ``(rows int64 [U], index int64 [N])``: the rows of
+        the distinct keys after admission (-1 for ids without one) and each key's place among
+        them (``tf.unique``'s), so that a lookup gathers each row once; or None where the ids
+        admitted are the union over processes (``key_union``) and the caller looks them up.
 
         Raises:
             ValueError: a group's keys without ``members``."""
@@ -243,7 +244,7 @@ class EmbeddingVariable:
             unique, occurrences, member = self.key_union(unique, occurrences, member)
             self.admit(unique, occurrences, member)
             return None
-        return tf.gather(self.admit(unique, occurrences, member), index)
+        return self.admit(unique, occurrences, member), index
 
     def _per_member(self, values: tf.Tensor, member: tf.Tensor | None) -> tf.Tensor:
         """``int64 [n]`` values of keys of ``member`` (``int64 [n]``, None alone) summed per
@@ -653,14 +654,19 @@ class EVView:
 
     def rows_of(self, keys: tf.Tensor, found: tuple | None = None) -> tf.Tensor:
         """``int64 [N]`` ids -> ``float32 [N, dim]``: their rows, zeros for ids without one
-        (left out of the gather, so they get no gradient). ``found``: ``(hit, miss, rows)`` of
-        ``keys`` already known (``_found``)."""
-        hit, miss, rows = found or _found(self.ev.map.lookup(keys))
-        got = tf.gather(self.weights, rows)
+        (left out of the gather, so they get no gradient). ``found``: ``(hit, miss, rows,
+        index)`` of ``keys`` already known (``_found``): with an ``index``, ``hit`` and ``miss``
+        are places among the distinct keys, each row is gathered once (its gradient one entry
+        a row: ``gather_unique``) and ``index`` spreads them over ``keys``."""
+        hit, miss, rows, index = found or _found(self.ev.map.lookup(keys))
+        got = gather_unique(self.weights, rows) if index is not None else tf.gather(self.weights, rows)
         # rows in their places, zeros in the others: a stitch copies rows (a scatter_nd into
         # zeros cost 1 ms a view at 26k ids a step)
         zeros = tf.zeros(tf.stack([tf.size(miss), self.dim]), got.dtype)
-        return tf.reshape(tf.dynamic_stitch([hit, miss], [got, zeros]), [-1, self.dim])
+        stitched = tf.dynamic_stitch([hit, miss], [got, zeros])
+        if index is not None:
+            stitched = tf.gather(stitched, index)
+        return tf.reshape(stitched, [-1, self.dim])
 
     def lookup(
         self,
@@ -682,7 +688,7 @@ class EVView:
             )
             # the step's other views (the wide embedding of the feature) look the same ids
             # up after this one: they take these rows instead of the map's (one lookup a step)
-            self.ev.step_rows = None if slots is None else (keys, _found(slots))
+            self.ev.step_rows = None if slots is None else (keys, _found(*slots))
             found = self.ev.step_rows and self.ev.step_rows[1]
         elif training and not tf.executing_eagerly() and self.ev.step_rows and self.ev.step_rows[0] is keys:
             found = self.ev.step_rows[1]
@@ -720,12 +726,13 @@ class EVView:
         return out
 
 
-def _found(slots: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-    """``(hit int32 [n], miss int32 [N - n], rows int64 [n])``: the positions of ``slots``
-    (``int64 [N]``) that hold a row and of those that do not, and the rows."""
+def _found(slots: tf.Tensor, index: tf.Tensor | None = None) -> tuple:
+    """``(hit int32 [n], miss int32 [U - n], rows int64 [n], index)``: the positions of
+    ``slots`` (``int64 [U]``) that hold a row and of those that do not, the rows, and
+    ``index`` as given (``int64 [N]``, each key's place among ``slots``; None: one slot a key)."""
     has = tf.cast(slots >= 0, tf.int32)
     miss, hit = tf.dynamic_partition(tf.range(tf.size(slots)), has, 2)
-    return hit, miss, tf.dynamic_partition(slots, has, 2)[1]
+    return hit, miss, tf.dynamic_partition(slots, has, 2)[1], index
 
 
 def _weights_of(layer, table: str, rows: int):
