@@ -238,6 +238,36 @@ class Trainer:
         parts = self._step_parts(self.state, signature)
         return self.dist.build_train_step(dataclasses.replace(parts, build_replica=replica))
 
+    def _ahead_steps(self, signature: tuple):
+        """The loop's ``trainer.online.ahead.AheadSteps``, or None where each step admits its
+        own batch (``train_config.admit_ahead`` off, no online tables, or a distribution whose
+        step is not one call of this process)."""
+        if not (self.config.train_config.admit_ahead and self.state.evs and self.dist.admits_ahead):
+            return None
+        parts = self._step_parts(self.state, signature)
+        return None if parts.admit is None else self.dist.build_ahead_steps(parts)
+
+    def _steps(self, data, train_step: Callable, ahead, drain_next: Callable[[], bool], started: dict):
+        """``(element trained, its loss)`` of each step over ``data``. With ``ahead``
+        (``AheadSteps``) an element is admitted one step before it trains; the pending one
+        trains alone where ``drain_next()`` says the next step must leave no batch admitted
+        ahead (a save or the last step follows), and at the end of ``data``. ``started`` gets
+        the wall and CPU clocks before the first step (tracing included)."""
+        for element in data:
+            if not started:
+                started.update(wall=time.perf_counter(), cpu=time.process_time())
+            if ahead is None:
+                yield element, self.dist.run_step(train_step, element)
+            elif ahead.pending is None:
+                ahead.admit(element)
+            elif drain_next():
+                yield ahead.drain()
+                ahead.admit(element)
+            else:
+                yield ahead.step(element)
+        if ahead is not None and ahead.pending is not None:
+            yield ahead.drain()
+
     def _step_parts(self, state, signature: tuple) -> StepParts:
         reader = self.reader
         model, loss_fn, optimizers, split = state.model, self.loss_fn, state.optimizers, state.var_split
@@ -265,7 +295,22 @@ class Trainer:
                 opt.apply_gradients(zip(grads[i : i + len(part)], part, strict=True))
                 i += len(part)
 
-        return StepParts(signature, gradients, apply, variables, exchanged, state.counters(), state)
+        clock = online.clock(model)
+
+        def admit(flat: tuple) -> None:
+            model(reader.structure(flat)[0], training=False)  # the tables admit (ahead.record)
+
+        return StepParts(
+            signature,
+            gradients,
+            apply,
+            variables,
+            exchanged,
+            state.counters(),
+            state,
+            admit=admit if clock is not None else None,
+            ahead=clock.ahead if clock is not None else None,
+        )
 
     def _learning_rate(self) -> float:
         opt = self.optimizers[-1]
@@ -340,24 +385,30 @@ class Trainer:
         total_start, total_examples, cpu_start = time.time(), 0, time.process_time()
         loss = float("nan")
         phases: dict = {}
+        started: dict = {}  # the first step's start (_steps), wall and CPU
         # the step is counted here too: reading global_step every step would sync with the device
         step = int(self.global_step.numpy())
         done = tc.num_steps is not None and step >= tc.num_steps
+        ahead = None
+
+        def drain_next() -> bool:
+            # the next step saves or is the last: it must leave no batch admitted ahead
+            last = tc.num_steps is not None and step + 1 >= tc.num_steps
+            return last or (saver and self._due(step + 1, last_save_step, last_save_time))
+
         while not done and int(self.epoch.numpy()) < dc.num_epochs:
             data = epoch_data(int(self.epoch.numpy()), int(self.batch_in_epoch.numpy()))
             if train_step is None:
                 signature = dist.input_signature(data, self.reader.signature())
                 self.train_step = train_step = self._train_step_fn(signature)
-            for element in data:
-                if not total_examples:
-                    first = (time.perf_counter(), time.process_time())
-                loss_t = dist.run_step(train_step, element)
+                ahead = self._ahead_steps(signature)
+            for element, loss_t in self._steps(data, train_step, ahead, drain_next, started):
                 if not total_examples:
                     dist.fetch(loss_t)
                     memory.mark("first_step")  # the step traced and run once
                     release_free_memory()  # what tracing freed
-                    phases["first_step_s"] = round(time.perf_counter() - first[0], 3)
-                    phases["first_step_cpu_s"] = round(time.process_time() - first[1], 3)
+                    phases["first_step_s"] = round(time.perf_counter() - started["wall"], 3)
+                    phases["first_step_cpu_s"] = round(time.process_time() - started["cpu"], 3)
                     steady = (time.perf_counter(), time.process_time(), step + 1)
                 step += 1
                 n = dist.local_examples(element)
@@ -389,7 +440,8 @@ class Trainer:
                     with writer.as_default(step=step):
                         tf.summary.scalar("loss", dist.fetch(loss_t))
                         tf.summary.scalar("learning_rate", self._learning_rate())
-                if saver and self._due(step, last_save_step, last_save_time):
+                drained = ahead is None or ahead.pending is None  # no batch admitted ahead
+                if saver and drained and self._due(step, last_save_step, last_save_time):
                     check_finite(dist.fetch(loss_t), step, last_save_step)
                     self._save(step)
                     last_save_step, last_save_time, saved = step, time.time(), True
@@ -409,7 +461,7 @@ class Trainer:
             phases["step_ms"] = round(1e3 * (time.perf_counter() - steady[0]) / (step - steady[2]), 3)
             phases["step_cpu_ms"] = round(1e3 * (time.process_time() - steady[1]) / (step - steady[2]), 3)
         if train_step is not None:
-            phases["step_ops"] = graph_ops(train_step)
+            phases["step_ops"] = graph_ops(train_step if ahead is None else ahead.traced)
         if saver and (step != last_save_step or (start_latest is None and not saved)):
             self._save(step)
         memory.mark("save")

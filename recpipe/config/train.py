@@ -230,6 +230,12 @@ class TrainConfig(Section):
     random_seed: int = Field(0, ge=0)
     """Seeds initialisation and the input order: the same seed, config and data give the same
     model (asynchronous parameter-server training aside)."""
+    admit_ahead: bool = False
+    """Online tables (``ev_params``) admit batch N+1 while batch N trains, in one process
+    (``NoStrategy``): the admission's ops run beside the MLP's (TorchRec's sparse pipeline),
+    which pays where cores are idle during a step; the same rows, versions and updates as
+    admitting each batch in its own step, and checkpoints hold no batch admitted ahead. Off
+    by default: on 2 cores the step already keeps them busy (docs/benchmarks.md)."""
     op_determinism: bool = True
     """TensorFlow's op determinism: ops that would add in thread order take a fixed order
     (little cost on CPU, more on GPU; process-wide once on)."""

@@ -145,3 +145,26 @@ def test_fused_tables_save_and_restore_one_entry_per_table(tmp_path):
     assert sorted(k for k, _ in tf.train.list_variables(path) if k.startswith("tables/")) == [
         f"tables/{n}/.ATTRIBUTES/VARIABLE_VALUE" for n in "uvw"
     ]
+
+
+def test_an_mlp_under_mixed_bfloat16_computes_in_bfloat16_with_float32_weights_and_output():
+    from recpipe.config.model import DNN
+    from trainer.layers.mlp import MLP
+
+    x = tf.random.stateless_normal([64, 40], seed=[1, 2])
+    full = MLP(DNN(hidden_units=[32, 8]))
+    mixed = MLP(DNN(hidden_units=[32, 8], dtype_policy="mixed_bfloat16"))
+    full(x), mixed(x)
+    for a, b in zip(full.weights, mixed.weights, strict=True):
+        b.assign(a)
+    with tf.GradientTape() as tape:
+        out = mixed(x)
+        loss = tf.reduce_sum(out)
+    grads = tape.gradient(loss, mixed.trainable_weights)
+    assert out.dtype == tf.float32 and all(w.dtype == tf.float32 for w in mixed.weights)
+    assert all(g.dtype == tf.float32 for g in grads)
+    assert mixed.dense[0].compute_dtype == "bfloat16"
+    reference = full(x).numpy()
+    # bfloat16 keeps 8 bits of mantissa: close to the float32 product, not equal to it
+    assert not np.array_equal(out.numpy(), reference)
+    np.testing.assert_allclose(out.numpy(), reference, rtol=0.05, atol=0.05 * np.abs(reference).max())

@@ -85,6 +85,9 @@ class StepParts:
         build_replica: ``() -> StepParts`` of a new, whole copy of model and optimizers (its
             variables created under the caller's device scope), for a distribution that trains
             local copies (GEO); None where no copy can be built.
+        admit: ``flat -> None``: the model called on one batch's features, for an admission
+            pass (``trainer.online.ahead``); None where the model has no online tables.
+        ahead: the model's ``trainer.online.ahead.Ahead`` (with ``admit``).
     """
 
     signature: tuple
@@ -95,6 +98,8 @@ class StepParts:
     counters: tuple
     state: object = None
     build_replica: Callable | None = None
+    admit: Callable | None = None
+    ahead: object = None
 
 
 class Distribution:
@@ -198,10 +203,41 @@ class Distribution:
     def broadcast(self, variables: list[tf.Variable]) -> None:
         """Make every process start from the chief's values (after restore)."""
 
+    @property
+    def admits_ahead(self) -> bool:
+        """Whether online tables can admit one batch ahead here (``train_config.admit_ahead``):
+        one process and one replica under the default strategy, where a step is one function
+        call (``trainer.online.ahead``)."""
+        return type(self) is Distribution
+
+    def build_ahead_steps(self, parts: StepParts):
+        """The ``trainer.online.ahead.AheadSteps`` of ``parts`` (``admits_ahead`` only)."""
+        from trainer.online.ahead import AheadSteps
+
+        step = self._replica_step(parts)
+        train = lambda flat: self.job_loss(self.strategy.run(step, args=tuple(flat)))  # noqa: E731
+        return AheadSteps(parts.ahead, parts.signature, train, parts.admit, parts.counters)
+
     def build_train_step(self, parts: StepParts) -> Callable:
         """The train step ``run_step`` runs: one fused ``tf.function`` (gradients of this
         replica's share of the global mean loss, summed over replicas, applied, counters
         incremented) returning the job's loss."""
+        step = self._replica_step(parts)
+
+        # autograph off: the step's Python control flow is all on Python values, and converting
+        # the model's and optimizers' code took 1.1 of the first step's 1.5 s of tracing
+        @tf.function(input_signature=parts.signature, reduce_retracing=True, autograph=False)
+        def train_step(*inputs):
+            loss = self.strategy.run(step, args=inputs)
+            for counter in parts.counters:
+                counter.assign_add(1)
+            return self.job_loss(loss)
+
+        return train_step
+
+    def _replica_step(self, parts: StepParts) -> Callable:
+        """``*flat -> loss``: one replica's gradients of its share of the global mean loss,
+        summed over replicas and applied."""
         several = self.world_size * self.replicas_per_process > 1
 
         def step(*flat):
@@ -214,16 +250,7 @@ class Distribution:
             parts.apply(grads)
             return loss
 
-        # autograph off: the step's Python control flow is all on Python values, and converting
-        # the model's and optimizers' code took 1.1 of the first step's 1.5 s of tracing
-        @tf.function(input_signature=parts.signature, reduce_retracing=True, autograph=False)
-        def train_step(*inputs):
-            loss = self.strategy.run(step, args=inputs)
-            for counter in parts.counters:
-                counter.assign_add(1)
-            return self.job_loss(loss)
-
-        return train_step
+        return step
 
     # -- checkpoints ---------------------------------------------------------------------------
     def saved_state(self, state, build_unsharded: Callable):

@@ -213,6 +213,7 @@ class FeatureEmbedding(keras.layers.Layer):
             the valid elements), ``L`` = ``sequence_length``.
         """
         length = f.sequence_length
+        training = self._training(training)
         ids, fused = self._ids(f, inputs[f.name][:, -length:])
         if isinstance(fused, EVView):
             rows = self._history_rows(f, fused, ids.flat_values, bool(training))
@@ -234,8 +235,14 @@ class FeatureEmbedding(keras.layers.Layer):
             return self.sharding.lookup_keys(view, ids, training, members, counted=False)
         return view.lookup(ids, tf.zeros_like(ids) if training else None, training=training, members=members)
 
+    def _training(self, training) -> bool:
+        """Lookups in training, or in an admission pass of the next batch (``trainer.online.ahead``:
+        the model is called with ``training=False`` there, the tables admit as in training)."""
+        clock = self._index.clock
+        return bool(training) or (clock is not None and clock.ahead.recording)
+
     def call(self, inputs: dict, stacked: bool = False, training=None):
-        training = bool(training)
+        training = self._training(training)
         if stacked and self.width is None:
             raise EmbeddingConfigError(
                 f"{self.name}: stacked embeddings need one embedding_dim, got {sorted(self.fused)}"

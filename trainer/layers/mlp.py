@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tensorflow as tf
 import tf_keras as keras
 
 from recpipe.config.model import DNN
@@ -11,14 +12,17 @@ from trainer.layers.batch_norm import BatchNorm
 class MLP(keras.layers.Layer):
     """Dense ReLU layers, each optionally followed by batch norm and dropout.
 
-    Input ``float32 [B, d]`` -> output ``float32 [B, hidden_units[-1]]``.
+    Input ``float32 [B, d]`` -> output ``float32 [B, hidden_units[-1]]``. With
+    ``dtype_policy: mixed_bfloat16`` the Dense layers compute in bfloat16 (Keras' mixed
+    precision: float32 weights, cast for the product) and the output is cast back to float32.
     """
 
     def __init__(self, config: DNN, **kwargs):
         super().__init__(**kwargs)
         self.config = config
+        policy = config.dtype_policy
         self.dense = [
-            keras.layers.Dense(u, activation="relu", name=f"dense_{i}")
+            keras.layers.Dense(u, activation="relu", name=f"dense_{i}", dtype=policy)
             for i, u in enumerate(config.hidden_units)
         ]
         self.norms = [BatchNorm(name=f"bn_{i}") for i in range(len(self.dense))] if config.use_bn else []
@@ -34,7 +38,7 @@ class MLP(keras.layers.Layer):
             else:
                 x = dense(x)
             x = self._after(i, x, training)
-        return x
+        return tf.cast(x, tf.float32) if x.dtype != tf.float32 else x
 
     def _after(self, i, x, training):
         if self.norms:

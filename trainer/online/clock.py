@@ -7,6 +7,8 @@ import datetime
 import tensorflow as tf
 import tf_keras as keras
 
+from trainer.online.ahead import Ahead
+
 _EPOCH = datetime.date(1970, 1, 1).toordinal()
 
 
@@ -20,11 +22,14 @@ class EVClock(keras.layers.Layer):
     """The online tables' time: ``step`` (int64, training steps over the model's life: unlike
     ``global_step`` it continues across fine-tunes, so ``steps_to_live`` spans days) and
     ``day`` (int64, days since 1970-01-01 of the newest day trained on). It also holds the
-    model's tables by name (``table``), so that the layers looking one up share it."""
+    model's tables by name (``table``), so that the layers looking one up share it, and the
+    lookups' mode when a step admits one batch ahead (``ahead``, ``trainer.online.ahead``)."""
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self._tables = _Tables()
+        # the lookups' mode while a step admitting one batch ahead is traced
+        self.ahead = Ahead()
 
     def groups(self, specs: dict) -> dict[str, tuple[str, list[str]]]:
         """The group of each online table of ``specs`` (table -> ``(ev_params, embedding_dim)``):
@@ -59,8 +64,9 @@ class EVClock(keras.layers.Layer):
         number of that step, counted from 1 (``step`` + 1; ``step`` moves to it when the step
         ends). So after K steps ``step`` == K == the newest version, and an export that records
         ``step`` as its ``ev_step`` holds every version up to it: the rows looked up after it
-        are exactly those with a version above it (``trainer.delta``)."""
-        return tf.convert_to_tensor(self.step) + 1
+        are exactly those with a version above it (``trainer.delta``). A batch admitted
+        ahead of the one training (``trainer.online.ahead``) gets the version of its own step."""
+        return tf.convert_to_tensor(self.step) + 1 + self.ahead.offset
 
     def build(self, input_shape=None):
         def counter(name):

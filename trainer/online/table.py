@@ -189,10 +189,18 @@ class EmbeddingVariable:
     def grown_variables(self) -> list[tuple[tf.Variable, object]]:
         """``(variable, fill)`` of every variable with one entry per row, optimizer slots
         included: what ``grow`` and ``resize`` extend, and the value of a new row."""
-        rows = [(v.weights, 0.0) for v in self.views]
-        rows += [(self.keys, FREE), (self.freqs, 0), (self.versions, 0), (self.days, 0), (self.free, 0)]
-        rows += [(self.row_tags, 0)] if self.grouped else []
-        return rows + list(self.optimizer_slots)
+        return self._state_grown + self._weights_grown
+
+    @property
+    def _state_grown(self) -> list[tuple[tf.Variable, object]]:
+        """``grown_variables`` of the rows' state (ids, counts, versions, days, free stack)."""
+        rows = [(self.keys, FREE), (self.freqs, 0), (self.versions, 0), (self.days, 0), (self.free, 0)]
+        return rows + ([(self.row_tags, 0)] if self.grouped else [])
+
+    @property
+    def _weights_grown(self) -> list[tuple[tf.Variable, object]]:
+        """``grown_variables`` of the rows' weights and optimizer slots."""
+        return [(v.weights, 0.0) for v in self.views] + list(self.optimizer_slots)
 
     @property
     def row_variables(self) -> list[tf.Variable]:
@@ -280,14 +288,19 @@ class EmbeddingVariable:
         _set(self.versions, hit_slots, step)
         _set(self.days, hit_slots, day)
         evicted = tf.zeros([len(self.members)], tf.int64)
+        cleared = tf.zeros([0], tf.int64)  # rows evicted: their weights are cleared last
         if p.steps_to_live:
             # an O(rows) scan, every steps_to_live / 8 steps (exact up to 15 steps to live)
             period = max(1, p.steps_to_live // 8)
-            evicted += tf.cond(
-                step % period == 0,
-                lambda: self.evict(eviction.stale_by_steps(self.keys, self.versions, step, p.steps_to_live)),
-                lambda: tf.zeros([len(self.members)], tf.int64),
+
+            def stale():
+                slots = eviction.stale_by_steps(self.keys, self.versions, step, p.steps_to_live)
+                return self._evict_state(slots), slots
+
+            freed, cleared = tf.cond(
+                step % period == 0, stale, lambda: (tf.zeros([len(self.members)], tf.int64), cleared)
             )
+            evicted += freed
         ready_ids, count, index = ready(self.counter, miss, miss_occ, p.filter_freq)
         flags = tf.cast(ready_ids, tf.int64)
         order = tf.cumsum(flags)  # 1-based rank among the ready ids
@@ -304,7 +317,9 @@ class EmbeddingVariable:
         new_keys = tf.gather(miss, admitted_at)
         new_member = None if miss_member is None else tf.gather(miss_member, admitted_at)
         evicted += self._per_member(tf.ones_like(victims), self._members_of_rows(victims))
-        self._fill(targets, new_keys, tf.cast(tf.gather(count, admitted_at), tf.int64), step, day, new_member)
+        self._fill_state(
+            targets, new_keys, tf.cast(tf.gather(count, admitted_at), tf.int64), step, day, new_member
+        )
         filtered = tf.where(admitted, tf.zeros_like(miss_occ), miss_occ)
         refused = tf.cast(ready_ids & tf.logical_not(admitted), tf.int64)
         per_member = [
@@ -315,6 +330,9 @@ class EmbeddingVariable:
             self._per_member(filtered, miss_member),
         ]
         self.stats.assign_add(tf.reshape(tf.stack(per_member, axis=1), [-1]))
+        # last, the ops on the rows' weights and slots: a batch admitted ahead of the one
+        # training runs everything before them beside that batch's step (trainer.online.ahead)
+        self._write_rows(tf.concat([cleared, victims], 0), targets, new_keys)
         # the admitted ids' places among `keys`: misses keep their order in dynamic_partition
         placed = tf.gather(tf.where(slots < 0), admitted_at)
         return tf.tensor_scatter_nd_update(slots, placed, targets)
@@ -344,14 +362,14 @@ class EmbeddingVariable:
         cap = self.capacity()
         tf.cond(
             (short > 0) & (cap < self.max_rows),
-            lambda: self.grow(tf.minimum(tf.maximum(2 * cap, cap + short), self.max_rows)),
+            lambda: self._grow_state(tf.minimum(tf.maximum(2 * cap, cap + short), self.max_rows)),
             tf.no_op,
         )
         need = n - tf.convert_to_tensor(self.free_top)
 
         def lru():
             victims = eviction.least_recently_used(self.keys, self.versions, step, need)
-            self.evict(victims)  # keeps their tags: admit counts them per member
+            self._evict_state(victims)  # keeps their tags: admit counts them per member
             return victims
 
         victims = tf.cond(need > 0, lru, lambda: tf.zeros([0], tf.int64))
@@ -365,18 +383,40 @@ class EmbeddingVariable:
         """Extend the table to ``rows`` (``int64 []``, more than now): every row variable and
         optimizer slot gets new rows at its fill value, the new rows go on the free stack
         (the lowest on top). Graph or eager; no retrace, the shapes are dynamic."""
-        cap = self.capacity()
-        extra = rows - cap
-        top = tf.convert_to_tensor(self.free_top)
-        # one variable at a time: the old and new buffers of all of them at once would be a
-        # transient of 3x the rows' memory (the job's peak RSS), one at a time it is one variable's
+        self._grow_state(rows)
+        return self._grow_weights()
+
+    @staticmethod
+    def _padded(variables: list[tuple[tf.Variable, object]], rows: tf.Tensor) -> list:
+        """Extend each of ``variables`` (``(variable, fill)``) to ``rows`` rows at its fill,
+        one variable at a time: the old and new buffers of all of them at once would be a
+        transient of 3x the rows' memory (the job's peak RSS), one at a time it is one
+        variable's. Returns the last assignment (for control dependencies)."""
         done: list = []
-        for var, fill in self.grown_variables:
+        for var, fill in variables:
             with tf.control_dependencies(done):
                 # pad, not concat with a filled block: one new buffer, not two
+                extra = rows - rows_of(var)
                 pads = tf.pad(tf.reshape(extra, [1, 1]), [[0, var.shape.rank - 1], [1, 0]])
                 longer = tf.pad(var.read_value(), pads, constant_values=tf.constant(fill, var.dtype))
                 done = [var.assign(longer, read_value=False)]
+        return done
+
+    def _grow_weights(self) -> tf.Operation:
+        """Extend the weights and optimizer slots to the rows the state has (``capacity``),
+        when ``_grow_state`` extended it."""
+        cap = self.capacity()
+        first = self._weights_grown[0][0]
+        tf.cond(rows_of(first) < cap, lambda: self._padded(self._weights_grown, cap) and tf.no_op(), tf.no_op)
+        return tf.no_op()
+
+    def _grow_state(self, rows: tf.Tensor) -> tf.Operation:
+        """``grow``'s part on the rows' state (ids, counts, versions, days, free stack), the
+        weights and slots left to ``_grow_weights``."""
+        cap = self.capacity()
+        extra = rows - cap
+        top = tf.convert_to_tensor(self.free_top)
+        done = self._padded(self._state_grown, rows)
         with tf.control_dependencies(done):
             top = tf.identity(top)
         # the free stack now has `rows` entries: push the new rows above the top
@@ -403,23 +443,28 @@ class EmbeddingVariable:
     def evict(self, slots: tf.Tensor) -> tf.Tensor:
         """Free ``slots`` (``int64 [n]``): drop their ids from the map, clear their rows, push
         them on the free stack. Returns the rows freed per member (``int64 [members]``)."""
+        freed = self._evict_state(slots)
+        for view in self.views:
+            _set(view.weights, slots, tf.constant(0.0))
+        return freed
+
+    def _evict_state(self, slots: tf.Tensor) -> tf.Tensor:
+        """``evict`` but the weights (``_write_rows`` clears them)."""
         freed = self._per_member(tf.ones_like(slots), self._members_of_rows(slots))
         self.map.remove(tf.gather(self.keys, slots))
         _set(self.keys, slots, tf.constant(FREE, tf.int64))
         zero = tf.constant(0, tf.int64)
         for var in (self.freqs, self.versions, self.days):
             _set(var, slots, zero)
-        for view in self.views:
-            _set(view.weights, slots, tf.constant(0.0))
         n = tf.size(slots, out_type=tf.int64)
         top = tf.convert_to_tensor(self.free_top)
         _set(self.free, tf.range(top, top + n), tf.reverse(slots, [0]))
         self.free_top.assign_add(n)
         return freed
 
-    def _fill(self, slots, keys, freqs, step, day, member=None) -> None:
-        """Give ``keys`` (of ``member``, a group's member indices) the rows ``slots``: fresh
-        initial values, optimizer slots reset."""
+    def _fill_state(self, slots, keys, freqs, step, day, member=None) -> None:
+        """Give ``keys`` (of ``member``, a group's member indices) the rows ``slots`` (their
+        weights come in ``_write_rows``)."""
         self.map.insert(keys, slots)
         if member is not None:
             _set(self.row_tags, slots, tf.gather(tf.constant(self.tags, tf.int64), member))
@@ -427,6 +472,15 @@ class EmbeddingVariable:
         _set(self.freqs, slots, freqs)
         _set(self.versions, slots, step)
         _set(self.days, slots, day)
+
+    def _write_rows(self, cleared: tf.Tensor, slots: tf.Tensor, keys: tf.Tensor) -> None:
+        """A step's writes to the weights and optimizer slots, after every op on the rows'
+        state: extend them to the rows the state grew to, clear the rows evicted
+        (``cleared``), give the admitted ``keys`` at ``slots`` fresh initial values and reset
+        their optimizer slots."""
+        self._grow_weights()
+        for view in self.views:
+            _set(view.weights, cleared, tf.constant(0.0))
         for view, rows in zip(self.views, self.initial_values(keys), strict=True):
             _set(view.weights, slots, rows)
         for slot, value in self.optimizer_slots:
@@ -681,11 +735,16 @@ class EVView:
         ``members`` (``int64 [N]``, flat keys only) each key's member in a group."""
         flat = keys.shape.rank == 1  # an id feature's batch: no reshapes to trace
         ids = keys if flat else tf.reshape(keys, [-1])
+        counts = counts if counts is None or flat else tf.reshape(counts, [-1])
         found = None
+        ahead = self.ev.clock.ahead
+        if ahead.recording and not tf.executing_eagerly():
+            # an admission pass (trainer.online.ahead): admit, record, read nothing
+            if self.admits:
+                ahead.recorded.append(self.ev.count(ids, counts, members))
+            return tf.zeros(tf.concat([tf.shape(keys), [self.dim]], axis=0), self.weights.dtype)
         if training and self.admits:
-            slots = self.ev.count(
-                ids, counts if counts is None or flat else tf.reshape(counts, [-1]), members
-            )
+            slots = ahead.take() if ahead.replaying else self.ev.count(ids, counts, members)
             # the step's other views (the wide embedding of the feature) look the same ids
             # up after this one: they take these rows instead of the map's (one lookup a step)
             self.ev.step_rows = None if slots is None else (keys, _found(*slots))
