@@ -212,7 +212,7 @@ class Distribution:
 
     def build_ahead_steps(self, parts: StepParts):
         """The ``trainer.online.ahead.AheadSteps`` of ``parts`` (``admits_ahead`` only)."""
-        from trainer.online.ahead import AheadSteps
+        from trainer.online import AheadSteps
 
         step = self._replica_step(parts)
         train = lambda flat: self.job_loss(self.strategy.run(step, args=tuple(flat)))  # noqa: E731

@@ -8,7 +8,7 @@ row's values), ``clock`` (steps and days). What the rest of the trainer calls is
 - building: ``table_specs`` (which features get an online table), ``EVClock``,
   ``EmbeddingVariable`` (made by ``trainer.layers.embedding``);
 - the loop: ``start_day`` (the day boundary), ``refresh`` (after a restore or a broadcast),
-  ``summaries``;
+  ``summaries``, ``AheadSteps`` (``ahead``: each batch admitted in the step before its own);
 - exports and checkpoints: ``snapshot``, ``load_rows``, ``variable_names``, ``row_names``,
   ``summed_names``; a save that sums per-rank sketches widens them first (``widened``).
 """
@@ -19,10 +19,12 @@ from recpipe.config.data import EVParams, FeatureSpec
 from recpipe.exports.files import TableRows
 from trainer.embedding_tables import EmbeddingConfigError, variable_name
 from trainer.online.admission import SKETCH_DEPTH, SKETCH_NAME, widened
+from trainer.online.ahead import AheadSteps
 from trainer.online.clock import EVClock, day_number
 from trainer.online.table import FREE, STATS, EmbeddingVariable, EVView, table_tag
 
 __all__ = [
+    "AheadSteps",
     "FREE",
     "SKETCH_DEPTH",
     "SKETCH_NAME",
