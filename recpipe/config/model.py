@@ -40,9 +40,9 @@ class DNN(Section):
     """Batch normalisation before each activation."""
     dtype_policy: Literal["float32", "mixed_bfloat16"] = "float32"
     """Keras' dtype policy of its layers: ``mixed_bfloat16`` computes the matrix products in
-    bfloat16 (the weights, their updates and the MLP's output stay float32): about 1.7x less
-    CPU for the MLP where the CPU has bfloat16 instructions (AVX512_BF16, AMX), much slower
-    where it has not, serving included."""
+    bfloat16 (the weights, their updates and the MLP's output stay float32): less CPU for the
+    MLP where the CPU has bfloat16 instructions (AVX512_BF16, AMX; docs/benchmarks.md),
+    much more where it has not, serving included."""
 
 
 class DNNModel(Section):
