@@ -244,8 +244,7 @@ class Trainer:
         step is not one call of this process)."""
         if not (self.config.train_config.admit_ahead and self.state.evs and self.dist.admits_ahead):
             return None
-        parts = self._step_parts(self.state, signature)
-        return None if parts.admit is None else self.dist.build_ahead_steps(parts)
+        return self.dist.build_ahead_steps(self._step_parts(self.state, signature))
 
     def _steps(self, data, train_step: Callable, ahead, drain_next: Callable[[], bool], started: dict):
         """``(element trained, its loss)`` of each step over ``data``. With ``ahead``

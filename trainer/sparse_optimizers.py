@@ -34,7 +34,7 @@ class _StepMemo:
 class GrowableSlots:
     """Optimizer slots for variables of unknown length (the online tables, which grow): a slot
     of such a variable is made with the same unknown first dimension, so that the table can
-    extend it (``trainer.online.EmbeddingVariable.grow``). Other variables' slots are tf-keras's
+    extend it (``trainer.online.EmbeddingVariable._grow_weights``). Other variables' slots are tf-keras's
     own. Mixed into every optimizer ``trainer.optimizers.build_optimizer`` makes."""
 
     def add_variable_from_reference(self, model_variable, variable_name, shape=None, initial_value=None):

@@ -216,7 +216,7 @@ class FeatureEmbedding(keras.layers.Layer):
         training = self._training(training)
         ids, fused = self._ids(f, inputs[f.name][:, -length:])
         if isinstance(fused, EVView):
-            rows = self._history_rows(f, fused, ids.flat_values, bool(training))
+            rows = self._history_rows(f, fused, ids.flat_values, training)
         else:
             rows = self._gather(fused, ids.flat_values)
         width = rows.shape[-1]

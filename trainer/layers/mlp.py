@@ -38,7 +38,7 @@ class MLP(keras.layers.Layer):
             else:
                 x = dense(x)
             x = self._after(i, x, training)
-        return tf.cast(x, tf.float32) if x.dtype != tf.float32 else x
+        return tf.cast(x, tf.float32)  # a no-op in float32
 
     def _after(self, i, x, training):
         if self.norms:

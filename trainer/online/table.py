@@ -23,10 +23,10 @@ In training a lookup first updates the table (``admit``), then reads it:
 - an id without a row is counted (``trainer.online.admission``) and admitted once its count
   reaches ``filter_freq``;
 - an admitted id takes a free row (from a stack: O(new ids)); with none free the table grows
-  (``grow``), and only at ``max_capacity`` are the least recently looked-up rows not used in
-  this step evicted first; if none is left it stays unadmitted (``refused``). The row starts
-  from ``trainer.online.initializer`` and its optimizer slots from their initial values
-  (tf-keras' ``DynamicEmbedding`` forgets these);
+  (``_grow_state``, then ``_grow_weights``), and only at ``max_capacity`` are the least
+  recently looked-up rows not used in this step evicted first; if none is left it stays
+  unadmitted (``refused``). The row starts from ``trainer.online.initializer`` and its
+  optimizer slots from their initial values (tf-keras' ``DynamicEmbedding`` forgets these);
 - an id without a row looks up zeros and gets no gradient (DeepRec's
   ``default_value_no_permission``): its lookup is left out of the gather.
 
@@ -188,7 +188,7 @@ class EmbeddingVariable:
     @property
     def grown_variables(self) -> list[tuple[tf.Variable, object]]:
         """``(variable, fill)`` of every variable with one entry per row, optimizer slots
-        included: what ``grow`` and ``resize`` extend, and the value of a new row."""
+        included: what growth and ``resize`` extend, and the value of a new row."""
         return self._state_grown + self._weights_grown
 
     @property
@@ -379,13 +379,6 @@ class EmbeddingVariable:
         self.free_top.assign_sub(m)
         return targets, victims
 
-    def grow(self, rows: tf.Tensor) -> tf.Operation:
-        """Extend the table to ``rows`` (``int64 []``, more than now): every row variable and
-        optimizer slot gets new rows at its fill value, the new rows go on the free stack
-        (the lowest on top). Graph or eager; no retrace, the shapes are dynamic."""
-        self._grow_state(rows)
-        return self._grow_weights()
-
     @staticmethod
     def _padded(variables: list[tuple[tf.Variable, object]], rows: tf.Tensor) -> list:
         """Extend each of ``variables`` (``(variable, fill)``) to ``rows`` rows at its fill,
@@ -411,8 +404,10 @@ class EmbeddingVariable:
         return tf.no_op()
 
     def _grow_state(self, rows: tf.Tensor) -> tf.Operation:
-        """``grow``'s part on the rows' state (ids, counts, versions, days, free stack), the
-        weights and slots left to ``_grow_weights``."""
+        """Extend the rows' state (ids, counts, versions, days, free stack) to ``rows``
+        (``int64 []``, more than now), the new rows on the free stack (the lowest on top); the
+        weights and optimizer slots follow in ``_grow_weights``. No retrace: the shapes are
+        dynamic."""
         cap = self.capacity()
         extra = rows - cap
         top = tf.convert_to_tensor(self.free_top)
