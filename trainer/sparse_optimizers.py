@@ -73,7 +73,7 @@ class Adam(GrowableSlots, keras.optimizers.Adam):
     tf-keras': ``m <- b1 m + (1 - b1) g``, ``v <- b2 v + (1 - b2) g^2``, ``w <- w - lr
     sqrt(1 - b2^t) / (1 - b1^t) m / (sqrt(v) + eps)``), in place: tf-keras' update makes about
     four temporaries the size of the variable, which for a table of 2.6M x 16 rows is most of
-    the job's memory (issue 40). A sparse gradient is summed into one dense tensor first, as
+    the job's memory. A sparse gradient is summed into one dense tensor first, as
     tf-keras' dense Adam applies it to every row anyway. ``amsgrad``, ``adaptive_epsilon`` and
     distributed variables take tf-keras' own update.
     """
@@ -87,8 +87,12 @@ class Adam(GrowableSlots, keras.optimizers.Adam):
         beta_1, beta_2 = tf.cast(self.beta_1, dtype), tf.cast(self.beta_2, dtype)
         key = self._index_dict[self._var_key(variable)]
         if isinstance(gradient, tf.IndexedSlices):
-            rows = tf.cast(rows_of(variable), gradient.indices.dtype)  # rows summed, the rest zero
-            gradient = tf.math.unsorted_segment_sum(gradient.values, gradient.indices, rows)
+            # rows summed, the rest zero. Not unsorted_segment_sum: its CPU kernel scans every
+            # index once per block of output rows; scatter_nd writes each row once (DeepFM on
+            # MovieLens: ~10 % fewer CPU-seconds a step)
+            indices = tf.cast(gradient.indices, tf.int64)[:, None]
+            shape = tf.stack([rows_of(variable), tf.shape(gradient.values, out_type=tf.int64)[1]])
+            gradient = tf.scatter_nd(indices, gradient.values, shape)
         tf.raw_ops.ResourceApplyAdam(
             var=variable.handle,
             m=self._momentums[key].handle,
