@@ -46,10 +46,17 @@ def _batch(ids: list[list[int]]) -> dict[str, tf.Tensor]:
     return batch
 
 
+SPEC = {name: tf.TensorSpec([None], tf.int64) for name in ID_FEATURES} | {
+    "genres": tf.RaggedTensorSpec([None, None], tf.int64, ragged_rank=1, row_splits_dtype=tf.int64),
+    "age": tf.TensorSpec([None], tf.float32),
+    "release_year": tf.TensorSpec([None], tf.float32),
+}
+
+
 def _train_step(state):
     model, optimizers, split = state.model, state.optimizers, state.var_split
 
-    @tf.function
+    @tf.function(input_signature=[SPEC])  # batches of 1-6 rows: traced once, not once a size
     def step(batch):
         with tf.GradientTape() as tape:
             loss = tf.reduce_sum(model(batch, training=True) ** 2)
