@@ -88,10 +88,10 @@ class Adam(GrowableSlots, keras.optimizers.Adam):
         key = self._index_dict[self._var_key(variable)]
         if isinstance(gradient, tf.IndexedSlices):
             # rows summed, the rest zero. Not unsorted_segment_sum: its CPU kernel scans every
-            # index once per block of output rows; scatter_nd writes each row once (DeepFM on
-            # MovieLens: ~10 % fewer CPU-seconds a step)
+            # index once per block of output rows; scatter_nd writes each row once (an epoch of
+            # DeepFM on MovieLens: 9.1 -> 8.5 CPU-s)
             indices = tf.cast(gradient.indices, tf.int64)[:, None]
-            shape = tf.stack([rows_of(variable), tf.shape(gradient.values, out_type=tf.int64)[1]])
+            shape = tf.stack([rows_of(variable), tf.constant(variable.shape[1], tf.int64)])
             gradient = tf.scatter_nd(indices, gradient.values, shape)
         tf.raw_ops.ResourceApplyAdam(
             var=variable.handle,

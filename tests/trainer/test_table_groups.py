@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from recpipe.config import load_pipeline_config
 from tests.support import ROOT, with_edits
 from trainer.checkpoints import list_online_tables, restore_embedding_variables, saved_online_tables
+from trainer.input.specs import feature_spec
 from trainer.online import snapshot, table_tag
 from trainer.state import build_state
 
@@ -46,11 +47,8 @@ def _batch(ids: list[list[int]]) -> dict[str, tf.Tensor]:
     return batch
 
 
-SPEC = {name: tf.TensorSpec([None], tf.int64) for name in ID_FEATURES} | {
-    "genres": tf.RaggedTensorSpec([None, None], tf.int64, ragged_rank=1, row_splits_dtype=tf.int64),
-    "age": tf.TensorSpec([None], tf.float32),
-    "release_year": tf.TensorSpec([None], tf.float32),
-}
+# the features dict's spec (both configs' features differ in ev_params only)
+SPEC = feature_spec(load_pipeline_config(ROOT / "conf/movielens_deepfm.yaml", {}))
 
 
 def _train_step(state):
