@@ -302,7 +302,8 @@ def test_a_worker_host_cut_off_fails_an_mpijob_in_bounded_time_and_a_retry_resum
         code, failed_after = _cut_once_checkpointed(hosts, run, run.launcher, model_dir, "w1", 300)
         log = run.launcher.log.read_text(errors="replace")
         assert code != 0 and failed_after < 120, log[-5000:]
-        assert "recpipe train: PipelineError: rank 0 of 2" in log and "a Horovod collective failed" in log
+        reason = "recpipe train: PipelineError: rank 0 of 2"
+        assert reason in log and "a Horovod collective failed" in log, log[-5000:]
         hosts.heal("w1")
         retry, _ = render("mpi-cut-2", TrainDistribute.HorovodStrategy, cluster, [*args, "--continue_train"])
         run = start_mpijob(hosts, retry, placement, tmp_path / "retry")

@@ -665,3 +665,24 @@ def test_an_error_that_blames_no_task_names_the_peer_that_does_not_answer():
         me = ("worker", 0)
         assert silent_task({"worker": ["me:1", up, down]}, me, timeout_s=1) == f"worker 2 ({down})"
         assert silent_task({"worker": ["me:1", up]}, me, timeout_s=1) is None
+
+
+def test_a_failed_horovod_collective_is_told_from_other_errors():
+    """The texts Horovod 0.28's ops fail with when a rank is lost (the op in flight with Gloo's
+    reason, under recpipe's name for it; later ones eager or traced, Horovod shut down) are
+    collective failures; an op's own error is not."""
+    from trainer.distribute.horovod import is_collective_failure
+
+    shut_down = "Horovod has been shut down. This was caused by an exception on one of the ranks"
+    texts = [
+        f"{{{{function_node __wrapped__HorovodAllreduce_device_/job:localhost}}}} {shut_down} [Op:HorovodAllreduce]",
+        "Graph execution error:\n\nDetected at node recpipe_sparse_grad_3 defined at:\n  File "
+        '"horovod/tensorflow/mpi_ops.py", line 130, in _allreduce\n\nGloo allgather failed: '
+        "Read error [198.51.100.12]:41213: No route to host\n\t [[{{node recpipe_sparse_grad_3}}]]",
+    ]
+    for text in texts:
+        assert is_collective_failure(tf.errors.UnknownError(None, None, text)), text
+    with pytest.raises(tf.errors.InvalidArgumentError) as own:
+        tf.gather(tf.constant([1.0]), tf.constant([5]))
+    assert not is_collective_failure(own.value)
+    assert not is_collective_failure(ValueError("rank 1 has no rows"))

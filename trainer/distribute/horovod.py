@@ -19,6 +19,20 @@ import tensorflow as tf
 from trainer.distribute.base import Distribution, share_cores
 
 
+def is_collective_failure(err: BaseException) -> bool:
+    """Whether ``err`` is a Horovod collective that failed (True) or anything else (False).
+
+    The op in flight when Gloo gives up fails with Gloo's own reason (a read timed out, no
+    route to a cut-off host), named as recpipe named it (``recpipe_sparse_grad_3``) or as
+    Horovod did (``HorovodAllreduce``); every later one finds Horovod shut down. Eager ops say
+    ``[Op:HorovodAllreduce]``, traced ones carry Horovod's frames in "defined at": so an
+    ``OpError`` that mentions Horovod or Gloo."""
+    if isinstance(err, tf.errors.OpError):
+        text = str(err).lower()
+        return "horovod" in text or "gloo" in text
+    return type(err).__name__ == "HorovodInternalError"
+
+
 class HorovodDistribution(Distribution):
     """This process as one Horovod rank (``hvd.init()``; a single process is a world of 1)."""
 
@@ -41,10 +55,7 @@ class HorovodDistribution(Distribution):
         it fails, and a retry resumes from the latest checkpoint."""
         from recpipe.errors import PipelineError
 
-        text = str(err) if isinstance(err, tf.errors.OpError) else ""
-        # the collective that timed out fails as its op (node Horovod...); a later one finds
-        # Horovod shut down
-        if "Horovod has been shut down" not in text and "{{node Horovod" not in text:
+        if not is_collective_failure(err):
             return None
         timeout = os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS", "30")
         return PipelineError(
