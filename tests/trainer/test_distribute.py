@@ -675,7 +675,8 @@ def test_a_failed_horovod_collective_is_told_from_other_errors():
 
     shut_down = "Horovod has been shut down. This was caused by an exception on one of the ranks"
     texts = [
-        f"{{{{function_node __wrapped__HorovodAllreduce_device_/job:localhost}}}} {shut_down} [Op:HorovodAllreduce]",
+        f"{{{{function_node __wrapped__HorovodAllreduce_device_/job:localhost}}}} {shut_down} "
+        "[Op:HorovodAllreduce]",
         "Graph execution error:\n\nDetected at node recpipe_sparse_grad_3 defined at:\n  File "
         '"horovod/tensorflow/mpi_ops.py", line 130, in _allreduce\n\nGloo allgather failed: '
         "Read error [198.51.100.12]:41213: No route to host\n\t [[{{node recpipe_sparse_grad_3}}]]",
