@@ -151,12 +151,10 @@ def test_a_multi_tower_din_without_din_towers_is_easyrecs_multi_tower():
 def ml_din(spark, movielens_raw, tmp_path_factory):
     """conf/movielens_din.yaml over the first week, prepared by the Spark job in one run over
     the range (tests/features/test_backfill.py: the same rows as day by day)."""
-    from tests.trainer.conftest import _config, _prepare
+    from tests.trainer.conftest import _config, _days, _prepare
 
     config = _config(movielens_raw, tmp_path_factory.mktemp("din"), "conf/movielens_din.yaml")
-    _prepare(
-        spark, config, [ds for ds in parse_ds_range(WEEK) if (movielens_raw / "events" / f"ds={ds}").exists()]
-    )
+    _prepare(spark, config, _days(movielens_raw / "events", *WEEK.split(":")))
     return config
 
 

@@ -27,10 +27,12 @@ def is_collective_failure(err: BaseException) -> bool:
     Horovod did (``HorovodAllreduce``); every later one finds Horovod shut down. Eager ops say
     ``[Op:HorovodAllreduce]``, traced ones carry Horovod's frames in "defined at": so an
     ``OpError`` that mentions Horovod or Gloo."""
+    from horovod.common.exceptions import HorovodInternalError
+
     if isinstance(err, tf.errors.OpError):
         text = str(err).lower()
         return "horovod" in text or "gloo" in text
-    return type(err).__name__ == "HorovodInternalError"
+    return isinstance(err, HorovodInternalError)
 
 
 class HorovodDistribution(Distribution):
