@@ -9,21 +9,17 @@ Spark.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from airflow.sdk import DAG, Param
 
 from operators.champion import ChampionOperator
 from operators.paths import project_home
-from recpipe.config.errors import ConfigError
-from recpipe.config.retrain import load_retrain_config, retrain_config_files
+from recpipe.config.retrain import load_retrain_configs
 
 HOME = project_home()
-CONFIGS = {}
-for path in retrain_config_files(HOME):
-    try:
-        config = load_retrain_config(path)
-    except ConfigError:  # recpipe_retrain.py shows it
-        continue
-    CONFIGS[config.model_name] = config
+# the configs that load (recpipe_retrain_configs.py shows the others); a model_name is one file's
+CONFIGS = {config.model_name: config for config in load_retrain_configs(HOME)[0].values()}
 MODELS = sorted(CONFIGS)
 
 with DAG(
@@ -49,4 +45,5 @@ with DAG(
         configs=CONFIGS,
         mlflow_conn_id=CONFIGS[MODELS[0]].tracking.mlflow_conn_id if MODELS else "mlflow_default",
         retries=0,
+        execution_timeout=timedelta(minutes=10),
     )

@@ -11,7 +11,8 @@ from typing import Any
 from airflow.providers.standard.operators.hitl import HITLOperator
 
 from operators.base import RecpipeOperator
-from operators.gate import PROMOTED
+from recpipe import registry
+from recpipe.registry import APPROVAL_TIMED_OUT, CHAMPION_MOVED, PROMOTED, REJECTED_BY_APPROVER
 
 APPROVE, REJECT = "Approve", "Reject"
 GATE_TASK = "register_and_gate"
@@ -49,11 +50,14 @@ def approval_task(timeout_s: float, **kwargs) -> HITLOperator:
 
 class ApplyApprovalOperator(RecpipeOperator):
     """Apply the answer of ``approve_promotion`` to the version the gate task registered:
-    ``Approve`` moves ``alias`` to it (tags ``promotion: promoted``, ``approved_by``);
+    ``Approve`` moves ``alias`` to it (tags ``promotion: promoted``, ``approved_by``) if the
+    champion is still the one the gate compared it with (``recpipe.registry.move_alias``);
+    when a person moved the champion during the wait, the approval is refused and the
+    champion stays (``promotion: champion_moved``, the reason naming who moved it).
     ``Reject`` or a timeout keeps the champion (``promotion: rejected_by_approver`` or
     ``approval_timed_out``). The parent MLflow run gets the same tags.
 
-    Returns (XCom): ``{"version", "promoted", "outcome", "by"}``.
+    Returns (XCom): ``{"version", "promoted", "outcome", "by", "reason"}``.
     """
 
     def __init__(self, *, model_name: str, alias: str = "champion", **kwargs):
@@ -68,19 +72,34 @@ class ApplyApprovalOperator(RecpipeOperator):
         by = answer.get("responded_by_user") or None
         name = by.get("name") if isinstance(by, dict) else by
         version = str(decision["version"])
+        reason = f"approved by {name}" if chosen == APPROVE else (name or "no answer in time")
         if chosen == APPROVE:
-            self.hook.set_alias(self.model_name, version, self.alias)
-            outcome = PROMOTED
+            # the champion the gate compared with; an older decision without it: the one now
+            expect = decision.get("champion_version", ...)
+            if expect is ...:
+                found = self.hook.champion(self.model_name, self.alias)
+                expect = None if found is None else int(found.version)
+            try:
+                registry.move_alias(
+                    self.hook.get_client(), self.model_name, version, expect, by=name or "approver",
+                    reason=f"approved: {decision.get('reason', '')}", action="approved", alias=self.alias,
+                )  # fmt: skip
+                outcome = PROMOTED
+            except registry.ChampionMovedError as err:
+                outcome, reason = CHAMPION_MOVED, str(err)
         else:
-            outcome = "rejected_by_approver" if name else "approval_timed_out"
+            outcome = REJECTED_BY_APPROVER if name else APPROVAL_TIMED_OUT
+        promoted = outcome == PROMOTED
         tags = {"promotion": outcome, "approved_by" if chosen == APPROVE else "decided_by": name or "timeout"}
+        if outcome == CHAMPION_MOVED:
+            tags["promotion_reason"] = reason
         self.hook.set_version_tags(self.model_name, version, tags)
-        self.hook.set_tags(self.parent_run_id(context), {**tags, "promoted": chosen == APPROVE})
-        if chosen == APPROVE:
+        self.hook.set_tags(self.parent_run_id(context), {**tags, "promoted": promoted})
+        if promoted:
             self.log.info(
                 "%s version %s is the new %s, approved by %s", self.model_name, version, self.alias, name
             )
         else:
             self.log.warning("%s version %s not promoted: %s (%s); the %s stays", self.model_name, version,
-                             outcome, name or "no answer in time", self.alias)  # fmt: skip
-        return {"version": version, "promoted": chosen == APPROVE, "outcome": outcome, "by": name}
+                             outcome, reason, self.alias)  # fmt: skip
+        return {"version": version, "promoted": promoted, "outcome": outcome, "by": name, "reason": reason}

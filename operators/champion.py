@@ -5,12 +5,13 @@ champion's rows."""
 
 from __future__ import annotations
 
-import os
+from datetime import timedelta
 from typing import Any
 
 from airflow.sdk import BaseOperator
 
 from operators.hooks.mlflow import MLflowHook
+from operators.hooks.store import STORE_CONN_ID, store_client
 
 
 class ChampionOperator(BaseOperator):
@@ -19,7 +20,10 @@ class ChampionOperator(BaseOperator):
     Args (templated): ``model_name``, ``action`` (``set`` or ``rollback``), ``version``,
     ``reason``. ``configs``: the deployment's retrain configs by model name (the alias, the
     experiment, and for ``kind: stream`` the store to restore); a model not among them is
-    refused. ``mlflow_conn_id``: the MLflow connection.
+    refused. ``mlflow_conn_id``: the MLflow connection; ``redis_conn_id``: the store's
+    (``operators.hooks.store``). A retry after a failure halfway (the store unreachable)
+    finishes the same move (``recpipe.champion.move``). ``execution_timeout`` defaults to 10
+    minutes.
 
     Returns (XCom): the move (``recpipe.champion.set_champion``'s record), with ``store`` for
     a stream model.
@@ -33,6 +37,8 @@ class ChampionOperator(BaseOperator):
 
     def __init__(self, *, model_name: str, action: str, version, reason: str, configs: dict, **kwargs):
         self.mlflow_conn_id = kwargs.pop("mlflow_conn_id", "mlflow_default")
+        self.redis_conn_id = kwargs.pop("redis_conn_id", STORE_CONN_ID)
+        kwargs.setdefault("execution_timeout", timedelta(minutes=10))
         super().__init__(**kwargs)
         self.model_name, self.action, self.version, self.reason = model_name, action, version, reason
         self.configs = configs
@@ -48,8 +54,9 @@ class ChampionOperator(BaseOperator):
         by = getattr(run, "triggering_user_name", None) or "airflow"
         client = MLflowHook(mlflow_conn_id=self.mlflow_conn_id).get_client()
         alias = retrain.gate.alias
-        redis_url = os.environ.get("RECPIPE_REDIS_URL") or retrain.stream.redis_url
-        store = redis_url if retrain.kind == "stream" else None
+        store = None
+        if retrain.kind == "stream" and retrain.stream.redis_url:
+            store = store_client(self.redis_conn_id, retrain.stream.redis_url)
         record = champion.move(
             client,
             self.model_name,

@@ -40,8 +40,9 @@ class EvalOperator(JobOperator):
         step: the MLflow nested run's name, and the prefix of the metrics on the parent run.
 
     Returns (XCom): ``{"metrics": {...} | None, "checkpoint", "num_examples", "global_step",
-    "predictions", "mlflow_run_id", "reason"}`` (``predictions``: each row's label and
-    probability, Parquet, for the gate's paired test).
+    "predictions", "mlflow_run_id", "reason", "version"}`` (``predictions``: each row's label and
+    probability, Parquet, for the gate's paired test; ``version``: with ``champion_of``, the
+    champion version evaluated, or None: the version the gate's move expects to replace).
     """
 
     template_fields = (*JobOperator.template_fields, "model_dir", "eval_ds", "train_ds", "checkpoint_path")
@@ -71,8 +72,10 @@ class EvalOperator(JobOperator):
         self.step = step
 
     def _checkpoint(self) -> tuple[str | None, str]:
+        self._version = None  # the champion version evaluated: the gate's compare-and-set expects it
         if self.champion_of:
             version = self.hook.champion(self.champion_of, self.alias)
+            self._version = None if version is None else int(version.version)
             if version is None:
                 return None, f"registered model {self.champion_of!r} has no {self.alias!r} yet"
             ckpt = version.tags.get("checkpoint")
@@ -88,7 +91,7 @@ class EvalOperator(JobOperator):
         checkpoint, what = self._checkpoint()
         if checkpoint is None:
             log.info("nothing to evaluate: %s", what)
-            return {"metrics": None, "reason": what}
+            return {"metrics": None, "reason": what, "version": self._version}
         edits = {"eval_ds": self.eval_ds, **({"train_ds": self.train_ds} if self.train_ds else {})}
         config = self.load_config(edits)
         out = ModelDir(model_dir)
@@ -107,7 +110,10 @@ class EvalOperator(JobOperator):
         ]
         log.info("evaluating %s (%s) on eval_ds=%s", checkpoint, what, self.eval_ds)
         line = self.run_command(self.step, "trainer.eval", args, out.logs)
-        return self._report(context, config, result_path, predictions, what, line)
+        return {
+            **self._report(context, config, result_path, predictions, what, line),
+            "version": self._version,
+        }
 
     def _report(self, context, config, result_path: Path, predictions: Path, what: str, line=None) -> dict:
         """The XCom of an evaluation whose job wrote ``result_path`` and ``predictions``, its

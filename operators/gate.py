@@ -20,24 +20,13 @@ Rules, in order (``gate.*`` in the retrain config):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from recpipe.config.retrain import GateConfig
+from recpipe.registry import INCONCLUSIVE, PROMOTED, REJECTED, GateDecision
 from recpipe.stats import PairedAUC, paired_auc_test
 
-PROMOTED, REJECTED, INCONCLUSIVE = "promoted", "rejected", "inconclusive"
-
-
-@dataclass(frozen=True)
-class GateDecision:
-    """The outcome (``promoted`` / ``rejected`` / ``inconclusive``), whether the alias moves,
-    why, and the numbers behind it (for the log, the version's tags and the parent run)."""
-
-    outcome: str
-    promote: bool
-    reason: str
-    numbers: dict = field(default_factory=dict)
+__all__ = ["INCONCLUSIVE", "PROMOTED", "REJECTED", "GateDecision", "gate", "paired_scores", "class_counts"]
 
 
 def gate(

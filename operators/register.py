@@ -9,19 +9,11 @@ from __future__ import annotations
 import logging
 
 from operators.base import RecpipeOperator
-from operators.gate import (
-    INCONCLUSIVE,
-    PROMOTED,
-    REJECTED,
-    GateDecision,
-    class_counts,
-    gate,
-    paired_scores,
-)
+from operators.gate import class_counts, gate, paired_scores
+from recpipe import registry
 from recpipe.config.retrain import GateConfig
 from recpipe.errors import PipelineError
-
-AWAITING_APPROVAL = "awaiting_approval"
+from recpipe.registry import AWAITING_APPROVAL, CHAMPION_MOVED, INCONCLUSIVE, PROMOTED, REJECTED, GateDecision
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +46,10 @@ class RegisterModelOperator(RecpipeOperator):
             gate's outcome, rows, positives (``recpipe.runs.compare``); 0 for none.
 
     Returns (XCom): ``{"model_name", "version", "promoted", "outcome", "reason", "gate",
-    "inconclusive_days"}`` (``outcome``: promoted / rejected / inconclusive; ``gate``: the
-    paired test's numbers; ``inconclusive_days``: inconclusive gates in a row that kept the
-    champion, this one included).
+    "inconclusive_days", "champion_version"}`` (``outcome``: promoted / rejected / inconclusive /
+    champion_moved; ``gate``: the paired test's numbers; ``inconclusive_days``: inconclusive
+    gates in a row that kept the champion, this one included; ``champion_version``: the
+    champion the gate compared with, which an approval's move expects to replace).
 
     Raises:
         GateStuckError: ``max_inconclusive_days`` inconclusive gates in a row.
@@ -95,6 +88,12 @@ class RegisterModelOperator(RecpipeOperator):
         candidate = (evaluation or {}).get("metrics")
         champion = (champion_eval or {}).get("metrics")
         current = hook.champion(self.model_name, self.alias)
+        # the move expects the champion the gate compared with (the one evaluate_champion
+        # scored), so that a champion moved meanwhile (a rollback by hand) is not overwritten
+        if champion_eval is not None and "version" in champion_eval:
+            expect = champion_eval["version"]
+        else:
+            expect = None if current is None else int(current.version)
         rules = self.gate
         if current is not None and champion is None:
             # a champion exists but was not scored on these rows: no fair comparison
@@ -166,8 +165,17 @@ class RegisterModelOperator(RecpipeOperator):
             promoted, outcome = False, AWAITING_APPROVAL
             log.info("%s version %s awaits approval: %s", self.model_name, version.version, reason)
         elif promoted:
-            hook.set_alias(self.model_name, version.version, self.alias)
-            log.info("%s version %s is the new %s: %s", self.model_name, version.version, self.alias, reason)
+            try:
+                registry.move_alias(
+                    hook.get_client(), self.model_name, version.version, expect, by="gate",
+                    reason=reason, action="promoted", alias=self.alias,
+                )  # fmt: skip
+                log.info(
+                    "%s version %s is the new %s: %s", self.model_name, version.version, self.alias, reason
+                )
+            except registry.ChampionMovedError as err:
+                promoted, outcome, reason = False, CHAMPION_MOVED, str(err)
+                log.warning("%s version %s not promoted: %s", self.model_name, version.version, reason)
         else:
             log.warning("%s version %s not promoted: %s", self.model_name, version.version, reason)
         numbers = {f"gate.{k}": v for k, v in decision.numbers.items()}
@@ -219,6 +227,7 @@ class RegisterModelOperator(RecpipeOperator):
             "champion_metrics": {k: v for k, v in (champion or {}).items() if isinstance(v, int | float)},
             "gate": decision.numbers,
             "inconclusive_days": streak,
+            "champion_version": expect,
         }
 
     def _inconclusive_streak(self, version: str) -> int:

@@ -1,6 +1,7 @@
-"""``RetentionOperator``: delete old model dirs, keeping the last K days and the champion's
-(which dirs it may touch: ``recpipe.layout.expired_model_dirs``), and old SavedModel versions,
-keeping the newest ``export_config.exports_to_keep`` and the champion's."""
+"""``RetentionOperator``: delete old model dirs, keeping the last K days, the champion's and
+those of the champions a rollback may return to (which dirs it may touch:
+``recpipe.layout.expired_model_dirs``), and old SavedModel versions, keeping the newest
+``export_config.exports_to_keep`` and the same champions'."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 from operators.base import RecpipeOperator
 from operators.paths import confine
-from recpipe import atomic, locks
+from recpipe import atomic, locks, registry
 from recpipe.layout import ModelDir, day_dirs, expired_model_dirs, is_pass_dir
 
 log = logging.getLogger(__name__)
@@ -19,7 +20,9 @@ log = logging.getLogger(__name__)
 class RetentionOperator(RecpipeOperator):
     """Keep the model dirs (checkpoints included) of the newest ``keep_days`` days under
     ``runs_root``, in the daily layout (``ds=D``) and the hourly one (``ds=D/hh=HH``), and
-    the model dir and checkpoint of the version holding ``alias``; delete the rest, then day
+    the model dir and checkpoint of the version holding ``alias`` and of the ``keep_champions``
+    former champions a rollback reaches first (``recpipe.registry.former_champions``); delete
+    the rest, then day
     dirs left empty and the leftovers of interrupted writes and deletions
     (``atomic.sweep``). A dir is first
     stripped of its ``_SUCCESS`` marker and renamed aside, so a half-deleted one is never
@@ -30,6 +33,8 @@ class RetentionOperator(RecpipeOperator):
         runs_root: ``<runs_dir>/<model_name>`` (templated).
         keep_days: how many day dirs to keep.
         model_name, alias: whose champion is protected.
+        keep_champions: former champions kept as rollback targets (model dir, checkpoint and
+            export; the retrain config's ``retention_champions``).
         end_parent_run: end the DAG run's MLflow parent run, if a task created one (the last
             task of a DAG whose runs do not all register: ``recpipe_stream_retrain``).
         export_root: ``<export_dir>/<model_name>`` (templated): its numbered SavedModel
@@ -49,11 +54,13 @@ class RetentionOperator(RecpipeOperator):
         keep_days: int,
         model_name: str,
         alias: str = "champion",
+        keep_champions: int = 2,
         end_parent_run: bool = False,
         export_root: str | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        self.keep_champions = keep_champions
         self.export_root = export_root
         self.end_parent_run = end_parent_run
         self.runs_root = runs_root
@@ -65,15 +72,19 @@ class RetentionOperator(RecpipeOperator):
         root = confine(self.runs_root, "runs_root")
         protected = set()
         champion = self.hook.champion(self.model_name, self.alias)
-        if champion is not None:
+        kept = [] if champion is None else [champion]
+        if champion is not None and self.keep_champions:
+            former = registry.former_champions(self.hook.get_client(), self.model_name, self.alias)
+            kept += former[: self.keep_champions]
+        for version in kept:
             for tag in ("model_dir", "checkpoint"):
-                if champion.tags.get(tag):
-                    protected.add(Path(champion.tags[tag]).resolve())
+                if version.tags.get(tag):
+                    protected.add(Path(version.tags[tag]).resolve())
         deleted_exports = []
         if self.export_root is not None:
             keep = self.load_config().export_config.exports_to_keep
-            export = champion.tags.get("export_path") if champion is not None else None
-            deleted_exports = self._expire_exports(confine(self.export_root, "export_root"), keep, export)
+            exports = {v.tags["export_path"] for v in kept if v.tags.get("export_path")}
+            deleted_exports = self._expire_exports(confine(self.export_root, "export_root"), keep, exports)
         deleted = []
         for path in expired_model_dirs(root, self.keep_days, protected):
             with locks.deleting(path) as free:
@@ -92,8 +103,10 @@ class RetentionOperator(RecpipeOperator):
         for leftover in atomic.sweep(root) + [p for d in day_dirs(root) for p in atomic.sweep(d)]:
             log.info("retention: removed the leftover %s", leftover)
         log.info(
-            "retention: kept %d newest day(s) and %s",
+            "retention: kept %d newest day(s) and versions %s (the %s and its rollback targets): %s",
             self.keep_days,
+            [int(v.version) for v in kept],
+            self.alias,
             sorted(map(str, protected)) or "no champion",
         )
         if self.end_parent_run:
@@ -105,16 +118,17 @@ class RetentionOperator(RecpipeOperator):
         return deleted + deleted_exports
 
     @staticmethod
-    def _expire_exports(root: Path, keep: int, champion_export: str | None) -> list[str]:
+    def _expire_exports(root: Path, keep: int, protected_exports: set[str]) -> list[str]:
         """Delete the numbered versions under ``root`` older than the newest ``keep``, never
-        ``champion_export``; each renamed aside first (a half-deleted one is never served)."""
+        one of ``protected_exports``; each renamed aside first (a half-deleted one is never
+        served)."""
         if not root.is_dir():
             return []
         versions = sorted((p for p in root.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
-        protected = Path(champion_export).resolve() if champion_export else None
+        protected = {Path(p).resolve() for p in protected_exports}
         deleted = []
         for path in versions[: max(len(versions) - keep, 0)]:
-            if path.resolve() == protected:
+            if path.resolve() in protected:
                 continue
             aside = path.with_name(f"{atomic.DELETING}{path.name}")
             path.rename(aside)

@@ -234,13 +234,15 @@ class RetrainTasks:
 
     def retention(self, **kwargs) -> RetentionOperator:
         """``retention``: model dirs older than ``retention_days`` and SavedModel versions
-        beyond ``export_config.exports_to_keep``, never the champion's."""
+        beyond ``export_config.exports_to_keep``, never the champion's nor those of the
+        ``retention_champions`` champions before it."""
         return RetentionOperator(
             **{
                 **self._timeout("retention"),
                 "runs_root": self.runs,
                 "export_root": self.exports,
                 "keep_days": self.retrain.retention_days,
+                "keep_champions": self.retrain.retention_champions,
                 "model_name": self.retrain.model_name,
                 "alias": self.retrain.gate.alias,
                 **self.common,

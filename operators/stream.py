@@ -11,14 +11,13 @@ import json
 import logging
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowSkipException
-from airflow.sdk.log import mask_secret
 
 from operators.base import JobOperator
 from operators.evaluate import EvalOperator, eval_dataset_of
+from operators.hooks.store import STORE_CONN_ID, store_client
 from operators.paths import confine
 from operators.warm_start import source
 from recpipe import atomic
@@ -180,45 +179,41 @@ class OnlineStorePushOperator(BaseOperator):
     Args:
         export_path: the export directory (templated; the export task's XCom).
         model_name: the model's name in the store (templated).
-        redis_url: ``redis://[:password@]host:port/db`` (its password is masked in the task's
-            log).
+        redis_conn_id: the store's Airflow connection (``operators.hooks.store``).
+        redis_url: the retrain config's ``stream.redis_url``, used when neither the
+            connection nor ``$RECPIPE_REDIS_URL`` names the store (no password: that goes in
+            the connection).
 
     Returns (XCom): ``{"rows", "deleted", "stale", "pushed"}`` (``pushed``: the exports
     written).
     """
 
-    # the URL is not templated: a rendered field is stored and shown in the UI as it is
     template_fields = ("export_path", "model_name")
     ui_color = "#f7d4d4"
 
-    def __init__(self, *, export_path: str, model_name: str, redis_url: str, **kwargs):
+    def __init__(
+        self,
+        *,
+        export_path: str,
+        model_name: str,
+        redis_conn_id: str | None = STORE_CONN_ID,
+        redis_url: str | None = None,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
-        self.export_path, self.model_name, self.redis_url = export_path, model_name, redis_url
+        self.export_path, self.model_name = export_path, model_name
+        self.redis_conn_id, self.redis_url = redis_conn_id, redis_url
 
     def execute(self, context) -> dict[str, Any]:
-        import redis
-
         from recpipe.exports.store import push_chain
 
-        url = redact_url(self.redis_url)
         export = Path(confine(self.export_path, "export_path"))
-        client = redis.Redis.from_url(self.redis_url)
+        client = store_client(self.redis_conn_id, self.redis_url)
+        where = client.connection_pool.connection_kwargs
         totals, exports = push_chain(client, self.model_name, export)
-        log.info("pushed %s to %s: %s", [p.name for p in exports], url, totals)
+        log.info("pushed %s to %s:%s/%s: %s", [p.name for p in exports], where.get("host"), where.get("port"),
+                 where.get("db"), totals)  # fmt: skip
         return {**totals, "pushed": [str(p) for p in exports]}
-
-
-def redact_url(url: str) -> str:
-    """``url`` with its password replaced by ``***``, the password registered with Airflow's
-    secrets masker so that no log line shows it."""
-
-    parts = urlsplit(url)
-    if not parts.password:
-        return url
-
-    mask_secret(parts.password)
-    netloc = f"{parts.username or ''}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def closes_day(logical_date, close_hour: int, pass_minutes: int = 60) -> bool:

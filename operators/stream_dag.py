@@ -18,7 +18,6 @@ TensorFlow nor Spark.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from airflow.providers.standard.operators.python import ShortCircuitOperator
@@ -40,7 +39,9 @@ from recpipe.layout import PASS_EVAL_RESULT, SERVING_EXPORT_RECORD, partition_te
 
 def stream_retrain_dag(home: Path, retrain: RetrainConfig, doc_md: str | None = None) -> DAG:
     """The DAG ``retrain.effective_dag_id`` (schedule ``retrain.effective_schedule``: a pass a
-    run); it pushes to ``$RECPIPE_REDIS_URL`` (the deployment's store) or ``stream.redis_url``.
+    run); with ``stream.redis_url`` set it pushes to the online store, which the task resolves
+    when it runs (the connection ``recpipe_store``, ``$RECPIPE_REDIS_URL``, then the config's
+    URL: ``operators.hooks.store``).
 
     Raises:
         recpipe.config.errors.ConfigError: the pipeline config it names is invalid.
@@ -54,8 +55,6 @@ def stream_retrain_dag(home: Path, retrain: RetrainConfig, doc_md: str | None = 
     key = "{{ logical_date.strftime('" + pass_key_format(minutes) + "') }}"
     pass_ds = "{{ ds }}/" + key  # the pass: YYYY-MM-DD/HH[MM]
     model_dir = partition_text(tasks.runs, "{{ ds }}", key)
-    # the deployment's store wins over the config's (docker-compose.yaml sets it)
-    redis_url = os.environ.get("RECPIPE_REDIS_URL") or retrain.stream.redis_url
 
     with tasks.dag(
         retrain.effective_dag_id,
@@ -113,13 +112,13 @@ def stream_retrain_dag(home: Path, retrain: RetrainConfig, doc_md: str | None = 
         # the pass's rows reach the store first; its score is reported beside
         wait_for_pass >> prepare >> has_rows >> train >> [evaluate, export]
         last = export
-        if redis_url:
+        if retrain.stream.redis_url:
             last = last >> OnlineStorePushOperator(
                 task_id="push",
                 execution_timeout=retrain.timeouts.of("push"),
                 export_path="{{ ti.xcom_pull(task_ids='export')['export'] }}",
                 model_name=retrain.model_name,
-                redis_url=redis_url,
+                redis_url=retrain.stream.redis_url,
             )
 
         # the day boundary

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from recpipe.errors import PipelineError
 from recpipe.layout import day_of, finished_model_dirs, is_finished, partition_ds
+from recpipe.registry import PROMOTED, PROMOTION
 
 
 class ChampionGoneError(PipelineError):
@@ -69,7 +70,7 @@ def source(
         versions = hook.versions(model_name)
         if versions:
             for version in versions:
-                if version.tags.get("promotion") == "promoted" and (found := usable(version)):
+                if version.tags.get(PROMOTION) == PROMOTED and (found := usable(version)):
                     return found, f"newest promoted version {version.version}"
             return None, f"no promoted version of {model_name} dated before {ds}"
     found = finished_model_dirs(root, before=ds)

@@ -15,7 +15,6 @@ from recpipe.errors import UsageError
 from recpipe.layout import SUCCESS
 
 CHANNEL = "recpipe:partitions"
-URL_ENV = "RECPIPE_ARRIVALS_REDIS_URL"  # where `recpipe announce` publishes when not told
 
 
 def announce(client, partition: str | os.PathLike) -> int:

@@ -1,70 +1,43 @@
 """Who serves, moved by hand: show the registered model's ``champion`` (MLflow's alias), set it
 to a version, or roll it back to the one before, with who and why.
 
-Every move tags the version (``champion.set_by``, ``champion.reason``, ``champion.set_at``),
-appends to the registered model's history (tag ``champion.history``, JSON), and is logged as
-an MLflow run in the model's experiment (``recpipe.step = champion``). Warm start and
-retention follow the alias, so the next run fine-tunes from the new champion and its files
-are kept. For a stream model the online store is restored to the champion's rows
-(``restore_store``: its day's exports up to its pass, in a new generation). Used by
-``recpipe champion`` and by the DAG ``recpipe_champion``.
+The moves are ``recpipe.registry``'s compare-and-set: each states the champion it found and is
+refused when another move came first. A move is written ahead (``champion.pending``) and
+cleared once its work is done, so a retried ``rollback`` after a failure halfway (a stream
+model's store unreachable) finishes the same move instead of choosing another target. Each
+move is also logged as an MLflow run in the model's experiment (``recpipe.step = champion``).
+Warm start and retention follow the alias. For a stream model the online store is restored
+to the champion's rows (``restore_store``). Used by ``recpipe champion`` and by the DAG
+``recpipe_champion``.
 """
 
 from __future__ import annotations
 
 import json
-import time
+import uuid
 from pathlib import Path
 from typing import Any
 
-from recpipe.errors import PipelineError
-from recpipe.layout import is_finished
+from recpipe.registry import (
+    ALIAS,
+    ChampionError,
+    begin,
+    current,
+    finish,
+    former_champions,
+    history,
+    missing_files,
+    move_alias,
+    pending,
+    registered_model,
+    resume,
+    rollback_target,
+)
 
-HISTORY = "champion.history"
-HISTORY_KEEP = 50
-
-
-class ChampionError(PipelineError):
-    """No such version, its files are gone, or nothing to roll back to (the message says
-    which and what to do)."""
-
-
-def _client(tracking_uri: str | None = None):
-    from mlflow import MlflowClient
-
-    return MlflowClient(tracking_uri)
-
-
-def current(client, model: str, alias: str = "champion"):
-    """The ``ModelVersion`` holding ``alias``, or None (no such model or alias)."""
-    from mlflow.exceptions import MlflowException
-
-    try:
-        registered = client.get_registered_model(model)
-    except MlflowException as err:
-        if err.error_code == "RESOURCE_DOES_NOT_EXIST":
-            return None
-        raise
-    version = (registered.aliases or {}).get(alias)
-    return None if version is None else client.get_model_version(model, str(version))
-
-
-def history(client, model: str) -> list[dict[str, Any]]:
-    """The manual moves, oldest first: ``{"version", "previous", "by", "reason", "at"}``."""
-    tags = client.get_registered_model(model).tags or {}
-    return json.loads(tags.get(HISTORY, "[]"))
-
-
-def missing_files(version) -> list[str]:
-    """What of ``version``'s files is gone: its model dir (finished, ``_SUCCESS``) and its
-    export (``tags.export_path``); [] when both are there."""
-    gone = []
-    model_dir, export = version.tags.get("model_dir"), version.tags.get("export_path")
-    if not model_dir or not is_finished(model_dir):
-        gone.append(f"model dir {model_dir or '(untagged)'}")
-    if not export or not Path(export).exists():
-        gone.append(f"export {export or '(untagged)'}")
-    return gone
+__all__ = [
+    "ChampionError", "current", "history", "missing_files", "rollback_target", "set_champion", "rollback",
+    "move", "restore_store", "describe", "rollback_targets", "main",
+]  # fmt: skip
 
 
 def describe(version) -> dict[str, Any]:
@@ -74,29 +47,21 @@ def describe(version) -> dict[str, Any]:
     return {"version": int(version.version), **extra}
 
 
-def set_champion(
-    client,
-    model: str,
-    version: int | str,
-    reason: str,
-    by: str,
-    alias: str = "champion",
-    experiment: str | None = None,
-) -> dict[str, Any]:
-    """Move ``alias`` to ``version``, with who (``by``) and why (``reason``, required).
+def rollback_targets(client, model: str, alias: str = ALIAS) -> list[dict[str, Any]]:
+    """The former champions in the order rollbacks reach them (``registry.former_champions``),
+    each ``{"version", "ds", "available"}`` plus ``missing`` (what retention or a delete
+    removed) when it can no longer serve."""
+    found = []
+    for version in former_champions(client, model, alias):
+        gone = missing_files(version)
+        entry = {"version": int(version.version), "ds": version.tags.get("ds", ""), "available": not gone}
+        found.append(entry | ({"missing": gone} if gone else {}))
+    return found
 
-    Returns:
-        ``{"model", "version", "previous", "by", "reason", "at"}`` (``previous``: the version
-        that held the alias, or None).
 
-    Raises:
-        ChampionError: no such version, an empty reason, or the version's model dir or
-            export is gone (named; the way out: another version, or a retrain).
-    """
+def _checked(client, model: str, version: int | str):
     from mlflow.exceptions import MlflowException
 
-    if not reason.strip():
-        raise ChampionError("a reason is required: it goes to the version's tags and the history")
     try:
         chosen = client.get_model_version(model, str(version))
     except MlflowException:
@@ -107,57 +72,67 @@ def set_champion(
             "(retention or a manual delete): "
             "it cannot serve nor be fine-tuned from; choose another version, or retrain"
         )
-    before = current(client, model, alias)
-    previous = None if before is None else int(before.version)
-    record = {
-        "model": model,
-        "version": int(chosen.version),
-        "previous": previous,
-        "by": by,
-        "reason": reason,
-        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-    client.set_registered_model_alias(model, alias, chosen.version)
-    for key in ("by", "reason", "at"):
-        client.set_model_version_tag(model, chosen.version, f"champion.set_{key}", record[key])
-    moves = [*history(client, model), {k: record[k] for k in ("version", "previous", "by", "reason", "at")}]
-    client.set_registered_model_tag(model, HISTORY, json.dumps(moves[-HISTORY_KEEP:]))
-    _log_run(client, experiment or model, record, alias)
-    return record
+    return chosen
 
 
-def rollback_target(client, model: str, alias: str = "champion"):
-    """The version a rollback moves ``alias`` to: the one a manual move replaced, when the
-    champion came from one; else the newest version below the champion that its gate promoted
-    (tag ``promotion: promoted``).
+def set_champion(
+    client,
+    model: str,
+    version: int | str,
+    reason: str,
+    by: str,
+    alias: str = ALIAS,
+    experiment: str | None = None,
+    expect: int | str | None | type(...) = ...,
+    action: str = "set",
+) -> dict[str, Any]:
+    """Move ``alias`` to ``version``, with who (``by``) and why (``reason``, required).
+
+    Args:
+        expect: the version the caller saw holding the alias (None: no champion); default:
+            the one holding it now (no check against an earlier look).
+
+    Returns:
+        ``{"model", "version", "previous", "by", "reason", "at", "action", "id"}``
+        (``previous``: the version that held the alias, or None).
 
     Raises:
-        ChampionError: no champion, or no earlier one.
+        ChampionError: no such version, an empty reason, or the version's model dir or
+            export is gone (named; the way out: another version, or a retrain).
+        recpipe.registry.ChampionMovedError: ``expect`` does not hold the alias.
     """
-    champion = current(client, model, alias)
-    if champion is None:
-        raise ChampionError(f"{model} has no {alias}: nothing to roll back")
-    moves = history(client, model)
-    if moves and moves[-1]["version"] == int(champion.version) and moves[-1]["previous"] is not None:
-        return client.get_model_version(model, str(moves[-1]["previous"]))
-    earlier = [
-        v
-        for v in client.search_model_versions(f"name = '{model}'")
-        if int(v.version) < int(champion.version) and v.tags.get("promotion") == "promoted"
-    ]
-    if not earlier:
-        raise ChampionError(
-            f"{model}: no version before {champion.version} was promoted: nothing to roll back to"
-        )
-    return max(earlier, key=lambda v: int(v.version))
+    if not reason.strip():
+        raise ChampionError("a reason is required: it goes to the version's tags and the history")
+    _checked(client, model, version)
+    if expect is ...:
+        holder = current(client, model, alias)
+        expect = None if holder is None else int(holder.version)
+    record = move_alias(client, model, version, expect, by=by, reason=reason, action=action, alias=alias)
+    _log_run(client, experiment or model, record, alias)
+    return {"model": model, **record}
 
 
 def rollback(
-    client, model: str, reason: str, by: str, alias: str = "champion", experiment: str | None = None
+    client, model: str, reason: str, by: str, alias: str = ALIAS, experiment: str | None = None
 ) -> dict[str, Any]:
     """Move ``alias`` back to ``rollback_target``'s version (see ``set_champion``)."""
+    if not reason.strip():
+        raise ChampionError("a reason is required: it goes to the version's tags and the history")
+    holder = current(client, model, alias)
     target = rollback_target(client, model, alias)
-    return set_champion(client, model, target.version, reason, by, alias, experiment)
+    return set_champion(
+        client, model, target.version, reason, by, alias, experiment,
+        expect=int(holder.version), action="rollback",
+    )  # fmt: skip
+
+
+def is_stream_pass(version) -> bool:
+    """Whether ``version`` was trained by a stream pass (its model dir ``ds=D/hh=HH``): the
+    versions whose rows an online store holds."""
+    from recpipe.layout import partition_ds
+
+    model_dir = version.tags.get("model_dir")
+    return bool(model_dir) and "/" in partition_ds(model_dir)
 
 
 def restore_store(redis_client, model: str, version) -> dict[str, int]:
@@ -195,28 +170,49 @@ def move(
     reason: str,
     by: str,
     version=None,
-    alias: str = "champion",
+    alias: str = ALIAS,
     experiment: str | None = None,
-    redis_url: str | None = None,
+    store=None,
 ) -> dict[str, Any]:
-    """``set`` (to ``version``) or ``rollback`` the alias, then, with ``redis_url`` (a stream
-    model's store), restore the store to the new champion's rows (``store`` in the record).
-    What ``recpipe champion`` and the DAG ``recpipe_champion`` do.
+    """``set`` (to ``version``) or ``rollback`` the alias, then, with ``store`` (a
+    ``redis.Redis``) and a stream pass as the new champion, restore the store to its rows
+    (``store`` in the record). What ``recpipe champion`` and the DAG ``recpipe_champion`` do.
+
+    The move is written ahead and cleared at the end: a ``rollback`` (or a ``set`` of the same
+    version) run while one is pending finishes that move, to its target, store included.
 
     Raises:
-        ChampionError: as ``set_champion`` / ``rollback``; ``set`` without a version.
+        ChampionError: as ``set_champion`` / ``rollback``; ``set`` without a version; a
+            pending move whose champion was moved since (``ChampionMovedError``).
     """
-    if action == "set":
-        if version in (None, ""):
-            raise ChampionError("set: give the version (--version)")
-        record = set_champion(client, model, version, reason, by, alias, experiment)
+    if action not in ("set", "rollback"):
+        raise ChampionError(f"action {action!r}: set or rollback")
+    if action == "set" and version in (None, ""):
+        raise ChampionError("set: give the version (--version)")
+    if not reason.strip():
+        raise ChampionError("a reason is required: it goes to the version's tags and the history")
+    if registered_model(client, model) is None:
+        raise ChampionError(f"no such registered model: {model!r}")
+    plan = pending(client, model, alias)
+    if plan is not None and (action == "rollback" or int(version) == plan["version"]):
+        record = {"model": model, **resume(client, model, plan, alias), "resumed": True}
     else:
-        record = rollback(client, model, reason, by, alias, experiment)
-    if redis_url:
-        import redis
-
-        chosen = client.get_model_version(model, str(record["version"]))
-        record["store"] = restore_store(redis.Redis.from_url(redis_url), model, chosen)
+        holder = current(client, model, alias)
+        previous = None if holder is None else int(holder.version)
+        target = (
+            _checked(client, model, version) if action == "set" else rollback_target(client, model, alias)
+        )
+        plan = {
+            "id": uuid.uuid4().hex, "version": int(target.version), "previous": previous, "action": action,
+            "by": by, "reason": reason,
+        }  # fmt: skip
+        begin(client, model, plan, alias)
+        record = {"model": model, **resume(client, model, plan, alias)}
+        _log_run(client, experiment or model, record, alias)
+    chosen = client.get_model_version(model, str(record["version"]))
+    if store is not None and is_stream_pass(chosen):
+        record["store"] = restore_store(store, model, chosen)
+    finish(client, model, plan["id"], alias)
     return record
 
 
@@ -233,8 +229,8 @@ def _log_run(client, experiment: str, record: dict, alias: str) -> None:
             "mlflow.note.content": record["reason"],
         },
     )
-    for key in ("version", "previous", "reason", "by"):
-        client.log_param(run.info.run_id, key, str(record[key]))
+    for key in ("version", "previous", "reason", "by", "action"):
+        client.log_param(run.info.run_id, key, str(record.get(key)))
     client.set_terminated(run.info.run_id)
 
 
@@ -242,38 +238,91 @@ def main(argv: list[str] | None = None) -> int:
     """``recpipe champion show | set --version N | rollback --model_name M --reason TEXT``."""
     import argparse
     import getpass
-    import os
+
+    from recpipe import redis_conn, tracking
+    from recpipe.errors import UsageError
 
     parser = argparse.ArgumentParser(
         prog="recpipe champion",
         description="show, set or roll back the version that serves (the registered model's "
-        "'champion' alias in MLflow); each move is tagged with who and why, and with --redis_url a "
-        "stream model's Redis rows follow",
+        "'champion' alias in MLflow); each move is tagged with who and why, refused when another "
+        "move came first, and a stream model's Redis rows follow ($RECPIPE_REDIS_URL)",
     )
     parser.add_argument("action", choices=("show", "set", "rollback"))
     parser.add_argument("--model_name", required=True, help="the registered model")
-    parser.add_argument("--version", default=None, help="set: the version to serve")
+    parser.add_argument("--version", type=int, default=None, help="set: the version to serve")
     parser.add_argument("--reason", default="", help="set / rollback: why (required)")
     parser.add_argument("--by", default=None, help="who (default: the login name)")
-    parser.add_argument("--alias", default="champion")
+    parser.add_argument("--alias", default=ALIAS)
     parser.add_argument("--experiment", default=None, help="where the move is logged (default: the model's)")
     parser.add_argument(
         "--redis_url",
-        default=os.environ.get("RECPIPE_REDIS_URL"),
-        help="a stream model's online store, restored to the champion's rows ($RECPIPE_REDIS_URL)",
+        default=None,
+        help="a stream model's online store, restored to the champion's rows: redis://host:port/db "
+        "without a password (default $RECPIPE_REDIS_URL; none: the store is not touched)",
     )
-    parser.add_argument("--tracking_uri", default=None, help="MLflow (default $MLFLOW_TRACKING_URI)")
+    parser.add_argument("--redis_password_file", default=None, help="a file holding the store's password")
+    parser.add_argument(
+        "--tracking_uri",
+        default=None,
+        help="MLflow (default $MLFLOW_TRACKING_URI, else the deployment's $AIRFLOW_CONN_MLFLOW_DEFAULT, "
+        "else <var>/mlflow/mlflow.db)",
+    )
     args = parser.parse_args(argv)
-    client = _client(args.tracking_uri)
+    if args.action == "set" and args.version is None:
+        raise UsageError("recpipe champion set: give the version to serve (--version N)")
+    if args.action != "show" and not args.reason.strip():
+        raise UsageError(f"recpipe champion {args.action}: give --reason (it goes to the version's tags)")
+    address = redis_conn.resolve(args.redis_url, password_file=args.redis_password_file, default=None)
+    client = tracking.client(args.tracking_uri)
+    if registered_model(client, args.model_name) is None:
+        names = sorted(m.name for m in client.search_registered_models(max_results=100))
+        where = tracking.tracking_uri(args.tracking_uri)
+        raise UsageError(
+            f"--model_name: no such registered model {args.model_name!r} at {where} "
+            f"(registered: {', '.join(names) or 'none'})"
+        )
     if args.action == "show":
         champion = current(client, args.model_name, args.alias)
-        moves = history(client, args.model_name) if champion is not None else []
-        print(json.dumps({"champion": champion and describe(champion), "history": moves}, indent=2))
+        print(json.dumps({
+            "champion": champion and describe(champion),
+            "rollback_targets": rollback_targets(client, args.model_name, args.alias) if champion else [],
+            "pending": pending(client, args.model_name, args.alias),
+            "history": history(client, args.model_name, args.alias),
+        }, indent=2))  # fmt: skip
         return 0
+    if args.action == "set":
+        from mlflow.exceptions import MlflowException
+
+        try:
+            client.get_model_version(args.model_name, str(args.version))
+        except MlflowException:
+            raise UsageError(
+                f"--version {args.version}: {args.model_name} has no version {args.version} "
+                "(recpipe champion show lists them)"
+            ) from None
     by = args.by or getpass.getuser()
-    record = move(
-        client, args.model_name, args.action, args.reason, by, args.version, args.alias, args.experiment,
-        args.redis_url,
-    )  # fmt: skip
+    store = address.client() if address is not None else None
+    try:
+        record = move(
+            client,
+            args.model_name,
+            args.action,
+            args.reason,
+            by,
+            args.version,
+            args.alias,
+            args.experiment,
+            store,
+        )
+    except Exception as err:
+        import redis
+
+        if not isinstance(err, redis.RedisError):
+            raise
+        raise ChampionError(
+            f"the store at {address.where()} failed ({err}) after the {args.alias} moved; run the same "
+            "command again: it finishes this move"
+        ) from None
     print(json.dumps(record, indent=2))
     return 0

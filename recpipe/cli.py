@@ -66,9 +66,10 @@ def main(argv: list[str] | None = None) -> int:
     announce.add_argument(
         "--redis_url",
         default=None,
-        help="the Redis of the arrivals connection (default $RECPIPE_ARRIVALS_REDIS_URL, else "
-        "redis://127.0.0.1:6379/0); a password through the environment, not the command line",
+        help="the Redis of the arrivals connection, redis://host:port/db without a password (default "
+        "$RECPIPE_ARRIVALS_REDIS_URL, else redis://127.0.0.1:6379/0)",
     )
+    announce.add_argument("--redis_password_file", default=None, help="a file holding that Redis's password")
     if argv and argv[0] == "data":
         from dev.data.cli import main as data_main
 
@@ -103,22 +104,21 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _announce(args: argparse.Namespace) -> int:
-    import os
-
     import redis
 
-    from recpipe.arrivals import URL_ENV, announce
+    from recpipe import redis_conn
+    from recpipe.arrivals import announce
     from recpipe.errors import PipelineError
 
-    url = args.redis_url or os.environ.get(URL_ENV) or "redis://127.0.0.1:6379/0"
-    client = redis.Redis.from_url(url)
+    address = redis_conn.resolve(
+        args.redis_url, env=redis_conn.ARRIVALS_ENV, password_file=args.redis_password_file
+    )
+    client = address.client()
     for partition in args.partition:
         try:
             heard = announce(client, partition)
         except redis.RedisError as err:
-            where = client.connection_pool.connection_kwargs
-            where = f"{where.get('host')}:{where.get('port')}"
-            raise PipelineError(f"no Redis at {where} to announce on: {err}") from None
+            raise PipelineError(f"no Redis at {address.where()} to announce on: {err}") from None
         print(f"{partition}: announced ({heard} waiting)")
     return 0
 

@@ -197,3 +197,45 @@ def run_doc_commands(text: str, cwd: Path, env: dict | None = None, timeout: int
     )
     assert done.returncode == 0, f"{text}\nexited {done.returncode}:\n{(done.stdout + done.stderr)[-3000:]}"
     return done
+
+
+class RedisServer:
+    """A redis-server on 127.0.0.1 that keeps nothing on disk: a restart empties it. With
+    ``password`` it requires that password (given on its stdin as config, never on its command
+    line)."""
+
+    def __init__(self, password: str | None = None):
+        self.port = free_port()
+        self.password = password
+        self.proc = None
+        self.start()
+
+    def start(self) -> None:
+        import redis
+
+        config = f'bind 127.0.0.1\nport {self.port}\nsave ""\nappendonly no\n'
+        if self.password is not None:
+            config += (
+                "requirepass " + self.password.replace("\\", "\\\\").replace('"', '\\"').join('""') + "\n"
+            )
+        self.proc = subprocess.Popen(
+            ["redis-server", "-"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        self.proc.stdin.write(config.encode())
+        self.proc.stdin.close()
+        client = redis.Redis(host="127.0.0.1", port=self.port, password=self.password)
+        for _ in range(100):
+            try:
+                client.ping()
+                return
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        raise RuntimeError(f"redis-server on port {self.port} did not start")
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)

@@ -123,7 +123,7 @@ def test_the_rollback_pages_commands_run_as_written(registry, tmp_path):
         [*RECPIPE, "champion", "set", "--model_name", model, "--version", "9", "--reason", "x"],
         capture_output=True, text=True, cwd=ROOT, timeout=120,
     )  # fmt: skip
-    assert refused.returncode == 1 and "no version 9" in refused.stderr
+    assert refused.returncode == 2 and "no version 9" in refused.stderr
 
 
 def test_warm_start_names_a_champion_whose_model_dir_is_gone(registry, tmp_path):
@@ -187,3 +187,118 @@ def test_a_rollback_restores_the_stream_store_to_the_champions_rows(registry, tm
     np.testing.assert_array_equal(rows[1]["t/embedding_weights"], [1.0, 1.0])
     np.testing.assert_array_equal(rows[2]["t/embedding_weights"], [1.5, 1.5])
     assert (applied(client, model)["day"], applied(client, model)["name"]) == ("2024-03-01", "delta-23")
+
+
+def test_a_move_states_the_champion_it_expects_and_is_refused_when_it_moved(registry, tmp_path):
+    """Compare-and-set: a move that expected another champion (a gate that compared with
+    version 1, an approval given after a day's wait) writes nothing and names who holds the
+    alias now and who moved it; a move to where the alias already is, by a retry of the move
+    that put it there, finishes without a second history entry."""
+    from recpipe.registry import ChampionMovedError, move_alias
+
+    registry.create_registered_model(MODEL)
+    for day in ("2024-03-01", "2024-03-02", "2024-03-03"):
+        _version(registry, tmp_path, day)
+    move_alias(registry, MODEL, 1, None, by="gate", reason="first", action="promoted")
+    set_champion(registry, MODEL, 2, "day 2 by hand", "alice")
+    with pytest.raises(ChampionMovedError, match=r"version 2, not 1 .*moved by alice .*day 2 by hand"):
+        move_alias(registry, MODEL, 3, 1, by="bob", reason="approved", action="approved")
+    assert int(registry.get_registered_model(MODEL).aliases["champion"]) == 2
+    assert [m["version"] for m in history(registry, MODEL)] == [1, 2]
+    with pytest.raises(ChampionMovedError, match="version 2, not None"):
+        move_alias(registry, MODEL, 3, None, by="gate", reason="first day", action="promoted")
+
+
+def test_a_rollback_that_failed_halfway_reaches_the_same_target_when_retried(registry, tmp_path, store):
+    """The alias moves, then the store's restore fails (Redis unreachable): the same command
+    again finishes that rollback (store included) instead of taking the last move's
+    ``previous``, which would flip the champion back to the bad version."""
+    from recpipe.champion import move
+    from recpipe.exports.store import applied, push
+    from recpipe.redis_conn import parse
+    from recpipe.registry import pending
+    from tests.support import free_port
+
+    client, model = store
+    registry.create_registered_model(model)
+    exports = tmp_path / "exports"
+    for n, day in enumerate(("2024-03-01", "2024-03-02"), start=1):
+        _export(exports / day, "base", "23", 0, None, float(n), [1, 2])
+        _version(registry, tmp_path, day, hour="23", model=model)
+    push(client, model, exports / "2024-03-02" / "base")
+    registry.set_registered_model_alias(model, "champion", "2")
+
+    unreachable = parse(f"redis://127.0.0.1:{free_port()}/0", "test").client(timeout_s=1)
+    import redis
+
+    with pytest.raises(redis.ConnectionError):
+        move(registry, model, "rollback", "day 2 drifted", "erin", store=unreachable)
+    assert int(registry.get_registered_model(model).aliases["champion"]) == 1  # moved, store not
+    assert pending(registry, model)["version"] == 1
+    assert applied(client, model)["day"] == "2024-03-02"
+
+    again = move(registry, model, "rollback", "day 2 drifted", "erin", store=client)
+    assert (again["version"], again["previous"], again.get("resumed")) == (1, 2, True)
+    assert int(registry.get_registered_model(model).aliases["champion"]) == 1
+    assert applied(client, model)["day"] == "2024-03-01" and pending(registry, model) is None
+    assert [(m["version"], m["action"]) for m in history(registry, model)] == [(1, "rollback")]
+    # a rollback after it goes further back, never to the version rolled back from
+    with pytest.raises(ChampionError, match="nothing to roll back to"):
+        move(registry, model, "rollback", "again", "erin", store=client)
+
+
+def test_champion_show_lists_the_versions_a_rollback_can_reach(registry, tmp_path):
+    """``recpipe champion show``: the former champions in the order rollbacks take them, and
+    which of them retention has made unreachable (its model dir or export gone)."""
+    registry.create_registered_model(MODEL)
+    versions = [_version(registry, tmp_path, f"2024-03-0{d}", promoted=d != 3) for d in range(1, 5)]
+    registry.set_registered_model_alias(MODEL, "champion", "4")
+    (Path(versions[0].tags["model_dir"]) / "_SUCCESS").unlink()
+    done = subprocess.run(
+        [*RECPIPE, "champion", "show", "--model_name", MODEL],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    shown = json.loads(done.stdout)
+    assert shown["champion"]["version"] == 4
+    assert [(t["version"], t["available"]) for t in shown["rollback_targets"]] == [(2, True), (1, False)]
+    assert "model dir" in shown["rollback_targets"][1]["missing"][0]
+
+
+def test_the_champion_command_finds_the_deployments_registry_and_fails_fast(tmp_path, registry):
+    """Without ``--tracking_uri`` the command uses the deployment's MLflow as the DAGs do
+    (``$MLFLOW_TRACKING_URI``, else ``$AIRFLOW_CONN_MLFLOW_DEFAULT``), never a new
+    ``./mlflow.db``; a server that does not answer is one line within seconds; a typo in the
+    model's name is "no such registered model", exit 2."""
+    import os
+    import time
+
+    from tests.support import free_port
+
+    registry.create_registered_model(MODEL)
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "AIRFLOW_CONN_MLFLOW_DEFAULT")
+    }
+    env["RECPIPE_VAR_DIR"] = str(tmp_path / "var")
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    show = [*RECPIPE, "champion", "show", "--model_name"]
+    # the project's store under the var dir: the registry fixture's database
+    done = subprocess.run([*show, MODEL], capture_output=True, text=True, cwd=cwd, env=env, timeout=120)
+    assert done.returncode == 2 and "no such registered model" in done.stderr  # var/mlflow/mlflow.db
+    assert (tmp_path / "var" / "mlflow" / "mlflow.db").exists() and not list(cwd.iterdir())
+    env["MLFLOW_TRACKING_URI"] = registry.tracking_uri
+    done = subprocess.run([*show, MODEL], capture_output=True, text=True, cwd=cwd, env=env, timeout=120)
+    assert done.returncode == 0 and json.loads(done.stdout)["champion"] is None, done.stderr
+    done = subprocess.run([*show, "typo"], capture_output=True, text=True, cwd=cwd, env=env, timeout=120)
+    assert done.returncode == 2 and "no such registered model 'typo'" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+    del env["MLFLOW_TRACKING_URI"]
+    port = free_port()
+    env["AIRFLOW_CONN_MLFLOW_DEFAULT"] = json.dumps({"conn_type": "http", "host": "127.0.0.1", "port": port})
+    started = time.monotonic()
+    done = subprocess.run([*show, MODEL], capture_output=True, text=True, cwd=cwd, env=env, timeout=120)
+    assert time.monotonic() - started < 30
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and len(lines) == 1 and f"127.0.0.1:{port} does not answer" in lines[0], lines

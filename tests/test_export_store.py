@@ -268,25 +268,90 @@ def test_pushers_of_one_model_take_turns(day, store):
     assert push(client, model, day / "base")["rows"] == 10
 
 
-def test_the_push_tasks_redis_url_is_logged_without_its_password():
-    from operators.stream import OnlineStorePushOperator, redact_url
+def _one_line_exit_2(capsys, argv: list[str]) -> str:
+    from recpipe.cli import main
 
-    assert redact_url("redis://:s3cret-pw@127.0.0.1:6379/0") == "redis://:***@127.0.0.1:6379/0"
-    assert redact_url("redis://user:s3cret-pw@store/1") == "redis://user:***@store/1"
-    assert redact_url("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
-    assert "redis_url" not in OnlineStorePushOperator.template_fields  # never rendered into the UI
+    try:
+        code = main(argv)
+    except SystemExit as end:
+        code = end.code
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, (code, err)
+    return err
 
 
-def test_the_push_command_takes_no_password_on_its_command_line(tmp_path, monkeypatch):
-    from recpipe.errors import UsageError
-    from trainer.entry import _redis_url
+@pytest.mark.parametrize(
+    "url", ["redis://:s3cret@127.0.0.1:6379/0", "redis://127.0.0.1:6379/0?password=s3cret"]
+)
+def test_no_command_takes_a_password_on_its_command_line(url, capsys):
+    """``ps`` shows a command line to every user of the host: a URL holding a password, in
+    its user part or its query (which redis-py reads too), is refused by every command that
+    takes a Redis URL, with one line naming the flag and where the password goes instead."""
+    for argv, flag in (
+        (["serve", "push", "x", "--model", "m", "--redis_url", url], "--redis_url"),
+        (["announce", "data/raw/ds=2024-01-01", "--redis_url", url], "--redis_url"),
+        (["champion", "rollback", "--model_name", "m", "--reason", "r", "--redis_url", url], "--redis_url"),
+    ):
+        err = _one_line_exit_2(capsys, argv)
+        assert f"{flag} holds a password" in err and "s3cret" not in err, err
+    from recpipe.config.retrain import StreamConfig
 
-    with pytest.raises(UsageError, match="--redis_url holds a password"):
-        _redis_url("redis://:s3cret@127.0.0.1:6379/0", None)
-    secret = tmp_path / "redis-password"
-    secret.write_text("s3cret\n")
-    assert _redis_url("redis://127.0.0.1:6379/0", str(secret)) == "redis://:s3cret@127.0.0.1:6379/0"
-    monkeypatch.setenv("RECPIPE_REDIS_URL", "redis://:from-env@store:6380/1")
-    assert _redis_url(None, None) == "redis://:from-env@store:6380/1"
-    with pytest.raises(UsageError, match="missing: No such file"):
-        _redis_url(None, str(tmp_path / "missing"))
+    with pytest.raises(ValueError, match="holds a password"):
+        StreamConfig(redis_url=url)
+
+
+def test_a_password_with_any_character_comes_from_its_file(day, tmp_path, monkeypatch):
+    """The password is read from ``--redis_password_file`` (or the environment's URL) and the
+    connection is built from parts: a password holding '/', '@', ':', '#', '?' and '%' (what
+    ``openssl rand -base64`` and password managers print) logs in to a Redis that requires it."""
+    import subprocess
+
+    import redis
+
+    from recpipe import redis_conn
+    from recpipe.exports.store import applied
+    from tests.support import RECPIPE, ROOT, RedisServer
+
+    password = "a/b@c:d#e?f%2Fg+h="
+    server = RedisServer(password)
+    try:
+        secret = tmp_path / "redis-password"
+        secret.write_text(password + "\n")
+        url = f"redis://127.0.0.1:{server.port}/0"
+        done = subprocess.run(
+            [*RECPIPE, "serve", "push", str(day / "base"), "--model", "pw", "--redis_url", url,
+             "--redis_password_file", str(secret)],
+            capture_output=True, text=True, cwd=ROOT, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        client = redis.Redis(host="127.0.0.1", port=server.port, password=password)
+        assert applied(client, "pw")["name"] == "base"
+        # the same from the environment's URL, the password percent-encoded there
+        from urllib.parse import quote
+
+        monkeypatch.setenv(
+            redis_conn.STORE_ENV, f"redis://:{quote(password, safe='')}@127.0.0.1:{server.port}/0"
+        )
+        assert redis_conn.resolve(None).client().ping()
+        # a wrong one is refused by the server, not sent elsewhere
+        secret.write_text("wrong")
+        address = redis_conn.resolve(url, password_file=str(secret))
+        assert (address.host, address.port, address.db) == ("127.0.0.1", server.port, 0)
+        with pytest.raises(redis.AuthenticationError):
+            address.client().ping()
+    finally:
+        server.stop()
+
+
+def test_a_push_to_a_store_that_does_not_answer_is_one_line(day, tmp_path):
+    import subprocess
+
+    from tests.support import RECPIPE, ROOT, free_port
+
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    done = subprocess.run(
+        [*RECPIPE, "serve", "push", str(day / "base"), "--model", "m", "--redis_url", url],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and len(lines) == 1 and "did not answer" in lines[0], done.stderr[-2000:]

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import tempfile
-import time
 import uuid
 from pathlib import Path
 
@@ -44,52 +42,11 @@ from recpipe.exports.files import (
     write_params,
 )
 from recpipe.layout import SUCCESS
-from tests.support import free_port
+from tests.support import RedisServer
 
 DAY = "2024-05-01"
 VIEW = "t/embedding_weights"
 IDS = st.lists(st.integers(0, 19), max_size=5, unique=True)
-
-
-class RedisServer:
-    """A redis-server on 127.0.0.1 that keeps nothing on disk: a restart empties it."""
-
-    def __init__(self):
-        self.port = free_port()
-        self.proc = None
-        self.start()
-
-    def start(self) -> None:
-        args = [
-            "redis-server",
-            "--bind",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        import redis
-
-        client = redis.Redis(host="127.0.0.1", port=self.port)
-        for _ in range(100):
-            try:
-                client.ping()
-                return
-            except redis.ConnectionError:
-                time.sleep(0.05)
-        raise RuntimeError(f"redis-server on port {self.port} did not start")
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
 
 
 @pytest.fixture(scope="module")
@@ -244,6 +201,49 @@ class StreamStore(RuleBasedStateMachine):
         except store.StoreBehind:
             pass
         pusher.__exit__(None, None, None)
+
+    @precondition(lambda self: (self.day_dir / BASE / SUCCESS).exists())
+    @rule(expires=st.sampled_from(["after_taking_it", "after_writing", "after_switching"]))
+    def a_rebuilds_lock_expires_and_the_next_pusher_runs_meanwhile(self, expires):
+        """A rebuild (the day's chain into a new generation) whose lock expires at one of its
+        steps; the next pusher takes the lock and writes its own generation before the first
+        wakes up. The first's later writes, switch and clean-up are refused; nothing of the
+        second's generation is deleted."""
+        import recpipe.exports.store as store
+
+        exports = chain(self.day_dir)
+        first = store._Pusher(self.client, self.model, store.PREFIX).__enter__()
+        held = store.applied(self.client, self.model)
+        steps = []
+        if expires != "after_taking_it":
+            generation = first.new_generation()
+            for export in exports:
+                first.write_export(export, read_manifest(export), generation)
+            steps.append("written")
+            if expires == "after_switching":
+                first.switch(held, read_manifest(exports[-1]), generation, backwards=True)
+                self.newest_pushed = max(
+                    self.newest_pushed or (DAY, -1), store.order(read_manifest(exports[-1]))
+                )
+        self.client.delete(first.lock.name)  # expired while it was paused
+        second = store._Pusher(self.client, self.model, store.PREFIX).__enter__()
+        theirs = second.new_generation()
+        for export in exports:
+            second.write_export(export, read_manifest(export), theirs)
+        # the first wakes up: whatever it does next is refused
+        with pytest.raises(store.StoreFenced):
+            if expires == "after_switching":
+                first.drop_other_generations(generation, held)
+            elif steps:
+                first.switch(held, read_manifest(exports[-1]), generation, backwards=True)
+            else:
+                first.rebuild(exports, backwards=True)
+        first.__exit__(None, None, None)
+        before = store.applied(self.client, self.model)
+        second.switch(before, read_manifest(exports[-1]), theirs, backwards=True)
+        second.drop_other_generations(theirs, before)
+        second.__exit__(None, None, None)
+        self.newest_pushed = store.order(read_manifest(exports[-1]))
 
     # -- what holds after every step ---------------------------------------------------------
     @invariant()

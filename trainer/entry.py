@@ -398,34 +398,6 @@ def _export_online(config, model, model_dir, step: int, args) -> dict:
     }
 
 
-def _redis_url(given: str | None, password_file: str | None) -> str:
-    """The store's URL: ``--redis_url`` (refused with a password in it, which ``ps`` would show
-    to every user of the host), else ``$RECPIPE_REDIS_URL``; the password from
-    ``--redis_password_file`` when given.
-
-    Raises:
-        UsageError: a password on the command line, or an unreadable password file.
-    """
-    from urllib.parse import urlsplit, urlunsplit
-
-    if given and urlsplit(given).password:
-        raise UsageError(
-            "--redis_url holds a password, which any user of this host can read from the process "
-            "list: give it in $RECPIPE_REDIS_URL or --redis_password_file instead"
-        )
-    url = given or os.environ.get("RECPIPE_REDIS_URL") or "redis://127.0.0.1:6379/0"
-    if password_file:
-        try:
-            password = Path(password_file).read_text().strip()
-        except OSError as err:
-            raise UsageError(f"--redis_password_file {password_file}: {err.strerror}") from None
-        parts = urlsplit(url)
-        user = parts.username or ""
-        host = parts.hostname + (f":{parts.port}" if parts.port else "")
-        url = urlunsplit(parts._replace(netloc=f"{user}:{password}@{host}"))
-    return url
-
-
 def serve_main(argv: list[str] | None = None) -> int:
     """``recpipe serve apply-delta BASE DELTA... --out DIR``: a SavedModel from a base and its
     deltas; ``recpipe serve push EXPORT --model NAME [--redis_url URL]``: an export's rows to
@@ -443,7 +415,7 @@ def serve_main(argv: list[str] | None = None) -> int:
         "--redis_url",
         default=None,
         help="redis://host:port/db, no password (ps shows a command line): default $RECPIPE_REDIS_URL, "
-        "else redis://127.0.0.1:6379/0",
+        "else redis://127.0.0.1:6379/0 (recpipe.redis_conn)",
     )
     push.add_argument(
         "--redis_password_file",
@@ -462,11 +434,17 @@ def serve_main(argv: list[str] | None = None) -> int:
             return 0
         import redis
 
+        from recpipe import redis_conn
+        from recpipe.errors import PipelineError
         from recpipe.exports.store import push_chain
 
-        client = redis.Redis.from_url(_redis_url(args.redis_url, args.redis_password_file))
+        address = redis_conn.resolve(args.redis_url, password_file=args.redis_password_file)
+        client = address.client()
         for export in args.exports:
-            totals, pushed = push_chain(client, args.model, Path(export))
+            try:
+                totals, pushed = push_chain(client, args.model, Path(export))
+            except redis.RedisError as err:
+                raise PipelineError(f"the store at {address.where()} did not answer: {err}") from None
             print(json.dumps({"export": export, **totals, "pushed": [str(p) for p in pushed]}))
         return 0
 

@@ -99,9 +99,9 @@ def replay_movielens(
     (out / "events").mkdir(parents=True, exist_ok=True)
     client = None
     if announce_url:
-        import redis
+        from recpipe import redis_conn
 
-        client = redis.Redis.from_url(announce_url)
+        client = redis_conn.resolve(announce_url, flag="--announce", env=redis_conn.ARRIVALS_ENV).client()
 
     def tell(partition) -> None:
         if client is not None:

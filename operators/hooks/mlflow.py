@@ -367,26 +367,20 @@ class MLflowHook(BaseHook):
     # -- registry ---------------------------------------------------------------------------
     def champion(self, model_name: str, alias: str = "champion"):
         """The registered version holding ``alias``, or None when the registered model or the
-        alias does not exist.
+        alias does not exist (``recpipe.registry.current``).
 
         Raises:
             MlflowException: any other error (server down, database error): a failed read is
                 never taken for "no champion", which would promote anything.
         """
-        client = self.get_client()
-        model = self._registered_model(model_name)
-        version = None if model is None else (model.aliases or {}).get(alias)
-        return None if version is None else client.get_model_version(model_name, str(version))
+        from recpipe.registry import current
+
+        return current(self.get_client(), model_name, alias)
 
     def _registered_model(self, model_name: str):
-        from mlflow.exceptions import MlflowException
+        from recpipe.registry import registered_model
 
-        try:
-            return self.get_client().get_registered_model(model_name)
-        except MlflowException as err:
-            if err.error_code == "RESOURCE_DOES_NOT_EXIST":
-                return None
-            raise
+        return registered_model(self.get_client(), model_name)
 
     def versions(self, model_name: str, tags: dict[str, str] | None = None) -> list:
         """The versions of ``model_name`` whose tags include ``tags``, newest first ([] when
@@ -425,9 +419,6 @@ class MLflowHook(BaseHook):
             client.finalize_logged_model(model.model_id, "FAILED")
             raise
         return client.finalize_logged_model(model.model_id, "READY")
-
-    def set_alias(self, model_name: str, version: str, alias: str = "champion") -> None:
-        self.get_client().set_registered_model_alias(model_name, alias, version)
 
     def set_version_tags(self, model_name: str, version: str, tags: dict[str, Any]) -> None:
         for key, value in tags.items():

@@ -7,6 +7,8 @@ problem, the dotted field path (``train_config.optimizer_config[0].adam_optimize
 from __future__ import annotations
 
 import copy
+import datetime as dt
+import re
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -39,15 +41,47 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         ConfigError: the file is missing, not YAML, or not a mapping.
     """
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path}: a folder; give one config file (a .yaml in it)")
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_text()
+        data = yaml.safe_load(text)
     except FileNotFoundError as err:
         raise ConfigError(f"{path}: no such config file") from err
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path}: cannot be read ({getattr(err, 'strerror', None) or err})") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML: {err}") from err
+    except ValueError as err:  # a timestamp YAML parsed but no calendar has (1997-02-30)
+        raise ConfigError(f"{path}:{_impossible_day(text)}: {err}: write a day that exists") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of config sections at the top level")
     return data
+
+
+def _impossible_day(text: str) -> str:
+    """``line N`` of the first date in ``text`` that does not exist, for the message."""
+    for number, line in enumerate(text.splitlines(), 1):
+        for y, m, d in re.findall(r"\b(\d{4})-(\d{1,2})-(\d{1,2})\b", line.split("#")[0]):
+            try:
+                dt.date(int(y), int(m), int(d))
+            except ValueError:
+                return f"line {number} ({y}-{m}-{d})"
+    return "a date"
+
+
+def message(error: dict[str, Any]) -> str:
+    """A pydantic error as a user reads it: an enum's choices (not its regex), a day YAML read
+    as a date (quote it)."""
+    kind, given = error["type"], error.get("input")
+    if kind == "string_pattern_mismatch":
+        choices = re.fullmatch(r"\^\(([\w|]+)\)\$", error["ctx"]["pattern"])
+        if choices:
+            return f"one of {', '.join(choices.group(1).split('|'))} (got {given!r})"
+        return f"{given!r} does not match {error['ctx']['pattern']}"
+    if kind == "string_type" and isinstance(given, dt.date):
+        return f"quote the day: YAML reads an unquoted {given} as a date; write '{given}'"
+    return error["msg"].removeprefix("Value error, ")
 
 
 def validate(model: type[M], raw: dict[str, Any], source: str) -> M:
@@ -57,7 +91,7 @@ def validate(model: type[M], raw: dict[str, Any], source: str) -> M:
     except ValidationError as err:
         lines = [f"{source}: invalid config ({err.error_count()} error(s))"]
         for e in err.errors():
-            lines.append(f"  {dotted(e['loc'])}: {e['msg'].removeprefix('Value error, ')}")
+            lines.append(f"  {dotted(e['loc'])}: {message(e)}")
         raise ConfigError("\n".join(lines)) from None
 
 

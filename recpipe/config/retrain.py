@@ -188,7 +188,24 @@ class StreamConfig(Section):
     """
 
     redis_url: str | None = "redis://127.0.0.1:6379/0"
-    """The Redis the exports are pushed to (null: no push)."""
+    """The Redis the exports are pushed to, ``redis://host:port/db`` without a password (null: no
+    push). A deployment's connection ``recpipe_store`` or ``$RECPIPE_REDIS_URL`` wins; a
+    password goes there."""
+
+    @field_validator("redis_url")
+    @classmethod
+    def _no_password(cls, value: str | None) -> str | None:
+        from recpipe.redis_conn import parse, url_password
+
+        if value is not None:
+            if url_password(value) is not None:
+                raise ValueError(
+                    "holds a password, which the DAG would show in the UI: put it in the Airflow "
+                    "connection recpipe_store (or $RECPIPE_REDIS_URL) and give redis://host:port/db here"
+                )
+            parse(value, "stream.redis_url")
+        return value
+
     close_hour: int = Field(23, ge=0, le=23)
     """The UTC hour whose last pass closes the day: whole export, registration, gate (0-23)."""
     pass_minutes: int = 60
@@ -253,6 +270,9 @@ class RetrainConfig(Section):
     """Day ``ds`` trains on ``[ds - training_window_days + 1, ds]``."""
     retention_days: int = Field(7, ge=1)
     """Days of model dirs kept under ``runs_dir`` (the champion's always)."""
+    retention_champions: int = Field(2, ge=0)
+    """Former champions whose model dirs and exports retention keeps beyond ``retention_days``:
+    the versions ``recpipe champion rollback`` reaches first (``champion show`` lists them)."""
     runs_dir: str = "var/runs"
     """Model dirs: ``<runs_dir>/<model_name>/ds=YYYY-MM-DD[/hh=HH]``."""
     export_dir: str = "var/exports"
@@ -375,23 +395,36 @@ def load_retrain_config(path) -> RetrainConfig:
 def load_retrain_configs(home) -> tuple[dict[Path, RetrainConfig], dict[Path, str]]:
     """Every retrain config of the deployment (``retrain_config_files``), loaded: ``(the
     configs that load, by file; the ones that do not, by file, each with its error)``. A
-    config whose ``dag_id`` an earlier file (in name order) already has is an error too.
-    Never raises for a bad file: one model's broken config must not hide the others."""
+    config whose ``dag_id`` or ``model_name`` an earlier file (in name order) already has is
+    an error too: ``model_name`` keys the model dirs, exports, registered model and store
+    keys, so two DAGs of one name would train, gate and push over each other. Never raises
+    for a bad file: one model's broken config must not hide the others."""
     loaded: dict[Path, RetrainConfig] = {}
     broken: dict[Path, str] = {}
-    owners: dict[str, Path] = {}
+    dag_ids: dict[str, Path] = {}
+    models: dict[str, Path] = {}
     for path in retrain_config_files(home):
         try:
             retrain = load_retrain_config(path)
         except ConfigError as err:
             broken[path] = str(err)
             continue
-        if retrain.effective_dag_id in owners:
+        except Exception as err:  # noqa: BLE001 - whatever it is, the other models keep their DAGs
+            broken[path] = f"{path}: {type(err).__name__}: {err}"
+            continue
+        if retrain.effective_dag_id in dag_ids:
             broken[path] = (
-                f"{path}: dag_id {retrain.effective_dag_id!r} is {owners[retrain.effective_dag_id]}'s"
+                f"{path}: dag_id {retrain.effective_dag_id!r} is {dag_ids[retrain.effective_dag_id]}'s"
             )
             continue
-        owners[retrain.effective_dag_id] = path
+        if retrain.model_name in models:
+            broken[path] = (
+                f"{path}: model_name {retrain.model_name!r} is {models[retrain.model_name]}'s: a model's "
+                "dirs, registered model and store keys are its name's; give this one another name"
+            )
+            continue
+        dag_ids[retrain.effective_dag_id] = path
+        models[retrain.model_name] = path
         loaded[path] = retrain
     return loaded, broken
 

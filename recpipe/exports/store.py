@@ -102,6 +102,17 @@ redis.call('DEL', KEYS[2])
 redis.call('HSET', KEYS[2], unpack(ARGV, 6))
 return 1
 """
+# KEYS[1]: the push lock, KEYS[2]: written-generations. ARGV[1]: token, ARGV[2]: the lock's ttl
+# in ms, ARGV[3]: a generation to forget once its rows are gone ('' for none), then row keys to
+# unlink (the server frees their memory in a background thread).
+_DROP = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.error_reply('FENCED') end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+local n = 0
+for i = 4, #ARGV do n = n + redis.call('UNLINK', ARGV[i]) end
+if ARGV[3] ~= '' then redis.call('SREM', KEYS[2], ARGV[3]) end
+return n
+"""
 # KEYS[1]: applied. ARGV[1]: the key prefix up to the generation, ARGV[2]: the table, then ids.
 _LOOKUP = """
 local gen = redis.call('HGET', KEYS[1], 'generation')
@@ -158,6 +169,7 @@ class _Pusher:
         )
         self.write = client.register_script(_WRITE)
         self.commit_script = client.register_script(_COMMIT)
+        self.drop_script = client.register_script(_DROP)
 
     def __enter__(self):
         try:
@@ -269,22 +281,31 @@ class _Pusher:
         self.client.sadd(_key(self.prefix, self.model, "written-generations"), generation)
         return generation
 
-    def _unlink(self, names) -> int:
-        # UNLINK: the server frees the rows' memory in a background thread
+    def _unlink(self, names, forget: str = "") -> int:
+        """Unlink ``names`` in fenced batches, then forget generation ``forget`` (its record in
+        ``written-generations``); every batch is refused once the lock is not ours
+        (``StoreFenced``), so a pusher that stalled past its lock deletes nothing of the
+        generation the next pusher is writing."""
+        keys = [self.lock.name, _key(self.prefix, self.model, "written-generations")]
+        ttl = int(LOCK_TIMEOUT_S * 1000)
         gone, batch = 0, []
         for name in names:
             batch.append(name)
             if len(batch) >= BATCH:
-                gone += self.client.unlink(*batch)
+                gone += self._run(self.drop_script, keys, [ttl, "", *batch])
                 batch = []
-        return gone + (self.client.unlink(*batch) if batch else 0)
+        return gone + self._run(self.drop_script, keys, [ttl, forget, *batch])
 
     def drop_other_generations(self, keep: str, held: dict) -> int:
         """Delete every row key of the model outside generation ``keep``: those of the
         generations ``written-generations`` records (the old one, one an interrupted push left), each
         found by a server-side match; the number of keys deleted. A store whose applied
         generation (``held``, before the switch) is not recorded there (written by a recpipe
-        before the set, or before generations) is swept whole once."""
+        before the set, or before generations) is swept whole once. Fenced as the writes are.
+
+        Raises:
+            StoreFenced: the lock expired or was taken since the switch: whatever is left is
+                the next pusher's to delete (its own switch drops every other generation)."""
         recorded = _key(self.prefix, self.model, "written-generations")
         others = {g.decode() for g in self.client.smembers(recorded)} - {keep}
         gone = 0
@@ -298,8 +319,7 @@ class _Pusher:
             gone += self._unlink(n for n in names if n not in control and not n.startswith(mine))
         for generation in sorted(others):
             match = _key(self.prefix, self.model, f"g{generation}", "*")
-            gone += self._unlink(self.client.scan_iter(match=match, count=10 * BATCH))
-            self.client.srem(recorded, generation)
+            gone += self._unlink(self.client.scan_iter(match=match, count=10 * BATCH), forget=generation)
         return gone
 
     def push(self, export: Path) -> dict[str, int]:
@@ -347,7 +367,12 @@ class _Pusher:
             for k, v in self.write_export(export, read_manifest(export), generation).items():
                 totals[k] += v
         self.switch(held, last, generation, backwards)
-        totals["deleted"] += self.drop_other_generations(generation, held)
+        try:
+            totals["deleted"] += self.drop_other_generations(generation, held)
+        except StoreFenced:  # switched: the export is served; the next pusher's switch cleans up
+            log.warning(
+                "%s: the push lock expired after the switch; old rows are left to the next push", self.model
+            )
         return {**totals, "stale": 0}
 
 

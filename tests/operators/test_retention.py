@@ -151,3 +151,52 @@ def test_exports_beyond_exports_to_keep_go_but_never_the_champions(tmp_path, reg
     deleted = op.execute({})
     assert sorted(p.name for p in exports.iterdir()) == ["10", "2", "2024-03-01", "9"]
     assert sorted(Path(p).name for p in deleted) == ["1", "3"]
+
+
+@pytest.mark.parametrize("keep_champions", [2, 0])
+def test_the_champions_before_the_current_one_stay_rollback_targets(tmp_path, registry, keep_champions):
+    """Four days, one kept: version 1 (day 1) was champion until version 3 (day 3) replaced
+    it (day 2's was rejected). Retention keeps the model dirs and exports of the champion and
+    of the ``keep_champions`` before it, so that ``recpipe champion rollback`` still reaches
+    version 1; with none kept, the rollback names what is gone."""
+    from operators.retention import RetentionOperator
+    from recpipe.champion import ChampionError, rollback
+    from recpipe.registry import move_alias
+
+    runs, exports, model = tmp_path / "runs", tmp_path / "exports", "kept_model"
+    registry.create_registered_model(model)
+    op = RetentionOperator(
+        task_id="retention",
+        pipeline_config_path="conf/movielens_deepfm.yaml",
+        edit_config_json={"export_config.exports_to_keep": 1},
+        runs_root=str(runs),
+        export_root=str(exports),
+        keep_days=1,
+        keep_champions=keep_champions,
+        model_name=model,
+        mlflow_conn_id="",
+    )
+    champion = None
+    for i in range(4):
+        day = (START + timedelta(days=i)).isoformat()
+        (model_dir,) = _make(runs, day, [])
+        export = exports / str(i + 1)
+        (export / "variables").mkdir(parents=True)
+        tags = {"ds": day, "model_dir": str(model_dir), "export_path": str(export)}
+        promoted = i in (0, 2)
+        version = registry.create_model_version(
+            model, str(export), tags={**tags, "promotion": "promoted" if promoted else "rejected"}
+        )
+        if promoted:
+            move_alias(registry, model, version.version, champion, by="gate", reason="day", action="promoted")
+            champion = int(version.version)
+        op.execute({})
+    kept = sorted(partition_ds(p) for p in model_dirs(runs))
+    if keep_champions:
+        assert kept == ["2024-03-01", "2024-03-03", "2024-03-04"]
+        assert sorted(p.name for p in exports.iterdir()) == ["1", "3", "4"]
+        assert rollback(registry, model, "day 3 serves badly", "alice")["version"] == 1
+    else:
+        assert kept == ["2024-03-03", "2024-03-04"]
+        with pytest.raises(ChampionError, match="version 1: its model dir .* export .* are gone"):
+            rollback(registry, model, "day 3 serves badly", "alice")
