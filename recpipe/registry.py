@@ -168,7 +168,11 @@ def move_alias(
     expected = None if expect in (None, "") else int(expect)
     with registry_lock(model, alias):
         found = _holder(client, model, alias)
-        if found != expected:
+        # a retry of this very move whose alias was set before its record: finish the record
+        finishing = move_id is not None and found == int(version) and found != expected
+        if finishing:
+            found = expected
+        elif found != expected:
             last = next((m for m in reversed(history(client, model, alias)) if m["version"] == found), None)
             who = f" (moved by {last['by']} at {last['at']}: {last['reason']})" if last else ""
             raise ChampionMovedError(
@@ -186,7 +190,8 @@ def move_alias(
             "action": action,
             "id": move_id or uuid.uuid4().hex,
         }
-        client.set_registered_model_alias(model, alias, str(version))
+        if not finishing:
+            client.set_registered_model_alias(model, alias, str(version))
         for tag, value in ((SET_BY, by), (SET_REASON, reason), (SET_AT, record["at"])):
             client.set_model_version_tag(model, str(version), tag, value)
         moves = [*history(client, model, alias), record]
@@ -264,7 +269,12 @@ def former_champions(client, model: str, alias: str = ALIAS) -> list:
     promoted = {n for n, v in versions.items() if v.tags.get(PROMOTION) == PROMOTED}
     order: list[int] = []
     last = moves[-1] if moves else None
-    if last and last["version"] == champion and last["action"] != "rollback" and last["previous"] is not None:
+    if (
+        last
+        and last["version"] == champion
+        and last["action"] != "rollback"
+        and last["previous"] not in (None, champion)
+    ):
         order.append(last["previous"])
     earlier = sorted((held | promoted) - rolled_back - {champion}, reverse=True)
     order += [n for n in earlier if n < champion and n not in order]
