@@ -53,9 +53,9 @@ class Champion(RuleBasedStateMachine):
 
     @initialize()
     def start(self):
-        from mlflow import MlflowClient
-
         import shutil
+
+        from mlflow import MlflowClient
 
         self.dir = Path(tempfile.mkdtemp(prefix="registry-states-"))
         shutil.copy(self.template, self.dir / "mlflow.db")
