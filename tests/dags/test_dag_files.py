@@ -13,6 +13,7 @@ import sys
 import pytest
 import yaml
 
+from tests.dags.conftest import MODEL
 from tests.support import ROOT
 
 PROBE = r"""
@@ -32,6 +33,8 @@ out["timeouts"] = {
     d.dag_id: {t.task_id: t.execution_timeout and t.execution_timeout.total_seconds() for t in d.tasks}
     for d in (daily, bag.dags["recpipe_train"], stream)
 }
+out["champion_timeout"] = bag.dags["recpipe_champion"].task_dict["move_champion"].execution_timeout.total_seconds()
+out["champion_models"] = bag.dags["recpipe_champion"].params.get_param("model_name").schema["enum"]
 din = bag.dags["movielens_din_daily"]
 out["din"] = {
     "schedule": din.timetable.expression,
@@ -99,6 +102,11 @@ def probe(stack, tmp_path_factory):
     (folder / "din.yaml").write_text(yaml.safe_dump(din))
     broken = {**din, "model_name": "broken", "gate": {"tolerance": -1}}
     (folder / "broken.yaml").write_text(yaml.safe_dump(broken))
+    # a day no calendar has, unquoted: YAML's date constructor raises, not pydantic
+    text = yaml.safe_dump({**din, "model_name": "bad_day", "dag_id": "bad_day"})
+    (folder / "impossible_day.yaml").write_text(text.replace("start_date: ", "start_date: 1997-02-30 #"))
+    # a second DAG of an existing model (its own dag_id) would share its dirs, registry and keys
+    (folder / "zz_same_model.yaml").write_text(yaml.safe_dump({**din, "dag_id": "din_again"}))
     proc = subprocess.run(
         [sys.executable, "-c", PROBE, json.dumps(CONFS)],
         env={**stack["env"], "RECPIPE_RETRAIN_CONFIGS": str(folder)},
@@ -141,7 +149,12 @@ def test_a_broken_config_is_an_import_error_that_names_it_and_its_field(probe):
     # models whose configs load are in dags/recpipe_retrain.py
     (error,) = probe["errors"].values()
     assert "broken.yaml" in error and "gate.tolerance" in error
-    assert "din.yaml" not in error and "daily.yaml" not in error
+    assert "impossible_day.yaml:line " in error and "1997-02-30" in error
+    assert "zz_same_model.yaml: model_name 'movielens_din' is " in error and "din.yaml's" in error
+    assert "\ndin.yaml" not in error and "daily.yaml" not in error
+    # the champion's DAG moves the models that load, each once, within its timeout
+    assert probe["champion_models"] == ["movielens_din", "movielens_stream", MODEL]
+    assert 0 < probe["champion_timeout"] <= 3600
 
 
 def test_daily_dag_wiring(probe):
