@@ -50,6 +50,7 @@ from features.steps import (
 )
 from features.transform import needs_statistics
 from recpipe import atomic
+from recpipe.arguments import ArgumentParser
 from recpipe.config.args import add_config_args, config_from_args
 from recpipe.config.errors import ConfigError
 from recpipe.config.pipeline import PipelineConfig
@@ -242,7 +243,7 @@ def _with_hours(days: list[str], hh: str, pass_minutes: int | None = None) -> li
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="recpipe features", description="Spark feature preparation")
+    parser = ArgumentParser(prog="recpipe features", description="Spark feature preparation")
     add_config_args(parser)
     parser.add_argument(
         "--ds",

@@ -236,13 +236,13 @@ def _log_run(client, experiment: str, record: dict, alias: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """``recpipe champion show | set --version N | rollback --model_name M --reason TEXT``."""
-    import argparse
     import getpass
 
     from recpipe import redis_conn, tracking
+    from recpipe.arguments import ArgumentParser
     from recpipe.errors import UsageError
 
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="recpipe champion",
         description="show, set or roll back the version that serves (the registered model's "
         "'champion' alias in MLflow); each move is tagged with who and why, refused when another "

@@ -18,6 +18,7 @@ import sys
 
 import yaml
 
+from recpipe.arguments import ArgumentParser
 from recpipe.config.args import edits_from_args
 from recpipe.config.check import KINDS
 from recpipe.errors import UsageError, run_command
@@ -25,7 +26,7 @@ from recpipe.errors import UsageError, run_command
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="recpipe",
         description="recpipe: the project's command-line tool",
         epilog="Commands that read a pipeline config take EasyRec's overrides: --edit_config_json="
@@ -99,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         return fn(argv[1:])
     args, extra = parser.parse_known_args(argv)
     if args.command == "announce":
+        if extra:
+            announce.error(f"unrecognized arguments: {' '.join(extra)}")
         return run_command(lambda: _announce(args), "recpipe announce")
     return run_command(lambda: _print_configs(args, extra))
 

@@ -13,7 +13,6 @@ Exit codes: ``recpipe.errors`` (2 usage / config, 1 pipeline).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import logging
@@ -22,6 +21,7 @@ import sys
 from pathlib import Path
 
 from recpipe import atomic, jsonl, locks
+from recpipe.arguments import ArgumentParser, at_least
 from recpipe.config import ClusterConfig, ConfigError, load_cluster_config
 from recpipe.config.args import add_config_args, config_from_args
 from recpipe.config.model import EvalMethod
@@ -52,7 +52,7 @@ def _days(value: str | None, field: str) -> list[str]:
 def train_eval_main(argv: list[str] | None = None) -> int:
     """``python -m trainer.train_eval`` / ``recpipe train``: train, then evaluate on ``eval_ds``."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="recpipe train", description="train, then evaluate on eval_ds")
+    parser = ArgumentParser(prog="recpipe train", description="train, then evaluate on eval_ds")
     add_config_args(parser)
     parser.add_argument("--model_dir", default=None, help="overrides the config's model_dir")
     parser.add_argument(
@@ -79,8 +79,12 @@ def train_eval_main(argv: list[str] | None = None) -> int:
     target.add_argument("--base", metavar="DAY[/PASS]", default=None, help="as recpipe export --base")
     target.add_argument("--delta", metavar="DAY/PASS", default=None, help="as recpipe export --delta")
     launch = parser.add_argument_group("multi-process jobs (started here through recpipe.launch)")
-    launch.add_argument("--num_workers", type=int, default=None, help="worker processes / Horovod ranks")
-    launch.add_argument("--num_ps", type=int, default=None, help="parameter servers (PSStrategy, NoStrategy)")
+    launch.add_argument(
+        "--num_workers", type=at_least(1), default=None, help="worker processes / Horovod ranks"
+    )
+    launch.add_argument(
+        "--num_ps", type=at_least(0), default=None, help="parameter servers (PSStrategy, NoStrategy)"
+    )
     launch.add_argument(
         "--cluster_config_path", default=None, help="conf/cluster/*.yaml (default: one local worker)"
     )
@@ -257,7 +261,7 @@ def _yaml(config) -> str:
 
 def eval_main(argv: list[str] | None = None) -> int:
     """``python -m trainer.eval`` / ``recpipe eval``: write ``eval_result.json`` for a checkpoint."""
-    parser = argparse.ArgumentParser(prog="recpipe eval", description="evaluate a checkpoint on eval_ds")
+    parser = ArgumentParser(prog="recpipe eval", description="evaluate a checkpoint on eval_ds")
     add_config_args(parser)
     parser.add_argument("--model_dir", default=None)
     parser.add_argument("--checkpoint_path", default=None, help="default: model_dir's latest checkpoint")
@@ -298,7 +302,7 @@ def eval_main(argv: list[str] | None = None) -> int:
 def pooled_eval_main(argv: list[str] | None = None) -> int:
     """``python -m trainer.pooled_eval --predictions P... --out F``: AUC and logloss of the
     rows of several evaluations pooled (``trainer.metrics.pooled_eval``); prints the result."""
-    parser = argparse.ArgumentParser(prog="trainer.pooled_eval", description="metrics of pooled predictions")
+    parser = ArgumentParser(prog="trainer.pooled_eval", description="metrics of pooled predictions")
     parser.add_argument("--predictions", nargs="+", required=True, help="Parquet files: label, probability")
     parser.add_argument("--out", required=True, help="the pooled rows (Parquet)")
     args = parser.parse_args(argv)
@@ -315,7 +319,7 @@ def pooled_eval_main(argv: list[str] | None = None) -> int:
 
 def export_main(argv: list[str] | None = None) -> int:
     """``python -m trainer.export`` / ``recpipe export``: write a SavedModel version."""
-    parser = argparse.ArgumentParser(prog="recpipe export", description="export a SavedModel for serving")
+    parser = ArgumentParser(prog="recpipe export", description="export a SavedModel for serving")
     add_config_args(parser)
     parser.add_argument("--model_dir", default=None)
     parser.add_argument("--export_dir", required=True)
@@ -402,7 +406,7 @@ def serve_main(argv: list[str] | None = None) -> int:
     """``recpipe serve apply-delta BASE DELTA... --out DIR``: a SavedModel from a base and its
     deltas; ``recpipe serve push EXPORT --model NAME [--redis_url URL]``: an export's rows to
     the online store (``recpipe.exports.store``)."""
-    parser = argparse.ArgumentParser(prog="recpipe serve", description="build or push what serving reads")
+    parser = ArgumentParser(prog="recpipe serve", description="build or push what serving reads")
     sub = parser.add_subparsers(dest="action", required=True)
     apply = sub.add_parser("apply-delta", help="a SavedModel from a base export and its deltas, in order")
     apply.add_argument("base")
@@ -454,7 +458,7 @@ def serve_main(argv: list[str] | None = None) -> int:
 def ckpt_main(argv: list[str] | None = None) -> int:
     """``recpipe ckpt list``: print each variable's name and shape, as EasyRec's doc does, then
     each online table's rows used / capacity."""
-    parser = argparse.ArgumentParser(prog="recpipe ckpt", description="inspect checkpoints")
+    parser = ArgumentParser(prog="recpipe ckpt", description="inspect checkpoints")
     sub = parser.add_subparsers(dest="action", required=True)
     ls = sub.add_parser("list", help="each variable's name and shape")
     ls.add_argument("checkpoint", help="a checkpoint prefix or a model_dir")

@@ -10,6 +10,7 @@ from dev.data.drift import synth_drift
 from dev.data.movielens import fetch_movielens
 from dev.data.replay import replay_movielens
 from dev.data.synth import synth_criteo
+from recpipe.arguments import ArgumentParser, at_least, day
 from recpipe.layout import PASS_MINUTES
 
 
@@ -42,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     Raises:
         SystemExit: usage errors (argparse).
     """
-    parser = argparse.ArgumentParser(prog="recpipe data", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="recpipe data", description=__doc__.splitlines()[0])
     dsub = parser.add_subparsers(dest="action", required=True)
     fetch = dsub.add_parser("fetch", help="download and verify a data set")
     fetch.add_argument("dataset", choices=["movielens-100k"])
@@ -69,11 +70,11 @@ def main(argv: list[str] | None = None) -> int:
     synth = dsub.add_parser("synth", help="synthetic logs for benchmarks")
     # drift: ids that enter and fade day by day (bench/online_tables.py)
     synth.add_argument("dataset", choices=["criteo", "drift"])
-    synth.add_argument("--rows", type=int, required=True)
-    synth.add_argument("--days", type=int, default=1)
+    synth.add_argument("--rows", type=at_least(1), required=True)
+    synth.add_argument("--days", type=at_least(1), default=1)
     synth.add_argument("--out", required=True)
-    synth.add_argument("--start", default="2024-01-01")
-    synth.add_argument("--seed", type=int, default=0)
+    synth.add_argument("--start", type=day, default="2024-01-01")
+    synth.add_argument("--seed", type=at_least(0), default=0)
     synth.add_argument(
         "--profile",
         choices=["small", "kaggle"],
@@ -84,4 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     for p in (fetch, replay):
         p.add_argument("--cache_dir", default="data")
 
-    return _data(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    if args.action == "replay" and args.pass_minutes != 60 and args.granularity != "hour":
+        replay.error(f"argument --pass_minutes: {args.pass_minutes}-minute passes need --granularity hour")
+    return _data(args)

@@ -85,14 +85,14 @@ def message(error: dict[str, Any]) -> str:
 
 
 def validate(model: type[M], raw: dict[str, Any], source: str) -> M:
-    """Validate ``raw`` as ``model``; errors name ``source`` and each field's dotted path."""
+    """Validate ``raw`` as ``model``; one line naming ``source`` and each field's dotted path
+    (``FILE: field: what is allowed``; several errors joined by ``; ``)."""
     try:
         return model.model_validate(raw)
     except ValidationError as err:
-        lines = [f"{source}: invalid config ({err.error_count()} error(s))"]
-        for e in err.errors():
-            lines.append(f"  {dotted(e['loc'])}: {message(e)}")
-        raise ConfigError("\n".join(lines)) from None
+        problems = "; ".join(f"{dotted(e['loc'])}: {message(e)}" for e in err.errors())
+        count = "" if err.error_count() == 1 else f"{err.error_count()} errors: "
+        raise ConfigError(f"{source}: {count}{problems}") from None
 
 
 def load_pipeline_config(path: str | Path, edits: dict[str, Any] | None = None) -> PipelineConfig:

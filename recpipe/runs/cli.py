@@ -9,7 +9,7 @@
 
 The PNG goes to ``--out`` and, with the table, to a run of the experiment tagged
 ``recpipe.step=compare`` (so the comparison is kept beside the runs). The tracking URI is
-``$MLFLOW_TRACKING_URI`` or the project's SQLite store.
+``--tracking_uri``, else resolved as the DAGs resolve it (``recpipe.tracking``).
 """
 
 # Imports inside functions: MLflow, pandas and the plots are imported when the command runs, not
@@ -17,21 +17,13 @@ The PNG goes to ``--out`` and, with the table, to a run of the experiment tagged
 
 from __future__ import annotations
 
-import argparse
-
+from recpipe.arguments import ArgumentParser, at_least
 from recpipe.errors import UsageError
-from recpipe.home import default_tracking_uri, var_dir
-
-
-def _client():
-    from mlflow import MlflowClient
-
-    uri = default_tracking_uri()  # as the operators' hook without a connection
-    return MlflowClient(uri, registry_uri=uri)
+from recpipe.home import var_dir
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="recpipe runs", description="compare MLflow runs")
+    parser = ArgumentParser(prog="recpipe runs", description="compare MLflow runs")
     sub = parser.add_subparsers(dest="action", required=True)
     cmp = sub.add_parser("compare", help="print and plot runs side by side")
     cmp.add_argument("run_ids", nargs="*", help="runs to compare (default: the experiment's days)")
@@ -41,13 +33,16 @@ def main(argv: list[str]) -> int:
         help="an experiment of days (a registered model's name); repeat it to compare several",
     )
     cmp.add_argument("--dag_id", default=None, help="only this DAG's runs (default: any)")
-    cmp.add_argument("--last", type=int, default=14, help="how many days")
+    cmp.add_argument("--last", type=at_least(1), default=14, help="how many days")
     cmp.add_argument("--out", default=None, help="PNG path (default var/compare/<name>.png)")
     cmp.add_argument("--no_log", action="store_true", help="do not log the comparison to MLflow")
+    cmp.add_argument("--tracking_uri", default=None, help="MLflow (default: as the DAGs, recpipe.tracking)")
     args = parser.parse_args(argv)
 
     import pandas as pd
+    from mlflow.exceptions import MlflowException
 
+    from recpipe import tracking
     from recpipe.runs.compare import (
         day_figure,
         day_history,
@@ -57,8 +52,15 @@ def main(argv: list[str]) -> int:
         save_png,
     )
 
-    client = _client()
+    client = tracking.client(args.tracking_uri)
     if args.run_ids:
+        for run_id in args.run_ids:
+            try:
+                client.get_run(run_id)
+            except MlflowException:
+                raise UsageError(
+                    f"run id {run_id!r}: no such MLflow run at {tracking.tracking_uri(args.tracking_uri)}"
+                ) from None
         metrics, params = run_table(client, args.run_ids)
         experiment_id = client.get_run(args.run_ids[0]).info.experiment_id
         name = "runs-" + "-".join(r[:8] for r in args.run_ids)

@@ -33,7 +33,8 @@ out["timeouts"] = {
     d.dag_id: {t.task_id: t.execution_timeout and t.execution_timeout.total_seconds() for t in d.tasks}
     for d in (daily, bag.dags["recpipe_train"], stream)
 }
-out["champion_timeout"] = bag.dags["recpipe_champion"].task_dict["move_champion"].execution_timeout.total_seconds()
+move = bag.dags["recpipe_champion"].task_dict["move_champion"]
+out["champion_timeout"] = move.execution_timeout.total_seconds()
 out["champion_models"] = bag.dags["recpipe_champion"].params.get_param("model_name").schema["enum"]
 din = bag.dags["movielens_din_daily"]
 out["din"] = {

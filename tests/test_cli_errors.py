@@ -1,0 +1,194 @@
+"""Bad input to every ``recpipe`` subcommand, generated (Hypothesis): an unknown flag, a number
+out of its range or not a number, a value outside a flag's choices, a required flag left out,
+and a pipeline config with a field mutated (an unknown key, a number that is not one). Each
+answers one line on stderr naming the flag or the dotted field, and exit code 2, before any
+work starts (no server is asked, no file is written)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.support import ROOT
+
+CONFIG = "conf/movielens_deepfm.yaml"
+TRAIN = ["--pipeline_config_path", CONFIG]
+# subcommand -> (a valid command line, {flag: (kind, allowed)}, required flags)
+COMMANDS = {
+    "config": (["config", CONFIG], {"--kind": ("choice", ["pipeline", "retrain", "cluster"])}, []),
+    "data synth": (
+        ["data", "synth", "criteo", "--rows", "10", "--out", "var/never"],
+        {"--rows": ("int", 1), "--days": ("int", 1), "--seed": ("int", 0), "--start": ("day", None),
+         "--profile": ("choice", ["small", "kaggle"])},
+        ["--rows", "--out"],
+    ),  # fmt: skip
+    "data replay": (
+        ["data", "replay", "movielens-100k", "--out", "var/never"],
+        {"--granularity": ("choice", ["day", "hour"]), "--pass_minutes": ("choice", ["60", "30", "15"])},
+        [],
+    ),
+    "data fetch": (["data", "fetch", "movielens-100k"], {"--source": ("choice", ["auto", "wheel"])}, []),
+    "runs compare": (["runs", "compare", "--experiment", "e", "--no_log"], {"--last": ("int", 1)}, []),
+    "champion": (
+        ["champion", "show", "--model_name", "m"],
+        {"--version": ("int", None)},
+        ["--model_name"],
+    ),
+    "train": (TRAIN, {"--num_workers": ("int", 1), "--num_ps": ("int", 0)}, ["--pipeline_config_path"]),
+    "eval": (["eval", *TRAIN], {}, ["--pipeline_config_path"]),
+    "export": (["export", *TRAIN, "--export_dir", "var/never"], {}, ["--export_dir"]),
+    "serve push": (["serve", "push", "var/never", "--model", "m"], {}, ["--model"]),
+    "ckpt list": (["ckpt", "list", "var/never"], {}, []),
+    "announce": (["announce", "var/never"], {}, []),
+}
+COMMANDS["train"] = (["train", *TRAIN], *COMMANDS["train"][1:])
+
+
+def _run(argv: list[str]) -> tuple[int, str]:
+    from recpipe.cli import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = main(argv)
+        except SystemExit as end:
+            code = end.code
+    return code, err.getvalue().strip()
+
+
+def _one_line(code: int, err: str, names: str, argv) -> None:
+    assert code == 2, (argv, code, err)
+    assert len(err.splitlines()) == 1, (argv, err)
+    assert names in err, (argv, names, err)
+
+
+def _without(argv: list[str], flag: str) -> list[str]:
+    i = argv.index(flag)
+    return argv[:i] + argv[i + 2 :]
+
+
+flags = st.from_regex(r"--[a-z]{3,12}_[a-z]{3,12}", fullmatch=True)
+not_numbers = st.text(st.characters(codec="ascii", categories=["L", "P"]), min_size=1, max_size=8).filter(
+    lambda t: not t.startswith("-") and t.strip() == t and t
+)
+
+
+@pytest.fixture(autouse=True)
+def _here(tmp_path, monkeypatch):
+    # no command may reach a server or the project's own stores
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("RECPIPE_VAR_DIR", str(tmp_path / "var"))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(command=st.sampled_from(sorted(COMMANDS)), flag=flags)
+def test_an_unknown_flag_is_one_line_naming_it(command, flag):
+    argv = COMMANDS[command][0] + [flag, "1"]
+    code, err = _run(argv)
+    _one_line(code, err, flag, argv)
+
+
+def _bad_values(kind: str, allowed):
+    if kind == "int":
+        low = st.integers(-1000, allowed - 1).map(str) if allowed is not None else st.nothing()
+        return low | not_numbers
+    if kind == "day":
+        return st.sampled_from(["2024-02-30", "2023-13-01", "20240101", "tomorrow", "2024-1-1"])
+    return not_numbers.filter(lambda t: t not in allowed)
+
+
+@st.composite
+def bad_values(draw):
+    command = draw(st.sampled_from(sorted(c for c in COMMANDS if COMMANDS[c][1])))
+    argv, kinds, _ = COMMANDS[command]
+    flag = draw(st.sampled_from(sorted(kinds)))
+    value = draw(_bad_values(*kinds[flag]))
+    return command, flag, (_without(argv, flag) if flag in argv else argv) + [f"{flag}={value}"]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=bad_values())
+def test_a_bad_value_is_one_line_naming_its_flag(case):
+    _command, flag, argv = case
+    code, err = _run(argv)
+    _one_line(code, err, flag, argv)
+
+
+@pytest.mark.parametrize(
+    "command,flag", [(c, f) for c, (_, _, required) in sorted(COMMANDS.items()) for f in required]
+)
+def test_a_required_flag_left_out_is_one_line_naming_it(command, flag):
+    argv = _without(COMMANDS[command][0], flag)
+    code, err = _run(argv)
+    _one_line(code, err, flag, argv)
+
+
+def _leaves(doc, path=()):
+    if isinstance(doc, dict):
+        for key, value in doc.items():
+            yield from _leaves(value, (*path, key))
+    elif isinstance(doc, list):
+        for i, value in enumerate(doc):
+            yield from _leaves(value, (*path, i))
+    else:
+        yield path, doc
+
+
+def _dotted(path) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else ("." if out else "") + part
+    return out
+
+
+def _mappings(doc, path=()):
+    if isinstance(doc, dict):
+        yield path
+        for key, value in doc.items():
+            yield from _mappings(value, (*path, key))
+    elif isinstance(doc, list):
+        for i, value in enumerate(doc):
+            yield from _mappings(value, (*path, i))
+
+
+PIPELINE = yaml.safe_load((ROOT / CONFIG).read_text())
+NUMBERS = [p for p, v in _leaves(PIPELINE) if isinstance(v, int | float) and not isinstance(v, bool)]
+MAPPINGS = [p for p in _mappings(PIPELINE) if p]
+
+
+def _at(doc, path):
+    for part in path:
+        doc = doc[part]
+    return doc
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    how=st.sampled_from(["unknown_key", "not_a_number"]),
+    data=st.data(),
+)
+def test_a_mutated_config_is_one_line_naming_the_field(how, data, tmp_path):
+    import copy
+
+    doc = copy.deepcopy(PIPELINE)
+    if how == "unknown_key":
+        path = data.draw(st.sampled_from(MAPPINGS), label="mapping")
+        _at(doc, path)["no_such_field"] = 1
+        field = _dotted((*path, "no_such_field"))
+    else:
+        path = data.draw(st.sampled_from(NUMBERS), label="number")
+        _at(doc, path[:-1])[path[-1]] = "twelve"
+        field = _dotted(path)
+    out = Path(tmp_path) / f"mutated-{os.getpid()}.yaml"
+    out.write_text(yaml.safe_dump(doc))
+    code, err = _run(["config", str(out)])
+    _one_line(code, err, field, (how, field))
+    assert str(out) in err
