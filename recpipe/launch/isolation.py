@@ -3,8 +3,10 @@ Airflow worker's secrets) and, where the kernel allows it, a private network nam
 only the job's own processes share, so that the TensorFlow servers (which listen on every
 interface) and Horovod's ports are unreachable from any other host or process outside it.
 
-``RECPIPE_JOB_NETWORK``: ``private`` (the default: a namespace when one can be made, else the
-host's network with a warning), ``require`` (fail when none can be made) or ``host``.
+``RECPIPE_JOB_NETWORK``: ``private`` (the default, and ``require``, its older name): a
+namespace, or the job fails closed with the reason (a container without ``CAP_SYS_ADMIN``,
+whose default seccomp profile refuses ``unshare``); ``host``: the operator opts out, and the
+job runs on the host's network (a host or container whose network is private already).
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ SECRET = re.compile(
 
 
 class IsolationError(PipelineError):
-    """``RECPIPE_JOB_NETWORK=require`` and no private network namespace can be made here."""
+    """No private network namespace can be made here and ``RECPIPE_JOB_NETWORK`` is not ``host``."""
 
 
 def job_environment(extra: dict[str, str], environ: dict[str, str] | None = None) -> dict[str, str]:
@@ -97,7 +99,7 @@ class PrivateNetwork:
     namespace goes when its last process does).
 
     Raises (at ``open``):
-        IsolationError: ``RECPIPE_JOB_NETWORK=require`` and no namespace can be made.
+        IsolationError: no namespace can be made and ``RECPIPE_JOB_NETWORK`` is not ``host``.
     """
 
     def __init__(self):
@@ -106,20 +108,18 @@ class PrivateNetwork:
 
     def open(self) -> PrivateNetwork:
         mode = os.environ.get(NETWORK_ENV, "private")
+        if mode not in ("private", "require", "host"):
+            raise IsolationError(f"${NETWORK_ENV}={mode!r}: private (the default) or host")
         if mode == "host":
             return self
         argv = _namespace_argv()
         if argv is None:
-            message = (
-                "no private network namespace can be made here (unshare refused): the job's "
-                "TensorFlow servers listen on every interface of this host"
+            raise IsolationError(
+                "no private network namespace can be made here (unshare refused: a container "
+                "without CAP_SYS_ADMIN?), and the job's TensorFlow servers would listen on every "
+                f"interface of this host: give the worker CAP_SYS_ADMIN, or set {NETWORK_ENV}=host "
+                "where the host's network is private already"
             )
-            if mode == "require":
-                raise IsolationError(f"{NETWORK_ENV}=require: {message}")
-            log.warning(
-                "%s; set %s=host to accept this, or run the worker where it can", message, NETWORK_ENV
-            )
-            return self
         self.user = "--user" in argv
         self.holder = subprocess.Popen(
             [*argv, "sleep", "infinity"],

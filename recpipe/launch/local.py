@@ -14,6 +14,7 @@ from pathlib import Path
 from recpipe.forkserver import forked
 from recpipe.launch.base import JobFailedError, JobSpec, JobTimeoutError
 from recpipe.launch.isolation import PrivateNetwork, job_environment
+from recpipe.launch.reaper import Reaper
 
 log = logging.getLogger(__name__)
 TAIL_LINES = 40
@@ -43,7 +44,10 @@ class LocalLauncher:
     allowlisted environment, and forwards their output to the task log.
 
     Each process starts a new session, so ``kill`` (Airflow's ``on_kill``) can signal its whole
-    tree: SIGTERM to every process group, SIGKILL after ``grace_s`` seconds.
+    tree: SIGTERM to every process group, SIGKILL after ``grace_s`` seconds. A launcher that is
+    itself killed (SIGKILL of the task) leaves nothing either: a watcher
+    (``recpipe.launch.reaper``) ends every group it started, the namespace's holder included,
+    and so does a job whose start failed halfway.
 
     Args:
         log_dir: where ``<job>-<i>.log`` files go (created).
@@ -79,14 +83,17 @@ class LocalLauncher:
         started = time.monotonic()
         # every process, restarted ones too, learns when the job began (JOB_STARTED_ENV)
         self._job_env = {JOB_STARTED_ENV: repr(time.time())}
-        self._network = PrivateNetwork().open()
-        for i, path in enumerate(logs):
-            self._procs.append(self._start(job, i, path, "wb"))
-        log.info("started %s: %s", job.name, "; ".join(" ".join(a) for a in job.argv))
+        self._reaper = Reaper(self.grace_s)
         offsets = [0] * len(logs)
         restarts = dict.fromkeys(job.restart, 0)
         given_up: set[int] = set()  # optional processes that failed for good
         try:
+            self._network = PrivateNetwork().open()
+            if self._network.holder is not None:
+                self._reaper.watch(self._network.holder.pid)
+            for i, path in enumerate(logs):
+                self._procs.append(self._start(job, i, path, "wb"))
+            log.info("started %s: %s", job.name, "; ".join(" ".join(a) for a in job.argv))
             while True:
                 pairs = enumerate(zip(logs, offsets, strict=True))
                 offsets = [self._forward(p, o, job.name, job.role(i)) for i, (p, o) in pairs]
@@ -147,10 +154,11 @@ class LocalLauncher:
         finally:
             self._procs = []
             self._network.close()
+            self._reaper.close()
 
     def _start(self, job: JobSpec, i: int, path: Path, mode: str) -> subprocess.Popen:
         with path.open(mode) as out:
-            return subprocess.Popen(
+            process = subprocess.Popen(
                 # through the warm fork server when one is configured (recpipe.forkserver)
                 self._network.wrap(forked(job.argv[i])),
                 cwd=job.cwd,
@@ -161,6 +169,8 @@ class LocalLauncher:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
+        self._reaper.watch(process.pid)  # a session leader: its group is its pid
+        return process
 
     @staticmethod
     def _forward(path: Path, offset: int, name: str, role: str) -> int:

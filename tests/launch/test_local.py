@@ -131,3 +131,118 @@ def test_a_crashed_optional_process_is_restarted_then_reported_without_failing_t
     # the same crash in a process that is not optional fails the job
     with pytest.raises(JobFailedError, match="evaluator exited with code 7"):
         LocalLauncher(tmp_path / "logs2", grace_s=1).run(replace(job, optional=set()))
+
+
+def _in_namespace(inode: str) -> list[int]:
+    """The live processes whose network namespace is ``inode`` (``net:[N]``)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.readlink(entry / "ns" / "net") == inode and _alive(int(entry.name)):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+# a job process that starts a grandchild ignoring SIGTERM, says where it runs, and waits
+CHILD = (
+    "import os, subprocess, sys, time\n"
+    "subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)'])\n"
+    "open(sys.argv[1], 'w').write(os.readlink('/proc/self/ns/net'))\n"
+    "time.sleep(300)\n"
+)
+
+
+def _wait_for(path: Path, timeout_s: float = 30) -> str:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists() or not path.read_text():
+        assert time.monotonic() < deadline, path
+        time.sleep(0.1)
+    return path.read_text()
+
+
+def _gone(inode: str, timeout_s: float = 20) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while (left := _in_namespace(inode)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+def test_a_launcher_killed_with_sigkill_leaves_no_process_nor_namespace(tmp_path):
+    """The Airflow task running a job is SIGKILLed (its process group with it): the job's
+    processes, their children (one ignores SIGTERM) and the namespace's holder end too."""
+    import signal
+    import subprocess
+
+    script = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from recpipe.launch import JobSpec, LocalLauncher\n"
+        f"child = {CHILD!r}\n"
+        "out = Path(sys.argv[1])\n"
+        "argv = [[sys.executable, '-c', child, str(out / f'ns-{i}')] for i in range(2)]\n"
+        "job = JobSpec(name='job', argv=argv, cwd=out)\n"
+        "LocalLauncher(out / 'logs', grace_s=1).run(job)\n"
+    )
+    task = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], start_new_session=True)
+    try:
+        inode = _wait_for(tmp_path / "ns-0")
+        _wait_for(tmp_path / "ns-1")
+        assert inode != os.readlink("/proc/self/ns/net")  # a namespace of its own
+        assert len(_in_namespace(inode)) >= 5  # the holder, two processes, two grandchildren
+        os.killpg(task.pid, signal.SIGKILL)
+        task.wait(10)
+        assert _gone(inode) == []
+    finally:
+        if task.poll() is None:
+            task.kill()
+
+
+def test_a_start_that_fails_halfway_leaves_no_process_nor_namespace(tmp_path):
+    """The second process cannot start (its log cannot be opened): the first, its child and
+    the namespace's holder are ended before the error reaches the task."""
+    job = JobSpec(name="job", argv=[[sys.executable, "-c", CHILD, str(tmp_path / "ns-0")]] * 2, cwd=tmp_path)
+    (tmp_path / "logs" / "job-1.log").mkdir(parents=True)
+    with pytest.raises(IsADirectoryError):
+        LocalLauncher(tmp_path / "logs", grace_s=1).run(job)
+    # the first process may not have written yet when the start failed: its namespace is the
+    # one a process started in before being ended; none may be left in any namespace but ours
+    ns = tmp_path / "ns-0"
+    if ns.exists() and ns.read_text():
+        assert _gone(ns.read_text()) == []
+    mine = os.readlink("/proc/self/ns/net")
+    sleeping = [p for p in _children_named("sleep") if os.readlink(f"/proc/{p}/ns/net") != mine]
+    assert sleeping == []
+
+
+def _children_named(name: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "comm").read_text().strip() == name and _alive(int(entry.name)):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_without_a_namespace_the_job_fails_closed_unless_the_operator_opts_out(tmp_path, monkeypatch):
+    """Where ``unshare`` is refused (here: not found, as in a container without
+    CAP_SYS_ADMIN), a job does not fall back to the host's network; ``RECPIPE_JOB_NETWORK=host``
+    is the operator's explicit opt-out."""
+    from recpipe.launch import isolation
+
+    monkeypatch.setattr(isolation.shutil, "which", lambda name: None)
+    isolation._namespace_argv.cache_clear()
+    try:
+        with pytest.raises(isolation.IsolationError, match="no private network namespace.*=host"):
+            LocalLauncher(tmp_path / "logs").run(_job(tmp_path, "print('one')"))
+        monkeypatch.setenv(isolation.NETWORK_ENV, "host")
+        logs = LocalLauncher(tmp_path / "logs").run(_job(tmp_path, "print('one')"))
+        assert logs[0].read_text().strip() == "one"
+    finally:
+        isolation._namespace_argv.cache_clear()
