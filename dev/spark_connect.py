@@ -196,8 +196,51 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--state", default=None, help="pid file and logs (default var/spark-connect)")
     args = parser.parse_args(argv)
     state = Path(args.state or Path(os.environ.get("RECPIPE_HOME") or Path.cwd()) / "var" / "spark-connect")
-    # the server replaces this process: compose and scripts stop it directly
-    os.execvpe("bash", command(args.port, args.master, args.host), environment(state, args.host))
+    return serve_foreground(args.port, state, args.master, args.host)
+
+
+def serve_foreground(port: int, state: Path, master: str, host: str) -> int:
+    """Run a server until it exits or this process is told to stop. The JVM runs in a process
+    group of its own: SIGTERM or SIGINT here stops that whole group (``start-connect-server.sh
+    --wait``'s shell would exit and leave the JVM holding the port), and a watcher ends it if
+    this process is killed outright (``recpipe.launch.reaper``). Returns the server's exit code."""
+    from recpipe.launch.reaper import Reaper
+
+    proc = start(port, state, master, host)
+    reaper = Reaper()
+    reaper.watch(proc.pid)
+    stopping = []
+
+    def on_signal(signum, frame):
+        stopping.append(signum)
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    try:
+        code = proc.wait()
+    finally:
+        end_group(proc.pid)
+        reaper.close()
+    return 0 if stopping else code
+
+
+def end_group(pgid: int, timeout: float = 30) -> None:
+    """SIGTERM process group ``pgid``, SIGKILL what is left of it after ``timeout`` seconds;
+    returns once none of it is left (its leader may have exited before the rest)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + timeout
+        while _group(pgid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if not _group(pgid):
+            return
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 
 from features.prepare import prepare_day
 from operators.feature_job import spark_client_python
@@ -59,3 +60,43 @@ def test_bad_input_over_connect_names_the_file_and_leaves_nothing(movielens_conf
     assert done.returncode == 1, done.stderr[-3000:]
     assert "recpipe features: BadRowsError" in done.stderr and "part-00000.csv: 50 rows" in done.stderr
     assert not (Path(movielens_config.train_input_path) / f"ds={DAY}").exists()
+
+
+@pytest.mark.slow
+def test_a_server_stopped_with_sigterm_leaves_no_jvm(tmp_path):
+    """``python -m dev.spark_connect`` (compose's spark-connect service, make airflow) stopped
+    with SIGTERM, as Docker and systemd stop it: its JVM goes too, and its port is free."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from dev.spark_connect import _group, answers
+    from tests.support import free_port
+
+    port, state = free_port(), tmp_path / "state"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dev.spark_connect", "--port", str(port), "--state", str(state)], cwd=ROOT
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while not answers(port):
+            server_log = state / "server.log"
+            log = server_log.read_text(errors="replace") if server_log.exists() else ""
+            assert proc.poll() is None and time.monotonic() < deadline, log[-2000:]
+            time.sleep(0.5)
+        pgid = int((state / "server.pgid").read_text())
+        assert any(b"SparkConnectServer" in _cmdline(p) for p in _group(pgid))
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        assert _group(pgid) == [] and not answers(port)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return open(f"/proc/{pid}/cmdline", "rb").read()
+    except OSError:
+        return b""
