@@ -296,15 +296,73 @@ def run(args: argparse.Namespace, extra: list[str]) -> list[dict]:
 
     spark = get_spark(args.app_name, master=args.master, remote=args.remote)
     out = []
-    try:
+
+    def work() -> None:
         # whole days: one job for them all (features.backfill); passes day by day
         for stats in prepare_days(spark, config, days):
             out.append(stats)
             print(json.dumps({k: stats[k] for k in ("ds", "rows", "rows_quarantined", "positive_rate")}))
-    finally:
-        if args.remote is not None:  # the server keeps a session until it is released
-            spark.stop()
+
+    if args.remote is None:
+        work()
+        return out
+    try:
+        run_interruptibly(work, spark)
+    finally:  # the server keeps a session until it is released
+        spark.stop()
     return out
+
+
+class Stopped(PipelineError):
+    """The job was told to stop (a signal, or the task that started it is gone): its
+    operations on the Spark Connect server were interrupted."""
+
+
+def run_interruptibly(work, spark, poll_s: float = 0.5) -> None:
+    """Run ``work()`` (Spark Connect calls on ``spark``) in a thread while this one watches: a
+    SIGTERM, SIGINT or SIGHUP, or the death of the process that started this one (a task
+    SIGKILLed: this process is reparented), interrupts every operation of the session on the
+    server (``interruptAll``), so that a stopped task leaves no query running beside its
+    retry's. A blocking gRPC call would hold a signal handler off until the query ended; the
+    watching thread is free to act.
+
+    Raises:
+        Stopped: told to stop; what ``work`` raised otherwise.
+    """
+    import signal
+    import threading
+
+    told: list[str] = []
+    parent = os.getppid()
+    failure: list[BaseException] = []
+
+    def on_signal(signum, frame):
+        told.append(signal.Signals(signum).name)
+
+    def target():
+        try:
+            work()
+        except BaseException as err:  # noqa: BLE001 - handed to the watching thread
+            failure.append(err)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    thread = threading.Thread(target=target, name="features", daemon=True)
+    thread.start()
+    try:
+        while thread.is_alive():
+            thread.join(poll_s)
+            if not told and os.getppid() != parent:
+                told.append(f"the parent process {parent} ended")
+            if told:
+                log.warning("stopping (%s): interrupting this session's operations", told[0])
+                spark.interruptAll()
+                thread.join(30)
+                raise Stopped(f"stopped ({told[0]}); the server's operations of this job were interrupted")
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if failure:
+        raise failure[0]
 
 
 def main(argv: list[str] | None = None) -> int:

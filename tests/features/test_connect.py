@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -100,3 +101,90 @@ def _cmdline(pid: int) -> bytes:
         return open(f"/proc/{pid}/cmdline", "rb").read()
     except OSError:
         return b""
+
+
+# a Spark Connect job whose operation runs until it is stopped: each of its server-side Python
+# workers appends to a file as it goes, so whether the server still runs it can be seen
+LONG_JOB = r"""
+import sys, time
+from features.prepare import run_interruptibly
+from features.session import get_spark
+
+url, beats = sys.argv[1], sys.argv[2]
+spark = get_spark("recpipe-interrupt-test", remote=url)
+
+def beat(batches):
+    for batch in batches:
+        for _ in range(1200):  # ten minutes, unless interrupted
+            with open(beats, "a") as f:
+                f.write(".")
+            time.sleep(0.5)
+        yield batch
+
+def work():
+    spark.range(1, numPartitions=1).mapInPandas(beat, "id long").collect()
+
+print("started", flush=True)
+try:
+    run_interruptibly(work, spark)
+finally:
+    spark.stop()
+"""
+
+
+def _still_growing(path, wait_s: float) -> bool:
+    before = path.stat().st_size if path.exists() else 0
+    time.sleep(wait_s)
+    return (path.stat().st_size if path.exists() else 0) > before
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["sigterm", "task_sigkilled"])
+def test_a_stopped_feature_job_leaves_nothing_running_on_the_server(tmp_path, how):
+    """``prepare_features`` on Spark Connect stopped by a timeout or a kill (Airflow's SIGTERM
+    to the job, or the task process SIGKILLed while the job runs in a session of its own, as
+    ``SubprocessHook`` starts it): the job's operations on the server are interrupted, instead
+    of running on beside the retry's."""
+    import signal
+    import sys
+
+    beats = tmp_path / "beats"
+    client = [spark_client_python(ROOT), "-c", LONG_JOB, spark_connect_url(), str(beats)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RECPIPE_HOME": str(ROOT)}
+    # the "task": starts the job in a session of its own and waits for it
+    task_script = (
+        "import subprocess, sys\n"
+        "p = subprocess.Popen(sys.argv[1:], start_new_session=True)\n"
+        "open(sys.argv[0] + '.pid', 'w').write(str(p.pid))\n"
+        "p.wait()\n"
+    )
+    task_file = tmp_path / "task.py"
+    task_file.write_text(task_script)
+    task = subprocess.Popen([sys.executable, str(task_file), *client], env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not beats.exists():
+            assert task.poll() is None and time.monotonic() < deadline, "the job never ran"
+            time.sleep(0.5)
+        assert _still_growing(beats, 2)
+        job = int((tmp_path / "task.py.pid").read_text())
+        if how == "sigterm":
+            os.kill(job, signal.SIGTERM)
+        else:
+            task.kill()
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{job}").exists() and "zombie" not in _status(job) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not Path(f"/proc/{job}").exists() or "zombie" in _status(job), "the job outlived its stop"
+        time.sleep(6)  # Spark ends a cancelled task's Python worker after its kill timeout (2 s)
+        assert not _still_growing(beats, 3), "the server still runs the stopped job's operation"
+    finally:
+        if task.poll() is None:
+            task.kill()
+
+
+def _status(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return ""
