@@ -164,7 +164,7 @@ def test_unknown_key_in_file_is_an_error(tmp_path):
     raw["train_config"]["num_step"] = 10
     path = tmp_path / "typo.yaml"
     path.write_text(yaml.safe_dump(raw))
-    with pytest.raises(ConfigError, match=r"typo\.yaml.*\n  train_config\.num_step: Extra inputs"):
+    with pytest.raises(ConfigError, match=r"typo\.yaml: train_config\.num_step: Extra inputs"):
         load_pipeline_config(path)
 
 
