@@ -97,6 +97,9 @@ def _replica(cluster, container, command, role: RoleResources, replicas: int, re
 
 
 SYNC_MODE_ANNOTATION = "recpipe.io/sync-mode"
+# pods still running once the job ends are deleted; the job itself an hour after it ends (the
+# launcher deletes it at once; this is for a launcher that died); a failure is not retried
+RUN_POLICY = {"cleanPodPolicy": "Running", "backoffLimit": 0, "ttlSecondsAfterFinished": 3600}
 
 
 def render(
@@ -145,7 +148,7 @@ def render(
             "metadata": meta,
             "spec": {
                 "slotsPerWorker": slots,
-                "runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": 0},
+                "runPolicy": dict(RUN_POLICY),
                 "mpiReplicaSpecs": {
                     "Launcher": _replica(cluster, "launcher", [*launcher, *train], small, 1, "Never"),
                     "Worker": _replica(
@@ -179,13 +182,16 @@ def render(
         raise ConfigError("PSStrategy needs ps.count >= 1 in the cluster config")
     if with_ps:
         meta["annotations"] = {SYNC_MODE_ANNOTATION: SyncMode(sync_mode or SyncMode.async_).value}
-        # the chief runs the trainer (TF's coordinator); workers and ps serve it. Workers are
-        # restarted on failure: the coordinator runs their steps elsewhere and takes them back
+        # the chief runs the trainer (TF's coordinator); workers and ps serve it. Workers and
+        # ps are restarted on failure, as the training operator's parameter-server example has
+        # them: the coordinator runs a lost worker's steps elsewhere and takes it back. The
+        # job's outcome is the chief's (the operator's default success policy), so servers
+        # that never exit by themselves, or that end before it, decide nothing
         server = ["python", "-m", "trainer.distribute.server"]
         specs = {
             "Chief": _replica(cluster, "tensorflow", train, cluster.worker, 1, "Never"),
             "Worker": _replica(cluster, "tensorflow", server, cluster.worker, workers, "OnFailure"),
-            "PS": _replica(cluster, "tensorflow", server, cluster.ps, cluster.ps.count, "Never"),
+            "PS": _replica(cluster, "tensorflow", server, cluster.ps, cluster.ps.count, "OnFailure"),
         }
     else:
         specs = {"Worker": _replica(cluster, "tensorflow", train, cluster.worker, workers, "Never")}
@@ -196,7 +202,7 @@ def render(
             "apiVersion": f"{TFJOB[0]}/{TFJOB[1]}",
             "kind": TFJOB[3],
             "metadata": meta,
-            "spec": {"runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": 0}, "tfReplicaSpecs": specs},
+            "spec": {"runPolicy": dict(RUN_POLICY), "tfReplicaSpecs": specs},
         },
         network_policy(name, cluster.namespace),
     ]

@@ -20,7 +20,11 @@ class KubernetesLauncher:
     """Creates the job's manifests (``JobSpec.manifests``: a TFJob or MPIJob first, then an
     optional evaluator ``batch/v1`` Job) through ``KubernetesHook``, polls the training job's
     conditions until ``Succeeded`` or ``Failed``, saves the chief's pod log, and deletes
-    everything on failure or ``kill``.
+    everything it created on every outcome (success, failure, timeout, ``kill``). The objects
+    after the training job (the evaluator's Job, the NetworkPolicy) are owned by it
+    (``ownerReferences``), and the training job is deleted by its operator a while after it
+    ends (``runPolicy.ttlSecondsAfterFinished``), so that even a launcher killed outright
+    leaves nothing behind for long.
 
     Args:
         log_dir: where ``<job>-0.log`` (the chief's or launcher's pod log) and
@@ -63,11 +67,17 @@ class KubernetesLauncher:
             raise ValueError(f"job {job.name}: the kubernetes launcher needs rendered manifests")
         self.log_dir.mkdir(parents=True, exist_ok=True)
         status_log = self.log_dir / f"{job.name}-status.log"
-        for manifest in job.manifests:
-            self._create(manifest)
-            self._created.append(manifest)
-            log.info("created %s %s", manifest["kind"], manifest["metadata"]["name"])
         main = job.manifests[0]
+        try:
+            for manifest in job.manifests:
+                if manifest is not main:
+                    manifest = owned_by(manifest, main, self._uid(main))
+                self._create(manifest)
+                self._created.append(manifest)
+                log.info("created %s %s", manifest["kind"], manifest["metadata"]["name"])
+        except BaseException:
+            self.kill()
+            raise
         last, started = None, time.monotonic()
         while True:
             status = self._get(main).get("status", {})
@@ -77,8 +87,10 @@ class KubernetesLauncher:
                 last = status
             conditions = {c["type"]: c for c in status.get("conditions", []) if c.get("status") == "True"}
             if "Succeeded" in conditions:
-                self._created = []  # finished: the operator's runPolicy cleans the pods up
-                return [self._chief_log(job, main), status_log]
+                try:
+                    return [self._chief_log(job, main), status_log]
+                finally:
+                    self.kill()  # the job, its evaluator and its NetworkPolicy
             if "Failed" in conditions:
                 self.kill()
                 raise JobFailedError(
@@ -93,6 +105,9 @@ class KubernetesLauncher:
                     f"{self.timeout_s:.0f} s and was deleted (status log {status_log})"
                 )
             time.sleep(self.poll_s)
+
+    def _uid(self, manifest: dict) -> str:
+        return self._get(manifest)["metadata"]["uid"]
 
     def _networking(self):
         from kubernetes import client
@@ -160,3 +175,16 @@ class KubernetesLauncher:
             except Exception as err:  # noqa: BLE001 - best effort: the job may be gone already
                 log.warning("could not delete %s %s: %s", manifest["kind"], meta["name"], err)
         self._created = []
+
+
+def owned_by(manifest: dict, owner: dict, uid: str) -> dict:
+    """``manifest`` with an ``ownerReference`` to ``owner`` (the training job, whose ``uid`` the
+    API server gave it): Kubernetes' garbage collector deletes it with its owner."""
+    reference = {
+        "apiVersion": owner["apiVersion"],
+        "kind": owner["kind"],
+        "name": owner["metadata"]["name"],
+        "uid": uid,
+        "blockOwnerDeletion": False,
+    }
+    return {**manifest, "metadata": {**manifest["metadata"], "ownerReferences": [reference]}}

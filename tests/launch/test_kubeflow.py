@@ -135,3 +135,88 @@ def test_the_kubernetes_launcher_is_picked_by_the_cluster_config_and_needs_manif
     with pytest.raises(ValueError, match="needs rendered manifests"):
         launcher.run(JobSpec(name="train", argv=[["python"]], cwd=tmp_path))
     launcher.kill()  # nothing created: a no-op, never raises
+
+
+class _Recorder:
+    """What the launcher asks of the cluster, recorded (no cluster here): a stand-in for
+    ``KubernetesHook`` and the networking API whose training job reaches ``outcome``."""
+
+    def __init__(self, outcome: str):
+        from types import SimpleNamespace
+
+        self.outcome, self.objects, self.calls = outcome, {}, []
+        pods = SimpleNamespace(items=[SimpleNamespace(metadata=SimpleNamespace(name="chief-0"))])
+        self.core_v1_client = SimpleNamespace(
+            list_namespaced_pod=lambda **kw: pods, read_namespaced_pod_log=lambda *a: "result line\n"
+        )
+        self.batch_v1_client = SimpleNamespace(
+            create_namespaced_job=lambda namespace, body: self._add(body),
+            delete_namespaced_job=lambda name, namespace, **kw: self._delete("Job", name),
+        )
+
+    def _add(self, body):
+        self.objects[(body["kind"], body["metadata"]["name"])] = body
+
+    def _delete(self, kind, name):
+        self.calls.append(("delete", kind, name))
+        self.objects.pop((kind, name), None)
+
+    def create_custom_object(self, group, version, plural, body, namespace):
+        self._add(body)
+
+    def get_custom_object(self, group, version, plural, name, namespace):
+        conditions = [{"type": self.outcome, "status": "True", "message": "chief exited 0 after the workers"}]
+        return {"metadata": {"uid": "uid-1"}, "status": {"conditions": conditions}}
+
+    def delete_custom_object(self, group, version, plural, name, namespace):
+        kind = {"tfjobs": "TFJob", "mpijobs": "MPIJob"}[plural]
+        self._delete(kind, name)
+
+    # the networking API
+    def create_namespaced_network_policy(self, namespace, body):
+        self._add(body)
+
+    def delete_namespaced_network_policy(self, name, namespace):
+        self._delete("NetworkPolicy", name)
+
+
+@pytest.mark.parametrize("outcome", ["Succeeded", "Failed"])
+def test_the_launcher_leaves_no_object_behind_on_any_outcome(k8s, tmp_path, outcome):
+    """A job that succeeds (its chief finishing after the workers, which the operator counts
+    as the job's success) or fails: the launcher deletes the training job, the evaluator's Job
+    and the NetworkPolicy it created; those after the training job are owned by it, for a
+    launcher that dies before it can delete them. (The cluster is a recording stand-in: what
+    the launcher asks for, not what a training operator does with it.)"""
+    from recpipe.launch import JobFailedError, JobSpec
+    from recpipe.launch.kubernetes import KubernetesLauncher
+
+    manifests = render("train", D.HorovodStrategy, k8s, ARGS, eval_args=ARGS)
+    assert manifests[0]["spec"]["runPolicy"]["ttlSecondsAfterFinished"] > 0
+    cluster = _Recorder(outcome)
+    launcher = KubernetesLauncher(tmp_path, poll_s=0.01)
+    launcher._hook = cluster
+    launcher._networking = lambda: cluster
+    job = JobSpec(name="train", argv=[["python"]], cwd=tmp_path, manifests=manifests)
+    if outcome == "Failed":
+        with pytest.raises(JobFailedError):
+            launcher.run(job)
+    else:
+        chief_log, _ = launcher.run(job)
+        assert chief_log.read_text() == "result line\n"
+    assert cluster.objects == {}
+    assert [kind for _, kind, _ in cluster.calls] == ["NetworkPolicy", "Job", "MPIJob"]
+
+
+def test_owned_objects_name_the_training_job(k8s):
+    from recpipe.launch.kubernetes import owned_by
+
+    job, evaluator, policy = render("train", D.HorovodStrategy, k8s, ARGS, eval_args=ARGS)
+    for manifest in (evaluator, policy):
+        (ref,) = owned_by(manifest, job, "uid-1")["metadata"]["ownerReferences"]
+        assert (ref["kind"], ref["name"], ref["uid"]) == ("MPIJob", job["metadata"]["name"], "uid-1")
+        assert ref["apiVersion"] == "kubeflow.org/v2beta1" and ref["blockOwnerDeletion"] is False
+    ps, _ = render(
+        "train", D.PSStrategy, ClusterConfig.model_validate({**k8s.model_dump(), "ps": {"count": 1}}), ARGS
+    )
+    restart = {role: spec["restartPolicy"] for role, spec in ps["spec"]["tfReplicaSpecs"].items()}
+    assert restart == {"Chief": "Never", "Worker": "OnFailure", "PS": "OnFailure"}
