@@ -93,6 +93,8 @@ def test_secrets_come_from_the_env_file(compose):
 def test_every_setting_is_read_by_someone(compose):
     from airflow.configuration import conf
 
+    from operators.hooks.store import STORE_CONN_ID
+
     source = _project_source()
     retrain = yaml.safe_load((ROOT / "conf/retrain/movielens_daily.yaml").read_text())
     stream = yaml.safe_load((ROOT / "conf/retrain/movielens_stream.yaml").read_text())
@@ -102,6 +104,7 @@ def test_every_setting_is_read_by_someone(compose):
         "fs_default": "fs_default",
         "mlflow_default": retrain["tracking"]["mlflow_conn_id"],
         "recpipe_arrivals": stream["sensor"]["arrivals_conn_id"],
+        "recpipe_store": STORE_CONN_ID,  # the online store's pushes and restores
     }
     for name, service in compose["services"].items():
         for key in _env(service):
