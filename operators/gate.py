@@ -24,7 +24,7 @@ from pathlib import Path
 
 from recpipe.config.retrain import GateConfig
 from recpipe.registry import INCONCLUSIVE, PROMOTED, REJECTED, GateDecision
-from recpipe.stats import PairedAUC, paired_auc_test
+from recpipe.stats import PairedAUC, paired_auc_test, stratified_paired_auc_test
 
 __all__ = ["INCONCLUSIVE", "PROMOTED", "REJECTED", "GateDecision", "gate", "paired_scores", "class_counts"]
 
@@ -118,6 +118,8 @@ def _guarded(decision: GateDecision, candidate: dict, champion: dict, rules: Gat
 def _paired(p: PairedAUC, rules: GateConfig) -> GateDecision:
     numbers = {k: v for k, v in p.as_dict().items() if k != "confidence"}
     ci = f"{p.diff:+.4f} [{p.ci_low:+.4f}, {p.ci_high:+.4f}] at {rules.confidence:.0%}"
+    if p.strata:
+        ci += f" within {p.strata} passes"
     promote_anyway = rules.inconclusive == "promote"
     policy = "promoted (gate.inconclusive: promote)" if promote_anyway else "the champion stays"
     if p.positives < rules.min_positives or p.negatives < rules.min_negatives:
@@ -150,7 +152,11 @@ def paired_scores(
 ):
     """DeLong's test from the two evaluations' per-row files (``EvalOperator``'s
     ``predictions``), or None with why not (a file missing, or the rows differ). ``task``:
-    a multi-task model's task (its ``label_<task>`` / ``probability_<task>`` columns)."""
+    a multi-task model's task (its ``label_<task>`` / ``probability_<task>`` columns). When
+    the candidate's rows carry a ``pass`` column (a stream day's progressive scores, each
+    pass scored by another model: ``trainer.metrics.pooled_eval``), the test is taken within
+    passes (``recpipe.stats.stratified_paired_auc_test``): the pooled AUC of such rows ranks
+    the passes by their models' base rates, not the rows."""
     import numpy as np
     import pyarrow.parquet as pq
 
@@ -164,6 +170,11 @@ def paired_scores(
     if len(old[label]) != len(new[label]) or old[label] != new[label]:
         return None, "the two evaluations scored different rows"
     labels = np.asarray(new[label])
+    if "pass" in new:
+        groups = np.asarray(new["pass"])
+        return stratified_paired_auc_test(
+            labels, np.asarray(old[prob]), np.asarray(new[prob]), groups, confidence
+        ), ""
     return paired_auc_test(labels, np.asarray(old[prob]), np.asarray(new[prob]), confidence), ""
 
 

@@ -33,6 +33,7 @@ class PairedAUC:
     confidence: float
     positives: int
     negatives: int
+    strata: int = 0  # groups the AUCs were taken within (0: all rows ranked together)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -108,3 +109,82 @@ def paired_auc_test(
         return PairedAUC(auc_a, auc_b, diff, 0.0, diff, diff, p, confidence, m, n)
     p_value = 2 * (1 - NormalDist().cdf(abs(diff) / se))
     return PairedAUC(auc_a, auc_b, diff, se, diff - z * se, diff + z * se, p_value, confidence, m, n)
+
+
+def stratified_paired_auc_test(
+    labels: np.ndarray,
+    scores_a: np.ndarray,
+    scores_b: np.ndarray,
+    groups: np.ndarray,
+    confidence: float = 0.95,
+) -> PairedAUC:
+    """DeLong's paired test within strata: ``AUC(b) - AUC(a)`` where each AUC ranks rows only
+    against rows of the same group (a stream day's pass, scored by one model), the groups'
+    AUCs weighted by their rows. Per group ``g`` with at least two rows of each class, DeLong's
+    difference ``d_g`` and variance ``v_g``; then ``d = sum w_g d_g`` and ``var = sum w_g^2
+    v_g`` (groups are independent samples), ``w_g = n_g / sum n``. Other groups carry no
+    ranking DeLong can measure and are left out (their rows do not count). The pooled AUC of
+    rows scored by models whose base rates drift ranks the groups, not the rows (a cold
+    model's early passes score every row higher); this one does not.
+
+    Args:
+        labels, scores_a, scores_b: ``[N]`` as ``paired_auc_test``'s.
+        groups: ``[N]`` the group of each row (any hashable values; a pass id).
+        confidence: the interval's coverage, in (0, 1).
+
+    Returns:
+        ``PairedAUC`` (``auc_a`` / ``auc_b``: the row-weighted AUCs within groups;
+        ``positives`` / ``negatives``: of the groups counted); NaN throughout when no group has
+        both classes.
+
+    Raises:
+        ValueError: as ``paired_auc_test``; ``groups`` of another length.
+    """
+    y = np.asarray(labels) > 0.5
+    a, b, g = np.asarray(scores_a, np.float64), np.asarray(scores_b, np.float64), np.asarray(groups)
+    if not (y.shape == a.shape == b.shape == g.shape) or y.ndim != 1:
+        raise ValueError(
+            f"labels {y.shape}, scores {a.shape}, {b.shape} and groups {g.shape} must be [N] each"
+        )
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence={confidence}: expected a value in (0, 1)")
+    parts = []
+    for group in np.unique(g):
+        rows = g == group
+        m = int(y[rows].sum())
+        if 2 <= m <= int(rows.sum()) - 2:
+            parts.append((int(rows.sum()), paired_auc_test(y[rows], a[rows], b[rows], confidence)))
+    nan = float("nan")
+    if not parts:
+        return PairedAUC(nan, nan, nan, nan, nan, nan, nan, confidence, 0, 0, 0)
+    total = sum(n for n, _ in parts)
+    weights = [n / total for n, _ in parts]
+    auc_a = sum(w * p.auc_a for w, (_, p) in zip(weights, parts, strict=True))
+    auc_b = sum(w * p.auc_b for w, (_, p) in zip(weights, parts, strict=True))
+    diff = auc_b - auc_a
+    positives = sum(p.positives for _, p in parts)
+    negatives = sum(p.negatives for _, p in parts)
+    var = sum(w * w * p.se**2 for w, (_, p) in zip(weights, parts, strict=True))
+    se = math.sqrt(max(var, 0.0))
+    z = NormalDist().inv_cdf(0.5 + confidence / 2)
+    if se == 0.0:
+        p = 1.0 if diff == 0 else 0.0
+        return PairedAUC(auc_a, auc_b, diff, 0.0, diff, diff, p, confidence, positives, negatives, len(parts))
+    p_value = 2 * (1 - NormalDist().cdf(abs(diff) / se))
+    low, high = diff - z * se, diff + z * se
+    return PairedAUC(auc_a, auc_b, diff, se, low, high, p_value, confidence, positives, negatives, len(parts))
+
+
+def grouped_auc(labels: np.ndarray, scores: np.ndarray, groups: np.ndarray) -> float:
+    """The row-weighted mean of each group's AUC (``[N]`` each), over the groups holding both
+    classes; NaN when none does. A stream day's ``pass_auc``: rows ranked against rows scored
+    by the same model."""
+    y, s, g = np.asarray(labels) > 0.5, np.asarray(scores), np.asarray(groups)
+    found = []
+    for group in np.unique(g):
+        rows = g == group
+        if 0 < int(y[rows].sum()) < int(rows.sum()):
+            found.append((int(rows.sum()), auc(y[rows], s[rows])))
+    if not found:
+        return float("nan")
+    return sum(n * v for n, v in found) / sum(n for n, _ in found)

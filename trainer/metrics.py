@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 
 from recpipe import atomic
 from recpipe.config.model import Metric
-from recpipe.stats import auc
+from recpipe.stats import auc, grouped_auc
 
 
 def gauc(labels: np.ndarray, scores: np.ndarray, groups: np.ndarray) -> float:
@@ -78,8 +78,11 @@ def compute_metrics(
 
 def pooled_eval(predictions: list[str | Path], out: str | Path) -> dict:
     """AUC and logloss of several evaluations' rows pooled (the stream DAG's day: each pass's
-    progressive scores, ``pass_eval_predictions.parquet``), and the pooled rows written to
-    ``out`` (Parquet, ``label`` and ``probability``; temporary file, then rename).
+    progressive scores, ``pass_eval_predictions.parquet``), ``pass_auc`` (each evaluation's
+    AUC, weighted by its rows: rows ranked against rows one model scored,
+    ``recpipe.stats.grouped_auc``), and the pooled rows written to ``out`` (Parquet, ``label``,
+    ``probability`` and ``pass``, the index of the file a row came from, int32; temporary
+    file, then rename).
 
     Args:
         predictions: Parquet files with ``label`` (float) and ``probability`` (float) columns
@@ -88,7 +91,7 @@ def pooled_eval(predictions: list[str | Path], out: str | Path) -> dict:
         out: the pooled file.
 
     Returns:
-        ``{"metrics": {"auc", "logloss"}, "num_examples", "predictions"}``; a metric that is not
+        ``{"metrics": {"auc", "pass_auc", "logloss"}, "num_examples", "predictions"}``; a metric that is not
         finite (one class only) is None.
 
     Raises:
@@ -102,10 +105,19 @@ def pooled_eval(predictions: list[str | Path], out: str | Path) -> dict:
     first = pq.read_schema(predictions[0]).names
     tasks = [c[len("label_") :] for c in first if c.startswith("label_") and f"probability_{c[6:]}" in first]
     columns = ["label", "probability", *(f"{k}_{t}" for t in tasks for k in ("label", "probability"))]
-    joined = pa.concat_tables([pq.read_table(p, columns=columns) for p in predictions])
+    tables = [pq.read_table(p, columns=columns) for p in predictions]
+    tables = [
+        t.append_column("pass", pa.array(np.full(t.num_rows, i, np.int32))) for i, t in enumerate(tables)
+    ]
+    joined = pa.concat_tables(tables)
     labels = joined.column("label").to_numpy()
     probs = joined.column("probability").to_numpy()
-    metrics = {"auc": auc(labels, probs), "logloss": logloss(labels, probs)}
+    groups = joined.column("pass").to_numpy()
+    metrics = {
+        "auc": auc(labels, probs),
+        "pass_auc": grouped_auc(labels, probs, groups),
+        "logloss": logloss(labels, probs),
+    }
     for t in tasks:
         y, p = joined.column(f"label_{t}").to_numpy(), joined.column(f"probability_{t}").to_numpy()
         metrics.update({f"{t}/auc": auc(y, p), f"{t}/logloss": logloss(y, p)})
