@@ -255,13 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--by", default=None, help="who (default: the login name)")
     parser.add_argument("--alias", default=ALIAS)
     parser.add_argument("--experiment", default=None, help="where the move is logged (default: the model's)")
-    parser.add_argument(
-        "--redis_url",
-        default=None,
-        help="a stream model's online store, restored to the champion's rows: redis://host:port/db "
-        "without a password (default $RECPIPE_REDIS_URL; none: the store is not touched)",
+    redis_conn.add_arguments(
+        parser, "a stream model's online store, restored to the champion's rows", default=None
     )
-    parser.add_argument("--redis_password_file", default=None, help="a file holding the store's password")
     parser.add_argument(
         "--tracking_uri",
         default=None,

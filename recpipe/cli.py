@@ -18,6 +18,7 @@ import sys
 
 import yaml
 
+from recpipe import redis_conn
 from recpipe.arguments import ArgumentParser
 from recpipe.config.args import edits_from_args
 from recpipe.config.check import KINDS
@@ -64,13 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         "stream pass waiting for it starts within seconds instead of at its sensor's next look.",
     )
     announce.add_argument("partition", nargs="+", help="the partition directory, ds=D[/hh=HH[MM]]")
-    announce.add_argument(
-        "--redis_url",
-        default=None,
-        help="the Redis of the arrivals connection, redis://host:port/db without a password (default "
-        "$RECPIPE_ARRIVALS_REDIS_URL, else redis://127.0.0.1:6379/0)",
-    )
-    announce.add_argument("--redis_password_file", default=None, help="a file holding that Redis's password")
+    redis_conn.add_arguments(announce, "the Redis of the arrivals connection", env=redis_conn.ARRIVALS_ENV)
     if argv and argv[0] == "data":
         from dev.data.cli import main as data_main
 
@@ -109,7 +104,6 @@ def main(argv: list[str] | None = None) -> int:
 def _announce(args: argparse.Namespace) -> int:
     import redis
 
-    from recpipe import redis_conn
     from recpipe.arrivals import announce
     from recpipe.errors import PipelineError
 

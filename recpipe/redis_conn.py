@@ -93,6 +93,20 @@ def url_without_password(url: str) -> str:
     return parts._replace(netloc=netloc, query=query).geturl()
 
 
+def add_arguments(parser, what: str, env: str = STORE_ENV, default: str | None = LOCAL) -> None:
+    """``--redis_url`` (no password) and ``--redis_password_file`` on ``parser``, read back by
+    ``resolve(args.redis_url, env=env, password_file=args.redis_password_file)``; ``what``
+    says whose Redis it is, for the help."""
+    fallback = f", else {default}" if default else "; none: not used"
+    parser.add_argument(
+        "--redis_url",
+        default=None,
+        help=f"{what}: redis://host:port/db without a password (ps shows a command line); "
+        f"default ${env}{fallback}",
+    )
+    parser.add_argument("--redis_password_file", default=None, help=f"a file holding the password of {what}")
+
+
 def resolve(
     given: str | None = None,
     *,

@@ -415,17 +415,9 @@ def serve_main(argv: list[str] | None = None) -> int:
     push = sub.add_parser("push", help="write a base or delta export's rows to Redis")
     push.add_argument("exports", nargs="+", help="base / delta directories, pushed in the order given")
     push.add_argument("--model", required=True, help="the model's name in the store")
-    push.add_argument(
-        "--redis_url",
-        default=None,
-        help="redis://host:port/db, no password (ps shows a command line): default $RECPIPE_REDIS_URL, "
-        "else redis://127.0.0.1:6379/0 (recpipe.redis_conn)",
-    )
-    push.add_argument(
-        "--redis_password_file",
-        default=None,
-        help="a file holding the store's password (or $RECPIPE_REDIS_URL)",
-    )
+    from recpipe.redis_conn import add_arguments
+
+    add_arguments(push, "the online store")
     args = parser.parse_args(argv)
 
     def run() -> int:
