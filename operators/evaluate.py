@@ -70,9 +70,9 @@ class EvalOperator(JobOperator):
         self.alias = alias
         self.result_name = result_name
         self.step = step
+        self._version = None  # the champion version evaluated: the gate's compare-and-set expects it
 
     def _checkpoint(self) -> tuple[str | None, str]:
-        self._version = None  # the champion version evaluated: the gate's compare-and-set expects it
         if self.champion_of:
             version = self.hook.champion(self.champion_of, self.alias)
             self._version = None if version is None else int(version.version)

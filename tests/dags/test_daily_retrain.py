@@ -149,9 +149,14 @@ def test_exports_and_retention(daily_runs):
     assert len(exports) == 4 and all((p / "saved_model.pb").exists() for p in exports)
     assert not any(p.name.startswith(".") for p in exports)
     kept = sorted(p.name for p in daily_runs["runs"].iterdir())
-    # retention_days=3: the three newest days, plus the champion's dir if older
+    # retention_days=3: the three newest days, plus the dirs of the champion and of the two
+    # champions before it (retention_champions: the versions a rollback reaches), if older
+    from recpipe.registry import former_champions
+
+    targets = [v.tags["ds"] for v in former_champions(client, MODEL)[:2]]
+    assert targets, "four gated days leave a champion before the current one"
     expected = {f"ds={DAYS[1]}", f"ds={DAYS[2]}", f"ds={DAYS[3]}", f"ds={champion.tags['ds']}"}
-    assert set(kept) == expected
+    assert set(kept) == expected | {f"ds={day}" for day in targets}
     assert (daily_runs["runs"] / f"ds={champion.tags['ds']}" / "checkpoint").exists()
 
 
