@@ -353,25 +353,33 @@ def test_an_earlier_pass_run_again_trains_exports_and_pushes_nothing_twice(days)
     _same(*reversed(again["rows"]))
 
 
-def test_a_rollback_to_a_champion_whose_pass_retention_deleted_is_refused_naming_it(days):
-    """After day 3's close, day 1's version is the one a rollback would go back to (day 2's
-    was rejected), but retention (one day) has deleted its pass dir: ``recpipe champion
-    rollback`` refuses, names the version and what is gone, and moves neither the alias nor
-    the store (the restore itself: tests/test_champion.py)."""
+def test_a_rollback_reaches_day_ones_champion_though_retention_keeps_one_day(days):
+    """After day 3's close, day 1's version is the one a rollback goes back to (day 2's was
+    rejected). Retention keeps one day, but also the champions a rollback reaches
+    (``retention_champions``): its pass dir and export are there, ``champion show`` lists it as
+    available, and ``recpipe champion rollback`` moves the alias and restores the store to its
+    rows. (Refusal of a version whose files are gone: tests/test_champion.py.)"""
+    import json
+    import os
     import subprocess
 
     from recpipe.exports.store import applied
     from tests.support import RECPIPE, ROOT
 
     registry, model, client = days["registry"], days["model"], days["redis"]
-    before = (registry.get_model_version_by_alias(model, "champion").version, dict(applied(client, model)))
-    done = subprocess.run(
-        [*RECPIPE, "champion", "rollback", "--model_name", model, "--reason", "day 3 serves badly",
-         "--redis_url", "redis://127.0.0.1:6379/0"],
-        capture_output=True, text=True, cwd=ROOT, timeout=120,
-        env={**__import__("os").environ, "MLFLOW_TRACKING_URI": days["tracking_uri"]},
-    )  # fmt: skip
-    assert done.returncode == 1, done.stdout + done.stderr
-    assert "version 1: its model dir" in done.stderr and f"ds={DAYS[0]}" in done.stderr
-    after = (registry.get_model_version_by_alias(model, "champion").version, dict(applied(client, model)))
-    assert after == before
+    env = {**os.environ, "MLFLOW_TRACKING_URI": days["tracking_uri"]}
+    env.pop("RECPIPE_REDIS_URL", None)
+
+    def run(action, *extra):
+        argv = [*RECPIPE, "champion", action, "--model_name", model, *extra]
+        done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=120, env=env)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return json.loads(done.stdout)
+
+    shown = run("show")
+    (first, *_) = shown["rollback_targets"]
+    assert first["available"] and first["ds"] == DAYS[0], shown["rollback_targets"]
+    moved = run("rollback", "--reason", "day 3 serves badly", "--redis_url", "redis://127.0.0.1:6379/0")
+    assert moved["version"] == first["version"] and moved["store"]["rows"] > 0
+    assert int(registry.get_model_version_by_alias(model, "champion").version) == first["version"]
+    assert applied(client, model)["day"] == DAYS[0]
