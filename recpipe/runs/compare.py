@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from recpipe import atomic
+from recpipe.registry import CHAMPION_MOVED, INCONCLUSIVE, PROMOTED, PROMOTION, REJECTED
 
 PARENT = "parent"
 DAY_COLUMNS = [
@@ -78,9 +79,7 @@ def day_history(
     for ds in sorted(d for d in newest if until is None or d <= until)[-last:]:
         run = newest[ds]
         m, t = run.data.metrics, run.data.tags
-        outcome = t.get("promotion") or {"True": "promoted", "False": "rejected"}.get(
-            t.get("promoted", ""), ""
-        )
+        outcome = t.get(PROMOTION) or {"True": PROMOTED, "False": REJECTED}.get(t.get("promoted", ""), "")
         n, rate = m.get("prepare.rows"), m.get("prepare.positive_rate")
         rows.append(
             {
@@ -137,7 +136,12 @@ def day_figure(days: pd.DataFrame, title: str):
     top.set_ylabel("AUC on the day's held-out rows")
     top.set_title(title)
     top.legend(fontsize="small")
-    colours = {"promoted": "tab:green", "rejected": "tab:red", "inconclusive": "tab:orange"}
+    colours = {
+        PROMOTED: "tab:green",
+        REJECTED: "tab:red",
+        INCONCLUSIVE: "tab:orange",
+        CHAMPION_MOVED: "tab:grey",
+    }
     bottom.axhline(0, color="grey", linewidth=0.8)
     for outcome, colour in colours.items():
         rows = [i for i in x if days["outcome"].iloc[i] == outcome and _number(days["diff"].iloc[i])]
