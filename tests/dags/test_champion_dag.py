@@ -1,6 +1,7 @@
 """``recpipe_champion`` (the Airflow UI's way to move a champion) run by ``airflow dags test``
 against the deployment's real MLflow registry (SQLite): a rollback with a reason moves the
-alias and tags the version; a model that is not the deployment's is refused."""
+alias and tags the version; a model that is not the deployment's is refused; an approval that
+arrives after the champion was moved by hand is refused."""
 
 from __future__ import annotations
 
