@@ -48,8 +48,20 @@ def test_an_announced_partition_wakes_the_wait_at_once(arrivals, tmp_path):
     marker = partition / SUCCESS
     trigger = PartitionArrivalTrigger(str(marker), "test_arrivals", recheck_s=60, timeout_s=60)
 
+    import redis
+
+    from recpipe.arrivals import CHANNEL
+
+    client = redis.Redis(host="127.0.0.1", port=6379)
+    others = client.pubsub_numsub(CHANNEL)[0][1]  # another test's waits may listen too
+
     def land():
-        time.sleep(1.0)  # the trigger has subscribed (it looks first, after subscribing)
+        # once the trigger has subscribed (it looks first, right after subscribing), however
+        # long a loaded machine takes to start it; a second at the least
+        started = time.monotonic()
+        while client.pubsub_numsub(CHANNEL)[0][1] <= others and time.monotonic() - started < 30:
+            time.sleep(0.05)
+        time.sleep(max(0.5, 1.0 - (time.monotonic() - started)))
         partition.mkdir(parents=True)
         marker.touch()
         done = subprocess.run(
