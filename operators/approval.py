@@ -75,13 +75,14 @@ class ApplyApprovalOperator(RecpipeOperator):
         reason = f"approved by {name}" if chosen == APPROVE else (name or "no answer in time")
         if chosen == APPROVE:
             # the champion the gate compared with; an older decision without it: the one now
-            expect = decision.get("champion_version", ...)
-            if expect is ...:
-                found = self.hook.champion(self.model_name, self.alias)
-                expect = None if found is None else int(found.version)
+            client = self.hook.get_client()
+            if "champion_version" in decision:
+                expect = decision["champion_version"]
+            else:
+                expect = registry.holder(client, self.model_name, self.alias)
             try:
                 registry.move_alias(
-                    self.hook.get_client(), self.model_name, version, expect, by=name or "approver",
+                    client, self.model_name, version, expect, by=name or "approver",
                     reason=f"approved: {decision.get('reason', '')}", action="approved", alias=self.alias,
                 )  # fmt: skip
                 outcome = PROMOTED

@@ -26,6 +26,7 @@ from recpipe.registry import (
     finish,
     former_champions,
     history,
+    holder,
     missing_files,
     move_alias,
     pending,
@@ -105,8 +106,7 @@ def set_champion(
         raise ChampionError("a reason is required: it goes to the version's tags and the history")
     _checked(client, model, version)
     if expect is ...:
-        holder = current(client, model, alias)
-        expect = None if holder is None else int(holder.version)
+        expect = holder(client, model, alias)
     record = move_alias(client, model, version, expect, by=by, reason=reason, action=action, alias=alias)
     _log_run(client, experiment or model, record, alias)
     return {"model": model, **record}
@@ -116,14 +116,11 @@ def rollback(
     client, model: str, reason: str, by: str, alias: str = ALIAS, experiment: str | None = None
 ) -> dict[str, Any]:
     """Move ``alias`` back to ``rollback_target``'s version (see ``set_champion``)."""
-    if not reason.strip():
-        raise ChampionError("a reason is required: it goes to the version's tags and the history")
-    holder = current(client, model, alias)
+    expect = holder(client, model, alias)
     target = rollback_target(client, model, alias)
     return set_champion(
-        client, model, target.version, reason, by, alias, experiment,
-        expect=int(holder.version), action="rollback",
-    )  # fmt: skip
+        client, model, target.version, reason, by, alias, experiment, expect=expect, action="rollback"
+    )
 
 
 def is_stream_pass(version) -> bool:
@@ -197,11 +194,9 @@ def move(
     if plan is not None and (action == "rollback" or int(version) == plan["version"]):
         record = {"model": model, **resume(client, model, plan, alias), "resumed": True}
     else:
-        holder = current(client, model, alias)
-        previous = None if holder is None else int(holder.version)
-        target = (
-            _checked(client, model, version) if action == "set" else rollback_target(client, model, alias)
-        )
+        previous = holder(client, model, alias)
+        wanted = version if action == "set" else rollback_target(client, model, alias).version
+        target = _checked(client, model, wanted)  # a rollback too: its files must be there
         plan = {
             "id": uuid.uuid4().hex, "version": int(target.version), "previous": previous, "action": action,
             "by": by, "reason": reason,

@@ -12,7 +12,7 @@ password (``/``, ``@``, ``#``) is just a character.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -144,5 +144,5 @@ def resolve(
             raise UsageError(f"{password_flag} {password_file}: {err.strerror}") from None
         if not password:
             raise UsageError(f"{password_flag} {password_file}: the file is empty")
-        address = RedisAddress(**{**address.__dict__, "password": password})
+        address = replace(address, password=password)
     return address

@@ -94,17 +94,17 @@ def registered_model(client, model: str):
         raise
 
 
-def current(client, model: str, alias: str = ALIAS):
-    """The ``ModelVersion`` holding ``alias``, or None (no such model or alias)."""
-    registered = registered_model(client, model)
-    version = None if registered is None else (registered.aliases or {}).get(alias)
-    return None if version is None else client.get_model_version(model, str(version))
-
-
-def _holder(client, model: str, alias: str) -> int | None:
+def holder(client, model: str, alias: str = ALIAS) -> int | None:
+    """The version number holding ``alias``, or None (no such model or alias)."""
     registered = registered_model(client, model)
     version = None if registered is None else (registered.aliases or {}).get(alias)
     return None if version is None else int(version)
+
+
+def current(client, model: str, alias: str = ALIAS):
+    """The ``ModelVersion`` holding ``alias``, or None (no such model or alias)."""
+    version = holder(client, model, alias)
+    return None if version is None else client.get_model_version(model, str(version))
 
 
 def _tag(client, model: str, key: str, default: str) -> str:
@@ -167,7 +167,7 @@ def move_alias(
         raise ValueError(f"action {action!r}: one of {ACTIONS}")
     expected = None if expect in (None, "") else int(expect)
     with registry_lock(model, alias):
-        found = _holder(client, model, alias)
+        found = holder(client, model, alias)
         # a retry of this very move whose alias was set before its record: finish the record
         finishing = move_id is not None and found == int(version) and found != expected
         if finishing:
@@ -225,7 +225,7 @@ def resume(client, model: str, plan: dict[str, Any], alias: str = ALIAS) -> dict
     Raises:
         ChampionMovedError: a third version holds the alias (the plan no longer applies).
     """
-    found = _holder(client, model, alias)
+    found = holder(client, model, alias)
     if found == plan["version"]:
         done = [m for m in history(client, model, alias) if m.get("id") == plan["id"]]
         if done:
@@ -253,7 +253,7 @@ def former_champions(client, model: str, alias: str = ALIAS) -> list:
     last move replaced (when that move was not itself a rollback), then every earlier
     champion below the current one (in the history, or promoted by its gate) that was not
     rolled back from since, newest first. ``ModelVersion`` objects; [] without a champion."""
-    champion = _holder(client, model, alias)
+    champion = holder(client, model, alias)
     if champion is None:
         return []
     moves = history(client, model, alias)
@@ -287,7 +287,7 @@ def rollback_target(client, model: str, alias: str = ALIAS):
     Raises:
         ChampionError: no champion, or no earlier one.
     """
-    if _holder(client, model, alias) is None:
+    if holder(client, model, alias) is None:
         raise ChampionError(f"{model} has no {alias}: nothing to roll back")
     earlier = former_champions(client, model, alias)
     if not earlier:

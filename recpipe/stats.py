@@ -102,13 +102,21 @@ def paired_auc_test(
     s01 = np.cov(np.stack([v01_a, v01_b]))  # over negatives
     cov = s10 / m + s01 / n
     var = float(cov[0, 0] + cov[1, 1] - 2 * cov[0, 1])
+    return _tested(auc_a, auc_b, var, confidence, m, n)
+
+
+def _tested(
+    auc_a: float, auc_b: float, var: float, confidence: float, m: int, n: int, strata: int = 0
+) -> PairedAUC:
+    """The difference ``auc_b - auc_a`` with variance ``var``: its interval and p-value."""
+    diff = auc_b - auc_a
     se = math.sqrt(max(var, 0.0))
-    z = NormalDist().inv_cdf(0.5 + confidence / 2)
     if se == 0.0:  # identical rankings: no difference, and no doubt about it
         p = 1.0 if diff == 0 else 0.0
-        return PairedAUC(auc_a, auc_b, diff, 0.0, diff, diff, p, confidence, m, n)
+        return PairedAUC(auc_a, auc_b, diff, 0.0, diff, diff, p, confidence, m, n, strata)
+    z = NormalDist().inv_cdf(0.5 + confidence / 2)
     p_value = 2 * (1 - NormalDist().cdf(abs(diff) / se))
-    return PairedAUC(auc_a, auc_b, diff, se, diff - z * se, diff + z * se, p_value, confidence, m, n)
+    return PairedAUC(auc_a, auc_b, diff, se, diff - z * se, diff + z * se, p_value, confidence, m, n, strata)
 
 
 def stratified_paired_auc_test(
@@ -161,18 +169,10 @@ def stratified_paired_auc_test(
     weights = [n / total for n, _ in parts]
     auc_a = sum(w * p.auc_a for w, (_, p) in zip(weights, parts, strict=True))
     auc_b = sum(w * p.auc_b for w, (_, p) in zip(weights, parts, strict=True))
-    diff = auc_b - auc_a
     positives = sum(p.positives for _, p in parts)
     negatives = sum(p.negatives for _, p in parts)
     var = sum(w * w * p.se**2 for w, (_, p) in zip(weights, parts, strict=True))
-    se = math.sqrt(max(var, 0.0))
-    z = NormalDist().inv_cdf(0.5 + confidence / 2)
-    if se == 0.0:
-        p = 1.0 if diff == 0 else 0.0
-        return PairedAUC(auc_a, auc_b, diff, 0.0, diff, diff, p, confidence, positives, negatives, len(parts))
-    p_value = 2 * (1 - NormalDist().cdf(abs(diff) / se))
-    low, high = diff - z * se, diff + z * se
-    return PairedAUC(auc_a, auc_b, diff, se, low, high, p_value, confidence, positives, negatives, len(parts))
+    return _tested(auc_a, auc_b, var, confidence, positives, negatives, len(parts))
 
 
 def grouped_auc(labels: np.ndarray, scores: np.ndarray, groups: np.ndarray) -> float:

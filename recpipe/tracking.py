@@ -21,7 +21,15 @@ CONN_ENV = "AIRFLOW_CONN_MLFLOW_DEFAULT"
 
 
 class TrackingUnavailableError(PipelineError):
-    """The MLflow tracking server does not answer (its URI and the error are named)."""
+    """The MLflow tracking server does not answer (its URI and the error are named).
+
+    Attributes:
+        uri, reason: the server, and why it did not answer (``ErrorType: message``).
+    """
+
+    def __init__(self, message: str, uri: str, reason: str):
+        super().__init__(message)
+        self.uri, self.reason = uri, reason
 
 
 def _from_connection(value: str) -> str | None:
@@ -73,10 +81,12 @@ def probe(uri: str, timeout_s: float = 5.0) -> None:
         with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s) as answer:
             answer.read()
     except (urllib.error.URLError, OSError) as err:
-        reason = getattr(err, "reason", err)
+        reason = f"{type(err).__name__}: {getattr(err, 'reason', err)}"
         raise TrackingUnavailableError(
             f"MLflow at {uri} does not answer ({reason}); start it, or name another with "
-            "--tracking_uri / $MLFLOW_TRACKING_URI"
+            "--tracking_uri / $MLFLOW_TRACKING_URI",
+            uri,
+            reason,
         ) from None
 
 

@@ -159,13 +159,13 @@ class MLflowHook(BaseHook):
 
     @staticmethod
     def _probe(uri: str) -> None:
-        import requests
+        from recpipe import tracking
 
         try:
-            requests.get(uri.rstrip("/") + "/health", timeout=10).raise_for_status()
-        except requests.RequestException as err:
+            tracking.probe(uri, timeout_s=10)
+        except tracking.TrackingUnavailableError as err:
             raise TrackingUnavailableError(
-                f"MLflow tracking server {uri} is unreachable ({err.__class__.__name__}: {err}); "
+                f"MLflow tracking server {uri} is unreachable ({err.reason}); "
                 "nothing was logged. Start it (make mlflow) or fix the mlflow_default connection / "
                 "MLFLOW_TRACKING_URI; the task fails now so that its retries can log later."
             ) from err

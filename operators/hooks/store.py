@@ -28,13 +28,10 @@ def store_client(conn_id: str | None = STORE_CONN_ID, fallback_url: str | None =
     from recpipe.errors import UsageError
 
     if conn_id:
-        hook = RedisHook(redis_conn_id=conn_id)
         try:
-            hook.get_connection(conn_id)
-        except AirflowNotFoundException:
+            return RedisHook(redis_conn_id=conn_id).get_conn()
+        except AirflowNotFoundException:  # not defined: the fallbacks
             pass
-        else:
-            return hook.get_conn()
     address = redis_conn.resolve(None, env=redis_conn.STORE_ENV, default=fallback_url)
     if address is None:
         raise UsageError(
