@@ -85,6 +85,9 @@ class StandInWorker:
     def merge(self, fetched):
         self._maybe_lost("merge")
 
+    def copy_slots(self):
+        self._maybe_lost("slots")
+
 
 class GeoChief(RuleBasedStateMachine):
     @initialize(workers=st.integers(1, 3), geo_step=st.integers(1, 4))
@@ -178,11 +181,16 @@ class GeoChief(RuleBasedStateMachine):
         worker.exited = True
 
     @precondition(lambda self: self._alive() and self.chief._queue.unfinished_tasks == 0)
-    @rule(data=st.data(), fate=st.sampled_from([None, "stage", "ship", "fetch", "merge"]))
+    @rule(data=st.data(), fate=st.sampled_from([None, "stage", "ship", "fetch", "merge", "slots"]))
     def sync_before_a_checkpoint(self, data, fate):
+        # the sync, then the first live worker's optimizer slots copied for the checkpoint
         worker = data.draw(st.sampled_from(self._alive()))
         worker.fate = fate
-        self._call(self.chief.sync)
+        try:
+            self._call(self.chief.sync)
+            self.chief.prepare_save(None, None)
+        except StrategyError as err:
+            assert "every worker failed" in str(err) and not self._alive()
         worker.fate = None if worker.alive else worker.fate
 
     @precondition(
@@ -294,3 +302,16 @@ def test_the_queue_is_drained_when_the_last_worker_is_lost():
     assert chief._queue.empty() and all(i.done.is_set() and i.error is not None for i in items)
     with pytest.raises(StrategyError, match="every worker failed"):
         chief.run_step(None, (2,))
+
+
+def test_a_worker_lost_after_the_sync_before_a_checkpoint_ends_the_job_with_the_reason():
+    # nothing left to push, so the sync never touches the worker; its slots' copy is the
+    # first op to find it gone
+    chief, worker = _one_worker_chief()
+    chief.sync()
+    worker.fate = "slots"
+    with pytest.raises(StrategyError, match="every worker failed"):
+        chief.prepare_save(None, None)
+    assert not worker.alive
+    with pytest.raises(StrategyError, match="every worker failed"):
+        chief.run_step(None, (1,))

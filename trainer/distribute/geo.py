@@ -785,15 +785,27 @@ class GeoParameterServerDistribution(Distribution):
             self._wait_sent(worker)
             self._merge_sent(worker)
         self._raise_error()
+        if not any(w.alive for w in self.workers):  # lost while staging or sending
+            raise StrategyError(ALL_FAILED)
 
     def prepare_save(self, state, saved) -> None:
         """The first live worker's optimizer slots into the chief's optimizers, which the
-        checkpoint holds (the model's values are the ps's after ``sync``)."""
+        checkpoint holds (the model's values are the ps's after ``sync``). A worker that died
+        since ``sync`` is dropped and the next one's slots are taken.
+
+        Raises:
+            StrategyError: no worker is left.
+        """
         for worker in self.workers:
-            if worker.alive:
+            if not worker.alive:
+                continue
+            try:
                 with worker.scope():
                     worker.copy_slots()
                 return
+            except WORKER_LOST as err:
+                self._lost(worker, err)
+        raise StrategyError(ALL_FAILED)
 
     def figures(self) -> dict:
         """The traffic, and the ledger: ``batches_trained`` (each by one worker),
