@@ -40,7 +40,13 @@ def _env(service: dict) -> dict:
 
 
 def _project_source() -> str:
-    files = [*ROOT.glob("recpipe/**/*.py"), *ROOT.glob("operators/**/*.py"), *ROOT.glob("dags/*.py")]
+    files = [
+        *ROOT.glob("recpipe/**/*.py"),
+        *ROOT.glob("operators/**/*.py"),
+        *ROOT.glob("dags/*.py"),
+        *ROOT.glob("features/**/*.py"),
+        *ROOT.glob("dev/*.py"),
+    ]
     return "\n".join(p.read_text() for p in files)
 
 
@@ -149,3 +155,41 @@ def test_no_service_listens_without_a_password_or_shows_one_on_its_command_line(
     worker = _env(services["airflow-worker"])
     assert worker["MLFLOW_TRACKING_USERNAME"] == "admin"
     assert worker["MLFLOW_TRACKING_PASSWORD"].startswith("${MLFLOW_ADMIN_PASSWORD:?")
+
+
+def test_the_wiring_a_new_user_meets(compose):
+    # what a read of the file beside the code found: each setting reaches the process that
+    # needs it, and the checkout's configs are what the containers read
+    from recpipe.redis_conn import ARRIVALS_ENV, parse
+
+    services = compose["services"]
+    airflow = [n for n in services if n.startswith("airflow-") and n != "airflow-init"]
+    home = "/opt/recpipe"
+    assert f"WORKDIR {home}" in (ROOT / "Dockerfile").read_text()
+    for name in airflow:
+        volumes = services[name]["volumes"]
+        # a retrain config dropped into conf/retrain/ is a DAG without a rebuild
+        assert f"./conf:{home}/conf:ro" in volumes and f"./dags:{home}/dags:ro" in volumes, name
+    worker = _env(services["airflow-worker"])
+    assert worker["RECPIPE_RETRAIN_CONFIGS"] == "conf/retrain"
+    # the feature jobs' sessions run on .env's SPARK_MASTER, not the server's local[2]
+    connect = services["spark-connect"]
+    assert _env(connect)["RECPIPE_SPARK_MASTER"] == "${SPARK_MASTER:-local[*]}"
+    assert "--master" not in connect["command"]
+    assert "SPARK_MASTER=" in (ROOT / ".env.example").read_text()
+    # `recpipe announce` in a container publishes where the stream's sensor listens
+    arrivals = json.loads(worker["AIRFLOW_CONN_RECPIPE_ARRIVALS"])
+    published = parse(worker[ARRIVALS_ENV].replace("${REDIS_PASSWORD}", "x"), ARRIVALS_ENV)
+    assert (published.host, published.port, published.db) == (
+        arrivals["host"],
+        arrivals["port"],
+        arrivals["extra"]["db"],
+    )
+    # `recpipe champion` in a container finds the deployment's MLflow (recpipe.tracking)
+    mlflow = json.loads(worker["AIRFLOW_CONN_MLFLOW_DEFAULT"])
+    assert (mlflow["host"], mlflow["port"]) == ("mlflow", 5000)
+    # the jobs' private network namespaces need CAP_SYS_ADMIN in the worker
+    assert services["airflow-worker"]["cap_add"] == ["SYS_ADMIN"]
+    # published: the API server and MLflow only
+    published_ports = {n for n, svc in services.items() if svc.get("ports")}
+    assert published_ports == {"airflow-api-server", "mlflow"}
