@@ -1,9 +1,27 @@
 #!/usr/bin/env bash
-# make airflow: Airflow's api-server, scheduler, dag-processor and triggerer (LocalExecutor,
-# SQLite in var/airflow) and a Spark Connect server on 127.0.0.1, in the foreground; Ctrl-C stops them all.
+# make airflow: Airflow's api-server, scheduler, dag-processor and triggerer (LocalExecutor) and
+# a Spark Connect server on 127.0.0.1, in the foreground; Ctrl-C stops them all.
+# The metadata database: $RECPIPE_AIRFLOW_DATABASE_URL, else the database recpipe_airflow on the
+# PostgreSQL at 127.0.0.1 (created here) when it answers, as several models' backfills need
+# (SQLite locks under concurrent writers); SQLite in var/airflow only as the fallback.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-eval "$(.venv/bin/python -m dev.env)"
+db_url="${RECPIPE_AIRFLOW_DATABASE_URL:-}"
+psql=(psql -h 127.0.0.1 -U postgres -v ON_ERROR_STOP=1 -tA)
+if [[ -z $db_url ]] && "${psql[@]}" -c 'select 1' > /dev/null 2>&1; then
+  if [[ -z $("${psql[@]}" -c "select 1 from pg_database where datname = 'recpipe_airflow'") ]]; then
+    "${psql[@]}" -c 'CREATE DATABASE recpipe_airflow' > /dev/null
+  fi
+  db_url=postgresql+psycopg2://postgres@127.0.0.1:5432/recpipe_airflow
+fi
+eval "$(.venv/bin/python -m dev.env ${db_url:+--database-url "$db_url"})"
+if [[ -z $db_url ]]; then
+  echo "metadata database: SQLite in $AIRFLOW_HOME (no PostgreSQL answers on 127.0.0.1:5432): one model at a time" >&2
+elif [[ -n ${RECPIPE_AIRFLOW_DATABASE_URL:-} ]]; then
+  echo "metadata database: \$RECPIPE_AIRFLOW_DATABASE_URL's" >&2
+else
+  echo "metadata database: recpipe_airflow on the PostgreSQL at 127.0.0.1:5432" >&2
+fi
 export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS="${AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS:-admin:admin}"
 mkdir -p "$AIRFLOW_HOME"
 .venv/bin/airflow db migrate > "$AIRFLOW_HOME/db-migrate.log" 2>&1
