@@ -65,15 +65,20 @@ class ProgressiveEvalOperator(EvalOperator):
         previous_in: the runs root holding the passes' model dirs (templated).
         model_name: the registered model whose champion a day's first pass starts from
             (templated; None: the newest pass before it).
+        cold_start_from: another registered model whose champion a pass with nothing to
+            start from starts from (``stream.cold_start_from``).
         The rest as ``EvalOperator`` (``eval_ds``: the pass, ``YYYY-MM-DD/HH[MM]``).
     """
 
     template_fields = (*EvalOperator.template_fields, "previous_in", "model_name")
 
-    def __init__(self, *, previous_in: str, model_name: str | None = None, **kwargs):
+    def __init__(
+        self, *, previous_in: str, model_name: str | None = None, cold_start_from: str | None = None, **kwargs
+    ):
         super().__init__(**kwargs)
         self.previous_in = previous_in
         self.model_name = model_name
+        self.cold_start_from = cold_start_from
 
     def execute(self, context) -> dict[str, Any]:
         out = ModelDir(confine(self.model_dir, "model_dir"))
@@ -96,7 +101,8 @@ class ProgressiveEvalOperator(EvalOperator):
 
         root = confine(self.previous_in, "previous_in")
         registered = self.model_name and (self.hook, self.model_name, self.alias)
-        found, why = source(root, str(self.eval_ds), None, registered, previous_pass=True)
+        ds, cold = str(self.eval_ds), self.cold_start_from
+        found, why = source(root, ds, None, registered, previous_pass=True, cold_start_from=cold)
         if found is None:
             return None, f"no model to start {self.eval_ds} from ({why})"
         return str(found), f"the model of pass {partition_ds(found)} ({why})"

@@ -80,6 +80,7 @@ def stream_retrain_dag(home: Path, retrain: RetrainConfig, doc_md: str | None = 
             previous_in=tasks.runs,
             model_name=retrain.model_name,
             alias=retrain.gate.alias,
+            cold_start_from=retrain.stream.cold_start_from,
             result_name=PASS_EVAL_RESULT,
             step="evaluate_pass",
             **tasks.job,
@@ -94,6 +95,7 @@ def stream_retrain_dag(home: Path, retrain: RetrainConfig, doc_md: str | None = 
             train_ds=pass_ds,
             holdout=False,
             previous_pass=True,
+            cold_start_from=retrain.stream.cold_start_from,
             score_first=PASS_EVAL_RESULT,
             export_dir=tasks.exports,
         )

@@ -65,6 +65,8 @@ class DistributedTrainOperator(JobOperator):
         full_retrain: train from scratch (templated; a bool under native rendering).
         model_name, alias: the registered model whose promoted versions are the warm-start
             sources (templated; without ``model_name``, the newest finished dir).
+        cold_start_from: another registered model whose ``alias`` version a run with
+            nothing to start from fine-tunes from (a stream's ``stream.cold_start_from``).
         train_distribute, num_workers: the strategy and worker count (templated; default: the
             config's ``train_distribute`` and the cluster config's ``worker.count``).
 
@@ -105,10 +107,12 @@ class DistributedTrainOperator(JobOperator):
         previous_pass: bool = False,
         score_first: str | None = None,
         export_dir: str | None = None,
+        cold_start_from: str | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
         self.score_first, self.export_dir = score_first, export_dir
+        self.cold_start_from = cold_start_from
         self.holdout = holdout
         self.previous_pass = previous_pass
         self.model_dir = model_dir
@@ -145,7 +149,7 @@ class DistributedTrainOperator(JobOperator):
             return None, "full retrain" if self.full_retrain else "no warm_start_root"
         root = confine(self.warm_start_root, "warm_start_root")
         model = self.model_name and (self.hook, self.model_name, self.alias)
-        return source(root, str(self.ds), model_dir, model, self.previous_pass)
+        return source(root, str(self.ds), model_dir, model, self.previous_pass, self.cold_start_from)
 
     def execute(self, context) -> dict:
         out = ModelDir(confine(self.model_dir, "model_dir"))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from recpipe.errors import PipelineError
-from recpipe.layout import day_of, finished_model_dirs, is_finished, partition_ds
+from recpipe.layout import day_of, day_root, finished_model_dirs, is_finished, partition_ds
 from recpipe.registry import PROMOTED, PROMOTION
 
 
@@ -15,19 +15,30 @@ class ChampionGoneError(PipelineError):
 
 
 def source(
-    root: Path, ds: str, model_dir: Path | None, registered=None, previous_pass: bool = False
+    root: Path,
+    ds: str,
+    model_dir: Path | None,
+    registered=None,
+    previous_pass: bool = False,
+    cold_start_from: str | None = None,
 ) -> tuple[Path | None, str]:
     """The model dir under ``root`` to start ``ds`` from, never a rejected model, and why.
 
     In order:
 
     1. ``previous_pass`` (``ds`` a pass, ``YYYY-MM-DD/HH``): the newest finished pass of the
-       same day before it;
+       same day before it, as long as the day's chain started from the ``alias`` version
+       (``recpipe.layout.day_root``): after the champion was moved during the day (a
+       rollback), the day's next pass starts again from the champion, and its export rebases
+       the day's chain on it (``trainer.delta.write_export``);
     2. with ``registered`` = ``(hook, model_name, alias)``: the model dir of the ``alias``
        version, else of the newest version tagged ``promotion: promoted``, dated before ``ds``
        and finished; None when versions exist but none qualifies (a rejected model is never
        built on: a stream day after a rejected close starts again from the champion);
-    3. the newest finished model dir dated before ``ds`` (nothing registered yet).
+    3. the newest finished model dir dated before ``ds`` (nothing registered yet);
+    4. with ``cold_start_from`` (another registered model's name) and ``registered``, where
+       the rules above found nothing: that model's ``alias`` version's model dir, dated
+       before ``ds`` and finished (a new stream starts from the daily model's champion).
 
     Args:
         root: the runs root (``<runs_dir>/<model_name>``).
@@ -41,20 +52,43 @@ def source(
             (names the version and the way out), rather than a silent fallback.
     """
     own = model_dir.resolve() if model_dir is not None else None
-    if previous_pass:
-        today = [p for p in finished_model_dirs(root, before=ds) if day_of(partition_ds(p)) == day_of(ds)]
-        if today and today[-1].resolve() != own:
-            return today[-1], "the day's previous pass"
 
     def usable(version) -> Path | None:
         path, day = version.tags.get("model_dir"), version.tags.get("ds", "")
-        if not path or not day or day >= ds or not is_finished(path):
+        # a model of the pass's own day trained on its rows: never a start for one of its passes
+        if not path or not day or day >= day_of(ds) or not is_finished(path):
             return None
         return None if Path(path).resolve() == own else Path(path)
 
+    champion = None
     if registered:
         hook, model_name, alias = registered
         champion = hook.champion(model_name, alias)
+    if previous_pass:
+        today = [p for p in finished_model_dirs(root, before=ds) if day_of(partition_ds(p)) == day_of(ds)]
+        if today and today[-1].resolve() != own:
+            started = day_root(today[-1])
+            held = usable(champion) if champion is not None else None
+            if started is None or held is None or started == held.resolve():
+                return today[-1], "the day's previous pass"
+            return held, (
+                f"{alias} version {champion.version}: the day's passes so far descend from "
+                f"{started}, which is no longer the {alias}; the day starts again from it"
+            )
+
+    found, why = _registered_or_newest(root, ds, own, registered, champion, usable)
+    if found is None and cold_start_from and registered:
+        hook, _, alias = registered
+        other = hook.champion(cold_start_from, alias)
+        if other is not None and (start := usable(other)):
+            return start, f"{cold_start_from} {alias} version {other.version} (a cold start: {why})"
+    return found, why
+
+
+def _registered_or_newest(root: Path, ds: str, own, registered, champion, usable) -> tuple[Path | None, str]:
+    """Rules 2 and 3 of ``source``."""
+    if registered:
+        hook, model_name, alias = registered
         if champion is not None and (found := usable(champion)):
             return found, f"{alias} version {champion.version}"
         if champion is not None:

@@ -26,6 +26,7 @@ and ``ds`` ranges. Every file name another process reads is defined here and now
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from datetime import date, timedelta
@@ -363,3 +364,33 @@ def finished_model_dirs(runs_root: str | os.PathLike, before: str | None = None)
     return [
         p for p in model_dirs(runs_root) if (before is None or partition_ds(p) < before) and is_finished(p)
     ]
+
+
+def fine_tuned_from(model_dir: str | os.PathLike) -> Path | None:
+    """The model dir ``model_dir``'s training was warm-started from (its ``fine_tune.json``
+    ``source``: a model dir or a checkpoint prefix in one), resolved; None when it started
+    from scratch or records nothing."""
+    record = ModelDir(model_dir).fine_tune
+    try:
+        source = json.loads(record.read_text()).get("source")
+    except (OSError, ValueError):
+        return None
+    if not source:
+        return None
+    path = Path(source)
+    # a checkpoint prefix (model.ckpt-N) names its model dir's file
+    return (path.parent if not path.is_dir() and ".ckpt" in path.name else path).resolve()
+
+
+def day_root(pass_dir: str | os.PathLike) -> Path | None:
+    """Where the day's chain of passes that ``pass_dir`` (``.../ds=D/hh=HH``) belongs to
+    started: following each pass's ``fine_tuned_from`` back through its own day, the first
+    model dir outside that day (a champion, an earlier day's pass), resolved; None when the
+    chain started from scratch or a pass records nothing."""
+    day = Path(pass_dir).resolve().parent
+    seen: set[Path] = set()
+    here: Path | None = Path(pass_dir).resolve()
+    while here is not None and here.parent == day and here not in seen:
+        seen.add(here)
+        here = fine_tuned_from(here)
+    return here if here is not None and here.parent != day else None

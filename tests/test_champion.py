@@ -142,6 +142,72 @@ def test_warm_start_names_a_champion_whose_model_dir_is_gone(registry, tmp_path)
         )
 
 
+def _pass(runs: Path, ds: str, source: Path | None) -> Path:
+    """A finished pass dir ``runs/ds=D/hh=HHMM`` warm-started from ``source``."""
+    day, key = ds.split("/")
+    pass_dir = runs / f"ds={day}" / f"hh={key}"
+    pass_dir.mkdir(parents=True)
+    (pass_dir / "fine_tune.json").write_text(json.dumps({"source": str(source) if source else None}))
+    (pass_dir / "_SUCCESS").touch()
+    return pass_dir
+
+
+def test_after_a_rollback_during_a_day_its_next_pass_starts_again_from_the_champion(registry, tmp_path):
+    # the day's passes descend from version 2; version 2 is rolled back to version 1 after the
+    # 20:00 pass: 20:30 starts from version 1, and 21:00 goes on from 20:30 (its chain's start
+    # is the champion)
+    from operators.hooks.mlflow import MLflowHook
+    from operators.warm_start import source
+
+    registry.create_registered_model(MODEL)
+    v1 = _version(registry, tmp_path, "2024-03-01")
+    v2 = _version(registry, tmp_path, "2024-03-02")
+    registry.set_registered_model_alias(MODEL, "champion", v2.version)
+    runs, day = tmp_path / "runs", "2024-03-03"
+    registered = (MLflowHook(mlflow_conn_id=""), MODEL, "champion")
+    first = _pass(runs, f"{day}/2000", Path(v2.tags["model_dir"]))
+    second = runs / f"ds={day}" / "hh=2030"
+    start, why = source(runs, f"{day}/2030", second, registered, previous_pass=True)
+    assert (start, why) == (first, "the day's previous pass")
+
+    rollback(registry, MODEL, "version 2 serves badly", "alice")
+    start, why = source(runs, f"{day}/2030", second, registered, previous_pass=True)
+    assert start.resolve() == Path(v1.tags["model_dir"]).resolve()
+    assert "champion version 1" in why and "no longer the champion" in why
+    _pass(runs, f"{day}/2030", start)  # trained from it, checkpoint prefix or model dir alike
+    start, why = source(runs, f"{day}/2100", runs / f"ds={day}" / "hh=2100", registered, previous_pass=True)
+    assert (start, why) == (second, "the day's previous pass")
+    # a day that started from scratch (no champion then) goes on from its previous pass
+    (second / "fine_tune.json").write_text(json.dumps({"source": None}))
+    start, _ = source(runs, f"{day}/2100", runs / f"ds={day}" / "hh=2100", registered, previous_pass=True)
+    assert start == second
+
+
+def test_a_new_stream_starts_from_the_daily_models_champion(registry, tmp_path):
+    # stream.cold_start_from: a stream with nothing of its own fine-tunes from the daily
+    # model's champion; once it has a pass of the day or a champion, from those
+    from operators.hooks.mlflow import MLflowHook
+    from operators.warm_start import source
+
+    daily, stream = "daily_model", "stream_model"
+    registry.create_registered_model(daily)
+    v1 = _version(registry, tmp_path / "daily", "2024-03-01", model=daily)
+    registry.set_registered_model_alias(daily, "champion", v1.version)
+    runs, day = tmp_path / "stream" / "runs", "2024-03-02"
+    hook = MLflowHook(mlflow_conn_id="")
+    registered = (hook, stream, "champion")
+    first = runs / f"ds={day}" / "hh=0000"
+    start, why = source(runs, f"{day}/0000", first, registered, True, cold_start_from=daily)
+    assert start.resolve() == Path(v1.tags["model_dir"]).resolve()
+    assert why.startswith("daily_model champion version 1 (a cold start")
+    assert source(runs, f"{day}/0000", first, registered, True)[0] is None  # without it: scratch
+    _pass(runs, f"{day}/0000", start)
+    start, why = source(runs, f"{day}/0100", runs / f"ds={day}" / "hh=0100", registered, True, daily)
+    assert (start, why) == (first, "the day's previous pass")
+    # the daily champion is dated on the pass's day or later: not a model trained before it
+    assert source(runs, "2024-03-01/0000", None, registered, True, daily)[0] is None
+
+
 def _export(
     day_dir: Path, name: str, hour: str, sequence: int, previous: dict | None, value: float, ids
 ) -> dict:

@@ -39,7 +39,7 @@ from recpipe.exports.files import (
     read_params,
     write_params,
 )
-from recpipe.layout import SUCCESS
+from recpipe.layout import SUCCESS, fine_tuned_from
 from trainer import online
 from trainer.embedding_tables import variable_name
 from trainer.input import sample_inputs
@@ -82,6 +82,7 @@ def export_base(
     day: str,
     global_step: int,
     pass_key: str | None = None,
+    model_dir: Path | None = None,
 ) -> Path:
     """Write ``<day_dir>/base/``: the SavedModel and every admitted row (``write_export``).
 
@@ -100,11 +101,18 @@ def export_base(
         day=day,
         saved_model=lambda tmp: write_saved_model(config, model, normalization, tmp),
         pass_key=pass_key,
+        model_dir=model_dir,
     )
 
 
 def export_delta(
-    config: PipelineConfig, model, normalization: dict, day_dir: Path, name: str, global_step: int
+    config: PipelineConfig,
+    model,
+    normalization: dict,
+    day_dir: Path,
+    name: str,
+    global_step: int,
+    model_dir: Path | None = None,
 ) -> Path:
     """Write ``<day_dir>/delta-<name>/`` (``write_export``).
 
@@ -113,7 +121,9 @@ def export_delta(
             optimizer is not row-wise.
     """
     check_row_wise(config, model)
-    return write_export(model, normalization, day_dir, f"{DELTA_PREFIX}{name}", global_step)
+    return write_export(
+        model, normalization, day_dir, f"{DELTA_PREFIX}{name}", global_step, model_dir=model_dir
+    )
 
 
 def write_export(
@@ -125,6 +135,7 @@ def write_export(
     day: str | None = None,
     saved_model=None,
     pass_key: str | None = None,
+    model_dir: Path | None = None,
 ) -> Path:
     """Write the export ``<day_dir>/<name>/`` of ``model`` (temporary directory, then rename):
 
@@ -132,6 +143,11 @@ def write_export(
     - ``delta-<pass>``: the rows looked up in training since the export before it in the
       day's chain, the ids evicted since then (those alive after that chain, not now), every
       other model variable.
+
+    The manifest records ``model_dir``, the model exported. A delta of a model that was not
+    fine-tuned from the model the export before it holds (``recpipe.layout.fine_tuned_from``;
+    the day's passes started again from a champion moved during the day) holds every admitted
+    row instead, ``rebased: true``: the chain applied in order still gives this model.
 
     A re-run for the same ``name`` (a retried pass) replaces it and diffs against the exports
     before it, as long as no later pass exported (``recpipe.exports.files.previous_export``).
@@ -145,7 +161,10 @@ def write_export(
         pass_key = name.removeprefix(DELTA_PREFIX)
     exports = previous_export(day_dir, name, pass_key)
     previous = read_manifest(exports[-1]) if exports else None
-    params, ev_step = snapshot(model, normalization, since_step=previous["ev_step"] if previous else None)
+    own = Path(model_dir).resolve() if model_dir is not None else None
+    rebased = previous is not None and not _continues(previous, own)
+    since = previous["ev_step"] if previous is not None and not rebased else None
+    params, ev_step = snapshot(model, normalization, since_step=since)
     now = {table: ids for ev in online.tables(model) for table, ids in ev.member_ids().items()}
     if previous is not None:
         for table, ids in alive_ids(exports).items():
@@ -159,11 +178,25 @@ def write_export(
         sequence = previous["sequence"] + 1 if previous else 0
         doc = new_manifest(day, name, sequence, previous, global_step, ev_step, params, files)
         doc["pass"] = pass_key
+        doc["model_dir"] = str(own) if own is not None else None
+        doc["rebased"] = rebased
         for t, ids in now.items():
             doc["tables"][t]["rows_used"] = len(ids)
         (tmp / MANIFEST).write_text(json.dumps(doc, indent=2, sort_keys=True))  # the rename covers it
         (tmp / SUCCESS).touch()
     return target
+
+
+def _continues(previous: dict, model_dir: Path | None) -> bool:
+    """Whether the model in ``model_dir`` continues the model of the export ``previous``
+    (its manifest): it is that model dir (a retried export) or was fine-tuned from it. An
+    export or a model that records nothing is taken to continue it."""
+    before = previous.get("model_dir")
+    if model_dir is None or not before:
+        return True
+    before = Path(before).resolve()
+    source = fine_tuned_from(model_dir)
+    return model_dir == before or source is None or source == before
 
 
 def load_params(model, params: Params) -> None:

@@ -385,12 +385,16 @@ def _export_online(config, model, model_dir, step: int, args) -> dict:
     if args.base:
         day = day_of(args.base)  # the day, or the pass that exports the day's base
         key = pass_of(args.base)
-        out = export_base(config, model, normalization, Path(args.export_dir) / day, day, step, key)
+        out = export_base(
+            config, model, normalization, Path(args.export_dir) / day, day, step, key, Path(model_dir)
+        )
     else:
         day, key = day_of(args.delta), pass_of(args.delta)
         if key is None:
             raise UsageError(f"--delta {args.delta}: give the pass, YYYY-MM-DD/HH or YYYY-MM-DD/HHMM")
-        out = export_delta(config, model, normalization, Path(args.export_dir) / day, key, step)
+        out = export_delta(
+            config, model, normalization, Path(args.export_dir) / day, key, step, Path(model_dir)
+        )
     manifest = read_manifest(out)
     size = sum(f["bytes"] for f in manifest["files"].values())
     return {

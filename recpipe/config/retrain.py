@@ -208,6 +208,13 @@ class StreamConfig(Section):
 
     close_hour: int = Field(23, ge=0, le=23)
     """The UTC hour whose last pass closes the day: whole export, registration, gate (0-23)."""
+    cold_start_from: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]+$")
+    """The ``model_name`` of another retrain config (a daily model of the same pipeline
+    config) whose champion a pass fine-tunes from when this model has nothing to start from:
+    no champion and no promoted version yet (a new stream), or none dated before the pass.
+    What the two models share by name (the dense layers, tables of the same kind and shape)
+    is restored and the rest reported (``fine_tune.json``); null: such a pass starts from
+    scratch."""
     pass_minutes: int = 60
     """Minutes of data a pass trains on (60, 30, 20, 15, 10 or 5: a pass never spans two
     hours). A pass of an hour is named ``HH`` (raw ``ds=D/hh=HH``), a shorter one by its start,
@@ -327,6 +334,11 @@ class RetrainConfig(Section):
             raise ValueError(f"end_date {self.end_date} is before start_date {self.start_date}")
         if self.kind == "stream" and self.schedule is not None and self.stream.pass_minutes != 60:
             _check_pass_schedule(self.schedule, self.stream.pass_minutes)
+        if self.stream.cold_start_from == self.model_name:
+            raise ValueError(
+                f"stream.cold_start_from: {self.model_name!r} is this model; name another model "
+                "(a daily model of the same pipeline config)"
+            )
         return self
 
     @property

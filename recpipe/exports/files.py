@@ -20,7 +20,9 @@ No TensorFlow here: an online store or another language's server reads these fil
 ``sequence`` (0 for the base, then 1, 2, ...), ``follows`` and ``follows_ev_step`` (the previous
 export's name and ``ev_step``: a delta applies to that export only),
 ``global_step``, ``ev_step`` (the online tables' clock at the export), ``pass`` (the key,
-``HH`` or ``HHMM``, of the pass whose model it holds, when known), per table ``rows`` /
+``HH`` or ``HHMM``, of the pass whose model it holds, when known), ``model_dir`` (the model
+exported, when known), ``rebased`` (a delta of a model that does not continue the export
+before it: it holds every admitted row), per table ``rows`` /
 ``tombstones`` / ``rows_used``, and each file's ``bytes`` and ``sha256``.
 """
 

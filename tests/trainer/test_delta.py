@@ -59,9 +59,9 @@ def chain(ml_passes, tmp_path_factory):
         model, step = load_model(pass_config, model_dir)
         norm = read_normalization(model_dir)
         if name == "A":
-            export_base(pass_config, model, norm, exports, DAY, step)
+            export_base(pass_config, model, norm, exports, DAY, step, model_dir=model_dir)
         else:
-            export_delta(pass_config, model, norm, exports, train_ds[-2:], step)
+            export_delta(pass_config, model, norm, exports, train_ds[-2:], step, model_dir=model_dir)
         previous, models[name] = result.checkpoint, (pass_config, model, step, norm)
     pass_config, model, step, norm = models["C"]
     full = export_base(pass_config, model, norm, root / "full" / DAY, DAY, step)
@@ -129,6 +129,40 @@ def test_base_plus_deltas_equals_a_full_export_at_the_same_step(chain, tmp_path)
     assert len(served) == len(frame) > 200
     np.testing.assert_allclose(served, expected.numpy(), atol=1e-6)
     assert served.std() > 0.01  # the model is not constant: the comparison could fail
+
+
+def test_a_pass_started_again_from_another_model_rebases_the_days_chain(chain, tmp_path):
+    # the champion was rolled back during the day: pass D starts again from pass A's model,
+    # not from C's, which exported last; its delta holds every row, so the chain applied in
+    # order is D's model (a delta of the rows D touched would leave C's rows in serving)
+    import shutil
+
+    from recpipe.exports.files import apply, read_manifest, read_params
+    from trainer.delta import export_base, export_delta
+    from trainer.scoring import load_model
+    from trainer.serving import read_normalization
+
+    assert [m["rebased"] for m in chain["manifests"].values()] == [False, False, False]
+    exports = tmp_path / "exports" / DAY
+    shutil.copytree(chain["exports"], exports)
+    d_dir = tmp_path / "runs" / "D"
+    config, _ = _train(chain["config"], d_dir, f"{DAY}/20", str(chain["root"] / "runs" / "A"))
+    model, step = load_model(config, d_dir)
+    norm = read_normalization(d_dir)
+    delta = export_delta(config, model, norm, exports, "21", step, model_dir=d_dir)
+    manifest = read_manifest(delta)
+    assert manifest["rebased"] and manifest["follows"] == "delta-20"
+    assert manifest["tables"]["item_id"]["rows"] == manifest["tables"]["item_id"]["rows_used"]
+    params = read_params(exports / "base")
+    for name in ("delta-19", "delta-20", "delta-21"):
+        params = apply(params, read_params(exports / name))
+    full = read_params(export_base(config, model, norm, tmp_path / "full" / DAY, DAY, step))
+    got, want = _rows(params), _rows(full)
+    assert got.keys() == want.keys()
+    for table in want:
+        assert got[table].keys() == want[table].keys(), table
+        for key, row in want[table].items():
+            np.testing.assert_array_equal(got[table][key], row)
 
 
 def test_apply_delta_refuses_deltas_out_of_order_and_damaged_files(chain, tmp_path):

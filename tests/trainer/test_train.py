@@ -336,3 +336,26 @@ def test_train_batches_in_process_trains_and_scores_as_the_job_does(ml_early, tm
     probs = warm.predict_batch(flat)
     assert probs.shape == (len(flat[0]),) and 0 < probs.min() and probs.max() < 1
     np.testing.assert_allclose(probs, saved, rtol=1e-4, atol=1e-5)
+
+
+def test_a_stream_model_cold_starts_from_a_daily_model_of_its_pipeline(ml_early, tmp_path):
+    # stream.cold_start_from: the stream's online tables (ev_params) have no rows in a daily
+    # model's checkpoint (hashed tables) and start empty; the dense layers carry over
+    daily = _small(ml_early, **{"train_config.num_steps": 5})
+    base = Trainer(_job(daily, tmp_path / "daily"))
+    base.train()
+    online = {
+        "train_config.num_steps": 5,
+        "model_config.ev_params": {"filter_freq": 0, "max_capacity": 4096},
+        "train_config.optimizer_config": [{"lazy_adam_optimizer": {}}, {"adam_optimizer": {}}],
+        "train_config.fine_tune_checkpoint": str(tmp_path / "daily"),
+    }
+    stream = Trainer(_job(_small(ml_early, **online), tmp_path / "stream"))
+    result = stream.train()
+    report = result.fine_tune
+    dense = [n for n in base.variables if "/dnn/" in n or "/logit/" in n]
+    assert len(dense) >= 4 and report["restored"] >= len(dense), report
+    # the online tables' clock is the stream's own; it starts at its beginning
+    assert set(report["missing"]) == {"ev_clock/step", "ev_clock/day"} and report["shape_mismatch"] == []
+    assert "online_rows_restored" not in report  # the daily model has no online rows
+    assert result.global_step == 5 and np.isfinite(result.loss)
