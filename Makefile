@@ -47,10 +47,13 @@ lint: setup
 bench: setup
 	$(VENV)/python bench/feature_prep.py
 	$(VENV)/python bench/train_throughput.py
+	$(VENV)/python docs/hooks/render.py
 
 lock:
 	$(VENV)/python -m pip freeze --all --exclude-editable | grep -viE '^(horovod|recpipe)==' \
 	  | cat <(head -2 requirements.lock) - > requirements.lock.new && mv requirements.lock.new requirements.lock
 
+# the pages' figures and references written from their sources, then the site
 docs: setup
+	$(VENV)/python docs/hooks/render.py
 	$(VENV)/mkdocs build --strict

@@ -1,5 +1,6 @@
 """The docs: README is a front page whose layout table matches the tree, and the reference in
-docs/ builds with MkDocs, every broken link or anchor an error."""
+docs/ builds with MkDocs, every broken link or anchor an error, and every page's generated
+part (figures, config and command references) equal to what its source gives today."""
 
 from __future__ import annotations
 
@@ -62,13 +63,19 @@ def test_a_figure_is_quoted_from_its_benchs_results_file_and_a_wrong_one_fails_t
     from figures import RESULTS, render
 
     doc = json.loads((RESULTS / "push.json").read_text())
-    text = render("push: {{ fig push figures.push.wall_vs_floor .2f }}x ({{ source push }})", "a.md")
-    assert text.startswith(f"push: {doc['figures']['push']['wall_vs_floor']:.2f}x (`python bench/push.py")
-    assert render("{{ fig model_classes goals.din_vs_deepfm met }}", "a.md") in ("met", "**not met**")
+    # the page holds the value (GitHub shows it); rendering writes it anew from the file
+    page = 'push: <span data-fig="push figures.push.wall_vs_floor .2f">9.99</span>x'
+    page += ' (<span data-source="push"></span>)'
+    text = render(page, "a.md")
+    figure = f"{doc['figures']['push']['wall_vs_floor']:.2f}"
+    assert text.startswith(f'push: <span data-fig="push figures.push.wall_vs_floor .2f">{figure}</span>x')
+    assert '(<span data-source="push">`python bench/push.py' in text and render(text, "a.md") == text
+    met = render('<span data-fig="model_classes goals.din_vs_deepfm met"></span>', "a.md")
+    assert met.split(">", 1)[1].removesuffix("</span>") in ("met", "**not met**")
     with pytest.raises(PluginError, match="a.md: bench/results/push.json has no 'figures.nothing'"):
-        render("{{ fig push figures.nothing }}", "a.md")
+        render('<span data-fig="push figures.nothing"></span>', "a.md")
     with pytest.raises(PluginError, match="a.md: no results file bench/results/none.json"):
-        render("{{ fig none x }}", "a.md")
+        render('<span data-fig="none x"></span>', "a.md")
 
 
 def test_the_config_reference_is_the_codes_and_a_page_naming_a_missing_field_fails():
@@ -87,13 +94,14 @@ def test_the_config_reference_is_the_codes_and_a_page_naming_a_missing_field_fai
 
     fine = "`train_config.num_steps`, `gate.window_days=3`, `timeouts.tasks.train`, `gate.p_value`, `gate.py`"
     assert render(fine, "a.md") == fine
-    assert "### ClusterConfig" in render("{{ config_reference cluster }}", "a.md")
+    block = "<!-- config_reference cluster -->\n<!-- /config_reference -->"
+    assert "### ClusterConfig" in render(block, "a.md")
     with pytest.raises(
         PluginError, match=r"a.md: no such config field: feature_config.features\[0\].embeding_dim"
     ):
         render("set `feature_config.features[0].embeding_dim`", "a.md")
     with pytest.raises(PluginError, match="config_reference 'model'"):
-        render("{{ config_reference model }}", "a.md")
+        render("<!-- config_reference model -->\n<!-- /config_reference -->", "a.md")
 
 
 def test_the_cli_reference_is_the_parsers_help_and_a_page_naming_a_missing_flag_fails():
@@ -104,7 +112,7 @@ def test_the_cli_reference_is_the_parsers_help_and_a_page_naming_a_missing_flag_
     from cli import commands, render
 
     assert {("train",), ("serve", "push"), ("champion", "rollback"), ("runs", "compare")} <= set(commands())
-    page = render("{{ cli_help }}", "a.md")
+    page = render("<!-- cli_help -->\n<!-- /cli_help -->", "a.md")
     assert "### recpipe serve push" in page and "--section.field=value" in page
     # flags of the command named, overrides of config fields with '='
     fine = "`recpipe train --pipeline_config_path c.yaml --train_ds=1997-09-20 --train_config.num_steps=5`"

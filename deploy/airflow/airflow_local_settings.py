@@ -7,7 +7,7 @@ every recpipe task imports: its DAG file's (the Spark provider's ``SparkSubmitOp
 module imports the Kubernetes client) and MLflow's client, SciPy's statistics and pyarrow's
 Parquet, which the operators import when they run. A task forked from such a process starts
 with them loaded: about 1.4 s (the DAG file) to 3.5 s (the gate) of every task on the
-development machine (issue 40: the DAG's overhead over its jobs). The API server and the
+development machine (bench/pass_latency.py: the DAG's overhead over its jobs). The API server and the
 triggerer import nothing more. Neither TensorFlow nor Spark is imported here: the jobs run
 them in processes of their own.
 

@@ -1,10 +1,12 @@
 """MkDocs hook: the ``recpipe`` command's reference from its own parsers, and no page naming a
 flag the command lacks.
 
-``{{ cli_help }}`` is replaced by every command's and subcommand's ``--help`` output (the
-parsers' own text, run once per build). A ``recpipe <command> [<subcommand>] ... --flag``
-written in a page (a code block's line or inline code) must name a flag that command's help
-lists; ``--section.field=value`` overrides are config fields (``docs/hooks/reference.py``).
+The block between ``<!-- cli_help -->`` and ``<!-- /cli_help -->`` holds every command's and
+subcommand's ``--help`` output (the parsers' own text), written by ``python
+docs/hooks/render.py``; the (strict) build fails on a page whose block differs from it. A
+``recpipe <command> [<subcommand>] ... --flag`` written in a page (a code block's line or
+inline code) must name a flag that command's help lists; ``--section.field=value`` overrides
+are config fields (``docs/hooks/reference.py``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from recpipe.config.overrides import SECTIONS  # noqa: E402  (what --name=value may name)
 
-_TAG = re.compile(r"\{\{\s*cli_help\s*\}\}")
+_BLOCK = re.compile(r"<!-- cli_help -->\n.*?<!-- /cli_help -->", re.S)
 _CHOICES = re.compile(r"^positional arguments:\n\s+\{([\w,-]+)\}", re.M)
 _FLAG = re.compile(r"(?<![\w-])(--[a-z][\w-]*)(?![\w.])")
 _OPTION = re.compile(r"^\s{2,}(?:-\w, )?(--[a-z][\w-]*)", re.M)
@@ -97,19 +99,26 @@ def check_flags(markdown_text: str, page: str) -> None:
 
 
 def render(markdown_text: str, page: str) -> str:
-    """``markdown_text`` with ``{{ cli_help }}`` replaced, once its commands' flags are checked.
+    """``markdown_text`` with its ``cli_help`` block written anew, once its commands' flags
+    are checked.
 
     Raises:
         PluginError: as ``check_flags``.
     """
     check_flags(markdown_text, page)
-    if not _TAG.search(markdown_text):
+    if not _BLOCK.search(markdown_text):
         return markdown_text
     parts = [f"### recpipe\n\n```text\n{help_text(()).rstrip()}\n```\n"]
     for command in commands():
         parts.append(f"### recpipe {' '.join(command)}\n\n```text\n{help_text(command).rstrip()}\n```\n")
-    return _TAG.sub(lambda _: "\n".join(parts), markdown_text)
+    block = "<!-- cli_help -->\n\n" + "\n".join(parts) + "\n<!-- /cli_help -->"
+    return _BLOCK.sub(lambda _: block, markdown_text)
 
 
 def on_page_markdown(markdown, page, config, files):
-    return render(markdown, page.file.src_path)
+    if render(markdown, page.file.src_path) != markdown:
+        raise PluginError(
+            f"{page.file.src_path}: its command reference differs from the parsers' help: "
+            "run python docs/hooks/render.py"
+        )
+    return markdown

@@ -1,11 +1,13 @@
 """MkDocs hook: a page quotes a benchmark's figure from the results file the bench wrote, so a
-figure has one source.
+figure has one source, and the page holds the figure itself (readable where it is read, on
+GitHub too).
 
-``{{ fig NAME PATH [FORMAT] }}`` in a page is replaced by the value at ``PATH`` (dotted keys,
+``<span data-fig="NAME PATH [FORMAT]">VALUE</span>`` holds the value at ``PATH`` (dotted keys,
 or a list's index) of ``bench/results/NAME.json``, formatted by ``FORMAT`` (a ``format()`` spec
 such as ``.2f`` or ``,.0f``, or ``met`` for a goal's true / false; default: as it is; a null
-value is ``-``). ``{{ source NAME }}`` gives the file's command, commit, machine and date. A
-missing file or key fails the (strict) build, naming the page.
+value is ``-``). ``<span data-source="NAME">...</span>`` holds the file's command, commit,
+machine and date. ``python docs/hooks/render.py`` writes the values; the (strict) build fails
+on a page whose values differ from the files', and on a missing file or key, naming the page.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from pathlib import Path
 from mkdocs.exceptions import PluginError
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
-_TAG = re.compile(r"\{\{\s*(fig|source)\s+([\w-]+)(?:\s+([\w.-]+))?(?:\s+([\w.,%+-]+))?\s*\}\}")
+_SPAN = re.compile(r'<span data-(fig|source)="([^"]*)">(.*?)</span>')
+_ARGS = re.compile(r"([\w-]+)(?:\s+([\w.-]+))?(?:\s+([\w.,%+-]+))?")
 
 
 def _load(name: str, page: str) -> dict:
@@ -39,29 +42,47 @@ def _value(doc: dict, dotted: str, name: str, page: str):
     return value
 
 
-def render(markdown: str, page: str) -> str:
-    """``markdown`` with every ``{{ fig ... }}`` / ``{{ source ... }}`` replaced.
+def value(kind: str, args: str, page: str) -> str:
+    """The text of a ``data-fig`` / ``data-source`` span with arguments ``args``.
 
     Raises:
-        PluginError: a results file or key that does not exist (names ``page``).
+        PluginError: malformed arguments, a results file or key that does not exist (names
+            ``page``).
     """
+    parsed = _ARGS.fullmatch(args.strip())
+    if parsed is None:
+        raise PluginError(f"{page}: data-{kind}={args!r}: give NAME [PATH [FORMAT]]")
+    name, dotted, spec = parsed.groups()
+    doc = _load(name, page)
+    if kind == "source":
+        return f"`{doc['command']}`, commit {doc['commit']}, {doc['machine']}, {doc['date']}"
+    if dotted is None:
+        raise PluginError(f"{page}: data-fig={args!r} names no figure")
+    found = _value(doc, dotted, name, page)
+    if found is None:  # a figure the bench could not take (a quiet pass's AUC)
+        return "-"
+    if spec == "met":
+        return "met" if found else "**not met**"
+    return format(found, spec) if spec else str(found)
 
-    def one(match: re.Match) -> str:
-        kind, name, dotted, spec = match.groups()
-        doc = _load(name, page)
-        if kind == "source":
-            return f"`{doc['command']}`, commit {doc['commit']}, {doc['machine']}, {doc['date']}"
-        if dotted is None:
-            raise PluginError(f"{page}: {{{{ fig {name} }}}} names no figure")
-        value = _value(doc, dotted, name, page)
-        if value is None:  # a figure the bench could not take (a quiet pass's AUC)
-            return "-"
-        if spec == "met":
-            return "met" if value else "**not met**"
-        return format(value, spec) if spec else str(value)
 
-    return _TAG.sub(one, markdown)
+def span(kind: str, args: str, page: str) -> str:
+    """A whole span, value included."""
+    return f'<span data-{kind}="{args}">{value(kind, args, page)}</span>'
+
+
+def render(markdown: str, page: str) -> str:
+    """``markdown`` with every figure span's value written anew.
+
+    Raises:
+        PluginError: as ``value``.
+    """
+    return _SPAN.sub(lambda m: span(m.group(1), m.group(2), page), markdown)
 
 
 def on_page_markdown(markdown, page, config, files):
-    return render(markdown, page.file.src_path)
+    if render(markdown, page.file.src_path) != markdown:
+        raise PluginError(
+            f"{page.file.src_path}: its figures differ from bench/results: run python docs/hooks/render.py"
+        )
+    return markdown

@@ -1,7 +1,9 @@
 """MkDocs hook: the config reference from the code, and no page naming a field the code lacks.
 
-``{{ config_reference KIND }}`` (``pipeline``, ``retrain``, ``cluster``) is replaced by that
-config's tables (``recpipe.config.reference.markdown``). Every inline-code dotted name that
+A block between ``<!-- config_reference KIND -->`` and ``<!-- /config_reference -->`` (``KIND``:
+``pipeline``, ``retrain``, ``cluster``) holds that config's tables
+(``recpipe.config.reference.markdown``), written by ``python docs/hooks/render.py``; the
+(strict) build fails on a page whose tables differ from the code's. Every inline-code dotted name that
 starts with a config section (`` `train_config.num_steps` ``, `` `gate.window_days=3` ``;
 list selectors such as ``[0]`` ignored) must be a field: a misspelt or removed one fails the
 (strict) build, naming the page.
@@ -19,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from recpipe.config.reference import ROOTS, field_paths, markdown  # noqa: E402
 
-_TAG = re.compile(r"\{\{\s*config_reference\s+(\w+)\s*\}\}")
+_BLOCK = re.compile(r"<!-- config_reference (\w+) -->\n.*?<!-- /config_reference -->", re.S)
 _CODE = re.compile(r"`([A-Za-z_]\w*(?:\[[^\]`]*\])?(?:\.\w+(?:\[[^\]`]*\])?)+)(?:[:=][^`]*)?`")
 _FILE = re.compile(r"\.(py|md|ya?ml|json|txt|sh|jsonl|csv)$")
 # the gate's figures as the parent run's metrics (operators/register.py), not fields
@@ -52,7 +54,7 @@ def check_fields(markdown_text: str, page: str) -> None:
 
 
 def render(markdown_text: str, page: str) -> str:
-    """``markdown_text`` with each ``{{ config_reference KIND }}`` replaced, once its field
+    """``markdown_text`` with each config reference block written anew, once its field
     names are checked.
 
     Raises:
@@ -64,10 +66,15 @@ def render(markdown_text: str, page: str) -> str:
         kind = match.group(1)
         if kind not in ROOTS:
             raise PluginError(f"{page}: config_reference {kind!r}: one of {sorted(ROOTS)}")
-        return markdown(kind)
+        return f"<!-- config_reference {kind} -->\n\n{markdown(kind).strip()}\n\n<!-- /config_reference -->"
 
-    return _TAG.sub(one, markdown_text)
+    return _BLOCK.sub(one, markdown_text)
 
 
 def on_page_markdown(markdown, page, config, files):
-    return render(markdown, page.file.src_path)
+    if render(markdown, page.file.src_path) != markdown:
+        raise PluginError(
+            f"{page.file.src_path}: its config reference differs from the code's: "
+            "run python docs/hooks/render.py"
+        )
+    return markdown

@@ -1,0 +1,56 @@
+"""``python docs/hooks/render.py [--check]``: write into docs/*.md the parts generated from one
+source each: benchmark figures (``figures.py``, from bench/results/), the config reference
+(``reference.py``, from the code) and the command reference (``cli.py``, from the parsers),
+so that a page reads the same on GitHub as on the site. ``--check`` writes nothing and exits 1
+naming each page that differs (the strict MkDocs build fails on it too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+HOOKS = Path(__file__).resolve().parent
+DOCS = HOOKS.parent
+sys.path.insert(0, str(HOOKS))
+
+import cli  # noqa: E402
+import figures  # noqa: E402
+import reference  # noqa: E402
+
+
+def rendered(text: str, page: str) -> str:
+    """``text`` (the page ``page``) with every generated part written anew.
+
+    Raises:
+        mkdocs.exceptions.PluginError: a missing results file or key, an unknown config field
+            or flag (names ``page``).
+    """
+    for hook in (figures, reference, cli):
+        text = hook.render(text, page)
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python docs/hooks/render.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if a page differs")
+    args = parser.parse_args(argv)
+    stale = []
+    for path in sorted(DOCS.glob("*.md")):
+        text = path.read_text()
+        fresh = rendered(text, path.name)
+        if fresh != text:
+            stale.append(path.name)
+            if not args.check:
+                tmp = path.with_suffix(".md.tmp")
+                tmp.write_text(fresh)
+                tmp.replace(path)
+    if stale:
+        verb = "differ from their sources: run python docs/hooks/render.py" if args.check else "written"
+        print(f"docs/{', docs/'.join(stale)}: {verb}", file=sys.stderr)
+    return 1 if stale and args.check else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
