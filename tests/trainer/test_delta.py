@@ -84,6 +84,16 @@ def _rows(params) -> dict[str, dict[int, np.ndarray]]:
     }
 
 
+def _assert_same_rows(params, full) -> None:
+    """Every table holds the same ids with the same rows in both."""
+    got, want = _rows(params), _rows(full)
+    assert got.keys() == want.keys()
+    for table in want:
+        assert got[table].keys() == want[table].keys(), table
+        for key, row in want[table].items():
+            np.testing.assert_array_equal(got[table][key], row)
+
+
 def test_deltas_hold_the_touched_rows_and_the_evicted_ids(chain):
     manifests = chain["manifests"]
     assert sorted(manifests) == ["base", "delta-19", "delta-20"]
@@ -111,12 +121,7 @@ def test_base_plus_deltas_equals_a_full_export_at_the_same_step(chain, tmp_path)
     for name in ("delta-19", "delta-20"):
         params = apply(params, read_params(exports / name))
     full = read_params(chain["full"])
-    got, want = _rows(params), _rows(full)
-    assert got.keys() == want.keys()
-    for table in want:
-        assert got[table].keys() == want[table].keys(), table
-        for key, row in want[table].items():
-            np.testing.assert_array_equal(got[table][key], row)
+    _assert_same_rows(params, full)
     assert params.dense.keys() == full.dense.keys()
     for name, value in full.dense.items():
         np.testing.assert_array_equal(params.dense[name], value)
@@ -156,13 +161,8 @@ def test_a_pass_started_again_from_another_model_rebases_the_days_chain(chain, t
     params = read_params(exports / "base")
     for name in ("delta-19", "delta-20", "delta-21"):
         params = apply(params, read_params(exports / name))
-    full = read_params(export_base(config, model, norm, tmp_path / "full" / DAY, DAY, step))
-    got, want = _rows(params), _rows(full)
-    assert got.keys() == want.keys()
-    for table in want:
-        assert got[table].keys() == want[table].keys(), table
-        for key, row in want[table].items():
-            np.testing.assert_array_equal(got[table][key], row)
+    full = export_base(config, model, norm, tmp_path / "full" / DAY, DAY, step)
+    _assert_same_rows(params, read_params(full))
 
 
 def test_apply_delta_refuses_deltas_out_of_order_and_damaged_files(chain, tmp_path):
