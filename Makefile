@@ -3,6 +3,7 @@ SHELL := /bin/bash
 VENV := .venv/bin
 DEMO_DAYS ?= 7
 STREAM_DAYS ?= 1
+STREAM_DAY ?= 1997-09-22
 PASS_MINUTES ?= 60
 
 .PHONY: setup test demo demo-stream data data-hourly lock lint bench airflow mlflow docs
@@ -24,9 +25,10 @@ demo: data
 
 # Replayed days of hourly passes through recpipe_stream_retrain (needs Redis on 127.0.0.1):
 # STREAM_DAYS=3 for the multi-day run (a table of each day's close at the end); PASS_MINUTES=15
-# for passes of 15 minutes (its own model and DAG, recpipe_stream_retrain_15min)
+# for passes of 15 minutes (its own model and DAG, recpipe_stream_retrain_15min); STREAM_DAY=1997-09-27
+# after `make demo`: the stream's first day starts from the daily model's champion
 demo-stream: data-hourly
-	$(VENV)/python scripts/demo_stream.py --days $(STREAM_DAYS) --pass_minutes $(PASS_MINUTES)
+	$(VENV)/python scripts/demo_stream.py --day $(STREAM_DAY) --days $(STREAM_DAYS) --pass_minutes $(PASS_MINUTES)
 
 airflow: setup
 	@scripts/airflow_up.sh
