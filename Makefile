@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV := .venv/bin
 DEMO_DAYS ?= 7
 STREAM_DAYS ?= 1
-STREAM_DAY ?= 1997-09-22
+STREAM_DAY ?= 1997-09-27
 PASS_MINUTES ?= 60
 
 .PHONY: setup test demo demo-stream data data-hourly lock lint bench airflow mlflow docs
@@ -25,8 +25,8 @@ demo: data
 
 # Replayed days of hourly passes through recpipe_stream_retrain (needs Redis on 127.0.0.1):
 # STREAM_DAYS=3 for the multi-day run (a table of each day's close at the end); PASS_MINUTES=15
-# for passes of 15 minutes (its own model and DAG, recpipe_stream_retrain_15min); STREAM_DAY=1997-09-27
-# after `make demo`: the stream's first day starts from the daily model's champion
+# for passes of 15 minutes (its own model and DAG, recpipe_stream_retrain_15min). After `make demo`
+# the stream's first day (STREAM_DAY, the day after the daily demo's) starts from its champion
 demo-stream: data-hourly
 	$(VENV)/python scripts/demo_stream.py --day $(STREAM_DAY) --days $(STREAM_DAYS) --pass_minutes $(PASS_MINUTES)
 

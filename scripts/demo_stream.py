@@ -44,7 +44,8 @@ JOBS = ("prepare_features", "evaluate_pass", "train", "export")
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--day", default="1997-09-22", help="the replayed day (default: a busy one)")
+    # a busy day after make demo's 7 days, so that its champion can be the stream's start
+    parser.add_argument("--day", default="1997-09-27", help="the replayed day (default: a busy one)")
     parser.add_argument("--days", type=int, default=1, help="consecutive days from --day")
     parser.add_argument("--hours", type=int, default=24, help="hours of passes a day, from 00:00")
     parser.add_argument(
