@@ -101,8 +101,9 @@ class ProgressiveEvalOperator(EvalOperator):
 
         root = confine(self.previous_in, "previous_in")
         registered = self.model_name and (self.hook, self.model_name, self.alias)
-        ds, cold = str(self.eval_ds), self.cold_start_from
-        found, why = source(root, ds, None, registered, previous_pass=True, cold_start_from=cold)
+        found, why = source(
+            root, str(self.eval_ds), None, registered, True, cold_start_from=self.cold_start_from
+        )
         if found is None:
             return None, f"no model to start {self.eval_ds} from ({why})"
         return str(found), f"the model of pass {partition_ds(found)} ({why})"

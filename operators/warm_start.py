@@ -52,14 +52,6 @@ def source(
             (names the version and the way out), rather than a silent fallback.
     """
     own = model_dir.resolve() if model_dir is not None else None
-
-    def usable(version) -> Path | None:
-        path, day = version.tags.get("model_dir"), version.tags.get("ds", "")
-        # a model of the pass's own day trained on its rows: never a start for one of its passes
-        if not path or not day or day >= day_of(ds) or not is_finished(path):
-            return None
-        return None if Path(path).resolve() == own else Path(path)
-
     champion = None
     if registered:
         hook, model_name, alias = registered
@@ -67,29 +59,39 @@ def source(
     if previous_pass:
         today = [p for p in finished_model_dirs(root, before=ds) if day_of(partition_ds(p)) == day_of(ds)]
         if today and today[-1].resolve() != own:
-            started = day_root(today[-1])
-            held = usable(champion) if champion is not None else None
-            if started is None or held is None or started == held.resolve():
+            held = _usable(champion, ds, own) if champion is not None else None
+            # the day's chain is walked back only when there is a champion to compare it with
+            started = day_root(today[-1]) if held is not None else None
+            if started is None or started == held.resolve():
                 return today[-1], "the day's previous pass"
             return held, (
                 f"{alias} version {champion.version}: the day's passes so far descend from "
                 f"{started}, which is no longer the {alias}; the day starts again from it"
             )
 
-    found, why = _registered_or_newest(root, ds, own, registered, champion, usable)
+    found, why = _registered_or_newest(root, ds, own, registered, champion)
     if found is None and cold_start_from and registered:
         hook, _, alias = registered
         other = hook.champion(cold_start_from, alias)
-        if other is not None and (start := usable(other)):
+        if other is not None and (start := _usable(other, ds, own)):
             return start, f"{cold_start_from} {alias} version {other.version} (a cold start: {why})"
     return found, why
 
 
-def _registered_or_newest(root: Path, ds: str, own, registered, champion, usable) -> tuple[Path | None, str]:
+def _usable(version, ds: str, own: Path | None) -> Path | None:
+    """``version``'s model dir when it is a start for ``ds``: tagged, finished, not ``own``,
+    and dated before ``ds``'s day (a model of a pass's own day trained on its rows)."""
+    path, day = version.tags.get("model_dir"), version.tags.get("ds", "")
+    if not path or not day or day >= day_of(ds) or not is_finished(path):
+        return None
+    return None if Path(path).resolve() == own else Path(path)
+
+
+def _registered_or_newest(root: Path, ds: str, own, registered, champion) -> tuple[Path | None, str]:
     """Rules 2 and 3 of ``source``."""
     if registered:
         hook, model_name, alias = registered
-        if champion is not None and (found := usable(champion)):
+        if champion is not None and (found := _usable(champion, ds, own)):
             return found, f"{alias} version {champion.version}"
         if champion is not None:
             path, day = champion.tags.get("model_dir"), champion.tags.get("ds", "")
@@ -104,7 +106,7 @@ def _registered_or_newest(root: Path, ds: str, own, registered, champion, usable
         versions = hook.versions(model_name)
         if versions:
             for version in versions:
-                if version.tags.get(PROMOTION) == PROMOTED and (found := usable(version)):
+                if version.tags.get(PROMOTION) == PROMOTED and (found := _usable(version, ds, own)):
                     return found, f"newest promoted version {version.version}"
             return None, f"no promoted version of {model_name} dated before {ds}"
     found = finished_model_dirs(root, before=ds)

@@ -1,5 +1,5 @@
-"""MkDocs hook: the ``recpipe`` command's reference from its own parsers, and no page naming a
-flag the command lacks.
+"""A part of docs/hooks/render.py: the ``recpipe`` command's reference from its own parsers,
+and no page naming a flag the command lacks.
 
 The block between ``<!-- cli_help -->`` and ``<!-- /cli_help -->`` holds every command's and
 subcommand's ``--help`` output (the parsers' own text), written by ``python
@@ -114,11 +114,3 @@ def render(markdown_text: str, page: str) -> str:
     block = "<!-- cli_help -->\n\n" + "\n".join(parts) + "\n<!-- /cli_help -->"
     return _BLOCK.sub(lambda _: block, markdown_text)
 
-
-def on_page_markdown(markdown, page, config, files):
-    if render(markdown, page.file.src_path) != markdown:
-        raise PluginError(
-            f"{page.file.src_path}: its command reference differs from the parsers' help: "
-            "run python docs/hooks/render.py"
-        )
-    return markdown

@@ -1,6 +1,6 @@
-"""MkDocs hook: a page quotes a benchmark's figure from the results file the bench wrote, so a
-figure has one source, and the page holds the figure itself (readable where it is read, on
-GitHub too).
+"""A part of docs/hooks/render.py: a page quotes a benchmark's figure from the results file
+the bench wrote, so a figure has one source, and the page holds the figure itself (readable
+where it is read, on GitHub too).
 
 ``<span data-fig="NAME PATH [FORMAT]">VALUE</span>`` holds the value at ``PATH`` (dotted keys,
 or a list's index) of ``bench/results/NAME.json``, formatted by ``FORMAT`` (a ``format()`` spec
@@ -79,10 +79,3 @@ def render(markdown: str, page: str) -> str:
     """
     return _SPAN.sub(lambda m: span(m.group(1), m.group(2), page), markdown)
 
-
-def on_page_markdown(markdown, page, config, files):
-    if render(markdown, page.file.src_path) != markdown:
-        raise PluginError(
-            f"{page.file.src_path}: its figures differ from bench/results: run python docs/hooks/render.py"
-        )
-    return markdown

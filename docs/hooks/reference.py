@@ -1,4 +1,5 @@
-"""MkDocs hook: the config reference from the code, and no page naming a field the code lacks.
+"""A part of docs/hooks/render.py: the config reference from the code, and no page naming a
+field the code lacks.
 
 A block between ``<!-- config_reference KIND -->`` and ``<!-- /config_reference -->`` (``KIND``:
 ``pipeline``, ``retrain``, ``cluster``) holds that config's tables
@@ -70,11 +71,3 @@ def render(markdown_text: str, page: str) -> str:
 
     return _BLOCK.sub(one, markdown_text)
 
-
-def on_page_markdown(markdown, page, config, files):
-    if render(markdown, page.file.src_path) != markdown:
-        raise PluginError(
-            f"{page.file.src_path}: its config reference differs from the code's: "
-            "run python docs/hooks/render.py"
-        )
-    return markdown

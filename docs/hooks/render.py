@@ -2,7 +2,10 @@
 source each: benchmark figures (``figures.py``, from bench/results/), the config reference
 (``reference.py``, from the code) and the command reference (``cli.py``, from the parsers),
 so that a page reads the same on GitHub as on the site. ``--check`` writes nothing and exits 1
-naming each page that differs (the strict MkDocs build fails on it too).
+naming each page that differs.
+
+As an MkDocs hook it fails the (strict) build on a page whose generated parts differ from
+their sources, naming the part, and on an unknown config field or flag.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+
+from mkdocs.exceptions import PluginError
 
 HOOKS = Path(__file__).resolve().parent
 DOCS = HOOKS.parent
@@ -19,6 +24,13 @@ import cli  # noqa: E402
 import figures  # noqa: E402
 import reference  # noqa: E402
 
+# each generated part: its renderer, and what the build says of a page it would change
+PARTS = (
+    (figures, "its figures differ from bench/results"),
+    (reference, "its config reference differs from the code's"),
+    (cli, "its command reference differs from the parsers' help"),
+)
+
 
 def rendered(text: str, page: str) -> str:
     """``text`` (the page ``page``) with every generated part written anew.
@@ -27,9 +39,16 @@ def rendered(text: str, page: str) -> str:
         mkdocs.exceptions.PluginError: a missing results file or key, an unknown config field
             or flag (names ``page``).
     """
-    for hook in (figures, reference, cli):
-        text = hook.render(text, page)
+    for part, _ in PARTS:
+        text = part.render(text, page)
     return text
+
+
+def on_page_markdown(markdown, page, config, files):
+    for part, differs in PARTS:
+        if part.render(markdown, page.file.src_path) != markdown:
+            raise PluginError(f"{page.file.src_path}: {differs}: run python docs/hooks/render.py")
+    return markdown
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -85,26 +85,22 @@ def _unquote(token: _Token, source: str) -> str:
         if nxt in _ESCAPES:
             out.append(_ESCAPES[nxt])
             i += 2
-        elif nxt in "01234567":
-            digits = re.match(r"[0-7]{1,3}", body[i + 1 :]).group()
-            out.append(chr(int(digits, 8)))
-            i += 1 + len(digits)
-        elif nxt in "xX" and re.match(r"[0-9a-fA-F]{1,2}", body[i + 2 :]):
-            digits = re.match(r"[0-9a-fA-F]{1,2}", body[i + 2 :]).group()
-            out.append(chr(int(digits, 16)))
-            i += 2 + len(digits)
+        elif octal := re.match(r"[0-7]{1,3}", body[i + 1 :]):
+            out.append(chr(int(octal.group(), 8)))
+            i += 1 + octal.end()
+        elif nxt in "xX" and (hexa := re.match(r"[0-9a-fA-F]{1,2}", body[i + 2 :])):
+            out.append(chr(int(hexa.group(), 16)))
+            i += 2 + hexa.end()
         else:
             raise ConfigError(f"{source}:{token.line}:{token.column}: unknown escape \\{nxt} in a string")
     return "".join(out)
 
 
 def _number(text: str) -> int | float:
-    body = text.rstrip("fF") if not text.lower().startswith(("0x", "-0x", "+0x")) else text
-    if re.fullmatch(r"[-+]?0[xX][0-9a-fA-F]+", body):
-        return int(body, 16)
-    if re.fullmatch(r"[-+]?\d+", body):
-        return int(body)
-    return float(body)
+    if re.fullmatch(r"[-+]?0[xX][0-9a-fA-F]+", text):
+        return int(text, 16)
+    body = text.rstrip("fF")  # a float's suffix (a hex digit above)
+    return int(body) if re.fullmatch(r"[-+]?\d+", body) else float(body)
 
 
 class _Parser:
