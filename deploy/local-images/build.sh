@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Builds the images docker-compose.yaml names where Docker Hub cannot be reached, from
+# Debian's packages alone, then the project's image:
+#   recpipe-local/debian:bookworm   debootstrap's minimal Debian 12, imported
+#   postgres:15, redis:7            stand-ins with the official images' names and contract
+#   recpipe-local/python:3.11       Debian's Python 3.11, the project image's base
+#   recpipe:latest                  ./Dockerfile on that base, with this machine's CA
+#                                   certificates and a wheelhouse of requirements.lock
+# Images already present are kept (--force rebuilds the stand-ins). Run as root, from the
+# checkout: deploy/local-images/build.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+say() { echo "local-images: $*" >&2; }
+force=0
+[ "${1:-}" = --force ] && force=1
+MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+# builds reach the package indexes on the host's network: the compose bridge has no NAT
+# when dockerd runs with --iptables=false (docs/deployment.md)
+build() { docker build --network host "$@"; }
+have() { [ "$force" = 0 ] && docker image inspect "$1" >/dev/null 2>&1; }
+
+if ! have recpipe-local/debian:bookworm; then
+  say "debootstrap bookworm (about a minute)"
+  root="$(mktemp -d)"
+  trap 'rm -rf "$root"' EXIT
+  debootstrap --variant=minbase bookworm "$root" "$MIRROR" >/dev/null
+  cat > "$root/etc/apt/sources.list" <<LIST
+deb $MIRROR bookworm main
+deb $MIRROR bookworm-updates main
+deb ${MIRROR%/debian}/debian-security bookworm-security main
+LIST
+  # images keep no apt caches or docs
+  rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
+  tar -C "$root" -c . | docker import - recpipe-local/debian:bookworm >/dev/null
+  rm -rf "$root"
+  trap - EXIT
+fi
+for name in postgres:15 redis:7 recpipe-local/python:3.11; do
+  dir="deploy/local-images/$(echo "$name" | sed 's#recpipe-local/##; s#:.*##')"
+  have "$name" || { say "building $name"; build -q -t "$name" "$dir" >/dev/null; }
+done
+
+# The project image's optional inputs (both git-ignored): public CA certificates that the
+# package indexes' TLS needs here, and wheels, so that its build needs no index at all.
+mkdir -p deploy/ca-certificates deploy/wheelhouse
+for crt in /usr/local/share/ca-certificates/*.crt; do
+  [ -e "$crt" ] && cp -u "$crt" deploy/ca-certificates/
+done
+if [ -x .venv/bin/python ]; then
+  say "filling deploy/wheelhouse from requirements.lock (the pip cache answers repeats)"
+  for lock in requirements.lock requirements-spark-client.lock; do  # (their protobufs differ)
+    .venv/bin/python -m pip download -q --no-deps -d deploy/wheelhouse -r "$lock"
+  done
+  cp -u "$(find "${PIP_CACHE_DIR:-$HOME/.cache/pip}/wheels" -name 'horovod-0.28.1-*.whl' | head -1)" \
+    deploy/wheelhouse/ 2>/dev/null || say "no horovod wheel in pip's cache: the image builds it (3-4 minutes)"
+fi
+say "building recpipe:latest"
+build -t recpipe:latest --build-arg PYTHON_IMAGE=recpipe-local/python:3.11 \
+  --build-arg GIT_COMMIT="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" .
+say "done: docker compose up -d"
