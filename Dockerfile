@@ -46,6 +46,8 @@ COPY --from=build /opt/venv /opt/venv
 COPY --from=build /opt/spark-client /opt/spark-client
 COPY --from=build /opt/recpipe /opt/recpipe
 WORKDIR /opt/recpipe
+# the configs' relative var/ paths (runs_dir, export_dir, model_dir) land on the state volume
+RUN ln -s /var/lib/recpipe /opt/recpipe/var
 ARG GIT_COMMIT=unknown
 ENV PATH=/opt/venv/bin:$PATH \
     RECPIPE_HOME=/opt/recpipe \

@@ -64,6 +64,8 @@ class Api:
     Args:
         base: the api-server's URL, e.g. ``http://127.0.0.1:8080``.
         airflow_home: where the simple auth manager writes its generated passwords.
+        password: the admin's password, where it is set rather than generated (a
+            deployment's ``AIRFLOW_ADMIN_PASSWORD``).
 
     Attributes:
         dags, dag_runs, task_instances_api, backfills, xcoms, pools, import_errors_api: the
@@ -71,9 +73,10 @@ class Api:
             the methods below do not cover.
     """
 
-    def __init__(self, base: str, airflow_home: Path):
+    def __init__(self, base: str, airflow_home: Path | None = None, password: str | None = None):
         self.base = base
-        self.home = Path(airflow_home)
+        self.home = Path(airflow_home) if airflow_home is not None else None
+        self.password = password
         self.token: str | None = None
         self.config = Configuration(host=base)
         client = ApiClient(self.config)
@@ -92,11 +95,10 @@ class Api:
         Raises:
             urllib.error.URLError, KeyError, FileNotFoundError: still failing at the deadline.
         """
-        passwords = self.home / "simple_auth_manager_passwords.json.generated"
         deadline = time.monotonic() + timeout
         while True:
             try:
-                body = {"username": "admin", "password": json.loads(passwords.read_text())["admin"]}
+                body = {"username": "admin", "password": self.password or self._generated_password()}
                 req = urllib.request.Request(
                     self.base + "/auth/token", data=json.dumps(body).encode(), method="POST"
                 )
@@ -115,6 +117,12 @@ class Api:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(2)
+
+    def _generated_password(self) -> str:
+        if self.home is None:
+            raise ValueError("Api needs airflow_home or password")
+        passwords = self.home / "simple_auth_manager_passwords.json.generated"
+        return json.loads(passwords.read_text())["admin"]
 
     def import_errors(self) -> dict[str, str]:
         """The DAG files that failed to import: ``{file name: its error}`` (the UI's Import

@@ -1,0 +1,156 @@
+"""A Docker engine for the compose test and ``deploy/local-images/build.sh``, kept off this
+machine's network rules (docs/deployment.md, "Docker on a shared host").
+
+An engine that already answers on ``DOCKER_HOST`` (or the default socket) is used as it is.
+Otherwise ``engine()`` starts a dockerd of its own: no iptables rules (``--iptables=false``:
+dockerd would set the FORWARD policy to DROP, which cuts the test hosts' bridges), no IP
+forwarding, its bridges in 203.0.113.128/25 (documentation addresses no test host uses; never
+the machine's own 192.0.2.0/24), its images under ``/var/lib/recpipe-docker`` so that layers
+are cached from run to run. On exit it stops that dockerd, deletes the bridge it left and puts
+back the sysctls and iptables rules it found.
+
+    python -m dev.dockerd -- deploy/local-images/build.sh    # a command with an engine
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+SOCKET = "/run/recpipe-docker/docker.sock"
+DATA_ROOT = Path("/var/lib/recpipe-docker")
+BRIDGE_IP = "203.0.113.129/28"
+ADDRESS_POOL = "base=203.0.113.128/25,size=28"
+SYSCTLS = ("net.ipv4.ip_forward", "net.bridge.bridge-nf-call-iptables")
+
+
+class EngineError(RuntimeError):
+    """No engine answers and none can be started here (not root, no dockerd)."""
+
+
+def answers(host: str | None = None, timeout: float = 10) -> bool:
+    """Whether a Docker engine answers at ``host`` (a ``DOCKER_HOST`` URL; None: the
+    environment's or the default socket)."""
+    env = {**os.environ, **({"DOCKER_HOST": host} if host else {})}
+    try:
+        done = subprocess.run(["docker", "info"], env=env, capture_output=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+def _sysctls() -> dict[str, str]:
+    out = {}
+    for name in SYSCTLS:
+        path = Path("/proc/sys") / name.replace(".", "/")
+        if path.exists():
+            out[name] = path.read_text().strip()
+    return out
+
+
+def _iptables() -> str | None:
+    if shutil.which("iptables-save") is None:
+        return None
+    return subprocess.run(["iptables-save"], capture_output=True, text=True).stdout
+
+
+def _strip_counters(rules: str | None) -> list[str]:
+    return [line for line in (rules or "").splitlines() if not line.startswith(("#", ":"))]
+
+
+def _restore(sysctls: dict[str, str], rules: str | None) -> None:
+    for name, value in sysctls.items():
+        path = Path("/proc/sys") / name.replace(".", "/")
+        if path.exists() and path.read_text().strip() != value:
+            path.write_text(value)
+    if rules is not None and _strip_counters(_iptables()) != _strip_counters(rules):
+        subprocess.run(["iptables-restore"], input=rules, text=True, check=False)
+    if Path("/sys/class/net/docker0").exists():
+        subprocess.run(["ip", "link", "del", "docker0"], check=False)
+
+
+@contextmanager
+def engine(start_timeout: float = 60) -> Iterator[dict[str, str]]:
+    """An engine for the block: yields the environment (``DOCKER_HOST``) that reaches it.
+
+    Raises:
+        EngineError: none answers and this process cannot start one (not root, or Debian's
+            ``docker.io`` not installed: ``apt-get install docker.io``), or the one started did
+            not answer within ``start_timeout`` seconds (its log's tail is in the message).
+    """
+    if answers():
+        yield {k: v for k, v in os.environ.items() if k == "DOCKER_HOST"}
+        return
+    dockerd = shutil.which("dockerd") or "/usr/sbin/dockerd"
+    if os.geteuid() != 0 or not os.path.exists(dockerd):
+        raise EngineError(
+            "no Docker engine answers, and only root with dockerd (Debian's docker.io) can start one"
+        )
+    sysctls, rules = _sysctls(), _iptables()
+    run_dir = Path(SOCKET).parent
+    run_dir.mkdir(parents=True, exist_ok=True)
+    DATA_ROOT.mkdir(parents=True, exist_ok=True)
+    host = f"unix://{SOCKET}"
+    log = open(run_dir / "dockerd.log", "ab")
+    proc = subprocess.Popen(
+        [
+            dockerd,
+            f"--host={host}",
+            f"--data-root={DATA_ROOT}",
+            f"--exec-root={run_dir / 'exec'}",
+            f"--pidfile={run_dir / 'dockerd.pid'}",
+            "--iptables=false",
+            "--ip-forward=false",
+            "--ip-masq=false",
+            f"--bip={BRIDGE_IP}",
+            f"--default-address-pool={ADDRESS_POOL}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + start_timeout
+        while not answers(host, timeout=5):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                tail = (run_dir / "dockerd.log").read_text(errors="replace")[-2000:]
+                raise EngineError(f"dockerd did not start (exit {proc.poll()}):\n{tail}")
+            time.sleep(0.5)
+        yield {"DOCKER_HOST": host}
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        log.close()
+        _restore(sysctls, rules)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m dev.dockerd -- COMMAND...``: run COMMAND with an engine, then stop it."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    if not argv:
+        print("usage: python -m dev.dockerd -- COMMAND [ARG...]", file=sys.stderr)
+        return 2
+    try:
+        with engine() as env:
+            return subprocess.run(argv, env={**os.environ, **env}).returncode
+    except EngineError as err:
+        print(f"dev.dockerd: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
