@@ -33,6 +33,7 @@ from airflow_client.client.api.backfill_api import BackfillApi
 from airflow_client.client.api.dag_api import DAGApi
 from airflow_client.client.api.dag_run_api import DagRunApi
 from airflow_client.client.api.import_error_api import ImportErrorApi
+from airflow_client.client.api.task_api import TaskApi
 from airflow_client.client.api.task_instance_api import TaskInstanceApi
 from airflow_client.client.api.x_com_api import XComApi
 from airflow_client.client.exceptions import ApiException, NotFoundException
@@ -87,6 +88,7 @@ class Api:
             XComApi(client),
         )
         self.import_errors_api = ImportErrorApi(client)
+        self.tasks_api = TaskApi(client)
 
     def login(self, timeout: float = 180) -> str:
         """Wait up to ``timeout`` seconds for the api-server and get a token (the simple auth
@@ -148,6 +150,10 @@ class Api:
     def dag(self, dag_id: str) -> dict:
         """The DAG (``is_paused``, ...)."""
         return _plain(self.dags.get_dag(dag_id))
+
+    def task_ids(self, dag_id: str) -> set[str]:
+        """The ids of the DAG's tasks as the API server has it parsed now."""
+        return {t.task_id for t in self.tasks_api.get_tasks(dag_id).tasks}
 
     def set_paused(self, dag_id: str, paused: bool) -> None:
         self.dags.patch_dag(dag_id, DAGPatchBody(is_paused=paused))

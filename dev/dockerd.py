@@ -76,6 +76,17 @@ def _restore(sysctls: dict[str, str], rules: str | None) -> None:
         subprocess.run(["ip", "link", "del", "docker0"], check=False)
 
 
+def can_start() -> str | None:
+    """None when an engine answers or this process can start one; else why not."""
+    if answers():
+        return None
+    if os.geteuid() != 0:
+        return "no Docker engine answers, and only root can start one"
+    if not os.path.exists(shutil.which("dockerd") or "/usr/sbin/dockerd"):
+        return "no Docker engine answers, and dockerd is not installed (apt-get install docker.io)"
+    return None
+
+
 @contextmanager
 def engine(start_timeout: float = 60) -> Iterator[dict[str, str]]:
     """An engine for the block: yields the environment (``DOCKER_HOST``) that reaches it.
@@ -88,11 +99,10 @@ def engine(start_timeout: float = 60) -> Iterator[dict[str, str]]:
     if answers():
         yield {k: v for k, v in os.environ.items() if k == "DOCKER_HOST"}
         return
+    why = can_start()
+    if why:
+        raise EngineError(why)
     dockerd = shutil.which("dockerd") or "/usr/sbin/dockerd"
-    if os.geteuid() != 0 or not os.path.exists(dockerd):
-        raise EngineError(
-            "no Docker engine answers, and only root with dockerd (Debian's docker.io) can start one"
-        )
     sysctls, rules = _sysctls(), _iptables()
     run_dir = Path(SOCKET).parent
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -29,6 +29,11 @@ apt_package() {
 apt_package chromium /usr/bin/chromium "the Airflow UI test"
 # the MPIJob workers' sshd in the multi-host tests (never started as a service here)
 apt_package openssh-server /usr/sbin/sshd "Horovod jobs across hosts"
+# the compose test: a Docker engine (dev.dockerd starts it), Compose, and debootstrap for the
+# local images where Docker Hub cannot be reached (docs/deployment.md)
+apt_package docker.io /usr/sbin/dockerd "the compose test"
+apt_package docker-compose /usr/bin/docker-compose "the compose test"
+apt_package debootstrap /usr/sbin/debootstrap "the compose test's local images"
 
 # make test and the stream demo talk to PostgreSQL and Redis on 127.0.0.1: say how to get them
 # (setup itself goes on without them)

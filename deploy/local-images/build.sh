@@ -46,10 +46,13 @@ mkdir -p deploy/ca-certificates deploy/wheelhouse
 for crt in /usr/local/share/ca-certificates/*.crt; do
   [ -e "$crt" ] && cp -u "$crt" deploy/ca-certificates/
 done
-if [ -x .venv/bin/python ]; then
-  say "filling deploy/wheelhouse from requirements.lock (the pip cache answers repeats)"
+# this machine's Python 3.11 downloads them (the project's .venv, else python3)
+py=.venv/bin/python
+[ -x "$py" ] || py=python3
+if "$py" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then
+  say "filling deploy/wheelhouse from requirements.lock (pip's cache answers repeats)"
   for lock in requirements.lock requirements-spark-client.lock; do  # (their protobufs differ)
-    .venv/bin/python -m pip download -q --no-deps -d deploy/wheelhouse -r "$lock"
+    "$py" -m pip download -q --no-deps -d deploy/wheelhouse -r "$lock"
   done
   cp -u "$(find "${PIP_CACHE_DIR:-$HOME/.cache/pip}/wheels" -name 'horovod-0.28.1-*.whl' | head -1)" \
     deploy/wheelhouse/ 2>/dev/null || say "no horovod wheel in pip's cache: the image builds it (3-4 minutes)"

@@ -11,7 +11,9 @@ db="${POSTGRES_DB:-$user}"
 if [ ! -s "$PGDATA/PG_VERSION" ]; then
   pwfile="$(mktemp)"
   printf '%s\n' "$POSTGRES_PASSWORD" > "$pwfile"
-  initdb --username="$user" --pwfile="$pwfile" --auth-local=trust --auth-host=scram-sha-256 >/dev/null
+  # UTF8, as the official image (its LANG is en_US.utf8): SQL_ASCII would hand drivers bytes
+  initdb --username="$user" --pwfile="$pwfile" --auth-local=trust --auth-host=scram-sha-256 \
+    --encoding=UTF8 --locale=C.UTF-8 >/dev/null
   rm -f "$pwfile"
   printf "listen_addresses = '*'\n" >> "$PGDATA/postgresql.conf"
   printf 'host all all all scram-sha-256\n' >> "$PGDATA/pg_hba.conf"
