@@ -24,6 +24,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from recpipe.launch.reaper import Reaper
+
 SOCKET = "/run/recpipe-docker/docker.sock"
 DATA_ROOT = Path("/var/lib/recpipe-docker")
 BRIDGE_IP = "203.0.113.129/28"
@@ -126,6 +128,9 @@ def engine(start_timeout: float = 60) -> Iterator[dict[str, str]]:
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
+    # a SIGKILL of this process still stops the engine (SIGTERM, then SIGKILL after 30 s)
+    reaper = Reaper(grace_s=30)
+    reaper.watch(proc.pid)
     try:
         deadline = time.monotonic() + start_timeout
         while not answers(host, timeout=5):
@@ -142,8 +147,13 @@ def engine(start_timeout: float = 60) -> Iterator[dict[str, str]]:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        reaper.close()
         log.close()
         _restore(sysctls, rules)
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -154,12 +164,16 @@ def main(argv: list[str] | None = None) -> int:
     if not argv:
         print("usage: python -m dev.dockerd -- COMMAND [ARG...]", file=sys.stderr)
         return 2
+    # SIGTERM ends the command and then the engine, as Ctrl-C does
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         with engine() as env:
             return subprocess.run(argv, env={**os.environ, **env}).returncode
     except EngineError as err:
         print(f"dev.dockerd: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":

@@ -57,6 +57,7 @@ DAILY_RUNS_FILES = frozenset(
 # orders units by their number of tests, which put these few-test, many-minute files last and
 # left one worker running them alone at the end.
 LONGEST_FIRST = (
+    "tests/test_compose.py",  # the image build, then docker compose up, two days and down
     "daily_runs",  # four days of airflow dags test, a backfill, two deployments
     "tests/dags/test_stream_days.py",
     "tests/trainer/test_acceptance.py",

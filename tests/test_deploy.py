@@ -188,8 +188,35 @@ def test_the_wiring_a_new_user_meets(compose):
     # `recpipe champion` in a container finds the deployment's MLflow (recpipe.tracking)
     mlflow = json.loads(worker["AIRFLOW_CONN_MLFLOW_DEFAULT"])
     assert (mlflow["host"], mlflow["port"]) == ("mlflow", 5000)
-    # the jobs' private network namespaces need CAP_SYS_ADMIN in the worker
-    assert services["airflow-worker"]["cap_add"] == ["SYS_ADMIN"]
+    # the jobs' private network namespaces: unshare needs CAP_SYS_ADMIN, their loopback
+    # CAP_NET_ADMIN (tests/test_compose.py runs them)
+    assert services["airflow-worker"]["cap_add"] == ["SYS_ADMIN", "NET_ADMIN"]
     # published: the API server and MLflow only
     published_ports = {n for n, svc in services.items() if svc.get("ports")}
     assert published_ports == {"airflow-api-server", "mlflow"}
+
+
+def test_fill_secrets_generates_each_empty_secret_and_keeps_the_rest(tmp_path):
+    import base64
+    import subprocess
+    import sys
+
+    env = tmp_path / ".env"
+    example = (ROOT / ".env.example").read_text()
+    env.write_text(example.replace("MLFLOW_SECRET_KEY=", "MLFLOW_SECRET_KEY=kept"))
+    fill = [sys.executable, str(ROOT / "deploy/fill_secrets.py"), str(env)]
+    assert subprocess.run(fill).returncode == 0
+    lines = [line for line in env.read_text().splitlines() if "=" in line and line[0] != "#"]
+    values = dict(line.split("=", 1) for line in lines)
+    assert all(values.values()), values  # compose refuses to start on an empty one
+    assert values["MLFLOW_SECRET_KEY"] == "kept" and values["SPARK_MASTER"] == "local[*]"
+    assert len(base64.urlsafe_b64decode(values["AIRFLOW_FERNET_KEY"])) == 32  # a Fernet key
+    assert len({values[k] for k in ("POSTGRES_PASSWORD", "REDIS_PASSWORD", "AIRFLOW_ADMIN_PASSWORD")}) == 3
+    assert env.stat().st_mode & 0o077 == 0  # the owner's alone
+    # a second run changes nothing; an empty key it does not know is refused, the file kept
+    before = env.read_text()
+    assert subprocess.run(fill).returncode == 0 and env.read_text() == before
+    env.write_text(before + "SOMETHING_ELSE=\n")
+    done = subprocess.run(fill, capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "SOMETHING_ELSE" in done.stderr
+    assert env.read_text() == before + "SOMETHING_ELSE=\n"

@@ -58,6 +58,11 @@ if "$py" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null;
     deploy/wheelhouse/ 2>/dev/null || say "no horovod wheel in pip's cache: the image builds it (3-4 minutes)"
 fi
 say "building recpipe:latest"
-build -t recpipe:latest --build-arg PYTHON_IMAGE=recpipe-local/python:3.11 \
-  --build-arg GIT_COMMIT="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" .
+args=(--build-arg PYTHON_IMAGE=recpipe-local/python:3.11
+      --build-arg GIT_COMMIT="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)")
+# the build stage tagged, so that pruning keeps its layers as the next build's cache
+build -q -t recpipe-build:cache --target build "${args[@]}" . >/dev/null
+build -t recpipe:latest "${args[@]}" .
+# earlier builds' images no tag names any more (GBs each)
+docker image prune -f >/dev/null
 say "done: docker compose up -d"
