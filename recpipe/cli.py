@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     check = sub.add_parser(
         "config",
         help="validate a pipeline, retrain or cluster config (recognised by its fields) and print it, "
-        "overrides applied",
+        "overrides applied; `recpipe config import F` turns an EasyRec config into recpipe's",
     )
     check.add_argument("path", nargs="?", help="the config file (or --pipeline_config_path)")
     check.add_argument("--pipeline_config_path", default=None, help="a pipeline config (conf/*.yaml)")
@@ -78,6 +78,10 @@ def main(argv: list[str] | None = None) -> int:
         from recpipe.champion import main as champion_main
 
         return run_command(lambda: champion_main(argv[1:]), "recpipe champion")
+    if argv[:2] == ["config", "import"]:
+        from recpipe.config.easyrec import main as import_main
+
+        return run_command(lambda: import_main(argv[2:]), "recpipe config import")
     if argv and argv[0] == "features":
         from features.prepare import main as features_main
 

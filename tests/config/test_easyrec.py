@@ -1,0 +1,121 @@
+"""``recpipe config import``: EasyRec's pipeline configs in, recpipe's YAML out, every field
+mapped or refused with its dotted path (tests/config/easyrec/ holds configs written for these
+tests in EasyRec's format)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+import yaml
+
+from recpipe.config.easyrec import import_config
+from recpipe.config.errors import ConfigError
+from tests.support import RECPIPE, ROOT
+
+SAMPLE = ROOT / "tests/config/easyrec/deepfm_criteo.config"
+
+
+def _imported(text: str) -> dict:
+    return import_config(text, "team.config")
+
+
+def test_a_deepfm_config_maps_field_by_field():
+    notes: list[str] = []
+    raw = import_config(SAMPLE.read_text(), str(SAMPLE), notes)
+    assert raw["model_dir"] == "experiments/deepfm_criteo"
+    assert raw["raw_input_path"] == "data/raw/criteo_like/train.tsv"
+    data = raw["data_config"]
+    assert data["input_format"] == "csv" and data["separator"] == "\t" and data["with_header"] is False
+    assert [f["input_name"] for f in data["input_fields"]] == ["label", "i1", "i2", "c1", "c2", "c3"]
+    assert data["label_fields"] == ["label"]  # a repeated field given once is a list of one
+    features = raw["feature_config"]["features"]
+    assert features[4] == {
+        "input_names": ["c3"],
+        "feature_type": "TagFeature",
+        "separator": ",",
+        "embedding_dim": 8,
+        "hash_bucket_size": 1000,
+    }
+    groups = raw["model_config"]["feature_groups"]
+    assert groups[0]["feature_names"] == ["c1", "c2", "c3"]  # the [a, b] list form
+    assert groups[1]["feature_names"] == ["i1", "i2", "c1", "c2", "c3"]  # the repeated form
+    assert raw["model_config"]["deepfm"]["dnn"]["hidden_units"] == [128, 64]
+    train = raw["train_config"]
+    assert train["sync_replicas"] is True and train["num_steps"] == 400
+    assert list(train["optimizer_config"][0]) == ["adam_optimizer"]  # use_moving_average: false taken
+    assert raw["eval_config"]["metrics_set"] == [{"auc": {}}, {"gauc": {"uid_field": "c1"}}]
+    assert notes == []  # it evaluated on its training file
+
+
+def _legacy(text: str) -> str:
+    """The same config with its features as EasyRec's older top-level ``feature_configs`` list."""
+    start = text.index("feature_config: {")
+    end = text.index("\nmodel_config")
+    block = text[start:end]
+    body = block[block.index("{") + 1 : block.rindex("}")]
+    return text[:start] + body.replace("  features {", "feature_configs {") + text[end:]
+
+
+def test_the_json_form_and_the_legacy_feature_configs_list_import_alike():
+    text_form = _imported(SAMPLE.read_text())
+    as_json = json.loads(json.dumps(text_form))  # recpipe's names are EasyRec's, but two
+    as_json["data_config"]["input_type"] = "CSVInput"
+    del as_json["data_config"]["input_format"]
+    as_json["train_input_path"] = as_json.pop("raw_input_path")
+    assert _imported(json.dumps(as_json)) == text_form
+    legacy = _legacy(SAMPLE.read_text())
+    assert "feature_config:" not in legacy and legacy.count("feature_configs {") == 5
+    assert _imported(legacy) == text_form
+
+
+@pytest.mark.parametrize(
+    "edit, named",
+    [
+        (
+            ('input_names: "c1"', 'input_names: "c1" num_buckets: 1000'),
+            "feature_config.features[2].num_buckets",
+        ),
+        (("input_type: CSVInput", "input_type: OdpsInputV2"), "data_config.input_type: OdpsInputV2"),
+        (("use_moving_average: false", "use_moving_average: true"), "use_moving_average"),
+        (("num_steps: 400", "num_steps: 400\n  num_steps: 500"), "train_config.num_steps: given 2 times"),
+        (("metrics_set: { auc {} }", "metrics_set: { recall_at_topk { topk: 5 } }"), "recall_at_topk"),
+        (('model_class: "DeepFM"', 'model_class: "PLE"'), "model_config.model_class"),
+    ],
+)
+def test_a_field_recpipe_cannot_honour_is_refused_by_its_path(edit, named):
+    old, new = edit
+    text = SAMPLE.read_text()
+    assert old in text
+    with pytest.raises(ConfigError) as refused:
+        _imported(text.replace(old, new, 1))
+    assert named in str(refused.value) and str(refused.value).startswith("team.config")
+
+
+def test_a_separate_evaluation_file_is_written_into_the_header(tmp_path):
+    text = SAMPLE.read_text().replace(
+        'eval_input_path: "data/raw/criteo_like/train.tsv"',
+        'eval_input_path: "data/raw/criteo_like/eval.tsv"',
+    )
+    (tmp_path / "team.config").write_text(text)
+    out = tmp_path / "team.yaml"
+    done = subprocess.run(
+        [*RECPIPE, "config", "import", str(tmp_path / "team.config"), "--output", str(out)],
+        capture_output=True, text=True, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    written = out.read_text()
+    assert "# EasyRec evaluated on data/raw/criteo_like/eval.tsv" in written
+    assert yaml.safe_load(written)["model_dir"] == "experiments/deepfm_criteo"
+    # what it wrote is a pipeline config `recpipe config` accepts
+    check = subprocess.run([*RECPIPE, "config", str(out)], capture_output=True, text=True, cwd=ROOT)
+    assert check.returncode == 0, check.stderr
+
+
+def test_a_refusal_is_one_line_and_exit_2(tmp_path):
+    bad = tmp_path / "team.config"
+    bad.write_text(SAMPLE.read_text().replace("input_type: CSVInput", "input_type: KafkaInput"))
+    done = subprocess.run([*RECPIPE, "config", "import", str(bad)], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.count("\n") == 1 and "data_config.input_type: KafkaInput" in done.stderr
