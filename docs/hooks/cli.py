@@ -66,6 +66,8 @@ def commands() -> list[tuple[str, ...]]:
     for name in _subcommands(()):
         out.append((name,))
         out += [(name, sub) for sub in _subcommands((name,))]
+    # dispatched before `recpipe config`'s own parser, whose help lists a PATH instead
+    out.insert(out.index(("config",)) + 1, ("config", "import"))
     return out
 
 
