@@ -46,16 +46,26 @@ mkdir -p deploy/ca-certificates deploy/wheelhouse
 for crt in /usr/local/share/ca-certificates/*.crt; do
   [ -e "$crt" ] && cp -u "$crt" deploy/ca-certificates/
 done
-# this machine's Python 3.11 downloads them (the project's .venv, else python3)
+# The wheels are downloaded once per version of the locks into a cache of this user's (this
+# machine's Python 3.11: the project's .venv, else python3), then linked into the checkout.
+cache="${RECPIPE_WHEELHOUSE:-${XDG_CACHE_HOME:-$HOME/.cache}/recpipe/wheelhouse}"
+stamp="$cache/.locks-$(cat requirements.lock requirements-spark-client.lock | sha256sum | cut -c1-16)"
 py=.venv/bin/python
 [ -x "$py" ] || py=python3
-if "$py" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then
-  say "filling deploy/wheelhouse from requirements.lock (pip's cache answers repeats)"
+if [ ! -e "$stamp" ] && "$py" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then
+  say "filling $cache from requirements.lock (pip's cache answers repeats)"
+  mkdir -p "$cache"
   for lock in requirements.lock requirements-spark-client.lock; do  # (their protobufs differ)
-    "$py" -m pip download -q --no-deps -d deploy/wheelhouse -r "$lock"
+    "$py" -m pip download -q --no-deps -d "$cache" -r "$lock"
   done
   cp -u "$(find "${PIP_CACHE_DIR:-$HOME/.cache/pip}/wheels" -name 'horovod-0.28.1-*.whl' | head -1)" \
-    deploy/wheelhouse/ 2>/dev/null || say "no horovod wheel in pip's cache: the image builds it (3-4 minutes)"
+    "$cache"/ 2>/dev/null || say "no horovod wheel in pip's cache: the image builds it (3-4 minutes)"
+  touch "$stamp"
+fi
+if [ -e "$stamp" ]; then
+  for f in "$cache"/*.whl "$cache"/*.tar.gz; do
+    [ -e "deploy/wheelhouse/${f##*/}" ] || ln "$f" deploy/wheelhouse/ 2>/dev/null || cp "$f" deploy/wheelhouse/
+  done
 fi
 say "building recpipe:latest"
 args=(--build-arg PYTHON_IMAGE=recpipe-local/python:3.11
