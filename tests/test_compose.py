@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support import ROOT, doc_commands, free_port
+from tests.support import ROOT, doc_commands, free_port, run_doc_commands
 
 pytestmark = pytest.mark.slow
 
@@ -48,11 +48,7 @@ def _bash(text: str, cwd: Path, env: dict, timeout: int = 1800) -> subprocess.Co
     # `docker compose` as the docs write it; Debian's docker-compose 1.29 where the plugin is missing
     shim = 'docker() { if [ "$1" = compose ] && ! command docker compose version >/dev/null 2>&1; ' \
         'then shift; docker-compose "$@"; else command docker "$@"; fi; }\n'  # fmt: skip
-    done = subprocess.run(
-        ["bash", "-e", "-c", shim + text], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
-    )
-    assert done.returncode == 0, f"{text}\nexited {done.returncode}:\n{(done.stdout + done.stderr)[-4000:]}"
-    return done
+    return run_doc_commands(shim + text, cwd, env, timeout)
 
 
 def _copy_checkout(dest: Path) -> None:

@@ -95,9 +95,7 @@ def _message(values: Message, model: type[BaseModel], where: str) -> dict[str, A
                 for i, v in enumerate(items)
             ]
             continue
-        if len(items) != 1:
-            raise Refused(f"{path}: given {len(items)} times, recpipe takes one value")
-        value = items[0]
+        value = _one(items, path)
         if nested:
             if not isinstance(value, dict):
                 raise Refused(f"{path}: a value where recpipe takes a message")
