@@ -9,7 +9,12 @@
 # Hub cannot be reached.
 ARG PYTHON_IMAGE=python:3.11.7-slim-bookworm
 
-FROM ${PYTHON_IMAGE} AS build
+# The stages keep the project's own files apart from the pinned stack, so that a new commit
+# rebuilds only its small layers: Docker's classic builder keys `COPY --from` on the source
+# stage's image, and a stage that took the checkout would copy the venvs (GBs) again each time.
+
+# the pinned stack: changes with the locks only
+FROM ${PYTHON_IMAGE} AS deps
 RUN apt-get update \
  && apt-get install -y --no-install-recommends openjdk-17-jdk-headless build-essential cmake git ca-certificates \
  && rm -rf /var/lib/apt/lists/*
@@ -21,7 +26,7 @@ ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 COPY deploy/wheelhouse/ /wheelhouse/
 WORKDIR /opt/recpipe
-COPY requirements.lock requirements-spark-client.lock pyproject.toml ./
+COPY requirements.lock requirements-spark-client.lock ./
 # Spark Connect's client for the feature job apart: it needs protobuf 6, TensorFlow 2.18 < 6
 RUN python -m venv /opt/spark-client \
  && /opt/spark-client/bin/pip install -q -r requirements-spark-client.lock
@@ -32,23 +37,36 @@ RUN python -m venv /opt/venv \
  && HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_PYTORCH=1 \
     HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=gloo \
     /opt/venv/bin/pip install -q --no-deps --no-build-isolation horovod==0.28.1
-COPY . .
-# the build's inputs stay in this stage
-RUN rm -rf deploy/wheelhouse deploy/ca-certificates
+LABEL org.recpipe.stage=deps
+
+# the Spark functions' jar: changes with its sources only
+FROM deps AS jar
 ENV PATH=/opt/venv/bin:$PATH
-RUN pip install -q --no-deps --no-build-isolation -e . && scripts/build_jvm.sh
+COPY scripts/build_jvm.sh scripts/
+COPY features/jvm/ features/jvm/
+RUN scripts/build_jvm.sh
+LABEL org.recpipe.stage=jar
+
+# the checkout, without the build's inputs (they stay in this stage)
+FROM ${PYTHON_IMAGE} AS src
+COPY . /opt/recpipe
+RUN rm -rf /opt/recpipe/deploy/wheelhouse /opt/recpipe/deploy/ca-certificates
+LABEL org.recpipe.stage=src
 
 FROM ${PYTHON_IMAGE}
 RUN apt-get update \
  && apt-get install -y --no-install-recommends openjdk-17-jre-headless iproute2 procps openssh-client openssh-server \
  && rm -rf /var/lib/apt/lists/*
-COPY --from=build /opt/venv /opt/venv
-COPY --from=build /opt/spark-client /opt/spark-client
-COPY --from=build /opt/recpipe /opt/recpipe
+COPY --from=deps /opt/venv /opt/venv
+COPY --from=deps /opt/spark-client /opt/spark-client
+COPY --from=src /opt/recpipe /opt/recpipe
+COPY --from=jar /opt/recpipe/build/jvm/ /opt/recpipe/build/jvm/
 WORKDIR /opt/recpipe
 # the configs' relative var/ paths (runs_dir, export_dir, model_dir) land on the state volume
-RUN ln -s /var/lib/recpipe /opt/recpipe/var
+RUN /opt/venv/bin/pip install -q --no-deps --no-build-isolation -e . \
+ && ln -s /var/lib/recpipe /opt/recpipe/var
 ARG GIT_COMMIT=unknown
+LABEL org.recpipe.stage=final
 ENV PATH=/opt/venv/bin:$PATH \
     RECPIPE_HOME=/opt/recpipe \
     RECPIPE_VAR_DIR=/var/lib/recpipe \

@@ -34,6 +34,12 @@ SERVER_CONF = {
     # HotSpot does not JIT-compile a method over 8000 bytes of bytecode: a wider stage
     # (the parse and quarantine check of a 40-column day) ran interpreted at 2.3x the time
     "spark.sql.codegen.hugeMethodLimit": "8000",
+    # With the UI off the driver still keeps the last 1000 queries' plans, jobs and stages:
+    # hundreds of MB for wide plans in a server or session that lives for many days.
+    "spark.sql.ui.retainedExecutions": "50",
+    "spark.ui.retainedJobs": "100",
+    "spark.ui.retainedStages": "100",
+    "spark.ui.retainedTasks": "10000",
 }
 
 

@@ -49,7 +49,8 @@ done
 # The wheels are downloaded once per version of the locks into a cache of this user's (this
 # machine's Python 3.11: the project's .venv, else python3), then linked into the checkout.
 cache="${RECPIPE_WHEELHOUSE:-${XDG_CACHE_HOME:-$HOME/.cache}/recpipe/wheelhouse}"
-stamp="$cache/.locks-$(cat requirements.lock requirements-spark-client.lock | sha256sum | cut -c1-16)"
+locks="$(cat requirements.lock requirements-spark-client.lock | sha256sum | cut -c1-16)"
+stamp="$cache/.locks-$locks"
 py=.venv/bin/python
 [ -x "$py" ] || py=python3
 if [ ! -e "$stamp" ] && "$py" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then
@@ -70,9 +71,14 @@ fi
 say "building recpipe:latest"
 args=(--build-arg PYTHON_IMAGE=recpipe-local/python:3.11
       --build-arg GIT_COMMIT="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)")
-# the build stage tagged, so that pruning keeps its layers as the next build's cache
-build -q -t recpipe-build:cache --target build "${args[@]}" . >/dev/null
+# the pinned stack's stage tagged per version of the locks: the next builds take it from the
+# cache, and pruning leaves it alone
+deps="recpipe-deps:$locks"
+have "$deps" || build -q -t "$deps" --target deps "${args[@]}" . >/dev/null
 build -t recpipe:latest "${args[@]}" .
-# earlier builds' images no tag names any more (GBs each)
-docker image prune -f >/dev/null
+# what earlier builds left that no tag names (the project's layers; a replaced stack's GBs)
+docker images recpipe-deps --format '{{.Repository}}:{{.Tag}}' | { grep -vx "$deps" || true; } | xargs -r docker rmi >/dev/null
+for stage in final src deps; do
+  docker image prune -f --filter "label=org.recpipe.stage=$stage" >/dev/null
+done
 say "done: docker compose up -d"
