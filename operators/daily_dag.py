@@ -1,8 +1,8 @@
 """The daily retrain DAG of one retrain config (``kind: daily``): every day, prepare the day's
 features, check them, score the champion on them, fine-tune from yesterday, evaluate, export,
-register and gate, clean up. ``dags/recpipe_retrain.py`` builds one for each config; the
-shared tasks come from ``operators.retrain_dag``. Building it imports neither TensorFlow nor
-Spark."""
+register and gate, score the day's ``batch_predict`` partition with the champion, clean up.
+``dags/recpipe_retrain.py`` builds one for each config; the shared tasks come from
+``operators.retrain_dag``. Building it imports neither TensorFlow nor Spark."""
 
 from __future__ import annotations
 
@@ -59,8 +59,14 @@ def daily_retrain_dag(home: Path, retrain: RetrainConfig, doc_md: str | None = N
         register = tasks.register()
         approved = tasks.approval(register)  # gate.approval: required
         retention = tasks.retention(**({"trigger_rule": "none_failed"} if approved else {}))
+        # the champion after the gate (and the approval) scores the day's partition
+        score = tasks.batch_predict(model_dir, **({"trigger_rule": "none_failed"} if approved else {}))
         if approved is not None:
             approved >> retention
+            if score is not None:
+                approved >> score
+        if score is not None:
+            register >> score
         (
             wait_for_raw
             >> prepare

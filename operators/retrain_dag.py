@@ -15,6 +15,7 @@ from operators.evaluate import EvalOperator
 from operators.export import ExportOperator, export_asset
 from operators.feature_job import feature_job, raw_partition_sensor
 from operators.notify import on_decision, on_failure
+from operators.predict import BatchPredictOperator
 from operators.register import RegisterModelOperator
 from operators.retention import RetentionOperator
 from operators.tracking import fail_parent_run
@@ -231,6 +232,23 @@ class RetrainTasks:
         )
         register >> needs >> approve >> apply
         return apply
+
+    def batch_predict(self, model_dir: str, **kwargs) -> BatchPredictOperator | None:
+        """``batch_predict``: the config's ``batch_predict`` partition scored by the version
+        holding ``gate.alias`` when it runs; None without that section."""
+        if self.retrain.batch_predict is None:
+            return None
+        return BatchPredictOperator(
+            **{
+                **self._timeout("batch_predict"),
+                "model_name": self.retrain.model_name,
+                "alias": self.retrain.gate.alias,
+                "batch_predict": self.retrain.batch_predict,
+                "model_dir": model_dir,
+                **self.job,
+                **kwargs,
+            }
+        )
 
     def retention(self, **kwargs) -> RetentionOperator:
         """``retention``: model dirs older than ``retention_days`` and SavedModel versions

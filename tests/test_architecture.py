@@ -1,5 +1,7 @@
 """The layering the layout promises: the core (``recpipe``) imports no TensorFlow, Spark,
-Airflow nor the packages built on it, and nothing imports the Airflow operators but the DAGs."""
+Airflow nor the packages built on it; each package imports none above it, at module level or
+inside a function (the command line, ``cli``, is the top floor); nothing imports the Airflow
+operators but the DAGs."""
 
 from __future__ import annotations
 
@@ -11,7 +13,17 @@ import sys
 from tests.support import ROOT
 
 HEAVY = ("tensorflow", "pyspark", "airflow", "mlflow", "horovod")
-ABOVE_CORE = ("trainer", "features", "operators", "dags")
+ABOVE_CORE = ("trainer", "features", "predict", "operators", "dags", "cli")
+# each production package -> the packages above it, which it must not import anywhere
+# (``dev`` is the development kit: production never imports it)
+ABOVE = {
+    "recpipe": (*ABOVE_CORE, "dev"),
+    "features": ("trainer", "predict", "operators", "dags", "cli", "dev"),
+    "trainer": ("features", "predict", "operators", "dags", "cli", "dev"),
+    "predict": ("trainer", "operators", "dags", "cli", "dev"),
+    "operators": ("dags", "cli", "dev"),
+    "dags": ("cli", "dev"),
+}
 
 
 def _top_level_imports(path, anywhere: bool = False) -> set[str]:
@@ -35,8 +47,17 @@ def test_the_core_imports_nothing_above_it_at_module_level():
     assert {k: v for k, v in offenders.items() if v} == {}
 
 
+def test_no_package_imports_one_above_it_even_inside_a_function():
+    offenders = {
+        str(path.relative_to(ROOT)): sorted(_top_level_imports(path, anywhere=True) & set(above))
+        for package, above in ABOVE.items()
+        for path in (ROOT / package).rglob("*.py")
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
 def test_only_the_dags_import_the_operators():
-    for package in ("recpipe", "trainer", "features"):
+    for package in ("recpipe", "trainer", "features", "predict"):
         for path in (ROOT / package).rglob("*.py"):
             assert "operators" not in _top_level_imports(path), path
 
@@ -54,18 +75,16 @@ def _heavy_after_importing(modules: str) -> list[str]:
 
 
 def test_the_command_line_and_launchers_load_without_tensorflow_spark_or_airflow():
-    assert (
-        _heavy_after_importing(
-            "recpipe.cli, recpipe.launch, recpipe.layout, recpipe.atomic, recpipe.config.args"
-        )
-        == []
+    loaded = _heavy_after_importing(
+        "cli.main, predict.cli, recpipe.launch, recpipe.layout, recpipe.atomic, recpipe.config.args"
     )
+    assert loaded == ["cli", "predict"]  # the modules named, nothing heavy
 
 
 # import name -> distribution, where they differ; horovod is built by scripts/setup.sh
 DISTRIBUTIONS = {"yaml": "pyyaml", "tf_keras": "tf-keras", "airflow": "apache-airflow"}
 BUILT_BY_SETUP = {"horovod"}
-PRODUCTION = ("recpipe", "trainer", "features", "operators", "dags")
+PRODUCTION = ("cli", "recpipe", "trainer", "features", "predict", "operators", "dags")
 
 
 def test_every_third_party_package_the_product_imports_is_declared():

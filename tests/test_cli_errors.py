@@ -52,7 +52,7 @@ COMMANDS["train"] = (["train", *TRAIN], *COMMANDS["train"][1:])
 
 
 def _run(argv: list[str]) -> tuple[int, str]:
-    from recpipe.cli import main
+    from cli.main import main
 
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):

@@ -5,7 +5,7 @@ A fenced ``bash`` block follows a comment that says which of three it is:
 - ``<!-- commands: run by tests/FILE.py::TEST -->``: that test reads the block from the page
   (``blocks``) and runs its commands as written; the build fails when the test is missing;
 - ``<!-- commands: synopsis -->``: a usage summary with placeholders (``conf/X.yaml``,
-  ``[--flag]``), not commands to paste; its flags and fields are checked by ``cli.py`` and
+  ``[--flag]``), not commands to paste; its flags and fields are checked by ``cli_reference.py`` and
   ``reference.py``;
 - ``<!-- commands: not run: REASON -->``: what the commands need that a test does not have
   in under a minute (a cluster, a long run, your own data, a running deployment).

@@ -230,3 +230,33 @@ def test_the_experiment_opens_on_runs_and_no_run_is_left_running(daily_runs):
     # every DAG run is over (some failed on purpose): each of its runs ended
     running = client.search_runs([exp.experiment_id], "attributes.status = 'RUNNING'")
     assert running == [], [r.info.run_name for r in running]
+
+
+def test_the_champion_after_the_gate_scores_each_days_candidates(daily_runs):
+    """batch_predict: each day the version that serves after the gate (day 3's rejected model
+    does not) scores the day's candidates; the scores are the SavedModel's own on those rows."""
+    import numpy as np
+    import pyarrow.csv as pacsv
+    import tensorflow as tf
+
+    client = _client(daily_runs)
+    versions = {v.tags["ds"]: v for v in client.search_model_versions(f"name = '{MODEL}'")}
+    runs = _runs(daily_runs, "batch_predict")
+    assert [r.info.run_name for r in runs] == [f"ds={d} batch_predict" for d in DAYS]
+    served = [str(versions[d].version) for d in (DAYS[0], DAYS[1], DAYS[1], DAYS[3])]
+    assert [r.data.tags["model_version"] for r in runs] == served
+    var, day = daily_runs["var"], DAYS[3]
+    ids = {c: "string" for c in ("user_id", "item_id", "zip_code", "gender", "occupation", "genres")}
+    rows = pacsv.read_csv(var / "candidates" / f"ds={day}" / "part-00000.csv",
+                          convert_options=pacsv.ConvertOptions(column_types=ids)).to_pandas()  # fmt: skip
+    assert runs[3].data.metrics["rows"] == len(rows) > 100
+    out = (var / "scores" / f"ds={day}" / "part-00000.csv").read_text().splitlines()
+    assert len(out) == len(rows) and (var / "scores" / f"ds={day}" / "_SUCCESS").exists()
+    fields = [line.split("\x01") for line in out]
+    assert [f[0] for f in fields] == list(rows["user_id"])  # the reserved columns, in order
+    probs = np.array([float(f[-2]) for f in fields])
+    fn = tf.saved_model.load(versions[day].tags["export_path"]).signatures["serving_default"]
+    request = {c: tf.constant(rows[c].fillna("").to_numpy(dtype=object)) for c in ids}
+    request |= {c: tf.constant(rows[c].astype(float).to_numpy()) for c in ("age", "release_year")}
+    want = fn(**{k: v for k, v in request.items() if k in fn.structured_input_signature[1]})["probability"]
+    np.testing.assert_allclose(probs, want.numpy(), atol=1e-6)

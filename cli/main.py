@@ -2,7 +2,7 @@
 
 Subcommands: ``data`` (``dev.data``), ``features``, ``config``,
 ``train``, ``eval``, ``export``, ``serve apply-delta`` / ``serve push``, ``ckpt list``,
-``runs compare``, ``champion show | set | rollback``, ``announce``.
+``predict``, ``runs compare``, ``champion show | set | rollback``, ``announce``.
 Commands that read a pipeline config take EasyRec's ``--edit_config_json`` and
 ``--section.field=value`` overrides. Exit codes (every command): 2 for usage and config
 errors, 1 for pipeline errors (``recpipe.errors``).
@@ -52,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
 
     for name in ("train", "eval", "export", "serve", "ckpt"):
         sub.add_parser(name, help=f"see recpipe {name} --help", add_help=False)
+    sub.add_parser(
+        "predict", help="score rows with a SavedModel export (recpipe predict --help)", add_help=False
+    )
     sub.add_parser("runs", help="compare MLflow runs (recpipe runs compare --help)", add_help=False)
     sub.add_parser(
         "champion",
@@ -70,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
         from dev.data.cli import main as data_main
 
         return run_command(lambda: data_main(argv[1:]), "recpipe data")
+    if argv and argv[0] == "predict":
+        from predict.cli import main as predict_main
+
+        return run_command(lambda: predict_main(argv[1:]), "recpipe predict")
     if argv and argv[0] == "runs":
         from recpipe.runs.cli import main as runs_main
 

@@ -40,7 +40,7 @@ def help_text(command: tuple[str, ...]) -> str:
         PluginError: the command exits with an error.
     """
     done = subprocess.run(
-        [sys.executable, "-m", "recpipe.cli", *command, "--help"],
+        [sys.executable, "-m", "cli", *command, "--help"],
         cwd=ROOT,
         capture_output=True,
         text=True,
