@@ -269,7 +269,7 @@ def test_pushers_of_one_model_take_turns(day, store):
 
 
 def _one_line_exit_2(capsys, argv: list[str]) -> str:
-    from recpipe.cli import main
+    from cli.main import main
 
     try:
         code = main(argv)

@@ -82,7 +82,7 @@ class SavedModelPyfunc(mlflow.pyfunc.PythonModel):
 def serving_inputs(config: PipelineConfig) -> dict[str, InputType]:
     """The raw columns the SavedModel takes, in feature order, with their types."""
     types = config.data_config.all_fields()
-    return {f.input_names[0]: types[f.input_names[0]] for f in config.feature_config.features}
+    return {c: types[c] for f in config.feature_config.features for c in f.input_names}
 
 
 def signature(config: PipelineConfig):

@@ -111,7 +111,8 @@ def score(
     model_dir = Path(model_dir)
     path = checkpoint
     partitions, holdout = holdout_split(config, eval_days, "eval")
-    groups = [m.value().uid_field for m in config.eval_config.metrics_set if m.which() == "gauc"]
+    metrics_sets = [config.eval_config.metrics_set] + [t.metrics_set for t in config.model.tasks]
+    groups = list(dict.fromkeys(m.group_field for ms in metrics_sets for m in ms if m.group_field))
     # GAUC groups by the raw ids: hashed ones could merge users that share a bucket
     reader = FeatureReader(config, partitions, shuffle=False, holdout=holdout, raw_columns=tuple(groups))
     labels, probs, kept = predict(model, reader, config.eval_config.num_examples)

@@ -2,13 +2,18 @@
 
 The ``serving_default`` signature takes the raw feature columns (named by their
 ``input_name``, typed by ``data_config``: STRING -> string, INT32/INT64 -> int, FLOAT/DOUBLE ->
-float) and returns ``probability`` and ``logit`` (``float32 [B]``). Inside it the same
+float), or with ``export_config.multi_placeholder: false`` EasyRec's one string input
+``features`` (each row's non-label fields joined by ``data_config.separator``), and returns
+``probability`` and ``logit`` (``float32 [B]``). Inside it the same
 transforms as the Spark job and the trainer's reader: ids cleaned then hashed
 (``recpipe.ids``: the one other place ids are hashed), tags split, dense
 values filled (NaN = missing) and normalised with the constants of the newest training day
 (``<model_dir>/normalization.json``). Ids of online tables (``ev_params``) keep their full
 fingerprint and look their row up in the id -> row map the SavedModel holds: an unknown or
-not yet admitted id gets the zero row. Written to a temporary directory, then renamed.
+not yet admitted id gets the zero row. A model with online tables also gets ``ids`` (a
+request's ids per table of the online store) and ``serving_rows`` (the request with the rows a
+client read from the store: ``trainer.online.served``; the inputs of each table in
+``assets.extra/serving_rows.json``). Written to a temporary directory, then renamed.
 """
 
 from __future__ import annotations
@@ -23,8 +28,9 @@ import tensorflow as tf
 from recpipe import atomic
 from recpipe.config.data import FeatureSpec, FeatureType, InputType
 from recpipe.config.pipeline import PipelineConfig
-from recpipe.layout import ModelDir
-from trainer.hashing import clean_ids, hash_ids, split_tags
+from recpipe.layout import SERVING_ROWS, ModelDir
+from trainer import online
+from trainer.hashing import clean_ids, combo_ids, feature_ids, split_tags
 from trainer.models.multitask import MultiTaskModel
 from trainer.models.ranking import RankingModel
 
@@ -60,10 +66,31 @@ class ServingModule(tf.Module):
         self.model = model
         self.features: list[FeatureSpec] = list(config.feature_config.features)
         self.normalization = normalization
-        types = config.data_config.all_fields()
-        self.inputs = {f.input_names[0]: types[f.input_names[0]] for f in self.features}
+        dc = config.data_config
+        types = dc.all_fields()
+        self.inputs = {c: types[c] for f in self.features for c in f.input_names}
         spec = {name: tf.TensorSpec([None], TF_TYPES[kind], name=name) for name, kind in self.inputs.items()}
-        self.serve = tf.function(self._serve, input_signature=[spec])
+        if not config.export_config.multi_placeholder:
+            # EasyRec's single placeholder: every non-label field, in order, in one string
+            self.joined = [n for n in dc.all_fields(sequences=False) if n not in dc.label_fields]
+            self.separator = dc.separator
+            self.defaults = {f.input_name: f.default_val for f in dc.input_fields}
+            for table in dc.dimension_tables:
+                for f in table.input_fields:
+                    self.defaults.setdefault(f.input_name, f.default_val)
+            spec = {"features": tf.TensorSpec([None], tf.string, name="features")}
+            self.serve = tf.function(self._serve_joined, input_signature=[spec])
+        else:
+            self.serve = tf.function(self._serve, input_signature=[spec])
+            if online.tables(model):  # the rows a client reads from the online store
+                self.row_inputs = online.row_inputs(online.tables(model))
+                rows_spec = dict(spec)
+                for entry in self.row_inputs.values():
+                    rows_spec[entry["ids"]] = tf.TensorSpec([None], tf.int64, name=entry["ids"])
+                    for name, dim in entry["views"].values():
+                        rows_spec[name] = tf.TensorSpec([None, dim], tf.float32, name=name)
+                self.ids = tf.function(self._ids, input_signature=[spec])
+                self.serve_rows = tf.function(self._serve_rows, input_signature=[rows_spec])
 
     def transform(self, raw: dict) -> dict:
         """Raw columns -> the model's features dict: what the Spark job writes (clean ids,
@@ -72,14 +99,75 @@ class ServingModule(tf.Module):
         out = {}
         for f in self.features:
             x = raw[f.input_names[0]]
-            if f.feature_type == FeatureType.IdFeature:
-                out[f.name] = hash_ids(clean_ids(x), f.id_buckets)
+            if f.boundaries is not None:  # bucketized as the reader does (searchsorted, right)
+                filled = normalize(x, self.normalization.get(f.name, {}))
+                out[f.name] = tf.cast(tf.raw_ops.Bucketize(input=filled, boundaries=f.boundaries), tf.int64)
+            elif f.feature_type == FeatureType.IdFeature:
+                out[f.name] = feature_ids(clean_ids(x), f)
+            elif f.feature_type == FeatureType.ComboFeature:
+                out[f.name] = feature_ids(combo_ids([raw[c] for c in f.input_names], f.combo_join_sep), f)
             elif f.feature_type in (FeatureType.TagFeature, FeatureType.SequenceFeature):
                 # a history arrives as the separated string the logs hold, oldest first
-                out[f.name] = hash_ids(split_tags(x, f.separator), f.id_buckets)
+                out[f.name] = feature_ids(split_tags(x, f.separator), f)
             else:
                 out[f.name] = normalize(x, self.normalization.get(f.name, {}))
         return out
+
+    def split(self, rows: tf.Tensor) -> dict:
+        """``features`` (``string [B]``, the joined fields) -> the typed columns ``_serve``
+        takes; a blank field takes its ``default_val``, else missing (NaN), ``0`` or ``""``."""
+        parts = tf.strings.split(rows, self.separator).to_tensor(
+            default_value="", shape=[None, len(self.joined)]
+        )
+        raw = {}
+        for i, name in enumerate(self.joined):
+            if name not in self.inputs:
+                continue
+            kind, text = self.inputs[name], tf.strings.strip(parts[:, i])
+            default = self.defaults.get(name)
+            if default is not None:
+                text = tf.where(tf.equal(text, ""), tf.constant(default.strip() or default), text)
+            if kind == InputType.STRING:
+                raw[name] = text
+            elif kind in (InputType.FLOAT, InputType.DOUBLE):
+                blank = tf.equal(text, "")
+                number = tf.strings.to_number(tf.where(blank, "0", text), tf.float64)
+                raw[name] = tf.cast(
+                    tf.where(blank, tf.constant(float("nan"), tf.float64), number), TF_TYPES[kind]
+                )
+            elif kind == InputType.BOOL:
+                raw[name] = tf.equal(tf.strings.lower(text), "true") | tf.equal(text, "1")
+            else:
+                number = tf.strings.to_number(tf.where(tf.equal(text, ""), "0", text), tf.int64)
+                raw[name] = tf.cast(number, TF_TYPES[kind])
+        return raw
+
+    def _ids(self, raw):
+        tables = online.tables(self.model)
+        for ev in tables:
+            ev.served = online.RecordIds(ev)
+        try:
+            self.model(self.transform(raw), training=False)
+            return {member: ids for ev in tables for member, ids in ev.served.ids().items()}
+        finally:
+            for ev in tables:
+                ev.served = None
+
+    def _serve_rows(self, inputs):
+        tables = online.tables(self.model)
+        for ev in tables:
+            entries = [self.row_inputs[m] for m in ev.members]
+            ids = {m: inputs[e["ids"]] for m, e in zip(ev.members, entries, strict=True)}
+            rows = {field: inputs[name] for e in entries for field, (name, _) in e["views"].items()}
+            ev.served = online.ProvidedRows(ev, ids, rows)
+        try:
+            return self._serve({name: inputs[name] for name in self.inputs})
+        finally:
+            for ev in tables:
+                ev.served = None
+
+    def _serve_joined(self, rows):
+        return self._serve(self.split(rows["features"]))
 
     def _serve(self, raw):
         features = self.transform(raw)
@@ -107,10 +195,20 @@ def write_saved_model(
     temporary path and renames)."""
     # a copy: tf.Module swaps the nested dicts of an attribute for trackable wrappers in place
     module = ServingModule(config, model, json.loads(json.dumps(normalization)))
-    tf.saved_model.save(
-        module, str(directory), signatures={"serving_default": module.serve.get_concrete_function()}
-    )
+    signatures = {"serving_default": module.serve.get_concrete_function()}
+    if hasattr(module, "serve_rows"):
+        signatures |= {
+            "ids": module.ids.get_concrete_function(),
+            "serving_rows": module.serve_rows.get_concrete_function(),
+        }
+    tf.saved_model.save(module, str(directory), signatures=signatures)
     (directory / "assets.extra").mkdir(exist_ok=True)
+    if hasattr(module, "serve_rows"):
+        layout = {
+            m: {"ids": e["ids"], "views": {f: n for f, (n, _) in e["views"].items()}}
+            for m, e in module.row_inputs.items()
+        }
+        (directory / "assets.extra" / SERVING_ROWS).write_text(json.dumps(layout, indent=2))
     (directory / "assets.extra" / "pipeline.json").write_text(json.dumps(config.to_dict(), indent=2))
 
 

@@ -309,3 +309,29 @@ def test_one_train_job_scores_trains_and_exports_a_pass_as_three_jobs_would(chai
             np.testing.assert_array_equal(_rows(got)[table][key], row)
     for name, value in want.dense.items():
         np.testing.assert_array_equal(got.dense[name], value)
+
+
+def test_a_client_scores_with_the_stores_rows_as_the_saved_model_does(chain, store):
+    """The store's rows (pushed base and deltas) and the SavedModel's dense part, through the
+    export's ids and serving_rows signatures (predict.online), give serving_default's scores;
+    ids the store lacks are left out of the rows sent and get the zero row, as in training."""
+    from predict.online import StoreScorer
+    from recpipe.exports.store import push
+    from trainer.mlflow_model import raw_rows
+
+    client, model = store
+    for name in ("base", "delta-19", "delta-20"):
+        push(client, model, chain["exports"] / name)
+    frame = raw_rows(chain["config"], f"{DAY}/21", limit=1000)  # the next, unseen hour
+    request = {c: tf.constant(frame[c].to_numpy()) for c in frame.columns}
+    expected = tf.saved_model.load(str(chain["full"])).signatures["serving_default"](**request)
+    scorer = StoreScorer(chain["full"], client, model)
+    wanted, rows = scorer.ids(request), scorer.rows(request)
+    assert set(scorer.layout) == set(wanted) and len(wanted) >= 5  # a table per id feature
+    held = {t: len(rows[e["ids"]]) for t, e in scorer.layout.items()}
+    assert all(0 < held[t] <= len(wanted[t]) for t in wanted)
+    assert any(held[t] < len(wanted[t]) for t in wanted)  # unseen ids: no row in the store
+    got = scorer.score(request)
+    assert set(got) == set(expected)
+    np.testing.assert_allclose(got["probability"], expected["probability"].numpy(), atol=1e-6)
+    assert got["probability"].std() > 0.01

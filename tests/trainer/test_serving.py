@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -106,3 +107,114 @@ def test_saved_model_reproduces_the_model_on_raw_values(ml_early, tmp_path, monk
         }
     )
     np.testing.assert_allclose(got["probability"].to_numpy(), direct["probability"].numpy(), rtol=1e-6)
+
+
+def test_num_buckets_features_train_and_serve_the_same_ids(ml_early, tmp_path):
+    """Identity tables (EasyRec's ``num_buckets``) for the user and item ids: the table has
+    ``num_buckets`` rows and the SavedModel maps raw ids to them as the reader does."""
+    from tests.trainer.test_input import _identity
+
+    identity = _identity(ml_early, {"user_id": 1000, "item_id": 1700})
+    config = with_edits(identity, {"train_config.num_steps": 30})
+    days = parse_ds_range(":".join(EARLY))
+    Trainer(TrainJob(config=config, model_dir=tmp_path / "m", train_days=days)).train()
+    model, _ = load_model(config, tmp_path / "m")
+    assert model.embedding.tables["user_id"].rows == 1000
+    final = export_saved_model(config, model, tmp_path / "m", tmp_path / "exports")
+    reader = FeatureReader(
+        config, finished_partitions(config.train_input_path, [LAST]), shuffle=False, batch_size=10**6
+    )
+    features, _ = reader.structure(next(reader.batches()))
+    served = tf.saved_model.load(str(final)).signatures["serving_default"]
+    got = served(**{k: tf.constant(v) for k, v in _raw_requests(config).items()})
+    np.testing.assert_allclose(got["probability"].numpy(), tf.sigmoid(model(features)).numpy(), atol=1e-5)
+
+
+def test_boundaries_bucketize_a_raw_feature_into_an_embedding(spark, movielens_raw, ml_early, tmp_path):
+    """EasyRec's ``boundaries``: the user's age becomes one of 7 rows of an embedding table;
+    the reader's buckets and the SavedModel's (from raw ages) agree, so the served scores
+    equal the model's."""
+    from tests.trainer.conftest import _days, _prepare
+
+    age = "feature_config.features[input_names=age]"
+    config = with_edits(
+        ml_early,
+        {
+            f"{age}.normalizer": "none",
+            f"{age}.boundaries": [18, 25, 35, 45, 50, 56],
+            "train_input_path": str(tmp_path / "features"),
+            "train_config.num_steps": 30,
+        },
+    )
+    _prepare(spark, config, _days(movielens_raw / "events", *EARLY))
+    reader = FeatureReader(
+        config, finished_partitions(config.train_input_path, [LAST]), shuffle=False, batch_size=10**6
+    )
+    features, _ = reader.structure(next(reader.batches()))
+    ages = _raw_requests(config)["age"]
+    assert features["age"].dtype == tf.int64
+    np.testing.assert_array_equal(
+        features["age"].numpy(), np.searchsorted([18, 25, 35, 45, 50, 56], ages, "right")
+    )
+    days = parse_ds_range(":".join(EARLY))
+    Trainer(TrainJob(config=config, model_dir=tmp_path / "m", train_days=days)).train()
+    model, _ = load_model(config, tmp_path / "m")
+    assert model.embedding.tables["age"].rows == 7 and model.dense_names == ["release_year"]
+    final = export_saved_model(config, model, tmp_path / "m", tmp_path / "exports")
+    served = tf.saved_model.load(str(final)).signatures["serving_default"]
+    got = served(**{k: tf.constant(v) for k, v in _raw_requests(config).items()})
+    np.testing.assert_allclose(got["probability"].numpy(), tf.sigmoid(model(features)).numpy(), atol=1e-5)
+
+
+def test_a_combo_feature_crosses_its_inputs_alike_in_the_job_and_the_saved_model(
+    spark, movielens_raw, ml_early, tmp_path
+):
+    """EasyRec's ``ComboFeature``: gender x occupation as one hashed id; the job writes
+    ``<gender>_<occupation>`` (empty when either is missing), and the SavedModel, given the
+    raw columns, scores as the model does on the job's features. The model also learns a
+    dropout rate per feature (``variational_dropout``): training moves them, serving scales
+    by ``1 - p`` as the model does."""
+    from tests.trainer.conftest import _days, _prepare
+
+    combo = {
+        "input_names": ["gender", "occupation"],
+        "feature_name": "gender_occupation",
+        "feature_type": "ComboFeature",
+        "embedding_dim": 16,
+        "hash_bucket_size": 1000,
+    }
+    groups = [g.model_dump(exclude_defaults=True) for g in ml_early.model.feature_groups]
+    groups[1]["feature_names"].append("gender_occupation")
+    features = [f.model_dump(exclude_defaults=True) for f in ml_early.feature_config.features]
+    config = with_edits(
+        ml_early,
+        {
+            "feature_config.features": [*features, combo],
+            "model_config.feature_groups": groups,
+            "model_config.variational_dropout": {"regularization_lambda": 0.01},
+            "train_input_path": str(tmp_path / "features"),
+            "train_config.num_steps": 30,
+        },
+    )
+    _prepare(spark, config, _days(movielens_raw / "events", *EARLY))
+    written = pq.read_table(
+        next((Path(config.train_input_path) / f"ds={LAST}").glob("*.parquet")),
+        columns=["gender_occupation"],
+    ).column(0)
+    raw = _raw_requests(config)
+    crossed = [f"{g}_{o}" for g, o in zip(raw["gender"], raw["occupation"], strict=True)]
+    assert Counter(written.to_pylist()) == Counter(crossed)
+    days = parse_ds_range(":".join(EARLY))
+    Trainer(TrainJob(config=config, model_dir=tmp_path / "m", train_days=days)).train()
+    model, _ = load_model(config, tmp_path / "m")
+    assert model.embedding.tables["gender_occupation"].rows == 1000
+    rates = model.feature_dropout.dropout_rates().numpy()
+    assert rates.shape == (7 + 2,) and np.all(rates != 0.5)  # 7 embedded, 2 raw; trained
+    reader = FeatureReader(
+        config, finished_partitions(config.train_input_path, [LAST]), shuffle=False, batch_size=10**6
+    )
+    features, _ = reader.structure(next(reader.batches()))
+    final = export_saved_model(config, model, tmp_path / "m", tmp_path / "exports")
+    served = tf.saved_model.load(str(final)).signatures["serving_default"]
+    got = served(**{k: tf.constant(v) for k, v in raw.items()})
+    np.testing.assert_allclose(got["probability"].numpy(), tf.sigmoid(model(features)).numpy(), atol=1e-5)

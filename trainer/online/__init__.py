@@ -10,7 +10,8 @@ row's values), ``clock`` (steps and days). What the rest of the trainer calls is
 - the loop: ``start_day`` (the day boundary), ``refresh`` (after a restore or a broadcast),
   ``summaries``, ``AheadSteps`` (``ahead``: each batch admitted in the step before its own);
 - exports and checkpoints: ``snapshot``, ``load_rows``, ``variable_names``, ``row_names``,
-  ``summed_names``; a save that sums per-rank sketches widens them first (``widened``).
+  ``summed_names``; a save that sums per-rank sketches widens them first (``widened``);
+- serving with the store's rows: ``RecordIds``, ``ProvidedRows``, ``row_inputs`` (``served``).
 """
 
 from __future__ import annotations
@@ -21,11 +22,14 @@ from trainer.embedding_tables import EmbeddingConfigError, variable_name
 from trainer.online.admission import SKETCH_DEPTH, SKETCH_NAME, widened
 from trainer.online.ahead import AheadSteps
 from trainer.online.clock import EVClock, day_number
+from trainer.online.served import ProvidedRows, RecordIds, row_inputs
 from trainer.online.table import FREE, STATS, EmbeddingVariable, EVView, table_tag
 
 __all__ = [
     "AheadSteps",
     "FREE",
+    "ProvidedRows",
+    "RecordIds",
     "SKETCH_DEPTH",
     "SKETCH_NAME",
     "STATS",
@@ -37,6 +41,7 @@ __all__ = [
     "day_number",
     "load_rows",
     "refresh",
+    "row_inputs",
     "row_names",
     "snapshot",
     "start_day",

@@ -166,6 +166,8 @@ class EmbeddingVariable:
         self.step_rows: tuple | None = None
         # (the parts, (keys, members)) of the step's group keys (EVView.member_keys)
         self.step_keys: tuple | None = None
+        # while a serving signature traces: rows a client read from the store (trainer.online.served)
+        self.served = None
         self.optimizer_slots: list[tuple[tf.Variable, float]] = []
 
     def view(self, layer, dim: int) -> EVView:
@@ -728,6 +730,8 @@ class EVView:
         admitting view first updates the table (``EmbeddingVariable.count``). ``counts``
         (``int64``, shape ``S``) are the sightings each key stands for (default 1 each);
         ``members`` (``int64 [N]``, flat keys only) each key's member in a group."""
+        if self.ev.served is not None and not training:
+            return self.ev.served.lookup(self, keys, members)
         flat = keys.shape.rank == 1  # an id feature's batch: no reshapes to trace
         ids = keys if flat else tf.reshape(keys, [-1])
         counts = counts if counts is None or flat else tf.reshape(counts, [-1])
