@@ -3,11 +3,12 @@ stateful test): batches queued, trained by one worker or another, pushes staged 
 ``geo_step`` and sent later (its own thread in a job; here a rule that runs it between any two
 others), workers lost in a step, while staging, while a push ships, while it fetches after its
 commit, while merging; the chief's ``sync``. The workers are stand-ins (a step, a stage, a
-ship, a fetch and a merge that succeed or raise TensorFlow's ``UnavailableError``, as a lost
-worker's ops do); the chief's code is ``GeoParameterServerDistribution``'s own, run in this
-thread. After every step: no batch is trained twice, each trained batch is applied once (as
-the ps counts) or lost with its worker or still pending or in flight, a failed step's error
-is raised by the next call, and once no worker is left nothing waits in the queue."""
+ship, a fetch and a merge that succeed or raise TensorFlow's ``UnavailableError``, or another
+error carrying gRPC's UNAVAILABLE, as a lost worker's ops do); the chief's code is
+``GeoParameterServerDistribution``'s own, run in this thread. After every step: no batch is
+trained twice, each trained batch is applied once (as the ps counts) or lost with its worker or
+still pending or in flight, a failed step's error is raised by the next call, and once no
+worker is left nothing waits in the queue."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from trainer.distribute.geo import GeoParameterServerDistribution
 FATES = st.sampled_from([None, None, None, "step", "stage", "merge", "error"])
 COPY_FATES = st.sampled_from([None, None, "copy"])
 PUSH_FATES = st.sampled_from([None, None, "ship", "fetch"])
+LOST_KINDS = (tf.errors.UnavailableError, tf.errors.UnknownError, tf.errors.InternalError)
 
 
 class Ps:
@@ -60,7 +62,9 @@ class StandInWorker:
 
     def _maybe_lost(self, where: str) -> None:
         if self.fate == where:
-            raise tf.errors.UnavailableError(None, None, f"worker {self.index} lost in {where}")
+            # a lost worker's op fails as UNAVAILABLE, or with it wrapped in another error
+            kind = LOST_KINDS[(self.index + len(self.pending)) % len(LOST_KINDS)]
+            raise kind(None, None, f'worker {self.index} lost in {where}: {{"grpc_status":14}}')
 
     def step(self, number):
         self._maybe_lost("step")
@@ -315,3 +319,15 @@ def test_a_worker_lost_after_the_sync_before_a_checkpoint_ends_the_job_with_the_
     assert not worker.alive
     with pytest.raises(StrategyError, match="every worker failed"):
         chief.run_step(None, (1,))
+
+
+def test_a_lost_worker_is_told_from_a_failed_op_by_its_error():
+    from trainer.distribute.geo import worker_lost
+
+    reset = '{"grpc_message":"Connection reset by peer","grpc_status":14}'
+    assert worker_lost(tf.errors.UnavailableError(None, None, "lost"))
+    assert worker_lost(tf.errors.UnknownError(None, None, f"Graph execution error: {reset}"))
+    gone = "Unable to find the relevant tensor remote_handle"
+    assert worker_lost(tf.errors.InvalidArgumentError(None, None, gone))
+    assert not worker_lost(tf.errors.InvalidArgumentError(None, None, "Incompatible shapes: [128] vs [64]"))
+    assert not worker_lost(ValueError('"grpc_status":14'))

@@ -76,7 +76,26 @@ QUEUE_PER_WORKER = 2
 PUT_POLL_S = 0.05
 # what a worker's lost connection raises
 WORKER_LOST = (*LOST_RESULT, tf.errors.AbortedError)
+# how else a dead worker's op fails, by TensorFlow's own list (cluster_coordinator's
+# _is_worker_failure): a gRPC UNAVAILABLE wrapped in another error, a handle or a function
+# the restarted or gone worker no longer holds
+LOST_TEXTS = (
+    '"grpc_status":14',
+    "Connection reset by peer",
+    "Socket closed",
+    "Unable to find the relevant tensor remote_handle",
+    "unknown device",
+    "neither a type of a primitive operation nor a name of a function registered",
+)
 ALL_FAILED = "geo: every worker failed; the job stops (a retry resumes from the latest checkpoint)"
+
+
+def worker_lost(err: BaseException) -> bool:
+    """Whether ``err``, raised by an op on a worker, means the worker is gone: one of
+    ``WORKER_LOST``, or another ``tf.errors.OpError`` whose text is one of ``LOST_TEXTS``."""
+    if isinstance(err, WORKER_LOST):
+        return True
+    return isinstance(err, tf.errors.OpError) and any(t in str(err) for t in LOST_TEXTS)
 
 
 # the int32 range: ids (hash buckets) and row splits within it travel at half their bytes
@@ -99,7 +118,7 @@ def narrow(element) -> tuple:
             values = t.numpy()
             if values.size and (values.min() < INT32.min or values.max() > INT32.max):
                 raise StrategyError(
-                    "train_config.sync_mode: geo ships ids as int32: a feature's hash_bucket_size "
+                    "train_config.sync_mode: geo ships ids as int32: a feature's table size "
                     f"must stay below 2**31 (a batch holds {values.max()})"
                 )
             t = tf.cast(t, tf.int32)
@@ -491,7 +510,9 @@ class GeoParameterServerDistribution(Distribution):
             try:
                 with worker.feed_scope():
                     item.shipped = worker.copy(item.element)
-            except WORKER_LOST as err:
+            except tf.errors.OpError as err:
+                if not worker_lost(err):
+                    raise
                 self._lost(worker, err)
         while True:
             # checked and handed over under the lock the worker is declared lost under: a
@@ -534,14 +555,14 @@ class GeoParameterServerDistribution(Distribution):
         try:
             with worker.scope():
                 item.loss = float(worker.step(*(item.shipped or item.element)))
-        except WORKER_LOST as err:
-            # the step ran on the worker's copy alone: nothing of this batch reached the ps,
-            # so another worker trains it
-            self._lost(worker, err)
-            self._queue.task_done()
-            self._requeue(item)
-            return False
         except Exception as err:  # noqa: BLE001 - raised by the loop's next call
+            if worker_lost(err):
+                # the step ran on the worker's copy alone: nothing of this batch reached the
+                # ps, so another worker trains it
+                self._lost(worker, err)
+                self._queue.task_done()
+                self._requeue(item)
+                return False
             item.error = err
             self._fail(err)
             item.done.set()
@@ -644,7 +665,9 @@ class GeoParameterServerDistribution(Distribution):
         try:
             with worker.scope():
                 staged = worker.stage()
-        except WORKER_LOST as err:
+        except tf.errors.OpError as err:
+            if not worker_lost(err):
+                raise
             self._lost(worker, err)
             return False
         with self._lock:
@@ -677,7 +700,9 @@ class GeoParameterServerDistribution(Distribution):
         try:
             with worker.scope():
                 worker.merge(push.fetched)
-        except WORKER_LOST as err:
+        except tf.errors.OpError as err:
+            if not worker_lost(err):
+                raise
             self._lost(worker, err)
 
     def _send(self, push: _Push) -> None:
@@ -689,7 +714,9 @@ class GeoParameterServerDistribution(Distribution):
             try:
                 with worker.push_scope():
                     shipped = worker.ship(push.staged)
-            except WORKER_LOST as err:
+            except tf.errors.OpError as err:
+                if not worker_lost(err):
+                    raise
                 with self._lock:  # nothing of it reached the ps
                     self.lost.update(push.batches)
                     worker.sending = []
@@ -706,7 +733,9 @@ class GeoParameterServerDistribution(Distribution):
                 with worker.push_scope():
                     fetched, received = worker.fetch()
                 push.fetched, received = fetched, received.numpy()
-            except WORKER_LOST as err:
+            except tf.errors.OpError as err:
+                if not worker_lost(err):
+                    raise
                 self._lost(worker, err)
                 self._requeue(None)
                 return
@@ -803,7 +832,9 @@ class GeoParameterServerDistribution(Distribution):
                 with worker.scope():
                     worker.copy_slots()
                 return
-            except WORKER_LOST as err:
+            except tf.errors.OpError as err:
+                if not worker_lost(err):
+                    raise
                 self._lost(worker, err)
         raise StrategyError(ALL_FAILED)
 
