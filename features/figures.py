@@ -138,7 +138,7 @@ def figure_names(config: PipelineConfig, moments: bool) -> list[str]:
 
 
 def _input_columns(config: PipelineConfig) -> list[str]:
-    return list(dict.fromkeys(f.input_names[0] for f in config.feature_config.features))
+    return list(dict.fromkeys(c for f in config.feature_config.features for c in f.input_names))
 
 
 def _dense_inputs(config: PipelineConfig) -> dict[str, str]:

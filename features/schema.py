@@ -156,8 +156,18 @@ def _blank(col: Column) -> Column:
     return col.isNull() | (F.trim(col) == "")
 
 
+def _defaulted(value: Column, raw: Column, field: InputField) -> Column:
+    """``value``, or the field's ``default_val`` (typed) where the raw text is blank."""
+    if field.default_val is None:
+        return value
+    default = F.lit(field.default_val.strip() or field.default_val).try_cast(SPARK_TYPES[field.input_type])
+    return F.when(_blank(raw), default).otherwise(value)
+
+
 def parse(df: DataFrame, fields: list[InputField], labels: list[str]) -> DataFrame:
     """Cast the string columns to their declared types, keeping the raw strings for quarantine.
+    A blank value of a field with ``default_val`` takes that value (EasyRec's
+    ``input_fields.default_val``); a label with one is never missing.
 
     Returns:
         The declared columns, typed; each raw string as ``_raw_<name>``; ``_source_file``;
@@ -185,9 +195,11 @@ def parse(df: DataFrame, fields: list[InputField], labels: list[str]) -> DataFra
             )
             # blankness (a trim) is checked only for the values that did not parse
             problems.append((value.isNull() & ~_blank(raw), problem))
-        typed.append(value.alias(field.input_name))
+        typed.append(_defaulted(value, raw, field).alias(field.input_name))
+    defaulted = {f.input_name for f in fields if f.default_val is not None}
     for label in labels:
-        problems.append((_blank(F.col(label)), F.lit(f"{label}: missing label")))
+        if label not in defaulted:
+            problems.append((_blank(F.col(label)), F.lit(f"{label}: missing label")))
     bad = functools.reduce(lambda a, b: a | b, [cond for cond, _ in problems])
     return df.select(
         *typed,
@@ -226,7 +238,6 @@ def read_dimension(spark: SparkSession, path: Path, fields: list[InputField], se
     columns = []
     for f in fields:
         raw = F.col(f.input_name)
-        if f.input_type != InputType.STRING:
-            raw = F.trim(raw).try_cast(SPARK_TYPES[f.input_type])
-        columns.append(raw.alias(f.input_name))
+        value = raw if f.input_type == InputType.STRING else F.trim(raw).try_cast(SPARK_TYPES[f.input_type])
+        columns.append(_defaulted(value, raw, f).alias(f.input_name))
     return df.select(*columns)

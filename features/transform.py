@@ -28,6 +28,16 @@ def clean_id(col: Column, input_type: InputType) -> Column:
     return F.coalesce(trim_whitespace(col), F.lit(""))
 
 
+def combo_id(cols: list[Column], input_types: list[InputType], feature: FeatureSpec) -> Column:
+    """A ComboFeature's id: its inputs' cleaned ids joined by ``combo_join_sep``; empty
+    (the missing id) when any input is missing, as a cross with a missing id is none."""
+    ids = [clean_id(c, t) for c, t in zip(cols, input_types, strict=True)]
+    missing = F.lit(False)
+    for i in ids:
+        missing = missing | (i == F.lit(""))
+    return F.when(missing, F.lit("")).otherwise(F.concat_ws(feature.combo_join_sep, *ids)).alias(feature.name)
+
+
 def split_tags(col: Column, separator: str) -> Column:
     """Split a tag string into cleaned, non-empty tokens (array<string>, empty when missing)."""
     tokens = F.split(F.coalesce(col, F.lit("")), _regex_literal(separator))
@@ -93,6 +103,8 @@ def feature_columns(
         col = F.col(f.input_names[0])
         if f.feature_type == FeatureType.IdFeature:
             out.append(clean_id(col, types[f.input_names[0]]).alias(f.name))
+        elif f.feature_type == FeatureType.ComboFeature:
+            out.append(combo_id([F.col(c) for c in f.input_names], [types[c] for c in f.input_names], f))
         elif f.feature_type == FeatureType.SequenceFeature:
             seq = col if f.input_names[0] in histories else split_tags(col, f.separator)
             out.append(seq.alias(f.name))

@@ -35,22 +35,23 @@ def table_shapes(features: list[FeatureSpec], dim: int | None = None) -> dict[st
     overrides embedding_dim.
 
     Raises:
-        EmbeddingConfigError: a feature lacks ``hash_bucket_size``, or features sharing an
+        EmbeddingConfigError: a feature lacks ``hash_bucket_size`` and ``num_buckets``, or
+            features sharing an
             ``embedding_name`` differ in size or dimension.
     """
     shapes: dict[str, tuple[int, int]] = {}
     for f in features:
         if f.ev_params is not None:
             continue  # an online table (trainer.online.table_specs)
-        if f.hash_bucket_size is None:
+        if f.table_rows is None:
             raise EmbeddingConfigError(
-                f"feature_config: {f.name!r} needs hash_bucket_size for an embedding table"
+                f"feature_config: {f.name!r} needs hash_bucket_size or num_buckets for an embedding table"
             )
         table = f.embedding_name or f.name
-        shape = (f.hash_bucket_size, dim or f.embedding_dim)
+        shape = (f.table_rows, dim or f.embedding_dim)
         if shapes.setdefault(table, shape) != shape:
             raise EmbeddingConfigError(
-                f"feature_config: features sharing embedding_name {table!r} need one hash_bucket_size and "
+                f"feature_config: features sharing embedding_name {table!r} need one table size and "
                 f"embedding_dim, got {shapes[table]} and {shape}"
             )
     return shapes

@@ -272,6 +272,9 @@ class Trainer:
         model, loss_fn, optimizers, split = state.model, self.loss_fn, state.optimizers, state.var_split
         reg = self.config.model.embedding_regularization
         tables = {t.ref() for t in model.variable_groups()["embedding"]}
+        # EasyRec's l2_regularization: on the dense layers' kernels (not biases nor tables)
+        l2 = self.config.model.l2_regularization
+        kernels = [v for v in model.trainable_variables if "kernel" in v.name and v.ref() not in tables]
         variables = [v for part in split for v in part]
         # a sharded table's gradient is already the job's sum (the lookup's reverse all-to-all)
         exchanged = [i for i, v in enumerate(variables) if not state.is_sharded(v)]
@@ -282,6 +285,10 @@ class Trainer:
             with tf.GradientTape() as tape:
                 logits = model(features, training=True)
                 loss = loss_fn(labels, logits) * share
+                if model.losses:  # the layers' own (variational_dropout's penalty)
+                    loss += tf.add_n(model.losses) * share
+                if l2 and kernels:
+                    loss += l2 * tf.add_n([tf.nn.l2_loss(k) for k in kernels]) * share
             grads = tape.gradient(loss, variables)
             if reg:
                 grads, reg_loss = _l2_on_rows(grads, variables, tables, reg)

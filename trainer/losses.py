@@ -91,17 +91,19 @@ def build_loss(
 ) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
     """``losses`` (weighted sum) if given, else the single ``loss_type``: labels and logits
     ``float32 [B]``. A multi-task model (``task_labels``, from ``PipelineConfig.task_labels``)
-    gets the sum of each task tower's ``weight`` x its ``loss_type`` on its target: labels
-    ``float32 [B, L]`` (the label fields), logits ``float32 [B, T]``."""
+    gets the sum of each task tower's ``weight`` x its ``losses`` (or its ``loss_type``) on
+    its target: labels ``float32 [B, L]`` (the label fields), logits ``float32 [B, T]``."""
     if task_labels:
         tasks = model_config.tasks
+        terms_of = [list(t.losses) or [Loss(loss_type=t.loss_type)] for t in tasks]
 
         def multi(labels, logits):
             targets = task_targets(labels, task_labels)
             return tf.add_n(
                 [
-                    t.weight * LOSSES[t.loss_type](targets[:, i], logits[:, i], Loss(loss_type=t.loss_type))
+                    t.weight * term.weight * LOSSES[term.loss_type](targets[:, i], logits[:, i], term)
                     for i, t in enumerate(tasks)
+                    for term in terms_of[i]
                 ]
             )
 

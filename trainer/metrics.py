@@ -17,19 +17,48 @@ from recpipe.config.model import Metric
 from recpipe.stats import auc, grouped_auc
 
 
-def gauc(labels: np.ndarray, scores: np.ndarray, groups: np.ndarray) -> float:
-    """Group AUC: per-group AUC weighted by the group's row count, over groups that hold both
-    classes (as EasyRec's ``gauc`` grouped by ``uid_field``)."""
+def gauc(
+    labels: np.ndarray, scores: np.ndarray, groups: np.ndarray, reduction: str = "mean_by_sample_num"
+) -> float:
+    """Group AUC: per-group AUC over the groups that hold both classes, reduced by
+    ``reduction``: ``mean`` (each group alike), ``mean_by_sample_num`` (weighted by its rows)
+    or ``mean_by_positive_num`` (by its positives): EasyRec's ``gauc`` and ``session_auc``.
+    NaN when no group holds both classes.
+
+    Raises:
+        ValueError: another ``reduction``.
+    """
+    if reduction not in ("mean", "mean_by_sample_num", "mean_by_positive_num"):
+        raise ValueError(
+            f"gauc reduction: mean, mean_by_sample_num or mean_by_positive_num, got {reduction!r}"
+        )
     order = np.argsort(groups, kind="stable")
     g, y, s = np.asarray(groups)[order], np.asarray(labels)[order], np.asarray(scores)[order]
     bounds = np.flatnonzero(g[1:] != g[:-1]) + 1
-    total, weight = 0.0, 0
+    total, weight = 0.0, 0.0
     for ys, ss in zip(np.split(y, bounds), np.split(s, bounds), strict=True):
         value = auc(ys, ss)
         if not np.isnan(value):
-            total += value * ys.size
-            weight += ys.size
+            w = {"mean": 1.0, "mean_by_sample_num": ys.size, "mean_by_positive_num": float((ys > 0.5).sum())}
+            total += value * w[reduction]
+            weight += w[reduction]
     return total / weight if weight else float("nan")
+
+
+def max_f1(labels: np.ndarray, probs: np.ndarray) -> float:
+    """The largest F1 over every threshold: rows at or above a score count as positive,
+    each distinct score tried (exact; 0 without a positive label)."""
+    y = np.asarray(labels) > 0.5
+    positives = int(y.sum())
+    if positives == 0:
+        return 0.0
+    order = np.argsort(-np.asarray(probs), kind="stable")
+    s, hits = np.asarray(probs)[order], y[order]
+    tp = np.cumsum(hits)
+    # the last row of each run of equal scores: thresholds fall between distinct scores
+    ends = np.append(np.flatnonzero(s[1:] != s[:-1]), s.size - 1)
+    tp, predicted = tp[ends], ends + 1
+    return float(np.max(2 * tp / (predicted + positives)))
 
 
 def logloss(labels: np.ndarray, probs: np.ndarray, eps: float = 1e-7) -> float:
@@ -49,22 +78,34 @@ def compute_metrics(
     """Every metric of ``eval_config.metrics_set``.
 
     Args:
-        groups: feature name -> per-row values, for gAUC's ``uid_field``.
+        groups: feature name -> per-row values, for ``gauc``'s ``uid_field`` and
+            ``session_auc``'s ``session_id_field``.
 
     Raises:
-        KeyError: gAUC's ``uid_field`` is not among ``groups``.
+        KeyError: a grouped AUC's field is not among ``groups``.
     """
     out: dict[str, float] = {}
+    error = np.asarray(labels, np.float64) - np.asarray(probs, np.float64)
     for metric in metrics_set:
         which, c = metric.which(), metric.value()
         if which == "auc":
             out["auc"] = auc(labels, probs)
-        elif which == "gauc":
-            if c.uid_field not in groups:
-                raise KeyError(f"eval_config.metrics_set: gauc uid_field {c.uid_field!r} is not a feature")
-            out["gauc"] = gauc(labels, probs, groups[c.uid_field])
+        elif which in ("gauc", "session_auc"):
+            field = metric.group_field
+            if field not in groups:
+                named = "uid_field" if which == "gauc" else "session_id_field"
+                raise KeyError(f"eval_config.metrics_set: {which} {named} {field!r} is not a feature")
+            out[which] = gauc(labels, probs, groups[field], c.reduction)
         elif which == "logloss":
             out["logloss"] = logloss(labels, probs)
+        elif which == "max_f1":
+            out["max_f1"] = max_f1(labels, probs)
+        elif which == "mean_absolute_error":
+            out[which] = float(np.mean(np.abs(error)))
+        elif which == "mean_squared_error":
+            out[which] = float(np.mean(error**2))
+        elif which == "root_mean_squared_error":
+            out[which] = float(np.sqrt(np.mean(error**2)))
         else:
             tp, fp, fn, tn = _confusion(labels, probs, c.threshold)
             if which == "accuracy":

@@ -7,6 +7,7 @@ embedding_dim, hash_bucket_size, embedding_name, combiner, separator).
 
 from __future__ import annotations
 
+import itertools
 from enum import StrEnum
 
 from pydantic import Field, field_validator, model_validator
@@ -32,6 +33,29 @@ class InputField(Section):
     """The column's name (in a header, or its position's name)."""
     input_type: InputType = InputType.STRING
     """Its type: ``STRING``, ``INT32``, ``INT64``, ``FLOAT``, ``DOUBLE`` or ``BOOL``."""
+    default_val: str | None = None
+    """The value an empty or missing field takes, as text of its type (EasyRec's
+    ``input_fields.default_val``; null: the row keeps a null, and a blank label quarantines
+    it)."""
+
+    @model_validator(mode="after")
+    def _default_of_its_type(self) -> InputField:
+        if self.default_val is None or self.input_type == InputType.STRING:
+            return self
+        text = self.default_val.strip()
+        try:
+            if self.input_type in (InputType.INT32, InputType.INT64):
+                int(text)
+            elif self.input_type == InputType.BOOL:
+                if text.lower() not in ("true", "false", "0", "1"):
+                    raise ValueError(text)
+            else:
+                float(text)
+        except ValueError:
+            raise ValueError(
+                f"default_val: {self.default_val!r} is not a {self.input_type.value} value"
+            ) from None
+        return self
 
 
 class DimensionTable(Section):
@@ -168,6 +192,9 @@ class FeatureType(StrEnum):
     # an ordered list of ids (a behaviour history), its last ``sequence_length`` kept; the
     # sub feature is an IdFeature (EasyRec's ``sub_feature_type``)
     SequenceFeature = "SequenceFeature"
+    # several id columns crossed into one id: their cleaned values joined by
+    # ``combo_join_sep``, then hashed as an IdFeature (EasyRec's ``ComboFeature``)
+    ComboFeature = "ComboFeature"
 
 
 class Normalizer(StrEnum):
@@ -256,18 +283,26 @@ class FeatureSpec(Section):
     feature without it takes ``model_config.ev_params`` when that is set.
     """
 
-    input_names: list[str] = Field(min_length=1, max_length=1)
-    """The one column the feature reads (an event's, a dimension table's or a history's)."""
+    input_names: list[str] = Field(min_length=1)
+    """The column the feature reads (an event's, a dimension table's or a history's); a
+    ComboFeature's two or more id columns."""
     feature_name: str | None = None
     """The feature's name (null: its column's)."""
     feature_type: FeatureType = FeatureType.IdFeature
-    """``IdFeature``, ``RawFeature`` (dense), ``TagFeature`` (a list of ids) or
-    ``SequenceFeature`` (an ordered history)."""
+    """``IdFeature``, ``RawFeature`` (dense), ``TagFeature`` (a list of ids),
+    ``SequenceFeature`` (an ordered history) or ``ComboFeature`` (several ids crossed)."""
     embedding_dim: int = Field(16, gt=0)
     """Width of its embedding rows."""
     hash_bucket_size: int | None = Field(None, gt=0)
-    """Rows of a hashed table: ids are fingerprinted modulo this (needed without
-    ``ev_params``)."""
+    """Rows of a hashed table: ids are fingerprinted modulo this (this or ``num_buckets``
+    without ``ev_params``)."""
+    num_buckets: int | None = Field(None, gt=0)
+    """Rows of an identity table (EasyRec's ``num_buckets``): the column holds integer ids
+    and id ``k`` is row ``k``; a value outside ``[0, num_buckets)`` or not an integer takes
+    row 0. Id, tag and sequence features."""
+    vocab_list: list[str] | None = Field(None, min_length=1)
+    """Rows of a vocabulary table (EasyRec's ``vocab_list``): the value ``vocab_list[k]``
+    takes row ``k + 1``, any other value (or none) row 0. Id, tag and sequence features."""
     embedding_name: str | None = None
     """Features with the same ``embedding_name`` share one table (null: a table of its own)."""
     separator: str = "|"
@@ -278,18 +313,97 @@ class FeatureSpec(Section):
     """A raw feature's normalisation: ``none``, ``log``, ``min_max`` or ``standard``."""
     default_val: float | None = None
     """A raw feature's value where it is missing (null: the window's mean)."""
+    boundaries: list[float] | None = Field(None, min_length=1)
+    """A raw feature bucketized into an embedding (EasyRec's ``boundaries``): the value ``x``
+    takes row ``i``, the number of boundaries ``<= x`` (``len(boundaries) + 1`` rows of
+    ``embedding_dim``); ascending, and with ``normalizer: none``."""
     ev_params: EVParams | None = None
     """An online table for this id or tag feature (null: ``model_config.ev_params``, else a
     hashed table)."""
     sequence_length: int = Field(50, gt=0)
     """A sequence feature's most recent ids kept."""
     sub_feature_type: FeatureType = FeatureType.IdFeature
-    """A sequence's elements (``IdFeature`` only, EasyRec's name)."""
+    """A sequence's elements (EasyRec's name): ``IdFeature``, or ``RawFeature`` (numbers,
+    each bucketized by ``boundaries``, or by ``num_buckets`` even buckets of
+    ``[min_val, max_val]``)."""
+    min_val: float = 0.0
+    """With ``max_val`` and ``num_buckets``: a sequence of numbers' range, cut into
+    ``num_buckets`` even buckets (a value below it takes row 0)."""
+    max_val: float = 0.0
+    """See ``min_val``."""
+    combo_join_sep: str = Field("_", min_length=1)
+    """A ComboFeature's separator between its inputs' ids (EasyRec's empty default crosses
+    them; joined, each combination is still one id)."""
+
+    @model_validator(mode="after")
+    def _inputs_of_its_type(self) -> FeatureSpec:
+        combo = self.feature_type == FeatureType.ComboFeature
+        if combo and len(self.input_names) < 2:
+            raise ValueError("input_names: a ComboFeature crosses two or more columns")
+        if not combo and len(self.input_names) != 1:
+            raise ValueError(f"input_names: one column (a ComboFeature's several), got {self.input_names}")
+        if combo and self.hash_bucket_size is None and self.ev_params is None:
+            raise ValueError("hash_bucket_size: a ComboFeature's crossed ids are hashed")
+        return self
 
     @model_validator(mode="after")
     def _sequence_of_ids(self) -> FeatureSpec:
-        if self.sub_feature_type != FeatureType.IdFeature:
-            raise ValueError(f"sub_feature_type: only IdFeature, got {self.sub_feature_type.value}")
+        if self.sub_feature_type == FeatureType.IdFeature:
+            return self
+        if (
+            self.sub_feature_type != FeatureType.RawFeature
+            or self.feature_type != FeatureType.SequenceFeature
+        ):
+            raise ValueError(
+                "sub_feature_type: IdFeature, or a SequenceFeature's RawFeature, "
+                f"got {self.sub_feature_type.value}"
+            )
+        if self.bucket_bounds is None:
+            raise ValueError(
+                "sub_feature_type: a sequence of numbers is bucketized: give boundaries, or num_buckets "
+                "with max_val > min_val"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _vocabulary(self) -> FeatureSpec:
+        if self.vocab_list is None:
+            return self
+        if self.feature_type in (FeatureType.RawFeature, FeatureType.ComboFeature):
+            raise ValueError("vocab_list: id, tag and sequence features only")
+        if self.hash_bucket_size is not None or self.num_buckets is not None:
+            raise ValueError("give one of hash_bucket_size, num_buckets or vocab_list")
+        return self
+
+    @model_validator(mode="after")
+    def _one_table_size(self) -> FeatureSpec:
+        if self.num_buckets is None:
+            return self
+        if self.feature_type in (FeatureType.RawFeature, FeatureType.ComboFeature):
+            raise ValueError(
+                "num_buckets: id, tag and sequence features only (a RawFeature has no ids, a "
+                "ComboFeature's are hashed)"
+            )
+        if self.hash_bucket_size is not None:
+            raise ValueError("give hash_bucket_size (hashed ids) or num_buckets (integer ids), not both")
+        return self
+
+    @model_validator(mode="after")
+    def _bucketized_raw_values(self) -> FeatureSpec:
+        if self.boundaries is None:
+            return self
+        numbers = (
+            self.feature_type == FeatureType.SequenceFeature
+            and self.sub_feature_type == FeatureType.RawFeature
+        )
+        if self.feature_type != FeatureType.RawFeature and not numbers:
+            raise ValueError(
+                "boundaries: RawFeature only (the buckets of a dense value), or a sequence of numbers"
+            )
+        if any(b >= a for b, a in itertools.pairwise(self.boundaries)):
+            raise ValueError(f"boundaries: must ascend strictly, got {self.boundaries}")
+        if self.normalizer != Normalizer.none:
+            raise ValueError("boundaries: bucketize the raw value (normalizer: none)")
         return self
 
     @property
@@ -302,6 +416,59 @@ class FeatureSpec(Section):
         """The modulo ids are hashed with: ``hash_bucket_size``, or None (the full 64-bit
         fingerprint) for an ``ev_params`` table."""
         return None if self.ev_params is not None else self.hash_bucket_size
+
+    @property
+    def bucket_bounds(self) -> list[float] | None:
+        """A sequence of numbers' bucket boundaries (EasyRec's): its ``boundaries``, or for
+        ``num_buckets`` with ``max_val > min_val`` the values normalised to ``(x - min_val) /
+        (max_val - min_val)`` and cut at ``k / num_buckets``, ``k < num_buckets``; else None."""
+        if (
+            self.feature_type != FeatureType.SequenceFeature
+            or self.sub_feature_type != FeatureType.RawFeature
+        ):
+            return None
+        if self.boundaries is not None:
+            return list(self.boundaries)
+        if self.num_buckets is not None and self.max_val > self.min_val:
+            return [k / self.num_buckets for k in range(self.num_buckets)]
+        return None
+
+    @property
+    def vocabulary(self) -> list[str] | None:
+        """``vocab_list`` where ids are looked up in it (no ``ev_params``: an online table
+        keys every id by its fingerprint), else None."""
+        return self.vocab_list if self.ev_params is None else None
+
+    @property
+    def identity_buckets(self) -> int | None:
+        """``num_buckets`` where the ids are the column's integers (no ``ev_params``: an
+        online table keys every id by its fingerprint), else None."""
+        if self.ev_params is not None or self.bucket_bounds is not None:
+            return None
+        return self.num_buckets
+
+    @property
+    def table_rows(self) -> int | None:
+        """Rows of the feature's fixed table: ``hash_bucket_size``, ``num_buckets``, or one
+        more than its ``boundaries`` or its ``vocab_list``."""
+        if self.bucket_bounds is not None:
+            return len(self.bucket_bounds) + 1
+        if self.boundaries is not None:
+            return len(self.boundaries) + 1
+        if self.vocab_list is not None:
+            return len(self.vocab_list) + 1
+        return self.hash_bucket_size or self.num_buckets
+
+    @property
+    def kind(self) -> str:
+        """What the model takes: ``"id"`` (``int64 [B]``: an Id or ComboFeature, or a RawFeature with
+        ``boundaries``), ``"list"`` (``int64 [B, (n)]``: tag and sequence features) or
+        ``"dense"`` (``float32 [B]``: a RawFeature)."""
+        if self.feature_type in (FeatureType.TagFeature, FeatureType.SequenceFeature):
+            return "list"
+        if self.feature_type == FeatureType.RawFeature and self.boundaries is None:
+            return "dense"
+        return "id"
 
 
 class FeatureConfig(Section):

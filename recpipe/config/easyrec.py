@@ -15,6 +15,7 @@ import json
 import re
 import types
 import typing
+from collections.abc import Iterator
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,18 @@ INPUT_TYPES = {"CSVInput": "csv", "CSVInputV2": "csv", "ParquetInput": "parquet"
 # fields whose value recpipe takes as EasyRec's default, and refuses otherwise
 ACCEPTED_DEFAULTS = {
     "train_config.optimizer_config.use_moving_average": False,
+    "model_config.num_class": 1,
+    # TensorBoard histograms of the sequence embeddings
+    "model_config.feature_groups.sequence_features.tf_summary": False,
+    "model_config.seq_att_groups.tf_summary": False,
+}
+
+
+# data_config fields of EasyRec's readers on PAI that recpipe's reader has no use for: the
+# file's value goes into the output's header with the reason
+DATA_NOTES = {
+    "chief_redundant": "recpipe's chief reads its own share of the row groups, as every worker does.",
+    "file_shard": "recpipe shards a day's Parquet row groups over the workers, whatever the files.",
 }
 
 
@@ -55,6 +68,8 @@ def _item(annotation: Any) -> Any:
 
 def _fields(model: type[BaseModel]) -> dict[str, Any]:
     """The model's fields by the name a file spells them (the alias where there is one)."""
+    if not model.__pydantic_complete__:  # a field's type defined below it: resolve it now
+        model.model_rebuild()
     return {(info.alias or name): info.annotation for name, info in model.model_fields.items()}
 
 
@@ -121,6 +136,28 @@ def _translate(config: Message, notes: list[str]) -> Message:
         data["input_format"] = [INPUT_TYPES[kind]]
     if data:
         config["data_config"] = [data]
+    for name, why in DATA_NOTES.items():
+        if name in data:
+            value = _one(data.pop(name), f"data_config.{name}")
+            notes.append(f"data_config.{name}: {value} dropped: {why}")
+    _expand_names(config, data)
+    model = _one(config.get("model_config"), "model_config")
+    if isinstance(model, dict):
+        config["model_config"] = [_translate_model(model, notes)]
+    _set_everywhere(config, "gauc", "reduction", Identifier("mean"))  # EasyRec's default
+    if _drop_everywhere(config, "auc", "num_thresholds"):
+        notes.append(
+            "auc.num_thresholds dropped: recpipe computes the exact AUC from the ranks of the scores."
+        )
+    evaluation = _one(config.get("eval_config"), "eval_config")
+    if isinstance(evaluation, dict) and "eval_online" in evaluation:
+        evaluation = dict(evaluation)
+        if _true(_one(evaluation.pop("eval_online"), "eval_config.eval_online")):
+            notes.append(
+                "eval_config.eval_online dropped: recpipe evaluates on the eval_ds days "
+                "(eval_config.eval_method: separate for an evaluator beside training)."
+            )
+        config["eval_config"] = [evaluation]
     legacy = config.pop("feature_configs", None)
     if legacy is not None:
         if "feature_config" in config:
@@ -141,6 +178,117 @@ def _translate(config: Message, notes: list[str]) -> Message:
                 "raw_input_path; put those rows in their own ds= partitions and name them in eval_ds."
             )
     return config
+
+
+def _true(value: Any) -> bool:
+    """A boolean field's value, from the text format or JSON."""
+    return value is True or value == Identifier("true")
+
+
+_RANGE = re.compile(r"^(.*)\[(\d+)-(\d+)\]$")
+
+
+def _expanded(name: Any) -> list[Any]:
+    """EasyRec's ``field[1-3]``: ``field1``, ``field2``, ``field3``; another name as it is."""
+    match = _RANGE.match(str(name)) if isinstance(name, str) else None
+    if not match:
+        return [name]
+    stem, first, last = match.group(1), int(match.group(2)), int(match.group(3))
+    return [f"{stem}{i}" for i in range(first, last + 1)]
+
+
+def _expand_names(config: Message, data: dict) -> None:
+    """``data_config.auto_expand_input_fields``: each ``input_fields`` entry named
+    ``field[a-b]`` becomes one per number (same type); feature groups' ``feature_names``
+    expand alike (EasyRec expands them whatever the flag)."""
+    if "auto_expand_input_fields" in data:
+        if _true(_one(data.pop("auto_expand_input_fields"), "data_config.auto_expand_input_fields")):
+            fields = []
+            for field in data.get("input_fields", []):
+                names = _expanded(_one(field.get("input_name"), "data_config.input_fields.input_name"))
+                fields += [dict(field, input_name=[n]) for n in names]
+            data["input_fields"] = fields
+    model = _one(config.get("model_config"), "model_config")
+    for group in (model or {}).get("feature_groups", []) if isinstance(model, dict) else []:
+        if "feature_names" in group:
+            group["feature_names"] = [n for name in group["feature_names"] for n in _expanded(name)]
+
+
+def _translate_model(model: Message, notes: list[str]) -> Message:
+    """EasyRec's model blocks spelled as recpipe's: DCN's ``deep_tower {input, dnn}`` and
+    ``cross_tower {input, cross_num}``, MMoE's older ``experts`` list (one ``dnn`` each), a
+    loss's ``f1_reweighted_loss {f1_beta_square}``."""
+    model = dict(model)
+    dcn = _one(model.get("dcn"), "model_config.dcn")
+    deep = _one(dcn.get("deep_tower"), "model_config.dcn.deep_tower") if isinstance(dcn, dict) else None
+    if isinstance(dcn, dict) and ("cross_tower" in dcn or isinstance(deep, dict)):
+        dcn = dict(dcn)
+        deep = deep or {}
+        cross = _one(dcn.pop("cross_tower", None), "model_config.dcn.cross_tower") or {}
+        inputs = {str(_one(t.get("input"), "input")) for t in (deep, cross) if "input" in t}
+        if len(inputs) > 1:
+            raise Refused(
+                f"model_config.dcn: the cross and deep towers read {sorted(inputs)}; recpipe's DCN "
+                "crosses and deepens the same input (the DEEP groups)"
+            )
+        if "dnn" in deep:
+            dcn["deep_tower"] = deep["dnn"]
+        elif "deep_tower" in dcn:
+            del dcn["deep_tower"]
+        if "cross_num" in cross:
+            dcn["cross_num"] = cross["cross_num"]
+        model["dcn"] = [dcn]
+        notes.append(
+            "model_config.dcn: EasyRec's DCN crosses with vector weights (DCN v1); recpipe's "
+            "cross layers are DCN-v2's full-rank ones (Wang et al., 2021)."
+        )
+    mmoe = _one(model.get("mmoe"), "model_config.mmoe")
+    if isinstance(mmoe, dict) and "experts" in mmoe:  # EasyRec's older form: an entry per expert
+        mmoe = dict(mmoe)
+        experts = mmoe.pop("experts")
+        dnns = [_one(e.get("dnn"), "model_config.mmoe.experts.dnn") for e in experts]
+        if any(d != dnns[0] for d in dnns) or "expert_dnn" in mmoe or "num_expert" in mmoe:
+            raise Refused(
+                "model_config.mmoe.experts: recpipe's experts share one expert_dnn; give num_expert "
+                "and expert_dnn instead"
+            )
+        mmoe["num_expert"], mmoe["expert_dnn"] = [len(experts)], [dnns[0]]
+        model["mmoe"] = [mmoe]
+    losses = []
+    for loss in model.get("losses", []):
+        f1 = _one(loss.get("f1_reweighted_loss"), "model_config.losses.f1_reweighted_loss")
+        if isinstance(f1, dict):
+            loss = {k: v for k, v in loss.items() if k != "f1_reweighted_loss"} | f1
+        losses.append(loss)
+    if losses:
+        model["losses"] = losses
+    return model
+
+
+def _messages(tree: Any, parent: str) -> Iterator[dict]:
+    """Every message held by a field named ``parent``, anywhere in the tree."""
+    if isinstance(tree, list):
+        for item in tree:
+            yield from _messages(item, parent)
+    elif isinstance(tree, dict):
+        for key, child in tree.items():
+            if key == parent:
+                yield from (m for m in (child if isinstance(child, list) else [child]) if isinstance(m, dict))
+            yield from _messages(child, parent)
+
+
+def _set_everywhere(tree: Any, parent: str, name: str, value: Any) -> None:
+    """Give field ``name`` of every ``parent`` message in the tree ``value`` where unset."""
+    for message in _messages(tree, parent):
+        message.setdefault(name, [value])
+
+
+def _drop_everywhere(tree: Any, parent: str, name: str) -> bool:
+    """Remove field ``name`` of every ``parent`` message in the tree; whether any was there."""
+    found = False
+    for message in _messages(tree, parent):
+        found |= message.pop(name, None) is not None
+    return found
 
 
 def _one(values: Any, where: str) -> Any:

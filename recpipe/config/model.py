@@ -18,17 +18,6 @@ class WideDeep(StrEnum):
     WIDE = "WIDE"
 
 
-class FeatureGroup(Section):
-    """EasyRec ``feature_groups``: named lists of features fed to one part of the model."""
-
-    group_name: str
-    """The group's name, as a tower's ``input`` names it."""
-    feature_names: list[str] = Field(min_length=1)
-    """Its features (``feature_config`` names)."""
-    wide_deep: WideDeep = WideDeep.DEEP
-    """The part of the model it feeds: ``DEEP`` or ``WIDE``."""
-
-
 class DNN(Section):
     """An MLP block (EasyRec ``dnn``): ReLU ``hidden_units``, optional dropout and batch norm."""
 
@@ -45,45 +34,49 @@ class DNN(Section):
     much more where it has not, serving included."""
 
 
-class DNNModel(Section):
+class ModelBlock(Section):
+    """What every model class's block takes."""
+
+    l2_regularization: float = Field(0.0, ge=0)
+    """L2 weight on the model's dense kernels (its MLPs' and output layers' weights; not
+    biases nor embeddings): ``l2_regularization * sum(w ** 2) / 2`` added to the loss
+    (EasyRec's ``l2_regularization``)."""
+
+
+class DNNModel(ModelBlock):
     """``model_config.dnn`` of the DNN model class."""
 
     dnn: DNN = Field(default_factory=DNN)
     """The MLP over every feature group."""
 
 
-class WideAndDeepModel(Section):
+class WideAndDeepModel(ModelBlock):
     """``model_config.wide_and_deep``: the deep MLP and the wide output width."""
 
     dnn: DNN = Field(default_factory=DNN)
     """The deep part's MLP."""
+    final_dnn: DNN | None = None
+    """An MLP over ``[wide output (``wide_output_dim`` wide, the wide rows summed), the deep
+    MLP's output]``, then the logit (EasyRec's ``final_dnn``); null: the logit is the deep
+    part's plus the wide part's summed."""
     wide_output_dim: int = Field(1, gt=0)
     """Width of the wide part's output (its embeddings' width)."""
 
 
-class DeepFMModel(Section):
+class DeepFMModel(ModelBlock):
     """``model_config.deepfm``: the deep MLP beside the FM term (Guo et al., 2017)."""
 
     dnn: DNN = Field(default_factory=DNN)
     """The deep part's MLP."""
     final_dnn: DNN | None = None
-    """Refused: the logit is the sum of the FM, wide and deep outputs (EasyRec's optional MLP
-    over them is not built)."""
+    """An MLP over ``[wide logit, FM vector (the per-dimension FM term, ``[B, D]``), the deep
+    MLP's output]``, then the logit (EasyRec's ``final_dnn``); null: the logit is the sum of
+    the wide, FM and deep outputs."""
     wide_output_dim: int = Field(1, gt=0)
     """Width of the wide part's output (its embeddings' width)."""
 
-    @field_validator("final_dnn")
-    @classmethod
-    def _no_final_dnn(cls, value: DNN | None) -> DNN | None:
-        if value is not None:
-            raise ValueError(
-                "recpipe's DeepFM sums the FM, wide and deep outputs into the logit; EasyRec's "
-                "final_dnn over them is not supported: remove it (or use DCN, whose final_dnn is)"
-            )
-        return value
 
-
-class DLRMModel(Section):
+class DLRMModel(ModelBlock):
     """``model_config.dlrm``: bottom MLP (dense -> embedding width) and top MLP (Naumov et al., 2019)."""
 
     bot_dnn: DNN = Field(default_factory=lambda: DNN(hidden_units=[64, 16]))
@@ -94,7 +87,7 @@ class DLRMModel(Section):
     """Include each vector's dot product with itself."""
 
 
-class DCNModel(Section):
+class DCNModel(ModelBlock):
     """DCN-v2: ``cross_num`` full-rank cross layers beside a DNN (Wang et al., 2021)."""
 
     cross_num: int = Field(3, gt=0)
@@ -124,7 +117,7 @@ class DINTower(Section):
     """The MLP scoring each history element (its last layer one unit)."""
 
 
-class MultiTowerModel(Section):
+class MultiTowerModel(ModelBlock):
     """``model_config.multi_tower`` (EasyRec's MultiTower / MultiTowerDIN): a tower per feature
     group and a DIN tower per ``seq_att_groups`` group, concatenated into ``final_dnn``."""
 
@@ -136,9 +129,16 @@ class MultiTowerModel(Section):
     """The MLP over the towers' outputs concatenated."""
 
 
+def _listed(value):
+    """EasyRec's repeated string fields: one name written alone is a list of one."""
+    return [value] if isinstance(value, str) else value
+
+
 class SeqAttMap(Section):
-    """One ``seq_att_map``: the target feature ``key`` (the candidate's item, say) and the
-    SequenceFeature ``hist_seq`` of the user's earlier ones, embedded by the same table.
+    """One ``seq_att_map``: the target features ``key`` (the candidate's item, say) and the
+    SequenceFeatures ``hist_seq`` of the user's earlier ones. Several keys are concatenated
+    into the query and their histories, element by element, into the attention's keys, so
+    the keys' widths add up to the histories' (or ``allow_key_transform`` is set).
 
     ``aux_hist_seq`` (EasyRec's name): SequenceFeatures of the same events that have no key
     of their own (the rating the user gave each film, say). They take no part in the scores;
@@ -146,22 +146,67 @@ class SeqAttMap(Section):
     user met the earlier items most like the candidate.
     """
 
-    key: str
-    """The target feature (the candidate item)."""
-    hist_seq: str
-    """The SequenceFeature of the user's earlier ones, embedded by the same table."""
+    key: list[str] = Field(min_length=1)
+    """The target features (the candidate item); one name or a list."""
+    hist_seq: list[str] = Field(min_length=1)
+    """The SequenceFeatures of the user's earlier ones, of one length; one name or a list."""
     aux_hist_seq: list[str] = Field(default_factory=list)
     """SequenceFeatures of the same events pooled with the history's attention weights."""
 
+    _keys = field_validator("key", "hist_seq", "aux_hist_seq", mode="before")(_listed)
+
 
 class SeqAttGroup(Section):
-    """EasyRec ``seq_att_groups``: named (key, history) pairs attended over together: the
-    keys' embeddings are concatenated into the query, the histories' into its keys."""
+    """EasyRec ``seq_att_groups`` (``SeqAttGroupConfig``), also a feature group's
+    ``sequence_features``: named (key, history) pairs attended over together (DIN's target
+    attention, Zhou et al., KDD 2018).
+
+    In a feature group, each pair's pooled history (and, with ``need_key_feature``, its
+    keys' embeddings) is appended to the group's inputs, as EasyRec's sequence feature
+    layer does; in ``seq_att_groups`` a ``multi_tower.din_towers`` entry names it.
+    """
 
     group_name: str
     """The group's name, as a DIN tower's ``input`` names it."""
     seq_att_map: list[SeqAttMap] = Field(min_length=1)
     """Its (key, history) pairs."""
+    seq_dnn: DNN = Field(default_factory=lambda: DNN(hidden_units=[128, 64, 32, 1]))
+    """The MLP scoring each history element in a feature group's attention (its last layer
+    one unit); a DIN tower uses its own ``dnn``."""
+    need_key_feature: bool = True
+    """In a feature group: append the keys' embeddings beside the pooled history."""
+    allow_key_transform: bool = False
+    """Keys narrower or wider than their histories: the query is padded with zeros to the
+    histories' width when they are wider (and not ``transform_dnn``), else the query and
+    the histories are each projected by a dense layer to the histories' width."""
+    transform_dnn: bool = False
+    """With ``allow_key_transform``: project by dense layers even where padding would do."""
+    allow_key_search: bool = True
+    """A key may be any feature (``false``: only one of the same feature group's)."""
+
+
+class FeatureGroup(Section):
+    """EasyRec ``feature_groups``: named lists of features fed to one part of the model."""
+
+    group_name: str
+    """The group's name, as a tower's ``input`` names it."""
+    feature_names: list[str] = Field(min_length=1)
+    """Its features (``feature_config`` names)."""
+    wide_deep: WideDeep = WideDeep.DEEP
+    """The part of the model it feeds: ``DEEP`` or ``WIDE``."""
+    sequence_features: list[SeqAttGroup] = Field(default_factory=list)
+    """DIN attentions whose outputs join the group's inputs (a DEEP group's)."""
+
+
+class VariationalDropoutConfig(Section):
+    """EasyRec ``variational_dropout``: a learned dropout rate per deep input feature, its
+    retention penalised, so that the rates rank the features (Chang et al., 2017,
+    arXiv:1712.08645). One layer over the model's deep inputs (EasyRec's is per group)."""
+
+    regularization_lambda: float = Field(0.01, ge=0)
+    """Weight of the penalty ``sum(1 - p) / batch_size``."""
+    embedding_wise_variational_dropout: bool = False
+    """A rate per embedding dimension instead of per feature."""
 
 
 class ModelClass(StrEnum):
@@ -172,6 +217,7 @@ class ModelClass(StrEnum):
     DeepFM = "DeepFM"
     DLRM = "DLRM"
     DCN = "DCN"
+    MultiTower = "MultiTower"
     MultiTowerDIN = "MultiTowerDIN"
     MMoE = "MMoE"
     ESMM = "ESMM"
@@ -179,6 +225,17 @@ class ModelClass(StrEnum):
 
 
 MULTI_TASK_BLOCK = {ModelClass.MMoE: "mmoe", ModelClass.ESMM: "esmm", ModelClass.DBMTL: "dbmtl"}
+# each class's block in model_config
+CLASS_BLOCK = {
+    ModelClass.DNN: "dnn",
+    ModelClass.WideAndDeep: "wide_and_deep",
+    ModelClass.DeepFM: "deepfm",
+    ModelClass.DLRM: "dlrm",
+    ModelClass.DCN: "dcn",
+    ModelClass.MultiTower: "multi_tower",
+    ModelClass.MultiTowerDIN: "multi_tower",
+    **MULTI_TASK_BLOCK,
+}
 
 
 class LossType(StrEnum):
@@ -227,11 +284,13 @@ class TaskTower(Section):
     """The task's weight in the summed loss."""
     loss_type: LossType = LossType.CLASSIFICATION
     """The task's loss."""
+    losses: list[Loss] = Field(default_factory=list)
+    """Several weighted losses summed for the task (empty: ``loss_type``)."""
     metrics_set: list[Metric] = Field(default_factory=list)
     """The task's metrics (empty: ``eval_config.metrics_set``)."""
 
 
-class MMoEModel(Section):
+class MMoEModel(ModelBlock):
     """``model_config.mmoe``: ``num_expert`` expert MLPs over the shared input, one softmax
     gate and tower per task (Ma et al., "Modeling Task Relationships in Multi-task Learning
     with Multi-gate Mixture-of-Experts", KDD 2018; EasyRec's ``mmoe``)."""
@@ -244,7 +303,7 @@ class MMoEModel(Section):
     """A tower per task."""
 
 
-class DBMTLModel(Section):
+class DBMTLModel(ModelBlock):
     """``model_config.dbmtl``: a shared ``bottom_dnn`` (or MMoE experts with ``num_expert``
     > 0), a tower per task, and each task's ``relation_tower_names`` feeding it their tower
     outputs through its ``relation_dnn`` (Bayesian dependencies between tasks: EasyRec's
@@ -269,13 +328,16 @@ class DBMTLTaskTower(TaskTower):
     """The MLP over this tower's and those towers' outputs."""
 
 
-class ESMMModel(Section):
+class ESMMModel(ModelBlock):
     """``model_config.esmm``: a CTR tower and a CVR tower over shared embeddings, trained over
     the whole exposure space: the CTR task on ``ctr_tower``'s label, the CTCVR task
     (p_ctr x p_cvr) on ``cvr_tower``'s label, which must imply the first (a conversion is
     a click); p_cvr itself is never fitted on clicked rows alone (Ma et al., "Entire Space
     Multi-Task Model", SIGIR 2018; EasyRec's ``esmm``)."""
 
+    groups: list[Tower] = Field(default_factory=list)
+    """An MLP per feature group (``input``), their outputs concatenated as both towers'
+    input (EasyRec's ``groups``); empty: the DEEP groups' features concatenated."""
     ctr_tower: TaskTower = Field(default_factory=lambda: TaskTower(tower_name="ctr"))
     """The click task's tower (its label: clicked)."""
     cvr_tower: TaskTower = Field(default_factory=lambda: TaskTower(tower_name="cvr"))
@@ -286,7 +348,7 @@ class ModelConfig(Section):
     """EasyRec ``model_config``: the class, its feature groups, and its own block."""
 
     model_class: ModelClass = ModelClass.DeepFM
-    """``DNN``, ``WideAndDeep``, ``DeepFM``, ``DLRM``, ``DCN``, ``MultiTowerDIN``, ``MMoE``,
+    """``DNN``, ``WideAndDeep``, ``DeepFM``, ``DLRM``, ``DCN``, ``MultiTower``, ``MultiTowerDIN``, ``MMoE``,
     ``ESMM`` or ``DBMTL``."""
     feature_groups: list[FeatureGroup] = Field(min_length=1)
     """Named lists of features, each fed to one part of the model."""
@@ -301,7 +363,7 @@ class ModelConfig(Section):
     dcn: DCNModel | None = None
     """The ``DCN`` class's block."""
     multi_tower: MultiTowerModel | None = None
-    """The ``MultiTowerDIN`` class's block."""
+    """The ``MultiTower`` and ``MultiTowerDIN`` classes' block."""
     mmoe: MMoEModel | None = None
     """The ``MMoE`` class's block."""
     esmm: ESMMModel | None = None
@@ -319,6 +381,14 @@ class ModelConfig(Section):
     ev_params: EVParams | None = None
     """Online tables for every id and tag feature without ``ev_params`` of its own (EasyRec's
     model-level ``ev_params``)."""
+    variational_dropout: VariationalDropoutConfig | None = None
+    """Learned per-feature dropout over the deep inputs (null: none)."""
+
+    @property
+    def l2_regularization(self) -> float:
+        """The model class's block's ``l2_regularization`` (0 without a block)."""
+        block = getattr(self, CLASS_BLOCK[self.model_class], None)
+        return block.l2_regularization if block is not None else 0.0
 
     @model_validator(mode="after")
     def _multi_task_block(self) -> ModelConfig:
@@ -386,11 +456,28 @@ class AUC(Section):
         return value
 
 
+Reduction = Literal["mean", "mean_by_sample_num", "mean_by_positive_num"]
+
+
 class GAUC(Section):
-    """``gauc`` metric: AUC per ``uid_field`` value, weighted by rows."""
+    """``gauc`` metric: AUC per ``uid_field`` value (groups holding both classes), reduced
+    over the groups by ``reduction``."""
 
     uid_field: str
     """The column whose values group the rows (the user id)."""
+    reduction: Reduction = "mean_by_sample_num"
+    """``mean`` (each group alike: EasyRec's default), ``mean_by_sample_num`` (weighted by
+    the group's rows: recpipe's default) or ``mean_by_positive_num`` (by its positives)."""
+
+
+class SessionAUC(Section):
+    """``session_auc`` metric: AUC per ``session_id_field`` value (a request's candidates
+    ranked against each other), reduced over the sessions by ``reduction``."""
+
+    session_id_field: str
+    """The column whose values group the rows (the session or request id)."""
+    reduction: Reduction = "mean"
+    """As ``gauc``'s (default ``mean``, EasyRec's)."""
 
 
 class Thresholded(Section):
@@ -419,6 +506,23 @@ class Metric(OneOf):
     """Precision at ``threshold``."""
     recall: Thresholded | None = None
     """Recall at ``threshold``."""
+    max_f1: Empty | None = None
+    """The largest F1 over every threshold of the scores."""
+    session_auc: SessionAUC | None = None
+    """AUC per ``session_id_field`` value, reduced over the sessions."""
+    mean_absolute_error: Empty | None = None
+    """Mean of ``|label - probability|``."""
+    mean_squared_error: Empty | None = None
+    """Mean of ``(label - probability) ** 2``."""
+    root_mean_squared_error: Empty | None = None
+    """Its square root."""
+
+    @property
+    def group_field(self) -> str | None:
+        """The column a grouped AUC groups by (``gauc``'s ``uid_field``, ``session_auc``'s
+        ``session_id_field``), else None."""
+        value = self.value()
+        return getattr(value, "uid_field", None) or getattr(value, "session_id_field", None)
 
 
 class EvalMethod(StrEnum):
@@ -459,6 +563,10 @@ class ExportConfig(Section):
     always)."""
     best_exporter_metric: str | None = None
     """Refused: read only by EasyRec's ``best`` exporter."""
+    multi_placeholder: bool = True
+    """EasyRec's: the SavedModel's ``serving_default`` takes one input per feature column
+    (true), or one string input ``features``, each row's fields (``data_config``'s, labels
+    left out) joined by ``data_config.separator`` (false)."""
 
     @field_validator("exporter_type")
     @classmethod

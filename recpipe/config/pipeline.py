@@ -88,23 +88,28 @@ class PipelineConfig(Section):
     @model_validator(mode="after")
     def _features_match_inputs(self) -> PipelineConfig:
         fields = self.data_config.all_fields()
+        if not self.export_config.multi_placeholder and self.data_config.behavior_sequence is not None:
+            raise ValueError(
+                "export_config.multi_placeholder: false joins a row's fields into one string; a "
+                "behavior_sequence history has no place in it (keep multi_placeholder: true)"
+            )
         for i, feature in enumerate(self.feature_config.features):
+            for column in feature.input_names:
+                if column not in fields:
+                    raise ValueError(
+                        f"feature_config.features[{i}].input_names: {column!r} is not a column of "
+                        "data_config.input_fields or a dimension table"
+                    )
             column = feature.input_names[0]
-            if column not in fields:
-                raise ValueError(
-                    f"feature_config.features[{i}].input_names: {column!r} is not a column of "
-                    "data_config.input_fields or a dimension table"
-                )
             kind = fields[column]
-            if feature.feature_type == FeatureType.IdFeature and kind not in (
-                InputType.STRING,
-                InputType.INT32,
-                InputType.INT64,
-            ):
-                raise ValueError(
-                    f"feature_config.features[{i}]: IdFeature {feature.name!r} needs a STRING or "
-                    f"integer column, {column!r} is {kind.value}"
-                )
+            ids = (InputType.STRING, InputType.INT32, InputType.INT64)
+            for column in feature.input_names:
+                is_id = feature.feature_type in (FeatureType.IdFeature, FeatureType.ComboFeature)
+                if is_id and fields[column] not in ids:
+                    raise ValueError(
+                        f"feature_config.features[{i}]: {feature.feature_type.value} {feature.name!r} "
+                        f"needs a STRING or integer column, {column!r} is {fields[column].value}"
+                    )
             if feature.feature_type == FeatureType.RawFeature and feature.ev_params is not None:
                 raise ValueError(
                     f"feature_config.features[{i}].ev_params: RawFeature {feature.name!r} has no table"

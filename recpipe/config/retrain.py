@@ -230,6 +230,28 @@ class StreamConfig(Section):
         return value
 
 
+class BatchPredictConfig(Section):
+    """A partition the champion scores each day after the gate (``recpipe predict``'s flags,
+    EasyRec's names). Paths are relative to the project home and templated (``{{ ds }}``)."""
+
+    input_path: str
+    """The rows to score, e.g. ``data/candidates/ds={{ ds }}`` (CSV or Parquet)."""
+    output_path: str
+    """Where the scores go, e.g. ``data/scores/<model_name>/ds={{ ds }}`` (replaced whole)."""
+    reserved_cols: str = "ALL_COLUMNS"
+    """Input columns copied beside the scores: ``ALL_COLUMNS``, a comma-separated list, or ``""``."""
+    output_cols: str = "ALL_COLUMNS"
+    """Outputs and their types: ``ALL_COLUMNS`` or ``"probs double,logits float"``."""
+    batch_size: int = Field(1024, gt=0)
+    """Rows per call of the model."""
+    output_format: Literal["csv", "parquet"] | None = None
+    """``csv`` or ``parquet`` (null: the input's)."""
+    input_sep: str | None = None
+    """A CSV input's separator (null: the pipeline's ``data_config.separator``)."""
+    with_header: bool | None = None
+    """Whether a CSV input has a header line (null: the pipeline's ``data_config.with_header``)."""
+
+
 class RetrainConfig(Section):
     """One daily retrain: which pipeline, from when, with which window and rules.
 
@@ -306,6 +328,8 @@ class RetrainConfig(Section):
     """The stream's push and close (``kind: stream``)."""
     notifications: NotificationConfig = Field(default_factory=NotificationConfig)
     """Who is mailed about runs and decisions."""
+    batch_predict: BatchPredictConfig | None = None
+    """A partition the champion scores each day after the gate (null: none; daily DAGs)."""
 
     @field_validator("schedule")
     @classmethod
@@ -334,6 +358,10 @@ class RetrainConfig(Section):
             raise ValueError(f"end_date {self.end_date} is before start_date {self.start_date}")
         if self.kind == "stream" and self.schedule is not None and self.stream.pass_minutes != 60:
             _check_pass_schedule(self.schedule, self.stream.pass_minutes)
+        if self.kind == "stream" and self.batch_predict is not None:
+            raise ValueError(
+                "batch_predict: a daily model's task; a stream model's scores come from its store"
+            )
         if self.stream.cold_start_from == self.model_name:
             raise ValueError(
                 f"stream.cold_start_from: {self.model_name!r} is this model; name another model "

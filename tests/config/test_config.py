@@ -146,10 +146,6 @@ def test_apply_edits_creates_missing_sections():
             {"eval_config.metrics_set": [{"auc": {"num_thresholds": 1000}}]},
             "eval_config.metrics_set[0].auc.num_thresholds: recpipe computes the exact AUC",
         ),
-        (
-            {"model_config.deepfm.final_dnn": {"hidden_units": [8]}},
-            "model_config.deepfm.final_dnn: recpipe's DeepFM sums",
-        ),
     ],
 )
 def test_invalid_values_name_file_and_field(edits, message):
@@ -239,7 +235,7 @@ def test_cluster_errors_name_file_and_field(tmp_path):
 
 
 def test_cli_prints_effective_config_and_fails_clearly():
-    recpipe = [sys.executable, "-m", "recpipe.cli", "config", "--pipeline_config_path", str(ML)]
+    recpipe = [sys.executable, "-m", "cli", "config", "--pipeline_config_path", str(ML)]
     ok = subprocess.run([*recpipe, "--train_config.num_steps=7"], capture_output=True, text=True, cwd=ROOT)
     assert ok.returncode == 0, ok.stderr
     assert yaml.safe_load(ok.stdout)["train_config"]["num_steps"] == 7
@@ -249,7 +245,7 @@ def test_cli_prints_effective_config_and_fails_clearly():
 
 
 def test_cli_checks_retrain_and_cluster_configs_by_their_fields(tmp_path):
-    recpipe = [sys.executable, "-m", "recpipe.cli", "config"]
+    recpipe = [sys.executable, "-m", "cli", "config"]
     cluster = subprocess.run([*recpipe, "conf/cluster/local.yaml"], capture_output=True, text=True, cwd=ROOT)
     assert cluster.returncode == 0, cluster.stderr
     assert yaml.safe_load(cluster.stdout)["launcher"] == "local"
@@ -347,7 +343,6 @@ REFUSED = {
     "best_exporter_metric",
     "exporter_type",
     "num_thresholds",
-    "final_dnn",
     "num_class",
 }  # num_class: 1 only
 BY_ONEOF = {"exponential_decay_learning_rate", "constant_learning_rate", "model_config"}
@@ -373,7 +368,6 @@ def test_every_accepted_field_is_read_or_refused():
     for edits in (
         {"export_config.exporter_type": "best"},
         {"export_config.best_exporter_metric": "auc"},
-        {"model_config.deepfm.final_dnn": {"hidden_units": [8]}},
         {"eval_config.metrics_set": [{"auc": {"num_thresholds": 100}}]},
         {
             "model_config.model_class": "MMoE",

@@ -30,6 +30,7 @@ def test_a_deepfm_config_maps_field_by_field():
     assert data["input_format"] == "csv" and data["separator"] == "\t" and data["with_header"] is False
     assert [f["input_name"] for f in data["input_fields"]] == ["label", "i1", "i2", "c1", "c2", "c3"]
     assert data["label_fields"] == ["label"]  # a repeated field given once is a list of one
+    assert data["input_fields"][1] == {"input_name": "i1", "input_type": "DOUBLE", "default_val": "0"}
     features = raw["feature_config"]["features"]
     assert features[4] == {
         "input_names": ["c3"],
@@ -38,6 +39,7 @@ def test_a_deepfm_config_maps_field_by_field():
         "embedding_dim": 8,
         "hash_bucket_size": 1000,
     }
+    assert features[3]["num_buckets"] == 10000 and "hash_bucket_size" not in features[3]
     groups = raw["model_config"]["feature_groups"]
     assert groups[0]["feature_names"] == ["c1", "c2", "c3"]  # the [a, b] list form
     assert groups[1]["feature_names"] == ["i1", "i2", "c1", "c2", "c3"]  # the repeated form
@@ -45,7 +47,10 @@ def test_a_deepfm_config_maps_field_by_field():
     train = raw["train_config"]
     assert train["sync_replicas"] is True and train["num_steps"] == 400
     assert list(train["optimizer_config"][0]) == ["adam_optimizer"]  # use_moving_average: false taken
-    assert raw["eval_config"]["metrics_set"] == [{"auc": {}}, {"gauc": {"uid_field": "c1"}}]
+    assert raw["eval_config"]["metrics_set"] == [
+        {"auc": {}},
+        {"gauc": {"uid_field": "c1", "reduction": "mean"}},
+    ]
     assert notes == []  # it evaluated on its training file
 
 
@@ -74,8 +79,8 @@ def test_the_json_form_and_the_legacy_feature_configs_list_import_alike():
     "edit, named",
     [
         (
-            ('input_names: "c1"', 'input_names: "c1" num_buckets: 1000'),
-            "feature_config.features[2].num_buckets",
+            ('input_names: "c1"', 'input_names: "c1" vocab_file: "c1.txt"'),
+            "feature_config.features[2].vocab_file",
         ),
         (("input_type: CSVInput", "input_type: OdpsInputV2"), "data_config.input_type: OdpsInputV2"),
         (("use_moving_average: false", "use_moving_average: true"), "use_moving_average"),
@@ -119,3 +124,94 @@ def test_a_refusal_is_one_line_and_exit_2(tmp_path):
     done = subprocess.run([*RECPIPE, "config", "import", str(bad)], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.count("\n") == 1 and "data_config.input_type: KafkaInput" in done.stderr
+
+
+def test_the_share_of_a_folder_that_imports_is_counted(tmp_path, capsys):
+    from dev.easyrec_share import main
+
+    refused = tmp_path / "refused.config"
+    refused.write_text(SAMPLE.read_text().replace('input_names: "c1"', 'input_names: "c1" kv_separator: ":"'))
+    (tmp_path / "ok.config").write_text(SAMPLE.read_text())
+    (tmp_path / "rtp.config").write_text(SAMPLE.read_text().replace("CSVInput", "RTPInput"))
+    assert main([str(tmp_path)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed == ["1 of 2 import", "1 of 2 build", "    1  feature_config.features[].kv_separator"]
+    assert main([str(tmp_path / "none")]) == 2
+
+
+@pytest.mark.parametrize(
+    "features, error",
+    [
+        ('input_names: "i1" feature_type: RawFeature boundaries: [1.0, 5.0]', None),
+        ('input_names: "i1" feature_type: RawFeature boundaries: [5.0, 1.0]', "must ascend"),
+        ('input_names: "c1" feature_type: IdFeature boundaries: [1.0]', "RawFeature only"),
+        ('input_names: "c1" feature_type: RawFeature num_buckets: 10', "no ids"),
+    ],
+)
+def test_boundaries_and_num_buckets_are_checked_where_they_apply(features, error):
+    text = SAMPLE.read_text()
+    start = text.index("  features {")
+    text = text[:start] + '  features { feature_name: "b" ' + features + " }\n" + text[start:]
+    if error is None:
+        raw = _imported(text)
+        assert raw["feature_config"]["features"][0]["boundaries"] == [1.0, 5.0]
+        return
+    with pytest.raises(ConfigError, match=error):
+        _imported(text)
+
+
+def _scores(raw: dict):
+    """The imported config's model built and run on a sample batch: its logits."""
+    from recpipe.config.pipeline import PipelineConfig
+    from trainer.input import sample_inputs
+    from trainer.models.builders import build_model
+
+    config = PipelineConfig.model_validate(raw)
+    model = build_model(config)
+    return model, model(sample_inputs(config))
+
+
+def test_a_dbmtl_config_with_a_cross_and_attended_histories_imports_and_builds():
+    notes: list[str] = []
+    raw = import_config((ROOT / "tests/config/easyrec/dbmtl_shop.config").read_text(), "shop.config", notes)
+    fields = [f["input_name"] for f in raw["data_config"]["input_fields"]]
+    assert fields[-2:] == ["score1", "score2"]  # auto_expand_input_fields: score[1-2]
+    group = raw["model_config"]["feature_groups"][0]
+    assert group["feature_names"][-2:] == ["score1", "score2"]
+    combo = raw["feature_config"]["features"][2]
+    assert combo["feature_type"] == "ComboFeature" and combo["input_names"] == ["user_id", "site_id"]
+    att = group["sequence_features"][0]
+    assert att["seq_att_map"][0] == {"key": ["brand", "cate_id"], "hist_seq": ["hist_brand", "hist_cate"]}
+    assert "tf_summary" not in att
+    assert raw["eval_config"]["metrics_set"] == [{"auc": {}}]
+    assert any("num_thresholds" in n for n in notes) and any("eval_online" in n for n in notes)
+    assert any(n.startswith("data_config.file_shard: True dropped") for n in notes)
+    model, logits = _scores(raw)
+    assert logits.shape[1] == 2 and model.attention is not None
+    assert model.embedding.tables["user_site"].rows == 100000
+
+
+def test_easyrecs_dcn_towers_and_f1_loss_are_spelled_as_recpipes():
+    notes: list[str] = []
+    raw = import_config((ROOT / "tests/config/easyrec/dcn_criteo.config").read_text(), "dcn.config", notes)
+    dcn = raw["model_config"]["dcn"]
+    assert dcn == {
+        "deep_tower": {"hidden_units": [64, 32]},
+        "cross_num": 4,
+        "final_dnn": {"hidden_units": [16]},
+    }
+    assert raw["model_config"]["losses"][1] == {
+        "loss_type": "F1_REWEIGHTED_LOSS",
+        "weight": 0.5,
+        "f1_beta_square": 2.25,
+    }
+    assert any("DCN-v2" in n for n in notes)
+    model, logits = _scores(raw)
+    assert logits.shape.rank == 1 and len(model.tower.cross) == 4
+    two = (
+        (ROOT / "tests/config/easyrec/dcn_criteo.config")
+        .read_text()
+        .replace('cross_tower { input: "all"', 'cross_tower { input: "other"')
+    )
+    with pytest.raises(ConfigError, match="model_config.dcn: the cross and deep towers read"):
+        _imported(two)

@@ -278,7 +278,7 @@ def test_recpipe_features_exit_codes():
     base = [
         sys.executable,
         "-m",
-        "recpipe.cli",
+        "cli",
         "features",
         "--pipeline_config_path",
         "conf/movielens_deepfm.yaml",
@@ -449,3 +449,29 @@ def test_the_command_line_takes_passes_as_ds_slash_hh_or_with_hh(ml_passes, tmp_
         _with_hours(["1997-09-20"], "0915:0900")
     with pytest.raises(ConfigError, match="give the hour once"):
         _with_hours(["1997-09-20/05"], "05")
+
+
+def test_input_fields_default_val_fills_blank_values(spark, tmp_path):
+    """EasyRec's ``input_fields.default_val``: a blank count reads as its default (no null,
+    so no window-mean fill), a blank category as its default id, a blank label as its
+    default instead of quarantining the row."""
+    src = (ROOT.parent / "shared/data/format-samples/criteo_sample.txt").read_text().splitlines()
+    blank_label = "," + src[1].split(",", 1)[1]  # the first row without its label
+    plain = _criteo(tmp_path, "plain", {}, "\n".join(src) + "\n", "csv")
+    fields = [f.model_dump() for f in plain.data_config.input_fields]
+    for f in fields:
+        f["default_val"] = {"label": "0", "I1": "0", "C20": "missing"}.get(f["input_name"])
+    text = "\n".join([*src, blank_label]) + "\n"
+    filled = _criteo(tmp_path, "filled", {"data_config.input_fields": fields}, text, "csv")
+    want, got = prepare_day(spark, plain, "2024-01-01"), prepare_day(spark, filled, "2024-01-01")
+    assert want["nulls"]["C20"] > 0 and got["nulls"].get("C20", 0) == 0
+    assert got["rows"] == want["rows"] + 1 and got["rows_quarantined"] == 0
+    out = pq.read_table(Path(filled.train_input_path) / "ds=2024-01-01").to_pandas()
+    at = src[0].split(",").index("C20")
+    raw_c20 = [line.split(",")[at] for line in [*src[1:], blank_label]]
+    assert (out["C20"] == "missing").sum() == raw_c20.count("") > 0
+    assert out["label"].tolist().count(0) == [line[0] for line in src[1:]].count("0") + 1
+    with pytest.raises(ValueError, match="default_val: .x. is not a INT32 value"):
+        from recpipe.config.data import InputField
+
+        InputField(input_name="I1", input_type="INT32", default_val="x")

@@ -93,10 +93,13 @@ def test_aux_history_is_pooled_with_the_history_weights_and_takes_no_part_in_the
         (
             {
                 "model_config.seq_att_groups": [
-                    {"group_name": "din", "seq_att_map": [{"key": "genre_set", "hist_seq": "hist_item_id"}]}
+                    {
+                        "group_name": "din",
+                        "seq_att_map": [{"key": "item_id", "hist_seq": ["hist_item_id", "hist_genres"]}],
+                    }
                 ]
             },
-            r"seq_att_map\[0\]: 'hist_item_id' must share 'genre_set''s table",
+            r"seq_att_groups\[din\]: the keys' embedding_dim add up to 16, the histories' to 32",
         ),
         (
             {
@@ -104,7 +107,7 @@ def test_aux_history_is_pooled_with_the_history_weights_and_takes_no_part_in_the
                     {"group_name": "din", "seq_att_map": [{"key": "item_id", "hist_seq": "genres"}]}
                 ]
             },
-            r"seq_att_map\[0\].hist_seq: 'genres' is a TagFeature, not a SequenceFeature",
+            r"seq_att_map\[0\].hist_seq\[0\]: 'genres' is a TagFeature, not a SequenceFeature",
         ),
         (
             {
@@ -145,6 +148,101 @@ def test_a_multi_tower_din_without_din_towers_is_easyrecs_multi_tower():
     logits = model(sample_inputs(config))
     assert logits.shape[0] >= 1 and np.all(np.isfinite(logits.numpy()))
     assert not any("din_" in v.name for v in model.trainable_variables)
+
+
+# a DeepFM whose item group attends over the user's earlier films (EasyRec's feature group
+# ``sequence_features``): the histories of conf/movielens_din.yaml
+GROUP_SEQUENCES = {
+    "model_config.model_class": "DeepFM",
+    "model_config.deepfm": {"dnn": {"hidden_units": [32, 16]}},
+    "model_config.multi_tower": None,
+    "model_config.seq_att_groups": [],
+    "model_config.feature_groups": [
+        {"group_name": "user", "feature_names": ["user_id", "gender", "occupation", "zip_code", "age"]},
+        {
+            "group_name": "item",
+            "feature_names": ["item_id", "genre_set", "release_year"],
+            "sequence_features": [
+                {
+                    "group_name": "seq",
+                    "seq_att_map": [
+                        {"key": ["item_id", "genre_set"], "hist_seq": ["hist_item_id", "hist_genres"]}
+                    ],
+                    "seq_dnn": {"hidden_units": [16, 1]},
+                }
+            ],
+        },
+    ],
+}
+
+
+def _group_model(edits: dict):
+    from recpipe.config import load_pipeline_config
+    from trainer.input import sample_inputs
+    from trainer.models.builders import build_model
+
+    config = with_edits(load_pipeline_config(ROOT / "conf/movielens_din.yaml"), GROUP_SEQUENCES | edits)
+    model = build_model(config)
+    inputs = sample_inputs(config)
+    return model, inputs, model(inputs)
+
+
+def test_a_groups_sequence_features_join_its_inputs_as_easyrecs_sequence_layer():
+    """The attention's output (the pooled histories, 32 wide, then the keys' 32) reaches the
+    tower after the raw features; without ``need_key_feature`` the keys are left out; the
+    tables are the features' own."""
+    model, inputs, logits = _group_model({})
+    assert np.all(np.isfinite(logits.numpy()))
+    embeddings, dense, sequences = model.looked_up(inputs, False, False)
+    assert dense.shape[1] == 2 + 32 + 32  # age, release_year; pooled histories; keys
+    keys = tf.concat([embeddings["item_id"], embeddings["genre_set"]], axis=1)
+    np.testing.assert_allclose(dense[:, -32:].numpy(), keys.numpy())
+    assert {v.name.split("/")[2] for v in model.attention.trainable_variables} == {"seq_dnn_seq"}
+    group = GROUP_SEQUENCES["model_config.feature_groups"][1]["sequence_features"][0]
+    without = dict(group, need_key_feature=False)
+    edits = {"model_config.feature_groups": [GROUP_SEQUENCES["model_config.feature_groups"][0],
+                                             dict(GROUP_SEQUENCES["model_config.feature_groups"][1],
+                                                  sequence_features=[without])]}  # fmt: skip
+    model, inputs, _ = _group_model(edits)
+    assert model.looked_up(inputs, False, False)[1].shape[1] == 2 + 32
+
+
+@pytest.mark.parametrize("transform_dnn, width", [(False, 32), (True, 32)])
+def test_a_narrower_key_is_padded_or_projected_with_allow_key_transform(transform_dnn, width):
+    item = dict(GROUP_SEQUENCES["model_config.feature_groups"][1])
+    att = dict(item["sequence_features"][0], allow_key_transform=True, transform_dnn=transform_dnn)
+    att["seq_att_map"] = [{"key": "item_id", "hist_seq": ["hist_item_id", "hist_genres"]}]
+    groups = [GROUP_SEQUENCES["model_config.feature_groups"][0], dict(item, sequence_features=[att])]
+    model, inputs, logits = _group_model({"model_config.feature_groups": groups})
+    assert np.all(np.isfinite(logits.numpy()))
+    embeddings, dense, _ = model.looked_up(inputs, False, False)
+    assert dense.shape[1] == 2 + 32 + width
+    projected = any("key_transform" in v.name for v in model.trainable_variables)
+    assert projected == transform_dnn
+    if not transform_dnn:  # the query is the key's 16 then zeros
+        np.testing.assert_allclose(dense[:, -32:-16].numpy(), embeddings["item_id"].numpy())
+        np.testing.assert_array_equal(dense[:, -16:].numpy(), 0)
+
+
+@pytest.mark.parametrize(
+    "edits, message",
+    [
+        ({"model_config.model_class": "DLRM", "model_config.dlrm": {}}, "not with model_class DLRM"),
+        (
+            {
+                "model_config.feature_groups": [
+                    {"group_name": "all", "feature_names": ["item_id", "hist_item_id"]}
+                ]
+            },
+            r"feature_groups\[0\].feature_names: SequenceFeature \['hist_item_id'\] is attended over",
+        ),
+    ],
+)
+def test_a_bad_group_attention_names_its_field(edits, message):
+    from trainer.models.builders import ModelConfigError
+
+    with pytest.raises(ModelConfigError, match=message):
+        _group_model(edits)
 
 
 @pytest.fixture(scope="module")
@@ -261,3 +359,25 @@ def test_din_trains_under_mirrored_multi_worker_mirrored_and_parameter_servers(m
     from tests.trainer.test_distribute import assert_trains_under_the_other_strategies
 
     assert_trains_under_the_other_strategies(ml_din, tmp_path, WEEK)
+
+
+def test_an_esmm_group_mlp_reads_its_groups_attention_outputs():
+    """ESMM's ``groups`` with a group's ``sequence_features``: the item group's MLP reads its
+    ids, its raw feature and its attention's 64 columns; the user group's, none of them."""
+    from tests.trainer.test_multitask import ESMM
+
+    groups = GROUP_SEQUENCES["model_config.feature_groups"]
+    esmm = dict(ESMM["model_config.esmm"], groups=[
+        {"input": "user", "dnn": {"hidden_units": [8]}},
+        {"input": "item", "dnn": {"hidden_units": [8]}},
+    ])  # fmt: skip
+    edits = {
+        **ESMM,
+        "model_config.deepfm": None,
+        "model_config.esmm": esmm,
+        "model_config.feature_groups": groups,
+    }
+    model, _, logits = _group_model(edits)
+    assert logits.shape[1] == 2 and np.all(np.isfinite(logits.numpy()))
+    widths = [m.dense[0].kernel.shape[0] for m in model.group_mlps]
+    assert widths == [4 * 16 + 1, 2 * 16 + 1 + 32 + 32]

@@ -160,3 +160,39 @@ def test_synchronous_shards_are_padded_to_the_largest_with_empty_batches(ml_earl
     assert steps == max(-(-sum(b[0].shape[0] for b in r.batches()) // 100) for r in readers)
     assert readers[0].synchronized_batches(multiple=4) % 4 == 0
     assert len(list(readers[2].batches(skip=steps - 1, pad_to=steps))) == 1  # resume inside padding
+
+
+def _identity(config, buckets: dict[str, int]):
+    from tests.support import with_edits
+
+    edits = {}
+    for name, n in buckets.items():
+        edits[f"feature_config.features[input_names={name}].hash_bucket_size"] = None
+        edits[f"feature_config.features[input_names={name}].num_buckets"] = n
+    return with_edits(config, edits)
+
+
+def test_num_buckets_ids_are_the_columns_integers(ml_early):
+    """EasyRec's ``num_buckets``: user 17 is row 17; an item id at or above the bound, or a
+    value that is no integer, is row 0."""
+    import tensorflow as tf
+
+    from trainer.hashing import identity_ids
+
+    config = _identity(ml_early, {"user_id": 1000, "item_id": 500})
+    parts = finished_partitions(config.train_input_path, parse_ds_range(":".join(EARLY)))
+    reader = FeatureReader(config, parts, batch_size=256, raw_columns=KEYS)
+    seen_zero = False
+    for flat in reader.batches():
+        features, _ = reader.structure(flat)
+        raw = reader.raw_values(flat)
+        users = np.array([int(v) for v in raw["user_id"].numpy()])
+        items = np.array([int(v) for v in raw["item_id"].numpy()])
+        np.testing.assert_array_equal(features["user_id"].numpy(), users)
+        np.testing.assert_array_equal(features["item_id"].numpy(), np.where(items < 500, items, 0))
+        seen_zero |= bool((items >= 500).any())
+    assert seen_zero
+    got = identity_ids(tf.constant(["7", "", "-3", "4.0", " 5", "999999999999999999999", "99"]), 100)
+    assert got.numpy().tolist() == [7, 0, 0, 0, 0, 0, 99]
+    ragged = identity_ids(tf.ragged.constant([["1", "x"], [], ["3"]]), 10)
+    assert ragged.to_list() == [[1, 0], [], [3]]

@@ -168,3 +168,109 @@ def test_an_mlp_under_mixed_bfloat16_computes_in_bfloat16_with_float32_weights_a
     # bfloat16 keeps 8 bits of mantissa: close to the float32 product, not equal to it
     assert not np.array_equal(out.numpy(), reference)
     np.testing.assert_allclose(out.numpy(), reference, rtol=0.05, atol=0.05 * np.abs(reference).max())
+
+
+@pytest.mark.parametrize("model_class, width", [("DeepFM", 1 + 16 + 32), ("WideAndDeep", 4 + 32)])
+def test_final_dnn_takes_the_wide_fm_and_deep_outputs_side_by_side(model_class, width):
+    """EasyRec's ``final_dnn``: DeepFM's over ``[wide sum, FM per dimension, deep]``,
+    WideAndDeep's over ``[wide rows summed (wide_output_dim), deep]``; the FM vector sums
+    to the FM term."""
+    from recpipe.config import load_pipeline_config
+    from tests.support import ROOT, with_edits
+    from trainer.input import sample_inputs
+    from trainer.models.builders import build_model
+
+    block = model_class.lower().replace("wideanddeep", "wide_and_deep")
+    edits = {
+        "model_config.model_class": model_class,
+        f"model_config.{block}": {"dnn": {"hidden_units": [32]}, "final_dnn": {"hidden_units": [8]}}
+        | ({"wide_output_dim": 4} if model_class == "WideAndDeep" else {}),
+        "model_config.feature_groups": [
+            {"group_name": "deep", "feature_names": ["user_id", "item_id", "gender", "age"]},
+            {"group_name": "wide", "feature_names": ["user_id", "item_id"], "wide_deep": "WIDE"},
+        ],
+    }
+    config = with_edits(load_pipeline_config(ROOT / "conf/movielens_deepfm.yaml"), edits)
+    model = build_model(config)
+    logits = model(sample_inputs(config))
+    assert logits.shape.rank == 1 and np.all(np.isfinite(logits.numpy()))
+    assert model.final.dense[0].kernel.shape == (width, 8)
+    assert model.head.kernel.shape == (8, 1)
+    v = tf.random.normal([3, 5, 16])
+    np.testing.assert_allclose(
+        tf.reduce_sum(FM()(v, vector=True), axis=1).numpy(), FM()(v)[:, 0].numpy(), rtol=1e-5
+    )
+
+
+@pytest.mark.parametrize("embedding_wise", [False, True])
+def test_variational_dropout_keeps_one_minus_p_and_penalises_retention(embedding_wise):
+    """EasyRec's ``variational_dropout``: in inference each feature is scaled by ``1 - p``
+    (``p = 0.5`` at first), in training by a relaxed Bernoulli sample near 0 or 1; the loss
+    ``lambda / B * sum(1 - p)`` is added, and both it and the model's loss move ``logit_p``."""
+    from recpipe.config import load_pipeline_config
+    from tests.support import ROOT, with_edits
+    from trainer.input import sample_inputs
+    from trainer.layers.feature_dropout import VariationalDropout
+    from trainer.models.builders import build_model
+
+    layer = VariationalDropout([2, 1], 0.1, embedding_wise)
+    x = tf.ones([1000, 3])
+    np.testing.assert_allclose(layer(x).numpy(), 0.5)
+    sampled = layer(x, training=True).numpy()
+    # at temperature 0.1 about 85 % of the draws land within 0.05 of 0 or 1
+    assert np.mean((sampled < 0.05) | (sampled > 0.95)) > 0.8
+    assert 0.45 < sampled.mean() < 0.55
+    if not embedding_wise:  # a feature's two columns share one draw
+        np.testing.assert_allclose(sampled[:, 0], sampled[:, 1])
+    size = 3 if embedding_wise else 2
+    np.testing.assert_allclose(layer.losses[-1].numpy(), 0.1 / 1000 * size * 0.5, rtol=1e-6)
+
+    vd = {"regularization_lambda": 0.01, "embedding_wise_variational_dropout": embedding_wise}
+    config = with_edits(
+        load_pipeline_config(ROOT / "conf/movielens_deepfm.yaml"), {"model_config.variational_dropout": vd}
+    )
+    model = build_model(config)
+    inputs = sample_inputs(config)
+    with tf.GradientTape() as tape:
+        logits = model(inputs, training=True)
+        loss = tf.reduce_mean(logits) + tf.add_n(model.losses)
+    rates = model.feature_dropout.logit_p
+    assert rates.shape == ((6 * 16 + 2) if embedding_wise else 8,)
+    grad = tape.gradient(loss, rates)
+    assert grad is not None and np.any(grad.numpy() != 0)
+    assert np.all(np.isfinite(model(inputs).numpy()))
+
+
+def test_a_vocab_list_feature_takes_its_values_rows_and_row_0_for_the_rest():
+    """EasyRec's ``vocab_list``: value k of the list is row k + 1, an unknown or empty value
+    row 0, alike for ids and tag lists; the table has one row more than the list."""
+    from trainer.hashing import feature_ids
+
+    f = FeatureSpec(input_names=["hour"], vocab_list=["0", "1", "23"])
+    got = feature_ids(tf.constant(["23", "0", "7", "", "1"]), f)
+    np.testing.assert_array_equal(got.numpy(), [3, 1, 0, 0, 2])
+    tags = FeatureSpec(input_names=["hours"], feature_type="TagFeature", vocab_list=["0", "1", "23"])
+    ragged = feature_ids(tf.ragged.constant([["1", "x"], [], ["23"]]), tags)
+    assert ragged.to_list() == [[2, 0], [], [3]]
+    assert f.table_rows == 4
+    with pytest.raises(ValueError, match="one of hash_bucket_size, num_buckets or vocab_list"):
+        FeatureSpec(input_names=["hour"], vocab_list=["0"], hash_bucket_size=10)
+
+
+def test_a_sequence_of_numbers_is_bucketized_by_boundaries_or_even_buckets_of_its_range():
+    """EasyRec's ``sub_feature_type: RawFeature``: each element a number, bucketized by
+    ``boundaries`` (the count of boundaries <= it) or, with ``num_buckets`` and ``max_val >
+    min_val``, by the even buckets of the range; a non-number is 0."""
+    from trainer.hashing import feature_ids
+
+    seq = {"input_names": ["prices"], "feature_type": "SequenceFeature", "sub_feature_type": "RawFeature"}
+    cut = FeatureSpec(**seq, boundaries=[1.0, 5.0, 10.0])
+    values = tf.ragged.constant([["0.5", "5", "12.5"], [], ["x", "7e0"]])
+    assert feature_ids(values, cut).to_list() == [[0, 2, 3], [], [0, 2]]
+    assert cut.table_rows == 4
+    even = FeatureSpec(**seq, num_buckets=4, min_val=0.0, max_val=100.0)
+    assert feature_ids(values, even).to_list() == [[1, 1, 1], [], [1, 1]]
+    assert feature_ids(tf.constant(["30", "99", "-5"]), even).numpy().tolist() == [2, 4, 0]
+    assert even.table_rows == 5 and even.identity_buckets is None
+    with pytest.raises(ValueError, match="a sequence of numbers is bucketized"):
+        FeatureSpec(**seq, num_buckets=4)

@@ -79,3 +79,63 @@ def test_compute_metrics_exact_over_the_whole_set():
     assert out["accuracy"] == pytest.approx(((P >= 0.5) == (Y == 1)).mean())
     with pytest.raises(KeyError, match="uid_field 'u'"):
         compute_metrics([Metric(gauc={"uid_field": "u"})], Y, P, {})
+
+
+def test_easyrecs_other_metrics_are_exact_over_the_eval_set():
+    """max_f1 over every threshold, the errors of the probabilities, session_auc and gauc's
+    reductions (EasyRec's ``eval.proto`` names)."""
+    from recpipe.config.model import Metric
+    from trainer.metrics import compute_metrics, gauc
+
+    labels = np.array([1, 0, 1, 1, 0, 0, 1, 0], np.float32)
+    probs = np.array([0.9, 0.8, 0.7, 0.3, 0.2, 0.6, 0.65, 0.1], np.float32)
+    sessions = np.array([1, 1, 1, 2, 2, 2, 2, 3])  # session 3 holds one class: left out
+    metrics = [
+        Metric(max_f1={}),
+        Metric(mean_absolute_error={}),
+        Metric(mean_squared_error={}),
+        Metric(root_mean_squared_error={}),
+        Metric(session_auc={"session_id_field": "s"}),
+        Metric(gauc={"uid_field": "s", "reduction": "mean_by_positive_num"}),
+    ]
+    got = compute_metrics(metrics, labels, probs, {"s": sessions})
+    # by hand (F1 = 2 tp / (taken + positives)): down to 0.65, 3 of 4 rows taken are
+    # positive: 6 / 8; down to 0.3, all 4 positives in 6 rows: 8 / 10, the largest
+    assert got["max_f1"] == pytest.approx(0.8)
+    error = labels - probs
+    assert got["mean_absolute_error"] == pytest.approx(np.abs(error).mean())
+    assert got["root_mean_squared_error"] == pytest.approx(np.sqrt(got["mean_squared_error"]))
+    # session 1: positives 0.9, 0.7 against 0.8: 1 of 2 pairs right; session 2: positives
+    # 0.3, 0.65 against 0.2, 0.6: 3 of 4. Each has 2 positives; 3 and 4 rows.
+    assert got["session_auc"] == pytest.approx((0.5 + 0.75) / 2)
+    assert got["gauc"] == pytest.approx((0.5 * 2 + 0.75 * 2) / 4)
+    assert gauc(labels, probs, sessions, "mean_by_sample_num") == pytest.approx((0.5 * 3 + 0.75 * 4) / 7)
+    with pytest.raises(KeyError, match="session_auc session_id_field 'u'"):
+        compute_metrics([Metric(session_auc={"session_id_field": "u"})], labels, probs, {})
+
+
+def test_a_task_towers_losses_are_summed_with_their_weights():
+    """A task tower's ``losses`` (EasyRec's multi-loss task): the task's weight times each
+    term's weight times its loss, summed; a tower without them takes its ``loss_type``."""
+    mc = ModelConfig(
+        model_class="MMoE",
+        feature_groups=[{"group_name": "all", "feature_names": ["x"]}],
+        mmoe={
+            "task_towers": [
+                {"tower_name": "a", "weight": 2.0, "losses": [
+                    {"loss_type": "CLASSIFICATION", "weight": 1.0},
+                    {"loss_type": "PAIR_WISE_LOSS", "weight": 0.5},
+                ]},
+                {"tower_name": "b", "loss_type": "L2_LOSS"},
+            ]
+        },
+    )  # fmt: skip
+    labels = tf.constant([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [0.0, 0.0]])
+    logits = tf.constant([[0.3, -0.2], [-1.0, 0.5], [2.0, 0.1], [0.1, -0.4]])
+    got = build_loss(mc, [(0, None), (1, None)])(labels, logits)
+    one = build_loss(ModelConfig(model_class="DeepFM", feature_groups=mc.feature_groups, losses=[
+        {"loss_type": "CLASSIFICATION", "weight": 1.0}, {"loss_type": "PAIR_WISE_LOSS", "weight": 0.5},
+    ]))(labels[:, 0], logits[:, 0])  # fmt: skip
+    l2 = build_loss(ModelConfig(model_class="DeepFM", feature_groups=mc.feature_groups, loss_type="L2_LOSS"))
+    want = 2.0 * one + l2(labels[:, 1], logits[:, 1])
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)

@@ -118,6 +118,34 @@ def test_a_sequence_feature_is_refused_by_a_multi_task_model():
         build_model(config)
 
 
+def test_esmm_groups_feed_both_towers_an_mlp_per_feature_group():
+    """EasyRec's ``esmm.groups``: the user and the item group each through its own MLP, their
+    outputs side by side as the towers' input."""
+    from recpipe.config import load_pipeline_config
+    from trainer.input import sample_inputs
+    from trainer.models.builders import ModelConfigError, build_model
+
+    groups = [
+        {"group_name": "user", "feature_names": ["user_id", "gender", "occupation", "zip_code", "age"]},
+        {"group_name": "item", "feature_names": ["item_id", "genres", "release_year"]},
+    ]
+    esmm = dict(ESMM["model_config.esmm"], groups=[
+        {"input": "user", "dnn": {"hidden_units": [24]}},
+        {"input": "item", "dnn": {"hidden_units": [8]}},
+    ])  # fmt: skip
+    edits = {**ESMM, "model_config.feature_groups": groups, "model_config.esmm": esmm}
+    config = with_edits(load_pipeline_config(ROOT / "conf/movielens_mmoe.yaml"), edits)
+    model = build_model(config)
+    logits = model(sample_inputs(config))
+    assert logits.shape[1] == 2 and np.all(np.isfinite(logits.numpy()))
+    # user: 4 ids of 16 and age; item: 2 of 16 and release_year; the towers read 24 + 8
+    assert [m.dense[0].kernel.shape[0] for m in model.group_mlps] == [4 * 16 + 1, 2 * 16 + 1]
+    assert model.towers[0].dense[0].kernel.shape[0] == 32
+    esmm["groups"][1]["input"] = "items"
+    with pytest.raises(ModelConfigError, match=r"esmm.groups\[1\].input: no feature group 'items'"):
+        build_model(with_edits(load_pipeline_config(ROOT / "conf/movielens_mmoe.yaml"), edits))
+
+
 @pytest.fixture(scope="module")
 def ml_mmoe(spark, movielens_raw, tmp_path_factory):
     """conf/movielens_mmoe.yaml over the first week (its features keep the rating as a label)."""

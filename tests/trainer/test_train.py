@@ -16,7 +16,7 @@ from recpipe.layout import parse_ds_range
 from tests.support import EARLY, RECPIPE, ROOT, with_edits
 from trainer.checkpoints import CheckpointError, list_variables, read_var_map
 from trainer.loop import Trainer, TrainError, TrainJob
-from trainer.scoring import evaluate
+from trainer.scoring import evaluate, load_model
 
 DAYS = parse_ds_range(":".join(EARLY))
 EVAL = parse_ds_range("1997-10-10:1997-10-20")
@@ -151,6 +151,28 @@ def test_embedding_regularization_stays_on_the_looked_up_rows():
     assert float(reg_loss) == pytest.approx(0.1 * 0.5 * (2 * (25 + 36) + 1 + 4))
 
 
+def test_l2_regularization_shrinks_the_dense_kernels_only(ml_early, tmp_path):
+    """EasyRec's ``l2_regularization`` of a model block: the same steps with a large weight
+    leave the MLP's kernels smaller and the embedding tables as they are without it."""
+
+    def trained(l2: float, name: str):
+        config = _small(
+            ml_early, **{"train_config.num_steps": 30, "model_config.deepfm.l2_regularization": l2}
+        )
+        assert config.model.l2_regularization == l2
+        Trainer(_job(config, tmp_path / name)).train()
+        model, _ = load_model(config, tmp_path / name)
+        kernels = [v for v in model.trainable_variables if "kernel" in v.name]
+        tables = model.variable_groups()["embedding"]
+        return sum(float(tf.reduce_sum(k**2)) for k in kernels), sum(
+            float(tf.reduce_sum(t**2)) for t in tables
+        )
+
+    (kernels, tables), (kernels_l2, tables_l2) = trained(0.0, "plain"), trained(0.5, "l2")
+    assert kernels_l2 < 0.8 * kernels
+    assert tables_l2 == pytest.approx(tables, rel=0.2)
+
+
 def test_a_crashed_save_never_becomes_the_latest(ml_early, tmp_path):
     config = _small(ml_early, **{"train_config.num_steps": 20})
     Trainer(_job(config, tmp_path)).train()
@@ -218,7 +240,7 @@ def test_eval_writes_exact_metrics_and_ckpt_list_shows_names(ml_early, tmp_path)
     assert names["deepfm/input_layer/item_id/embedding_weights"] == [100000, 16]
     assert names["global_step"] == []
     done = subprocess.run(
-        [sys.executable, "-m", "recpipe.cli", "ckpt", "list", str(tmp_path / "model.ckpt-40")],
+        [sys.executable, "-m", "cli", "ckpt", "list", str(tmp_path / "model.ckpt-40")],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -226,7 +248,7 @@ def test_eval_writes_exact_metrics_and_ckpt_list_shows_names(ml_early, tmp_path)
     assert done.returncode == 0 and "deepfm/tower/dnn/dense_0/kernel\t[98, 64]" in done.stdout
 
 
-@pytest.mark.parametrize("model_class", ["DNN", "WideAndDeep", "DeepFM", "DLRM", "DCN"])
+@pytest.mark.parametrize("model_class", ["DNN", "WideAndDeep", "DeepFM", "DLRM", "DCN", "MultiTower"])
 def test_every_model_class_learns(ml_early, tmp_path, model_class):
     edits = {"model_config.model_class": model_class, "train_config.num_steps": 80}
     if model_class == "WideAndDeep":  # three optimizers: wide, dense, deep embeddings
@@ -238,6 +260,12 @@ def test_every_model_class_learns(ml_early, tmp_path, model_class):
         ]
     if model_class == "DLRM":
         edits["model_config.dlrm"] = {"bot_dnn": {"hidden_units": [32, 16]}}
+    if model_class == "MultiTower":  # a tower per feature group (EasyRec's l2 on its kernels)
+        groups = [g.group_name for g in ml_early.model.feature_groups]
+        edits["model_config.multi_tower"] = {
+            "towers": [{"input": g} for g in groups],
+            "l2_regularization": 1e-4,
+        }
     trainer = Trainer(_job(_small(ml_early, **edits), tmp_path))
     result = trainer.train()
     assert result.global_step == 80 and np.isfinite(result.loss)

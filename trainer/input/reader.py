@@ -11,7 +11,7 @@ training resumes exactly by skipping the batches it already consumed.
 
 Batches are dicts of feature name -> tensor: id features ``int64 [B]``, tag features
 ``RaggedTensor int64 [B, (n)]``, raw features ``float32 [B]``; labels ``float32 [B]``. Ids are
-hashed (``trainer.hashing.hash_ids``) as each shuffle chunk is read, once per value: this is
+hashed (``trainer.hashing.feature_ids``) as each shuffle chunk is read, once per value: this is
 the trainer's one place that hashes (the serving module hashes raw request values the same
 way), and the model takes int64 ids only. ``raw_columns`` carries the raw strings of some id
 features beside the batch, for metrics grouped by the real ids (GAUC: users that share a hash
@@ -32,10 +32,10 @@ from recpipe.config.data import FeatureType
 from recpipe.config.errors import ConfigError
 from recpipe.config.pipeline import PipelineConfig
 from recpipe.ids import HOLDOUT
-from trainer.hashing import hash_ids
+from trainer.hashing import feature_ids
 from trainer.input.columns import Columns, _kept, _string_buffers
 from trainer.input.sharding import RowGroup, row_groups, shard
-from trainer.input.specs import LISTS, feature_spec
+from trainer.input.specs import feature_spec
 
 # tf.data's autotuner held the end of an epoch for ~7 s in 3 runs of 4 (bench/vs_deepctr.py);
 # the pipeline has nothing to tune beyond its fixed prefetch
@@ -85,12 +85,13 @@ class FeatureReader:
         self.groups = shard(self.all_groups, rank, world_size)
         self.columns = self.labels + [f.name for f in self.features]
         self.holdout = holdout or {}
-        self._ids = [f.name for f in self.features if f.feature_type == FeatureType.IdFeature]
-        self._dense = [f.name for f in self.features if f.feature_type == FeatureType.RawFeature]
+        self._ids = [f.name for f in self.features if f.kind == "id"]
+        self._dense = [f.name for f in self.features if f.kind == "dense"]
         # tag and sequence features: ragged lists of ids (a sequence keeps its order)
-        self._tags = [f.name for f in self.features if f.feature_type in LISTS]
-        self._buckets = {f.name: f.id_buckets for f in self.features}
-        unknown = [n for n in self.raw_columns if n not in self._ids]
+        self._tags = [f.name for f in self.features if f.kind == "list"]
+        self._by_name = {f.name: f for f in self.features}
+        id_features = [f.name for f in self.features if f.feature_type == FeatureType.IdFeature]
+        unknown = [n for n in self.raw_columns if n not in id_features]
         if unknown:
             raise ConfigError(
                 f"{unknown} are not IdFeatures of feature_config: only an id feature's raw values can "
@@ -156,12 +157,17 @@ class FeatureReader:
         return np.asarray(column.cast(pa.binary()).to_numpy(zero_copy_only=False), dtype=object)
 
     def _ids_of(self, name: str, column: pa.Array) -> np.ndarray:
-        """One id column (nulls as ""), hashed: ``int64 [n]``."""
+        """One id column (nulls as ""), hashed: ``int64 [n]``; a bucketized dense column's
+        buckets (``recpipe.config.data.FeatureSpec.boundaries``)."""
+        bounds = self._by_name[name].boundaries
+        if bounds is not None and self._by_name[name].feature_type == FeatureType.RawFeature:
+            values = column.fill_null(0.0).to_numpy().astype(np.float32)
+            return np.searchsorted(np.asarray(bounds, np.float32), values, side="right").astype(np.int64)
         if column.null_count:
             column = column.fill_null("")
         blob, offsets = _string_buffers(column)
         strings = tf.strings.substr(blob, offsets[:-1], offsets[1:] - offsets[:-1])
-        return hash_ids(strings, self._buckets[name]).numpy()
+        return feature_ids(strings, self._by_name[name]).numpy()
 
     def block(self, table: pa.Table) -> Columns:
         """A table's rows (it holds the label fields and the features, as a feature partition

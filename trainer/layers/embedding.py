@@ -84,8 +84,10 @@ class FeatureEmbedding(keras.layers.Layer):
     ):
         super().__init__(**kwargs)
         self.sharding = sharding
-        pooled = (FeatureType.RawFeature, FeatureType.SequenceFeature)
-        self.features = [f for f in features if f.feature_type not in pooled]
+        # ids and tags (a bucketized RawFeature's buckets are ids); dense values pass by
+        self.features = [
+            f for f in features if f.kind != "dense" and f.feature_type != FeatureType.SequenceFeature
+        ]
         # looked up as sequences (``sequence``), never pooled; their tables built here too
         self.sequences = [f for f in features if f.feature_type == FeatureType.SequenceFeature]
         self.shapes = table_shapes(self.features + self.sequences, dim)

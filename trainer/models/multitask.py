@@ -37,7 +37,10 @@ class MultiTaskModel(EmbeddedModel):
     Args:
         deep_features: the DEEP groups' features (id / tag embedded, raw as dense inputs).
         model_config: ``model_config`` with ``model_class`` MMoE, ESMM or DBMTL.
-        sharding, clock, key_union: as ``RankingModel``'s.
+        sharding, clock, key_union, attention: as ``RankingModel``'s.
+        groups: ESMM's ``groups``: (a feature group's name, its member names, its MLP config)
+            each; an MLP reads its group's features and ``sequence_features`` outputs, and the
+            MLPs' outputs side by side are the towers' input. Empty: the features concatenated.
     """
 
     def __init__(
@@ -47,9 +50,22 @@ class MultiTaskModel(EmbeddedModel):
         sharding=None,
         clock: EVClock | None = None,
         key_union=None,
+        attention=None,
+        groups: list | None = None,
         **kw,
     ):
-        super().__init__(deep_features, sharding, clock, key_union, **kw)
+        super().__init__(deep_features, sharding, clock, key_union, attention, **kw)
+        embedded = {f.name for f in self.embedding.features}
+        self.groups = []
+        for group, names, _ in groups or []:
+            columns = [self.dense_names.index(n) for n in names if n in self.dense_names]
+            offset = len(self.dense_names)  # the attentions' outputs follow the raw features
+            for att in attention.attentions if attention is not None else []:
+                if att.group == group:
+                    columns += range(offset, offset + att.output_width)
+                offset += att.output_width
+            self.groups.append(([n for n in names if n in embedded], columns))
+        self.group_mlps = [MLP(cfg, name=f"group_{i}") for i, (*_, cfg) in enumerate(groups or [])]
         self.model_class = model_config.model_class
         tasks = model_config.tasks
         self.task_names = model_config.task_names
@@ -76,8 +92,15 @@ class MultiTaskModel(EmbeddedModel):
         self.heads = [keras.layers.Dense(1, name=f"logit_{t.tower_name}") for t in tasks]
 
     def _inputs(self, inputs, training):
-        embeddings = self.embedding(inputs, stacked=self.embedding.width is not None, training=training)
-        return _concat(embeddings, self.dense_inputs(inputs))
+        if not self.groups:
+            embeddings, dense, _ = self.looked_up(inputs, self.embedding.width is not None, training)
+            return _concat(embeddings, dense)
+        embeddings, dense, _ = self.looked_up(inputs, False, training)
+        parts = []
+        for (names, columns), mlp in zip(self.groups, self.group_mlps, strict=True):
+            x = [embeddings[n] for n in names] + ([tf.gather(dense, columns, axis=1)] if columns else [])
+            parts.append(mlp(tf.concat(x, axis=1) if len(x) > 1 else x[0], training=training))
+        return tf.concat(parts, axis=1)
 
     def task_logits(self, inputs, training=False) -> list[tf.Tensor]:
         """Each tower's own logit ``float32 [B]`` (ESMM: the CTR and the CVR logits)."""

@@ -47,15 +47,17 @@ class ConcatMLPTower(keras.layers.Layer):
 
 class DeepFMTower(keras.layers.Layer):
     """DeepFM: MLP over the concatenated inputs, plus the FM term over the id embeddings
-    (Guo et al., "DeepFM", IJCAI 2017)."""
+    (Guo et al., "DeepFM", IJCAI 2017); with ``fm_vector`` the term per dimension
+    ``float32 [B, D]`` (for a ``final_dnn``), else summed ``[B, 1]``."""
 
-    def __init__(self, dnn: DNN, **kwargs):
+    def __init__(self, dnn: DNN, fm_vector: bool = False, **kwargs):
         super().__init__(**kwargs)
         self.mlp = MLP(dnn, name="dnn")
         self.fm = FM(name="fm")
+        self.fm_vector = fm_vector
 
     def call(self, embeddings, dense, training=False):
-        fm = self.fm(_fields(embeddings))
+        fm = self.fm(_fields(embeddings), vector=self.fm_vector)
         return self.mlp(_concat(embeddings, dense), training=training), fm
 
 
@@ -119,6 +121,7 @@ class MultiTowerDINTower(keras.layers.Layer):
     """
 
     takes_stacked = False  # its towers pick features by name, with or without histories
+    takes_sequences = True
 
     def __init__(self, towers: list, din: list, final: DNN, **kwargs):
         super().__init__(**kwargs)
