@@ -39,7 +39,7 @@ def run(work: Path, buckets: int, model_dir: Path, deterministic: bool) -> dict:
     first, second = days(2)
     edits = {**bench_edits(work, buckets), "train_config.op_determinism": deterministic}
     shutil.rmtree(model_dir, ignore_errors=True)
-    argv = [sys.executable, "-m", "recpipe.cli", "train", "--pipeline_config_path", str(CONFIG)]
+    argv = [sys.executable, "-m", "cli", "train", "--pipeline_config_path", str(CONFIG)]
     argv += ["--model_dir", str(model_dir), f"--train_ds={first}", f"--eval_ds={second}"]
     argv += ["--edit_config_json", json.dumps(edits)]
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)

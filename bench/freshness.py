@@ -50,7 +50,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.results import write_results  # noqa: E402
 
-RECPIPE = [sys.executable, "-m", "recpipe.cli"]
+RECPIPE = [sys.executable, "-m", "cli"]
 OUT = ROOT / "var/bench/freshness"
 PASS_MINUTES = 15
 # the stream's served model synced every day, hour, pass (minutes)

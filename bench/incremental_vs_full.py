@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.results import write_results  # noqa: E402
 
-RECPIPE = [sys.executable, "-m", "recpipe.cli"]
+RECPIPE = [sys.executable, "-m", "cli"]
 FIRST = date(1997, 9, 20)
 EDITS = {
     "data_config.batch_size": 64,

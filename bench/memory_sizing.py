@@ -43,7 +43,7 @@ def main() -> int:
         shutil.rmtree(model_dir, ignore_errors=True)
         edits = {**bench_edits(work, buckets), "train_config.optimizer_config": [LAZY]}
         edits["data_config.holdout_percent"] = 10
-        argv = [sys.executable, "-m", "recpipe.cli", "train", "--pipeline_config_path", str(CONFIG),
+        argv = [sys.executable, "-m", "cli", "train", "--pipeline_config_path", str(CONFIG),
                 "--edit_config_json", json.dumps(edits), "--model_dir", str(model_dir),
                 f"--train_ds={START}", f"--eval_ds={START}", "--skip_eval"]  # fmt: skip
         m = run(argv, work / "logs" / f"train-{buckets}.log")

@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.results import write_results  # noqa: E402
 
-RECPIPE = [sys.executable, "-m", "recpipe.cli"]
+RECPIPE = [sys.executable, "-m", "cli"]
 DIM = 16
 CAPACITY = {"user_id": 8192, "item_id": 4096}
 EV = {"filter_freq": 2, "delete_after_unseen_days": 3}

@@ -73,7 +73,7 @@ def synth(rows: int, days: int) -> None:
     WORK.mkdir(parents=True)
     start = time.perf_counter()
     subprocess.run(
-        [sys.executable, "-m", "recpipe.cli", "data", "synth", "criteo", "--profile", "kaggle",
+        [sys.executable, "-m", "cli", "data", "synth", "criteo", "--profile", "kaggle",
          "--rows", str(rows * days), "--days", str(days), "--start", FIRST, "--out", str(WORK / "raw")],
         check=True,
     )  # fmt: skip

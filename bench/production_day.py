@@ -51,7 +51,7 @@ DS = "2024-01-01"
 BATCH = 1024
 HOLDOUT = 10
 REDIS = "redis://127.0.0.1:6379/14"  # a database of its own, flushed before each push
-RECPIPE = [sys.executable, "-m", "recpipe.cli"]
+RECPIPE = [sys.executable, "-m", "cli"]
 STEPS = ("features", "train", "eval", "export", "push")
 
 

@@ -129,7 +129,7 @@ def run_recpipe(work: Path, vocab: dict[str, int], variant: str, log: Path):
     model_dir = work / "models" / variant
     subprocess.run(["rm", "-rf", str(model_dir)], check=True)
     argv = [
-        sys.executable, "-m", "recpipe.cli", "train", "--pipeline_config_path", str(CONFIG),
+        sys.executable, "-m", "cli", "train", "--pipeline_config_path", str(CONFIG),
         "--edit_config_json", json.dumps(recpipe_edits(work, vocab, variant)),
         "--model_dir", str(model_dir), f"--train_ds={DS}", f"--eval_ds={DS}",
     ]  # fmt: skip

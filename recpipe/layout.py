@@ -40,6 +40,8 @@ DAY_KEY, HOUR_KEY = "ds=", "hh="  # partition directory names: ds=YYYY-MM-DD, hh
 # an evaluation task's result in a model dir (``ModelDir.result``), by task
 EVAL_RESULT = "eval_result.json"
 CHAMPION_EVAL_RESULT = "champion_eval_result.json"
+# in an export's assets.extra/: each online-store table's inputs of serving_rows (trainer.serving)
+SERVING_ROWS = "serving_rows.json"
 PASS_EVAL_RESULT = "pass_eval_result.json"  # progressive: the pass's rows before training
 DAY_EVAL_RESULT = "day_eval_result.json"  # the day's progressive scores, pooled
 EXPORT_RECORD, SERVING_EXPORT_RECORD = "export.json", "serving_export.json"

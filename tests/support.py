@@ -20,7 +20,7 @@ SHARED = ROOT.parent / "shared"
 # the first month of MovieLens days, prepared once per session (tests/trainer/conftest.py)
 EARLY = ("1997-09-20", "1997-10-20")
 # the recpipe command of this checkout (its console script may point at another install)
-RECPIPE = [sys.executable, "-m", "recpipe.cli"]
+RECPIPE = [sys.executable, "-m", "cli"]
 
 
 def run_ok(command: list[str], env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:

@@ -1,9 +1,11 @@
 """docker-compose.yaml as an operator runs it (docs/deployment.md's commands, run as written):
 secrets generated into .env, the images built where Docker Hub cannot be reached, `docker
-compose up -d`; then, through the published ports only, a backfill of two days of the daily
-DAG, the gate's champion in MLflow behind basic auth, a rollback run in the worker container,
-a second retrain config that is a DAG without a rebuild; `docker compose down -v` leaves no
-container, network or volume of the project.
+compose up -d`; then, through the published ports only: day 1 of the daily DAG triggered from
+Airflow's UI with a Param, day 2 backfilled and approved on its Required Actions page, the
+gate's champion in MLflow behind basic auth (and its UI), rollbacks from `recpipe_champion`'s
+form and in the worker container, a stream pass started by `recpipe announce`, a second retrain
+config that is a DAG without a rebuild; `docker compose down -v` leaves no container, network
+or volume of the project.
 
 Docker here: dev.dockerd starts an engine of its own when none answers (root, Debian's
 docker.io) and puts the machine's network rules back afterwards."""
@@ -33,6 +35,10 @@ DOWN = "tests/test_compose.py::test_down_leaves_nothing_behind"
 DAYS = ["1997-09-20", "1997-09-21"]
 DAILY = "recpipe_daily_retrain"
 MODEL = "movielens_deepfm"
+STREAM = "recpipe_stream_retrain"
+PASS = "1997-09-20T17:00"  # 88 ratings
+PARTITION = "data/raw/movielens_hourly/events/ds=1997-09-20/hh=17"
+ARTIFACTS = ROOT / "var" / "test-artifacts"
 
 
 def _env_file(path: Path) -> dict[str, str]:
@@ -60,11 +66,8 @@ def _copy_checkout(dest: Path) -> None:
             shutil.copy2(ROOT / name, dest / name)
 
 
-def _get(url: str, auth: tuple[str, str] | None = None, timeout: float = 10):
-    req = urllib.request.Request(url)
-    if auth:
-        req.add_header("Authorization", "Basic " + base64.b64encode(":".join(auth).encode()).decode())
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
+def _get(url: str, timeout: float = 10):
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
         return resp.status, resp.read()
 
 
@@ -81,7 +84,7 @@ def _wait_http(url: str, timeout: float) -> None:
 
 
 @pytest.fixture(scope="module")
-def deployment(movielens_raw, tmp_path_factory):
+def deployment(movielens_raw, movielens_hourly_raw, tmp_path_factory):
     from dev.airflow import Api
     from dev.dockerd import can_start, engine
 
@@ -94,6 +97,9 @@ def deployment(movielens_raw, tmp_path_factory):
     _copy_checkout(project)
     # the daily DAG's raw days, where the compose file mounts ./data
     shutil.copytree(movielens_raw, project / "data/raw/movielens")
+    # the stream DAG's hourly passes; the test's pass lands (and is announced) while it waits
+    shutil.copytree(movielens_hourly_raw, project / "data/raw/movielens_hourly")
+    (project / PARTITION / "_SUCCESS").unlink()
     name = f"recpipe_test_{uuid.uuid4().hex[:6]}"
     ports = {"AIRFLOW_PORT": str(free_port()), "MLFLOW_PORT": str(free_port())}
     with engine() as docker_env:
@@ -101,6 +107,7 @@ def deployment(movielens_raw, tmp_path_factory):
         env.pop("AIRFLOW_HOME", None)
         up = doc_commands("deployment.md", TEST)
         assert doc_commands("howto.md", TEST) == up  # the how-to's copy says the same
+        _remove_killed_runs(env)
         try:
             _bash(up, project, env)
             secrets = _env_file(project / ".env")
@@ -126,6 +133,17 @@ def deployment(movielens_raw, tmp_path_factory):
                 _bash(doc_commands("deployment.md", DOWN), project, env, timeout=600)
 
 
+def _remove_killed_runs(env: dict) -> None:
+    """Remove what an earlier run of this test left when it was killed before ``down -v``:
+    its containers' ``restart: unless-stopped`` brings them back with the next engine."""
+    script = (
+        "docker ps -aq --filter name=recpipe_test_ | xargs -r docker rm -f; "
+        "docker network ls -q --filter name=recpipe_test_ | xargs -r docker network rm; "
+        "docker volume ls -q --filter name=recpipe_test_ | xargs -r docker volume rm"
+    )
+    subprocess.run(["bash", "-c", script], env=env, capture_output=True, timeout=300)
+
+
 def _left(name: str, env: dict) -> list[str]:
     """The project's containers, networks and volumes the engine still holds."""
     listing = (
@@ -142,45 +160,89 @@ def _compose(deployment, *args: str, timeout: int = 600) -> subprocess.Completed
 def _champion(deployment, auth: bool = True) -> str:
     """The version the registered model's ``champion`` alias names, read from MLflow's REST
     API through its published port (basic auth: the admin of .env)."""
-    url = f"{deployment['mlflow']}/api/2.0/mlflow/registered-models/alias?name={MODEL}&alias=champion"
-    login = ("admin", deployment["secrets"]["MLFLOW_ADMIN_PASSWORD"]) if auth else None
-    return json.loads(_get(url, login)[1])["model_version"]["version"]
+    path = f"registered-models/alias?name={MODEL}&alias=champion"
+    return _mlflow(deployment, path, auth=auth)["model_version"]["version"]
+
+
+def _mlflow(deployment, path: str, body: dict | None = None, auth: bool = True) -> dict:
+    """MLflow's REST API through its published port, as its admin (basic auth) or, without
+    ``auth``, as a stranger."""
+    req = urllib.request.Request(
+        f"{deployment['mlflow']}/api/2.0/mlflow/{path}",
+        data=json.dumps(body).encode() if body is not None else None,
+        headers={"Content-Type": "application/json"},
+    )
+    if auth:
+        login = "admin:" + deployment["secrets"]["MLFLOW_ADMIN_PASSWORD"]
+        req.add_header("Authorization", "Basic " + base64.b64encode(login.encode()).decode())
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return json.loads(resp.read())
 
 
 def test_the_deployment_runs_days_and_a_rollback(deployment):
-    """Day 1 of the shipped daily DAG, backfilled through the API, promotes version 1. The
-    team then edits its retrain config in the checkout (approval required; no rebuild), and
-    day 2's promotion waits for a person, who approves it on the Human-in-the-loop endpoint.
-    Every task ran on the Celery worker's container. A rollback in that container, as
-    docs/rollback.md writes it, moves the alias back."""
-    from dev.airflow import _create_backfill, follow_runs
+    """In Airflow's UI (headless Chromium), day 1 of the shipped daily DAG is backfilled from
+    its trigger form with a Param (an override of the retrain config's train_config), which the
+    day's train run uses; it promotes version 1. The team then edits its retrain config in the
+    checkout (approval required; no rebuild), and day 2's promotion waits for a person, who
+    approves it on the task's Required Actions page. Every task ran on the Celery worker's
+    container. A rollback from ``recpipe_champion``'s form moves the alias back, and so does
+    docs/rollback.md's command in the worker container; MLflow's UI shows the day's run."""
+    from dev.airflow import _create_backfill
+    from tests.browser import Browser
 
-    api = deployment["api"]
+    api, secrets = deployment["api"], deployment["secrets"]
     api.wait_for_dag(DAILY)
-    _create_backfill(api, DAILY, DAYS[:1], print)
-    _succeeded(api, follow_runs(api, DAILY, DAYS[:1], 1200, print))
-    with pytest.raises(urllib.error.HTTPError) as refused:  # MLflow without the password
-        _champion(deployment, auth=False)
-    assert refused.value.code == 401
-    assert _champion(deployment) == "1"
+    override = {"train_config.log_step_count_steps": 7}
+    with Browser(ARTIFACTS) as browser:
+        ui = browser.airflow(api.base, "admin", secrets["AIRFLOW_ADMIN_PASSWORD"])
+        # day 1 from the DAG's form (its Backfill: unpausing also starts today's scheduled run,
+        # whose wait for today's data a single run of 1997 would queue behind)
+        ui.backfill(DAILY, f"{DAYS[0]} 00:00", f"{DAYS[0]} 00:00", {"edit_config_json": override})
+        run = api.wait_for_run(DAILY, _wait_runs(api, DAILY, DAYS[0])[0]["dag_run_id"], timeout=1200)
+        _succeeded(api, {DAYS[0]: run["state"]})
+        assert run["logical_date"].startswith(DAYS[0]) and run["conf"]["edit_config_json"] == override
+        with pytest.raises(urllib.error.HTTPError) as refused:  # MLflow without the password
+            _champion(deployment, auth=False)
+        assert refused.value.code == 401
+        assert _champion(deployment) == "1"
+        experiment = _mlflow(deployment, f"experiments/get-by-name?experiment_name={MODEL}")["experiment"]
+        ids = [experiment["experiment_id"]]
+        parent = f"tags.`recpipe.step` = 'parent' and tags.ds = '{DAYS[0]}'"
+        (day,) = _mlflow(deployment, "runs/search", {"experiment_ids": ids, "filter": parent})["runs"]
+        nested = f"tags.`mlflow.parentRunId` = '{day['info']['run_id']}' and tags.`recpipe.step` = 'train'"
+        (train,) = _mlflow(deployment, "runs/search", {"experiment_ids": ids, "filter": nested})["runs"]
+        params = {p["key"]: p["value"] for p in train["data"]["params"]}
+        assert params["train_config.log_step_count_steps"] == "7"  # the form's override
 
-    path = deployment["project"] / "conf/retrain/movielens_daily.yaml"
-    conf = yaml.safe_load(path.read_text())
-    conf["gate"].update(approval="required", tolerance=0.05, min_metric=0.3)
-    path.write_text(yaml.safe_dump(conf))
-    deadline = time.monotonic() + 300  # the dag-processor's next parse of the mounted file
-    while "approve_promotion" not in api.task_ids(DAILY):
-        assert time.monotonic() < deadline, "the edited retrain config did not reach the DAG"
-        time.sleep(5)
-    _create_backfill(api, DAILY, DAYS[1:], print)
-    run = _wait_runs(api, DAILY, DAYS[1])[0]
-    request = api.wait_for_hitl(DAILY, run["dag_run_id"], "approve_promotion", timeout=1200)
-    assert request["subject"] == f"Promote {MODEL} version 2?", request
-    assert _champion(deployment) == "1"  # nothing moves before the answer
-    api.answer_hitl(DAILY, run["dag_run_id"], "approve_promotion", ["Approve"])
-    run = api.wait_for_run(DAILY, run["dag_run_id"])
-    assert run["state"] == "success"
-    assert _champion(deployment) == "2"
+        path = deployment["project"] / "conf/retrain/movielens_daily.yaml"
+        conf = yaml.safe_load(path.read_text())
+        conf["gate"].update(approval="required", tolerance=0.05, min_metric=0.3)
+        path.write_text(yaml.safe_dump(conf))
+        deadline = time.monotonic() + 300  # the dag-processor's next parse of the mounted file
+        while "approve_promotion" not in api.task_ids(DAILY):
+            assert time.monotonic() < deadline, "the edited retrain config did not reach the DAG"
+            time.sleep(5)
+        _create_backfill(api, DAILY, DAYS[1:], print)
+        run = _wait_runs(api, DAILY, DAYS[1])[0]
+        request = api.wait_for_hitl(DAILY, run["dag_run_id"], "approve_promotion", timeout=1200)
+        assert request["subject"] == f"Promote {MODEL} version 2?", request
+        assert _champion(deployment) == "1"  # nothing moves before the answer
+        ui.answer(DAILY, run["dag_run_id"], "approve_promotion", "Approve")
+        run = api.wait_for_run(DAILY, run["dag_run_id"])
+        assert run["state"] == "success"
+        assert _champion(deployment) == "2"
+
+        rollback = ui.trigger("recpipe_champion", {"model_name": MODEL, "reason": "a rollback from the UI"})
+        assert api.wait_for_run("recpipe_champion", rollback, timeout=600)["state"] == "success"
+        assert _champion(deployment) == "1"
+
+        login = {"username": "admin", "password": secrets["MLFLOW_ADMIN_PASSWORD"]}
+        page = browser.page(http_credentials=login)
+        experiment_id, run_name = experiment["experiment_id"], train["info"]["run_name"]
+        page.goto(f"{deployment['mlflow']}/#/experiments/{experiment_id}/runs/{train['info']['run_id']}")
+        page.get_by_text(run_name).first.wait_for()
+        assert browser.screenshot(page, "compose_mlflow_run").stat().st_size > 20_000
+
     # (unpaused, the DAG also has the scheduler's own run of today, waiting for its data)
     ours = [r for r in api.runs(DAILY) if r["logical_date"][:10] in DAYS]
     tasks = [t for r in ours for t in api.task_instances(DAILY, r["dag_run_id"])]
@@ -192,15 +254,14 @@ def test_the_deployment_runs_days_and_a_rollback(deployment):
     assert "Connected to redis://:**@redis:6379/0" in log, log[-3000:]
     assert deployment["secrets"]["REDIS_PASSWORD"] not in log
 
-    # docs/rollback.md's command, in the worker container: it finds the deployment's MLflow
+    # docs/rollback.md's commands, in the worker container: they find the deployment's MLflow
     # and store without a flag
-    _compose(
-        deployment, f"exec -T airflow-worker recpipe champion rollback --model_name {MODEL} --reason test"
-    )
+    worker_recpipe = f"exec -T airflow-worker recpipe champion {{}} --model_name {MODEL}"
+    _compose(deployment, worker_recpipe.format("set") + " --version 2 --reason test")
+    assert _champion(deployment) == "2"
+    _compose(deployment, worker_recpipe.format("rollback") + " --reason test")
     assert _champion(deployment) == "1"
-    shown = json.loads(
-        _compose(deployment, f"exec -T airflow-worker recpipe champion show --model_name {MODEL}").stdout
-    )
+    shown = json.loads(_compose(deployment, worker_recpipe.format("show")).stdout)
     assert str(shown["champion"]["version"]) == "1"
 
 
@@ -225,6 +286,43 @@ def _wait_runs(api, dag_id: str, ds: str, timeout: float = 120):
             return runs
         assert time.monotonic() < deadline, f"no run of {dag_id} for {ds}"
         time.sleep(2)
+
+
+def test_an_announced_stream_pass_starts_within_seconds(deployment):
+    """docs/howto.md's announcement, run in the worker container: the stream pass waiting for
+    its partition goes on within seconds, where the sensor looks once a minute; it starts
+    from the daily model's champion and pushes to the deployment's embedding store."""
+    from datetime import datetime
+
+    from dev.airflow import _create_backfill
+    from recpipe.arrivals import CHANNEL
+
+    api = deployment["api"]
+    api.wait_for_dag(STREAM)
+    _create_backfill(api, STREAM, [PASS], print)
+    run_id = _wait_runs(api, STREAM, PASS)[0]["dag_run_id"]
+    subscribed = f"exec -T redis sh -c 'REDISCLI_AUTH=$REDIS_PASSWORD redis-cli PUBSUB NUMSUB {CHANNEL}'"
+    deadline = time.monotonic() + 600
+    while not (
+        api.task_instance(STREAM, run_id, "wait_for_pass")["state"] == "deferred"
+        and _compose(deployment, subscribed).stdout.split()[-1] != "0"  # the triggerer listens
+    ):
+        assert time.monotonic() < deadline, "wait_for_pass did not defer"
+        time.sleep(2)
+    time.sleep(1)  # past the trigger's first look
+    (deployment["project"] / PARTITION / "_SUCCESS").touch()
+    landed = time.time()
+    out = _compose(deployment, f"exec -T airflow-worker recpipe announce {PARTITION}").stdout
+    assert "announced" in out, out
+    run = api.wait_for_run(STREAM, run_id, timeout=900)
+    wait = api.task_instance(STREAM, run_id, "wait_for_pass")
+    ended = datetime.fromisoformat(wait["end_date"]).timestamp()
+    assert ended - landed < 30, (landed, wait)  # poke_interval_s: 60
+    if run["state"] != "success":
+        failed = [t for t in api.task_instances(STREAM, run_id) if t["state"] == "failed"]
+        pytest.fail(
+            "\n".join(api.log(STREAM, run_id, t["task_id"], t.get("try_number") or 1)[-3000:] for t in failed)
+        )
 
 
 def test_a_retrain_config_dropped_in_is_a_dag_without_a_rebuild(deployment):

@@ -25,8 +25,36 @@ SEPARATE = {"eval_config.eval_method": "separate"}
 
 @pytest.fixture(scope="session")
 def stack(movielens_raw, tmp_path_factory) -> dict:
-    """Env (Airflow home, var dir, retrain config, MLflow URI) of a fresh local deployment."""
-    return new_stack(movielens_raw, tmp_path_factory.mktemp("stack"), SEPARATE)
+    """Env (Airflow home, var dir, retrain config, MLflow URI) of a fresh local deployment;
+    its champion scores each day's candidates (``batch_predict``, ``write_candidates``)."""
+    base = tmp_path_factory.mktemp("stack")
+    var = base / "var"
+    write_candidates(movielens_raw, var / "candidates", DAYS)
+    scoring = {
+        "input_path": f"{var}/candidates/ds={{{{ ds }}}}",
+        "output_path": f"{var}/scores/ds={{{{ ds }}}}",
+    }
+    return new_stack(movielens_raw, base, SEPARATE, batch_predict=scoring)
+
+
+def write_candidates(raw, out, days: list[str]) -> None:
+    """Each day's events joined with the user and item snapshots, as a team's candidate rows
+    carry every column the model reads: ``out/ds=<day>/part-00000.csv``, with a header."""
+    import pyarrow.csv as pacsv
+
+    ids = pacsv.ConvertOptions(column_types={"user_id": "string", "item_id": "string", "zip_code": "string"})
+    users = pacsv.read_csv(raw / "dims" / "users.csv", convert_options=ids)
+    items = pacsv.read_csv(raw / "dims" / "items.csv", convert_options=ids)
+    for ds in days:
+        events = pacsv.read_csv(raw / "events" / f"ds={ds}" / "part-00000.csv", convert_options=ids)
+        rows = events.join(users, "user_id", join_type="left outer").join(
+            items, "item_id", join_type="left outer"
+        )
+        (out / f"ds={ds}").mkdir(parents=True)
+        pacsv.write_csv(
+            rows.sort_by([("timestamp", "ascending"), ("user_id", "ascending")]),
+            out / f"ds={ds}" / "part-00000.csv",
+        )
 
 
 def new_stack(movielens_raw, base, edits: dict | None = None, **overrides) -> dict:
@@ -37,7 +65,7 @@ def new_stack(movielens_raw, base, edits: dict | None = None, **overrides) -> di
 
     spark_connect_url()  # prepare_features runs on it
     var = base / "var"
-    shutil.copytree(movielens_raw, var / "raw")
+    shutil.copytree(movielens_raw, var / "raw", dirs_exist_ok=True)
     retrain = {
         "pipeline_config_path": "conf/movielens_deepfm.yaml",
         "model_name": MODEL,

@@ -92,40 +92,41 @@ def test_recpipe_runs_compare_prints_and_logs_days_and_runs(daily_runs, tmp_path
     assert len(compares) >= 2
 
 
-def test_mlflow_ui_compares_two_runs_in_chromium(daily_runs, tmp_path):
+@pytest.fixture(scope="module")
+def mlflow_ui(daily_runs, tmp_path_factory):
+    """The daily runs' store behind one ``mlflow server`` for the UI tests: its URI."""
     if not Path("/usr/bin/chromium").exists():
         assert not os.environ.get("CI"), "Chromium is missing: scripts/setup.sh installs it"
         pytest.skip("no /usr/bin/chromium")
+    base = tmp_path_factory.mktemp("mlflow_ui")
+    artifacts = ("--artifacts-destination", str(base / "artifacts"))
+    with mlflow_server(base, daily_runs["tracking_uri"], *artifacts) as (uri, _):
+        yield uri
+
+
+def test_mlflow_ui_compares_two_runs_in_chromium(daily_runs, mlflow_ui):
     from tests.dags.airflow_server import screenshot
 
     trains = _train_runs(daily_runs)
     a, b = trains[DAYS[1]], trains[DAYS[2]]
-    artifacts = ("--artifacts-destination", str(tmp_path / "artifacts"))
-    with mlflow_server(tmp_path, daily_runs["tracking_uri"], *artifacts) as (uri, _):
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        shot = ARTIFACTS / "mlflow_compare_runs.png"
-        runs = json.dumps([a.info.run_id, b.info.run_id])
-        url = f"{uri}/#/compare-runs?runs={runs}&experiments={json.dumps([a.info.experiment_id])}"
-        text = screenshot(url, None, shot, expect="train_config.num_steps")
-        assert shot.stat().st_size > 20_000
-        assert "train_config.num_steps" in text, text[:3000]  # the params table of both runs
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shot = ARTIFACTS / "mlflow_compare_runs.png"
+    runs = json.dumps([a.info.run_id, b.info.run_id])
+    url = f"{mlflow_ui}/#/compare-runs?runs={runs}&experiments={json.dumps([a.info.experiment_id])}"
+    text = screenshot(url, None, shot, expect="train_config.num_steps")
+    assert shot.stat().st_size > 20_000
+    assert "train_config.num_steps" in text, text[:3000]  # the params table of both runs
 
 
-def test_mlflow_ui_opens_the_experiment_on_its_runs_table_in_chromium(daily_runs, tmp_path):
-    if not Path("/usr/bin/chromium").exists():
-        assert not os.environ.get("CI"), "Chromium is missing: scripts/setup.sh installs it"
-        pytest.skip("no /usr/bin/chromium")
+def test_mlflow_ui_opens_the_experiment_on_its_runs_table_in_chromium(daily_runs, mlflow_ui):
+    from recpipe.runs.compare import experiment_link
     from tests.dags.airflow_server import screenshot
 
     exp = _client(daily_runs).get_experiment_by_name(MODEL)
-    artifacts = ("--artifacts-destination", str(tmp_path / "artifacts"))
-    with mlflow_server(tmp_path, daily_runs["tracking_uri"], *artifacts) as (uri, _):
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        shot = ARTIFACTS / "mlflow_experiment_runs.png"
-        from recpipe.runs.compare import experiment_link
-
-        text = screenshot(experiment_link(uri, exp.experiment_id), None, shot, expect=f"ds={DAYS[0]}")
-        assert shot.stat().st_size > 20_000
-        # the runs table (not the GenAI traces overview), its runs named by day
-        assert "No data available" not in text and "Run Name" in text, text[:3000]
-        assert all(f"ds={d}" in text for d in DAYS), text[:3000]
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shot = ARTIFACTS / "mlflow_experiment_runs.png"
+    text = screenshot(experiment_link(mlflow_ui, exp.experiment_id), None, shot, expect=f"ds={DAYS[0]}")
+    assert shot.stat().st_size > 20_000
+    # the runs table (not the GenAI traces overview), its runs named by day
+    assert "No data available" not in text and "Run Name" in text, text[:3000]
+    assert all(f"ds={d}" in text for d in DAYS), text[:3000]

@@ -173,6 +173,7 @@ def test_daily_dag_wiring(probe):
     ]
     for before, after in zip(chain, chain[1:], strict=False):
         assert up[after] == [before]
+    assert up["batch_predict"] == ["register_and_gate"]  # the stack's config names candidates
     assert probe["max_active_runs"] == 1
     assert probe["schedule"] == "0 0 * * *"  # @daily
 

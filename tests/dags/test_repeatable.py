@@ -35,7 +35,9 @@ def _days(tracking_uri: str) -> dict[str, dict]:
             [exp.experiment_id], filter_string=nested, order_by=["attributes.start_time ASC"]
         )
         curve = [(m.step, m.value) for m in client.get_metric_history(trains[0].info.run_id, "loss")]
-        out[ds] = {"metrics": run.data.metrics, "loss": sorted(curve)}
+        # the first deployment also scores candidates (batch_predict): not a model's figure
+        metrics = {k: v for k, v in run.data.metrics.items() if not k.startswith("batch_predict.")}
+        out[ds] = {"metrics": metrics, "loss": sorted(curve)}
     return out
 
 
