@@ -14,10 +14,11 @@ from typing import Any
 
 from operators.base import JobOperator
 from operators.paths import confine
+from recpipe.config.model import Metric
 from recpipe.layout import EVAL_RESULT, ModelDir, day_name, ds_partition, parse_ds_range
 
 log = logging.getLogger(__name__)
-METRIC_KEYS = ("auc", "gauc", "logloss", "accuracy", "precision", "recall")
+METRIC_KEYS = tuple(Metric.model_fields)  # eval_config.metrics_set's names
 
 
 def _metric_key(key: str) -> bool:

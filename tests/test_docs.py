@@ -109,7 +109,7 @@ def test_the_cli_reference_is_the_parsers_help_and_a_page_naming_a_missing_flag_
     from mkdocs.exceptions import PluginError
 
     sys.path.insert(0, str(ROOT / "docs" / "hooks"))
-    from cli import commands, render
+    from cli_reference import commands, render
 
     assert {("train",), ("serve", "push"), ("champion", "rollback"), ("runs", "compare")} <= set(commands())
     page = render("<!-- cli_help -->\n<!-- /cli_help -->", "a.md")

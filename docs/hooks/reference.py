@@ -25,8 +25,11 @@ from recpipe.config.reference import ROOTS, field_paths, markdown  # noqa: E402
 _BLOCK = re.compile(r"<!-- config_reference (\w+) -->\n.*?<!-- /config_reference -->", re.S)
 _CODE = re.compile(r"`([A-Za-z_]\w*(?:\[[^\]`]*\])?(?:\.\w+(?:\[[^\]`]*\])?)+)(?:[:=][^`]*)?`")
 _FILE = re.compile(r"\.(py|md|ya?ml|json|txt|sh|jsonl|csv)$")
-# the gate's figures as the parent run's metrics (operators/register.py), not fields
-_NOT_FIELDS = re.compile(r"^gate\.(diff|ci_low|ci_high|p_value|positives|negatives|auc\w*)$")
+# the gate's and the scoring's figures as the parent run's metrics (operators/register.py,
+# operators/predict.py), not fields
+_NOT_FIELDS = re.compile(
+    r"^(gate\.(diff|ci_low|ci_high|p_value|positives|negatives|auc\w*)|batch_predict\.rows)$"
+)
 
 
 def _known(path: str, paths: set[str], open_ended: set[str]) -> bool:

@@ -1,6 +1,6 @@
 """``python docs/hooks/render.py [--check]``: write into docs/*.md the parts generated from one
 source each: benchmark figures (``figures.py``, from bench/results/), the config reference
-(``reference.py``, from the code) and the command reference (``cli.py``, from the parsers),
+(``reference.py``, from the code) and the command reference (``cli_reference.py``, from the parsers),
 so that a page reads the same on GitHub as on the site. ``--check`` writes nothing and exits 1
 naming each page that differs.
 
@@ -20,7 +20,7 @@ HOOKS = Path(__file__).resolve().parent
 DOCS = HOOKS.parent
 sys.path.insert(0, str(HOOKS))
 
-import cli  # noqa: E402
+import cli_reference  # noqa: E402
 import figures  # noqa: E402
 import reference  # noqa: E402
 
@@ -28,7 +28,7 @@ import reference  # noqa: E402
 PARTS = (
     (figures, "its figures differ from bench/results"),
     (reference, "its config reference differs from the code's"),
-    (cli, "its command reference differs from the parsers' help"),
+    (cli_reference, "its command reference differs from the parsers' help"),
 )
 
 
