@@ -19,6 +19,7 @@ from predict.columns import easyrec_name
 from predict.files import BadInputError
 from predict.stderr import native_stderr_held
 from recpipe.errors import PipelineError, UsageError
+from recpipe.layout import PIPELINE_ASSET
 
 with native_stderr_held():
     import tensorflow as tf
@@ -87,7 +88,7 @@ class ScoringModel:
         self.inputs = {name: spec.dtype for name, spec in self._fn.structured_input_signature[1].items()}
         self._names = sorted(self._fn.structured_outputs, key=_order)
         self.outputs = [easyrec_name(n) for n in self._names]
-        record = self.directory / "assets.extra" / "pipeline.json"
+        record = self.directory / "assets.extra" / PIPELINE_ASSET
         data = json.loads(record.read_text()).get("data_config", {}) if record.exists() else {}
         fields = list(data.get("input_fields", []))
         for table in data.get("dimension_tables", []):

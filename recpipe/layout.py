@@ -13,6 +13,7 @@ and ``ds`` ranges. Every file name another process reads is defined here and now
                train/                                        TensorBoard summaries
                train_metrics.jsonl, eval_history.jsonl       one line per logged step / evaluation
                eval/eval_result-<step>.json, eval_result.json
+               best/                                         exporter_type best: the best evaluated checkpoint
                eval_predictions.parquet, champion_eval_*          per-row label, probability (the gate's)
                normalization.json, pipeline.yaml             what serving and MLflow need
                fine_tune.json                                what the job was warm-started from
@@ -42,6 +43,9 @@ EVAL_RESULT = "eval_result.json"
 CHAMPION_EVAL_RESULT = "champion_eval_result.json"
 # in an export's assets.extra/: each online-store table's inputs of serving_rows (trainer.serving)
 SERVING_ROWS = "serving_rows.json"
+PIPELINE_ASSET = "pipeline.json"  # in an export's assets.extra/: the effective config
+SAVED_MODEL_RECORD = "recpipe_export.json"  # in assets.extra/: which model dir and step it holds
+RESERVED_ASSETS = frozenset({SERVING_ROWS, PIPELINE_ASSET, SAVED_MODEL_RECORD})
 PASS_EVAL_RESULT = "pass_eval_result.json"  # progressive: the pass's rows before training
 DAY_EVAL_RESULT = "day_eval_result.json"  # the day's progressive scores, pooled
 EXPORT_RECORD, SERVING_EXPORT_RECORD = "export.json", "serving_export.json"
@@ -295,6 +299,7 @@ class ModelDir:
     summaries = property(lambda self: self.path / "train")
     train_metrics = property(lambda self: self.path / "train_metrics.jsonl")
     eval_history = property(lambda self: self.path / "eval_history.jsonl")
+    best = property(lambda self: self.path / "best")
     eval_result = property(lambda self: self.path / EVAL_RESULT)
     normalization = property(lambda self: self.path / "normalization.json")
     pipeline_config = property(lambda self: self.path / "pipeline.yaml")

@@ -39,7 +39,7 @@ from recpipe.exports.files import (
     read_params,
     write_params,
 )
-from recpipe.layout import SUCCESS, fine_tuned_from
+from recpipe.layout import PIPELINE_ASSET, SUCCESS, fine_tuned_from
 from trainer import online
 from trainer.embedding_tables import variable_name
 from trainer.input import sample_inputs
@@ -242,7 +242,7 @@ def build_saved_model(base: Path, deltas: list[Path], out: Path) -> Path:
             )
         params = apply(params, read_params(delta))
         previous = manifest
-    source = base / "assets.extra" / "pipeline.json"
+    source = base / "assets.extra" / PIPELINE_ASSET
     config = validate(PipelineConfig, json.loads(source.read_text()), str(source))
     model = build_model(config)
     model(sample_inputs(config))

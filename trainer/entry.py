@@ -264,7 +264,11 @@ def eval_main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(prog="recpipe eval", description="evaluate a checkpoint on eval_ds")
     add_config_args(parser)
     parser.add_argument("--model_dir", default=None)
-    parser.add_argument("--checkpoint_path", default=None, help="default: model_dir's latest checkpoint")
+    parser.add_argument(
+        "--checkpoint_path",
+        default=None,
+        help="default: model_dir's latest checkpoint (exporter_type best: its best/)",
+    )
     parser.add_argument(
         "--eval_result_path", default=None, help="result file (default: model_dir/eval_result.json)"
     )
@@ -323,7 +327,11 @@ def export_main(argv: list[str] | None = None) -> int:
     add_config_args(parser)
     parser.add_argument("--model_dir", default=None)
     parser.add_argument("--export_dir", required=True)
-    parser.add_argument("--checkpoint_path", default=None, help="default: model_dir's latest checkpoint")
+    parser.add_argument(
+        "--checkpoint_path",
+        default=None,
+        help="default: model_dir's latest checkpoint (exporter_type best: its best/)",
+    )
     online = parser.add_mutually_exclusive_group()
     online.add_argument(
         "--base",
@@ -344,11 +352,12 @@ def export_main(argv: list[str] | None = None) -> int:
     def run() -> int:
         _setup_logging()
         config = config_from_args(args, extra)
+        from trainer.best_exporter import export_checkpoint
         from trainer.scoring import load_model
         from trainer.serving import export_saved_model, find_export
 
         model_dir = args.model_dir or config.model_dir
-        model, step = load_model(config, args.checkpoint_path or model_dir)
+        model, step = load_model(config, args.checkpoint_path or export_checkpoint(config, model_dir))
         if args.base or args.delta:
             print(
                 json.dumps(

@@ -28,6 +28,7 @@ from recpipe.config.pipeline import PipelineConfig
 from recpipe.errors import PipelineError, UsageError
 from recpipe.layout import CHECKPOINT_PREFIX, FeaturePartition, ModelDir, parse_ds_range, partition_ds
 from trainer import online
+from trainer.best_exporter import early_stop
 from trainer.checkpoints import fine_tune_restore, read_var_map, restore_embedding_variables
 from trainer.distribute import Distribution
 from trainer.distribute.base import StepParts, online_tables_refused
@@ -35,6 +36,7 @@ from trainer.embedding_tables import placement, variable_name
 from trainer.input import FeatureReader, holdout_split
 from trainer.losses import build_loss
 from trainer.memory import MemoryProfile, release_free_memory
+from trainer.optimizers import scale_gradients
 from trainer.sidecar_evaluator import evaluate_and_record, mark_train_done
 from trainer.state import build_state
 
@@ -295,10 +297,14 @@ class Trainer:
                 loss += reg_loss
             return loss, grads
 
+        entries = self.config.train_config.optimizer_config
+        multipliers = [o.embedding_learning_rate_multiplier for o in entries]
+
         def apply(grads: list) -> None:
             i = 0
-            for opt, part in zip(optimizers, split, strict=True):
-                opt.apply_gradients(zip(grads[i : i + len(part)], part, strict=True))
+            for opt, part, m in zip(optimizers, split, multipliers, strict=True):
+                part_grads = scale_gradients(grads[i : i + len(part)], part, tables, m)
+                opt.apply_gradients(zip(part_grads, part, strict=True))
                 i += len(part)
 
         clock = online.clock(model)
@@ -386,6 +392,10 @@ class Trainer:
         last_save_step, last_save_time = int(self.global_step.numpy()), time.time()
         # some distributions gather every process's rows at a save
         saver = dist.takes_part_in_saves(self.state)
+        # steps between two looks at the evaluations (every process looks at the same steps)
+        early = self.config.export_config.enable_early_stop and (
+            tc.save_checkpoints_steps or tc.log_step_count_steps
+        )
         saved, start_latest = False, self.manager.latest_checkpoint
         window_start, window_examples = time.time(), 0
         total_start, total_examples, cpu_start = time.time(), 0, time.process_time()
@@ -451,6 +461,9 @@ class Trainer:
                     check_finite(dist.fetch(loss_t), step, last_save_step)
                     self._save(step)
                     last_save_step, last_save_time, saved = step, time.time(), True
+                if early and drained and step % early == 0 and self._early_stop(step):
+                    done = True
+                    break
                 if tc.num_steps is not None and step >= tc.num_steps:
                     done = True
                     break
@@ -556,6 +569,15 @@ class Trainer:
                 out[prefix + k] = delta[k]
             out[prefix + "filtered_share"] = delta["filtered"] / max(delta["lookups"], 1)
         return out
+
+    def _early_stop(self, step: int) -> bool:
+        """Whether training ends at ``step`` (``export_config.enable_early_stop``): the chief
+        reads the evaluations so far, every process takes its answer."""
+        reason = early_stop(self.config, self.job.model_dir) if self.dist.is_chief else None
+        if not self.dist.agree(reason is not None):
+            return False
+        log.info("step %d: %s", step, reason or "early stop (the chief's decision)")
+        return True
 
     def _save(self, step: int) -> None:
         """A checkpoint; with ``eval_method: master`` the chief evaluates it at once."""

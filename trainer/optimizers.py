@@ -9,6 +9,8 @@ multi-optimizer split of the variables (EasyRec ``get_grouped_vars`` / ``MultiOp
 
 from __future__ import annotations
 
+import re
+
 import tensorflow as tf
 import tf_keras as keras
 
@@ -71,6 +73,8 @@ def build_optimizer(config: OptimizerConfig, name: str) -> keras.optimizers.Opti
         return SGD(lr, name=name)
     if which == "momentum_optimizer":
         return SGD(lr, momentum=c.momentum_optimizer_value, name=name)
+    if which == "momentumw_optimizer":
+        return SGD(lr, momentum=c.momentum_optimizer_value, weight_decay=c.weight_decay, name=name)
     if which == "adagrad_optimizer":
         return Adagrad(lr, initial_accumulator_value=c.initial_accumulator_value, name=name)
     if which == "adam_optimizer":
@@ -116,3 +120,52 @@ def split_variables(
         if not part:
             raise OptimizerConfigError(f"train_config.optimizer_config[{i}] would update no variable")
     return split
+
+
+def freeze(split: list[list[tf.Variable]], pattern: str | None) -> list[list[tf.Variable]]:
+    """``split`` without the variables whose name ``pattern`` matches (``re.search``;
+    EasyRec's ``train_config.freeze_gradient``): they keep their values.
+
+    Raises:
+        OptimizerConfigError: ``pattern`` is not a regular expression, matches no variable
+            (the message lists their names), or leaves an optimizer nothing to update.
+    """
+    if pattern is None:
+        return split
+    try:
+        regex = re.compile(pattern)
+    except re.error as err:
+        raise OptimizerConfigError(
+            f"train_config.freeze_gradient: {pattern!r} is not a regular expression: {err}"
+        ) from None
+    names = [v.name for part in split for v in part]
+    if not any(regex.search(n) for n in names):
+        raise OptimizerConfigError(
+            f"train_config.freeze_gradient: {pattern!r} matches none of the model's variables: "
+            + ", ".join(names)
+        )
+    kept = [[v for v in part if not regex.search(v.name)] for part in split]
+    for i, part in enumerate(kept):
+        if not part:
+            raise OptimizerConfigError(
+                f"train_config.freeze_gradient: {pattern!r} leaves optimizer_config[{i}] nothing to update"
+            )
+    return kept
+
+
+def scale_gradients(grads: list, variables: list[tf.Variable], tables: set, multiplier: float | None) -> list:
+    """Each table's gradient (``tables``: the tables' ``ref()``) times ``multiplier``
+    (EasyRec's ``embedding_learning_rate_multiplier``; None: unchanged). A sparse gradient
+    stays a ``tf.IndexedSlices``."""
+    if multiplier is None or multiplier == 1:
+        return grads
+    out = []
+    for grad, var in zip(grads, variables, strict=True):
+        if var.ref() in tables and grad is not None:
+            if isinstance(grad, tf.IndexedSlices):
+                grad = tf.IndexedSlices(grad.values * multiplier, grad.indices, grad.dense_shape)
+            else:
+                grad = grad * multiplier
+        out.append(grad)
+    return out
+

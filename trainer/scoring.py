@@ -15,6 +15,7 @@ from recpipe import atomic
 from recpipe.config.pipeline import PipelineConfig
 from recpipe.layout import ModelDir, partition_ds
 from trainer import online
+from trainer.best_exporter import export_checkpoint
 from trainer.checkpoints import resolve
 from trainer.embedding_tables import checkpoint_map
 from trainer.input import FeatureReader, holdout_split, sample_inputs
@@ -82,14 +83,15 @@ def evaluate(
     result_path: str | Path | None = None,
     predictions_path: str | Path | None = None,
 ) -> dict:
-    """Score ``eval_days`` with ``checkpoint`` (default: model_dir's latest) and write
+    """Score ``eval_days`` with ``checkpoint`` (default: what the export task exports,
+    ``trainer.best_exporter.export_checkpoint``: model_dir's latest, or its best) and write
     ``result_path`` (default ``<model_dir>/eval_result.json``, atomically) with the metrics,
     step and checkpoint. Days also in ``train_ds`` contribute only their held-out rows.
 
     With ``predictions_path``, the rows' ``label`` and ``probability`` (float32, in the
     readers' fixed order: two checkpoints scored on the same days give aligned files) go to
     that Parquet file, for the gate's paired test (``recpipe.stats``)."""
-    path = resolve(checkpoint or model_dir)
+    path = resolve(checkpoint) if checkpoint else export_checkpoint(config, model_dir)
     model, step = load_model(config, path)
     return score(config, model, step, path, model_dir, eval_days, result_path, predictions_path)
 

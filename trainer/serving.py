@@ -28,7 +28,7 @@ import tensorflow as tf
 from recpipe import atomic
 from recpipe.config.data import FeatureSpec, FeatureType, InputType
 from recpipe.config.pipeline import PipelineConfig
-from recpipe.layout import SERVING_ROWS, ModelDir
+from recpipe.layout import PIPELINE_ASSET, SAVED_MODEL_RECORD, SERVING_ROWS, ModelDir
 from trainer import online
 from trainer.hashing import clean_ids, combo_ids, feature_ids, split_tags
 from trainer.models.multitask import MultiTaskModel
@@ -184,15 +184,19 @@ class ServingModule(tf.Module):
         return out
 
 
-EXPORT_RECORD = "recpipe_export.json"  # in assets.extra/: which model dir and step it holds
+EXPORT_RECORD = SAVED_MODEL_RECORD
 
 
 def write_saved_model(
     config: PipelineConfig, model: RankingModel, normalization: dict, directory: Path
 ) -> None:
-    """Save ``model``'s serving module (``serving_default``) and the effective config
-    (``assets.extra/pipeline.json``) into ``directory`` (new or empty: the caller writes to a
-    temporary path and renames)."""
+    """Save ``model``'s serving module (``serving_default``), the effective config
+    (``assets.extra/pipeline.json``) and ``export_config.asset_files`` into ``directory`` (new
+    or empty: the caller writes to a temporary path and renames).
+
+    Raises:
+        FileNotFoundError: an ``asset_files`` entry is not a file.
+    """
     # a copy: tf.Module swaps the nested dicts of an attribute for trackable wrappers in place
     module = ServingModule(config, model, json.loads(json.dumps(normalization)))
     signatures = {"serving_default": module.serve.get_concrete_function()}
@@ -209,7 +213,12 @@ def write_saved_model(
             for m, e in module.row_inputs.items()
         }
         (directory / "assets.extra" / SERVING_ROWS).write_text(json.dumps(layout, indent=2))
-    (directory / "assets.extra" / "pipeline.json").write_text(json.dumps(config.to_dict(), indent=2))
+    (directory / "assets.extra" / PIPELINE_ASSET).write_text(json.dumps(config.to_dict(), indent=2))
+    for name in config.export_config.asset_files:
+        source = Path(name)
+        if not source.is_file():
+            raise FileNotFoundError(f"export_config.asset_files: {source} is not a file (from {Path.cwd()})")
+        shutil.copyfile(source, directory / "assets.extra" / source.name)
 
 
 def read_normalization(model_dir: str | Path) -> dict:

@@ -28,6 +28,7 @@ import tensorflow as tf
 from recpipe import atomic, jsonl
 from recpipe.config.pipeline import PipelineConfig
 from recpipe.layout import ModelDir
+from trainer.best_exporter import keep_if_best
 from trainer.checkpoints import CheckpointError
 from trainer.scoring import evaluate
 
@@ -56,13 +57,15 @@ def mark_train_done(model_dir: Path, step: int, checkpoint: str) -> None:
 def evaluate_and_record(
     config: PipelineConfig, model_dir: Path, eval_days: list[str], checkpoint: str
 ) -> dict:
-    """Evaluate one checkpoint; write its result file and append it to the history."""
+    """Evaluate one checkpoint; write its result file, append it to the history and, under
+    ``exporter_type: best``, keep a copy of it when it scored best so far."""
 
     files = ModelDir(model_dir)
     target = files.eval_result_at(checkpoint_step(checkpoint))
     result = evaluate(config, model_dir, eval_days, checkpoint, target)
     metrics = {k: v for k, v in result.items() if isinstance(v, float)}
     jsonl.append(files.eval_history, {"step": result["global_step"], **metrics})
+    keep_if_best(config, model_dir, checkpoint)  # exporter_type: best
     return result
 
 

@@ -19,7 +19,7 @@ from trainer.embedding_tables import (
 from trainer.input import sample_inputs
 from trainer.models.builders import build_model
 from trainer.models.ranking import RankingModel
-from trainer.optimizers import build_optimizer, split_variables
+from trainer.optimizers import build_optimizer, freeze, split_variables
 
 
 @dataclass
@@ -102,6 +102,7 @@ def build_state(
             build_optimizer(c, f"optimizer_{i}") for i, c in enumerate(config.train_config.optimizer_config)
         ]
         var_split = split_variables(model.variable_groups(), len(optimizers), config.model.model_class)
+        var_split = freeze(var_split, config.train_config.freeze_gradient)
         for opt, variables in zip(optimizers, var_split, strict=True):
             opt.build(variables)
             for ev in online.tables(model):

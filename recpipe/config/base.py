@@ -6,7 +6,7 @@ never silently ignored (EasyRec's protobuf text format behaves the same way).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
@@ -28,17 +28,24 @@ class OneOf(Section):
     ``optimizer_config: [{adam_optimizer: {...}}]``. ``which()`` returns the chosen name.
     """
 
+    # fields beside the oneof (protobuf's fields outside its ``oneof`` block)
+    _beside: ClassVar[frozenset[str]] = frozenset()
+
+    @classmethod
+    def options(cls) -> list[str]:
+        """The oneof's field names."""
+        return [n for n in cls.model_fields if n not in cls._beside]
+
     @model_validator(mode="after")
     def _exactly_one(self) -> OneOf:
-        chosen = [name for name in type(self).model_fields if getattr(self, name) is not None]
+        chosen = [name for name in self.options() if getattr(self, name) is not None]
         if len(chosen) != 1:
-            options = ", ".join(type(self).model_fields)
-            raise ValueError(f"set exactly one of: {options} (got {chosen or 'none'})")
+            raise ValueError(f"set exactly one of: {', '.join(self.options())} (got {chosen or 'none'})")
         return self
 
     def which(self) -> str:
         """Name of the field that is set."""
-        return next(n for n in type(self).model_fields if getattr(self, n) is not None)
+        return next(n for n in self.options() if getattr(self, n) is not None)
 
     def value(self) -> Any:
         """The value of the field that is set."""

@@ -45,6 +45,18 @@ DATA_NOTES = {
 }
 
 
+# export_config fields that shape EasyRec's serving placeholders, which recpipe's signature
+# fixes: dropped, the reason in the output's header
+EXPORT_NOTES = {
+    "filter_inputs": "recpipe's serving_default takes the columns its features read.",
+    "placeholder_named_by_input": "recpipe names each serving input by its column.",
+    "multi_value_fields": (
+        "recpipe's serving input for a tag or sequence column is its delimited string "
+        "(the feature's separator)."
+    ),
+}
+
+
 class Refused(ConfigError):
     """An EasyRec field recpipe cannot honour; the message names its dotted path and why."""
 
@@ -158,6 +170,13 @@ def _translate(config: Message, notes: list[str]) -> Message:
                 "(eval_config.eval_method: separate for an evaluator beside training)."
             )
         config["eval_config"] = [evaluation]
+    _translate_export(config, notes)
+    for _ in _messages(config, "momentumw_optimizer"):
+        notes.append(
+            "momentumw_optimizer.weight_decay: recpipe decays by weight_decay times the learning "
+            "rate (Keras); EasyRec's MomentumW decays by weight_decay alone."
+        )
+        break
     legacy = config.pop("feature_configs", None)
     if legacy is not None:
         if "feature_config" in config:
@@ -178,6 +197,37 @@ def _translate(config: Message, notes: list[str]) -> Message:
                 "raw_input_path; put those rows in their own ds= partitions and name them in eval_ds."
             )
     return config
+
+
+def _translate_export(config: Message, notes: list[str]) -> None:
+    """``export_config``: the placeholder options of ``EXPORT_NOTES`` dropped with a note;
+    the ``latest`` exporter is recpipe's ``final`` (the model training ended with); the
+    ``best`` exporter and early stopping evaluate while training (``eval_method: separate``)."""
+    export = _one(config.get("export_config"), "export_config")
+    if not isinstance(export, dict):
+        return
+    export = dict(export)
+    for name, why in EXPORT_NOTES.items():
+        if name in export:
+            export.pop(name)
+            notes.append(f"export_config.{name} dropped: {why}")
+    kind = str(_one(export.get("exporter_type"), "export_config.exporter_type"))
+    early = _true(_one(export.get("enable_early_stop"), "export_config.enable_early_stop"))
+    evaluation = _one(config.get("eval_config"), "eval_config") or {}
+    if (kind == "best" or early) and "eval_method" not in evaluation:
+        # EasyRec's train_and_evaluate evaluates while training, which both need
+        config["eval_config"] = [{**evaluation, "eval_method": [Identifier("separate")]}]
+        notes.append(
+            "eval_config.eval_method: separate, for the best exporter or early stopping: an "
+            "evaluator beside training scores each checkpoint, as EasyRec's train_and_evaluate does."
+        )
+    if kind == "latest":
+        export["exporter_type"] = ["final"]
+        notes.append(
+            "export_config.exporter_type: latest is recpipe's final: the run exports the model its "
+            "training ended with, its latest checkpoint (EasyRec also exports after each evaluation)."
+        )
+    config["export_config"] = [export]
 
 
 def _true(value: Any) -> bool:
@@ -296,6 +346,8 @@ def _one(values: Any, where: str) -> Any:
         return None
     if not isinstance(values, list):
         return values
+    if len(values) > 1 and not any(isinstance(v, dict) for v in values):
+        return values[-1]  # protobuf's text_format.Merge, EasyRec's reader: the last one counts
     if len(values) != 1:
         raise Refused(f"{where}: given {len(values)} times, recpipe takes one value")
     return values[0]

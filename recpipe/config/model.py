@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from recpipe.config.base import OneOf, Section
 from recpipe.config.data import EVParams
+from recpipe.layout import RESERVED_ASSETS
 
 
 class WideDeep(StrEnum):
@@ -18,11 +20,28 @@ class WideDeep(StrEnum):
     WIDE = "WIDE"
 
 
+# EasyRec's activation names (a TensorFlow function's path or Keras' name) -> Keras' name;
+# dice is DIN's own (trainer/layers/dice.py)
+ACTIVATIONS = {
+    "relu": "relu", "tf.nn.relu": "relu", "gelu": "gelu", "tf.nn.gelu": "gelu",
+    "swish": "swish", "tf.nn.swish": "swish", "silu": "swish", "tf.nn.silu": "swish",
+    "elu": "elu", "tf.nn.elu": "elu", "selu": "selu", "tf.nn.selu": "selu",
+    "tanh": "tanh", "tf.nn.tanh": "tanh", "sigmoid": "sigmoid", "tf.nn.sigmoid": "sigmoid",
+    "leaky_relu": "leaky_relu", "tf.nn.leaky_relu": "leaky_relu", "linear": "linear",
+    "dice": "dice",
+}  # fmt: skip
+
+
 class DNN(Section):
-    """An MLP block (EasyRec ``dnn``): ReLU ``hidden_units``, optional dropout and batch norm."""
+    """An MLP block (EasyRec ``dnn``): ``hidden_units`` layers of ``activation``, optional
+    dropout and batch norm."""
 
     hidden_units: list[int] = Field(default_factory=lambda: [256, 128, 64])
-    """Units of each ReLU layer, input side first."""
+    """Units of each layer, input side first."""
+    activation: str = "relu"
+    """Each layer's activation, EasyRec's spelling: ``relu`` (``tf.nn.relu``), ``gelu``,
+    ``swish``, ``elu``, ``selu``, ``tanh``, ``sigmoid``, ``leaky_relu``, ``linear``, or
+    ``dice`` (DIN's data-adaptive activation, Zhou et al. 2018)."""
     dropout_ratio: float = Field(0.0, ge=0, lt=1)
     """Dropout after each layer while training (0: none)."""
     use_bn: bool = False
@@ -32,6 +51,13 @@ class DNN(Section):
     bfloat16 (the weights, their updates and the MLP's output stay float32): less CPU for the
     MLP where the CPU has bfloat16 instructions (AVX512_BF16, AMX; docs/benchmarks.md),
     much more where it has not, serving included."""
+
+    @field_validator("activation")
+    @classmethod
+    def _known_activation(cls, value: str) -> str:
+        if value not in ACTIVATIONS:
+            raise ValueError(f"{value!r}: use one of {', '.join(sorted(set(ACTIVATIONS.values())))}")
+        return ACTIVATIONS[value]
 
 
 class ModelBlock(Section):
@@ -548,43 +574,50 @@ class EvalConfig(Section):
 class ExportConfig(Section):
     """EasyRec ``export_config``.
 
-    ``exporter_type``: ``final`` only: the run's export task exports the model its training
-    ended with. EasyRec's ``latest`` and ``best`` exporters (exports during training, after
-    each evaluation) and so ``best_exporter_metric`` are refused with an error that says so:
-    the gate picks which run's model serves. ``exports_to_keep``: how many of the newest
-    SavedModel versions (``<export_dir>/<model_name>/<version>/``) the retention task keeps;
-    the champion's is kept whatever its age.
+    ``exporter_type``: ``final`` exports the model the run's training ended with; ``best``
+    the checkpoint whose evaluation while training scored best by ``best_exporter_metric``
+    (the evaluator keeps a copy of it in ``<model_dir>/best/``; the day's evaluate task scores
+    that one too, so the gate judges what is exported). EasyRec's ``latest`` is ``final`` here
+    (the importer translates it). ``enable_early_stop`` ends training once
+    ``best_exporter_metric`` has not improved for ``max_check_steps`` steps of evaluated
+    checkpoints (EasyRec's ``stop_if_no_increase_hook``). ``exports_to_keep``: how many of the
+    newest SavedModel versions (``<export_dir>/<model_name>/<version>/``) the retention task
+    keeps; the champion's is kept whatever its age.
     """
 
-    exporter_type: str = "final"
-    """``final`` only: the model a run's training ended with is exported."""
+    exporter_type: Literal["final", "best"] = "final"
+    """``final``: the model training ended with; ``best``: the best evaluated checkpoint
+    (needs ``eval_config.eval_method`` ``separate`` or ``master``)."""
     exports_to_keep: int = Field(5, gt=0)
     """Newest SavedModel versions kept under ``<export_dir>/<model_name>/`` (the champion's
     always)."""
-    best_exporter_metric: str | None = None
-    """Refused: read only by EasyRec's ``best`` exporter."""
+    best_exporter_metric: str = "auc"
+    """The metric ``best`` and early stopping compare: a key of the evaluation results
+    (``auc``, ``gauc``, ``logloss``, ``auc_<task>`` for a multi-task model, ...)."""
+    metric_bigger: bool = True
+    """Whether a bigger ``best_exporter_metric`` is better (false for ``logloss``)."""
+    enable_early_stop: bool = False
+    """End training once ``best_exporter_metric`` has not improved for ``max_check_steps``
+    steps (needs evaluation while training)."""
+    max_check_steps: int = Field(10000, gt=0)
+    """Steps from the best evaluated checkpoint to the latest one that end training."""
+    asset_files: list[str] = Field(default_factory=list)
+    """Files copied into each SavedModel's ``assets.extra/`` under their own names (EasyRec's
+    ``asset_files``: a feature-generation config, a vocabulary); a relative path is read from
+    the directory the export runs in. A missing file fails the export."""
     multi_placeholder: bool = True
     """EasyRec's: the SavedModel's ``serving_default`` takes one input per feature column
     (true), or one string input ``features``, each row's fields (``data_config``'s, labels
     left out) joined by ``data_config.separator`` (false)."""
 
-    @field_validator("exporter_type")
+    @field_validator("asset_files")
     @classmethod
-    def _final_only(cls, value: str) -> str:
-        if value != "final":
+    def _own_names(cls, value: list[str]) -> list[str]:
+        names = [Path(f).name for f in value]
+        taken = RESERVED_ASSETS.intersection(names)
+        if taken or len(set(names)) != len(names):
             raise ValueError(
-                f"{value!r}: recpipe exports the model a run's training ended with ('final'); EasyRec's "
-                "'latest' and 'best' exporters (exports during training) are not supported: the gate "
-                "decides which run's model serves"
-            )
-        return value
-
-    @field_validator("best_exporter_metric")
-    @classmethod
-    def _no_best_exporter(cls, value: str | None) -> str | None:
-        if value is not None:
-            raise ValueError(
-                "only EasyRec's 'best' exporter reads it, which recpipe does not support (the gate's "
-                "metric is the retrain config's gate.metric)"
+                f"{value}: each file's name must be its own and none of {sorted(RESERVED_ASSETS)} "
+                "(recpipe's records in assets.extra/)"
             )
         return value

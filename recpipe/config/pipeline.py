@@ -8,7 +8,7 @@ from pydantic import Field, field_validator, model_validator
 
 from recpipe.config.base import Section
 from recpipe.config.data import DataConfig, FeatureConfig, FeatureType, InputType
-from recpipe.config.model import MULTI_TASK_BLOCK, EvalConfig, ExportConfig, ModelConfig
+from recpipe.config.model import MULTI_TASK_BLOCK, EvalConfig, EvalMethod, ExportConfig, ModelConfig
 from recpipe.config.train import TrainConfig
 
 # a day or a pass (an hour), then optionally ":" and the range's last one
@@ -84,6 +84,18 @@ class PipelineConfig(Section):
     @classmethod
     def _real_days(cls, value: str | None, info) -> str | None:
         return check_ds_range(value, info.field_name)
+
+    @model_validator(mode="after")
+    def _evaluated_for_best(self) -> PipelineConfig:
+        export = self.export_config
+        wants = "exporter_type: best" if export.exporter_type == "best" else None
+        wants = wants or ("enable_early_stop: true" if export.enable_early_stop else None)
+        if wants and self.eval_config.eval_method == EvalMethod.none:
+            raise ValueError(
+                f"export_config.{wants} compares the checkpoints evaluated while training: set "
+                "eval_config.eval_method to separate or master"
+            )
+        return self
 
     @model_validator(mode="after")
     def _features_match_inputs(self) -> PipelineConfig:

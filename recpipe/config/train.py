@@ -70,6 +70,15 @@ class MomentumOptimizer(_Optimizer):
     """The momentum [0, 1)."""
 
 
+class MomentumWOptimizer(MomentumOptimizer):
+    """SGD with momentum and decoupled weight decay (Loshchilov and Hutter, 2019; EasyRec's
+    ``momentumw_optimizer``)."""
+
+    weight_decay: float = Field(1e-6, ge=0)
+    """Decoupled weight decay per step, relative to the learning rate (Keras' form; TF
+    contrib's ``MomentumWOptimizer``, which EasyRec builds, decays by ``weight_decay`` alone)."""
+
+
 class AdagradOptimizer(_Optimizer):
     """Adagrad (Duchi et al., 2011), accumulators starting at ``initial_accumulator_value``;
     sparse by nature: a table's rows not in the batch are left alone."""
@@ -123,6 +132,8 @@ class OptimizerConfig(OneOf):
     """Plain SGD."""
     momentum_optimizer: MomentumOptimizer | None = None
     """SGD with momentum."""
+    momentumw_optimizer: MomentumWOptimizer | None = None
+    """SGD with momentum and decoupled weight decay."""
     adagrad_optimizer: AdagradOptimizer | None = None
     """Adagrad (sparse on tables)."""
     adam_optimizer: AdamOptimizer | None = None
@@ -133,6 +144,12 @@ class OptimizerConfig(OneOf):
     """Adam with decoupled weight decay."""
     ftrl_optimizer: FtrlOptimizer | None = None
     """FTRL-Proximal (sparse on tables)."""
+    embedding_learning_rate_multiplier: float | None = Field(None, gt=0)
+    """The embedding tables this entry updates take their gradients times this (EasyRec's
+    field beside the optimizer; null: 1): a rate of its own for the tables under one
+    optimizer."""
+
+    _beside = frozenset({"embedding_learning_rate_multiplier"})
 
 
 class TrainDistribute(StrEnum):
@@ -187,6 +204,10 @@ class TrainConfig(Section):
 
     log_step_count_steps: int = Field(10, gt=0)
     """Steps between the loss lines in the log and ``train_metrics.jsonl``."""
+    freeze_gradient: str | None = None
+    """A regular expression: the model's variables whose name it matches (``re.search``) are
+    not trained (EasyRec's ``freeze_gradient``), e.g. a warm-started table. Training refuses
+    one that matches no variable, and names them."""
     optimizer_config: list[OptimizerConfig] = Field(
         default_factory=lambda: [OptimizerConfig(adam_optimizer=AdamOptimizer())],
         min_length=1,

@@ -308,14 +308,17 @@ def test_a_streams_pass_length_sets_its_schedule_and_close():
     assert closes_day(at[0], 23) and not closes_day(datetime(1997, 9, 22, 22), 23)
 
 
-def test_easyrec_exporters_that_recpipe_does_not_run_are_refused_saying_so():
+def test_the_best_exporter_and_early_stopping_need_evaluation_while_training():
     for edits, field in (
-        ({"export_config.exporter_type": "best"}, "export_config.exporter_type"),
-        ({"export_config.best_exporter_metric": "auc"}, "export_config.best_exporter_metric"),
+        ({"export_config.exporter_type": "best"}, "export_config.exporter_type: best"),
+        ({"export_config.enable_early_stop": True}, "export_config.enable_early_stop: true"),
     ):
         with pytest.raises(ConfigError) as err:
             load_pipeline_config(ML, edits)
-        assert f"{field}: " in str(err.value) and "not support" in str(err.value), str(err.value)
+        assert field in str(err.value) and "eval_config.eval_method" in str(err.value), str(err.value)
+        load_pipeline_config(ML, {**edits, "eval_config.eval_method": "separate"})
+    with pytest.raises(ConfigError, match="export_config.exporter_type"):
+        load_pipeline_config(ML, {"export_config.exporter_type": "latest"})
     assert load_pipeline_config(ML, {"export_config.exports_to_keep": 3}).export_config.exports_to_keep == 3
 
 
@@ -340,8 +343,6 @@ def test_a_folder_of_retrain_configs_loads_each_alone(tmp_path, monkeypatch):
 # fields no code reads by name: refused when set (a validator says why), a oneof's options
 # (read through OneOf.which / value), or an alias
 REFUSED = {
-    "best_exporter_metric",
-    "exporter_type",
     "num_thresholds",
     "num_class",
 }  # num_class: 1 only
@@ -367,7 +368,6 @@ def test_every_accepted_field_is_read_or_refused():
     # the refused ones are refused
     for edits in (
         {"export_config.exporter_type": "best"},
-        {"export_config.best_exporter_metric": "auc"},
         {"eval_config.metrics_set": [{"auc": {"num_thresholds": 100}}]},
         {
             "model_config.model_class": "MMoE",

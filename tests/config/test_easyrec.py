@@ -84,7 +84,7 @@ def test_the_json_form_and_the_legacy_feature_configs_list_import_alike():
         ),
         (("input_type: CSVInput", "input_type: OdpsInputV2"), "data_config.input_type: OdpsInputV2"),
         (("use_moving_average: false", "use_moving_average: true"), "use_moving_average"),
-        (("num_steps: 400", "num_steps: 400\n  num_steps: 500"), "train_config.num_steps: given 2 times"),
+        (("eval_config {", "eval_config {\n}\neval_config {"), "eval_config: given 2 times"),
         (("metrics_set: { auc {} }", "metrics_set: { recall_at_topk { topk: 5 } }"), "recall_at_topk"),
         (('model_class: "DeepFM"', 'model_class: "PLE"'), "model_config.model_class"),
     ],
@@ -215,3 +215,9 @@ def test_easyrecs_dcn_towers_and_f1_loss_are_spelled_as_recpipes():
     )
     with pytest.raises(ConfigError, match="model_config.dcn: the cross and deep towers read"):
         _imported(two)
+
+
+def test_a_value_given_twice_counts_once_its_last_as_protobufs_merge_reads_it():
+    text = SAMPLE.read_text().replace("num_steps: 400", "num_steps: 400\n  num_steps: 500", 1)
+    assert _imported(text)["train_config"]["num_steps"] == 500
+

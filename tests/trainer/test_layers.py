@@ -274,3 +274,30 @@ def test_a_sequence_of_numbers_is_bucketized_by_boundaries_or_even_buckets_of_it
     assert even.table_rows == 5 and even.identity_buckets is None
     with pytest.raises(ValueError, match="a sequence of numbers is bucketized"):
         FeatureSpec(**seq, num_buckets=4)
+
+
+def test_dice_gates_each_unit_by_its_normalised_value_and_the_mlp_takes_easyrecs_names():
+    from recpipe.config.model import DNN
+    from trainer.layers.dice import Dice
+    from trainer.layers.mlp import MLP
+
+    x = tf.random.stateless_normal([256, 4], seed=[3, 4]) * 3.0 + 1.0
+    dice = Dice()
+    out = dice(x, training=True).numpy()
+    # alpha starts at 0: p(s) * s, p the sigmoid of the batch-normalised value
+    z = (x - tf.reduce_mean(x, 0)) / tf.sqrt(tf.math.reduce_variance(x, 0) + 1e-9)
+    np.testing.assert_allclose(out, (tf.sigmoid(z) * x).numpy(), rtol=1e-4, atol=1e-4)
+    dice.alpha.assign([0.5] * 4)
+    served = dice(x, training=False).numpy()  # the moving statistics: not the batch's
+    assert served.shape == (256, 4) and not np.allclose(served, out)
+    assert DNN(activation="tf.nn.relu").activation == "relu" and DNN(activation="silu").activation == "swish"
+    with pytest.raises(ValueError, match="'tf.nn.crelu': use one of"):
+        DNN(activation="tf.nn.crelu")
+    mlp = MLP(DNN(hidden_units=[8, 2], activation="dice"))
+    mlp(x)  # built before the tape watches its weights
+    with tf.GradientTape() as tape:
+        y = mlp(x, training=True)
+        loss = tf.reduce_sum(y)
+    names = [w.name for w in mlp.trainable_weights]
+    assert y.shape == (256, 2) and any("dice_1/alpha" in n for n in names)
+    assert all(g is not None for g in tape.gradient(loss, mlp.trainable_weights))

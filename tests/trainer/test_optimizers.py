@@ -51,3 +51,30 @@ def test_split_follows_easyrec():
         split_variables(groups, 3, ModelClass.DeepFM)
     with pytest.raises(OptimizerConfigError, match=r"optimizer_config\[0\] would update no variable"):
         split_variables({"wide": [], "embedding": emb, "dense": dense}, 2, ModelClass.WideAndDeep)
+
+
+def test_freeze_gradient_takes_the_variables_it_matches_out_of_the_update():
+    from trainer.optimizers import freeze
+
+    table = tf.Variable(tf.zeros([4, 2]), name="deep_fm/c1_embedding/embeddings")
+    kernel = tf.Variable(tf.zeros([2, 1]), name="deep_fm/dnn/dense_0/kernel")
+    split = [[table], [kernel]]
+    assert freeze(split, None) is split
+    with pytest.raises(OptimizerConfigError, match=r"leaves optimizer_config\[0\] nothing"):
+        freeze(split, "c1_embedding")
+    assert freeze([[table, kernel]], "c1_embedding") == [[kernel]]
+    with pytest.raises(OptimizerConfigError, match="matches none of the model's variables: deep_fm/c1"):
+        freeze(split, "input_layer_1.*embedding_weights")
+    with pytest.raises(OptimizerConfigError, match="not a regular expression"):
+        freeze(split, "(")
+
+
+def test_the_embedding_multiplier_scales_only_the_tables_gradients():
+    from trainer.optimizers import scale_gradients
+
+    table, kernel = tf.Variable(tf.zeros([4, 2])), tf.Variable(tf.zeros([2]))
+    sparse = tf.IndexedSlices(tf.ones([2, 2]), tf.constant([1, 3]), tf.constant([4, 2]))
+    out = scale_gradients([sparse, tf.ones([2])], [table, kernel], {table.ref()}, 100.0)
+    assert isinstance(out[0], tf.IndexedSlices) and out[0].values.numpy().tolist() == [[100.0] * 2] * 2
+    assert out[1].numpy().tolist() == [1.0, 1.0]
+    assert scale_gradients([sparse], [table], {table.ref()}, None)[0] is sparse

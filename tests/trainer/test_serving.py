@@ -218,3 +218,24 @@ def test_a_combo_feature_crosses_its_inputs_alike_in_the_job_and_the_saved_model
     served = tf.saved_model.load(str(final)).signatures["serving_default"]
     got = served(**{k: tf.constant(v) for k, v in raw.items()})
     np.testing.assert_allclose(got["probability"].numpy(), tf.sigmoid(model(features)).numpy(), atol=1e-5)
+
+
+def test_asset_files_go_into_the_saved_models_assets_extra(ml_early, tmp_path, monkeypatch):
+    import pytest
+
+    from trainer.input import sample_inputs
+    from trainer.models.builders import build_model
+    from trainer.serving import write_saved_model
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "fg.json").write_text('{"features": []}')
+    config = with_edits(ml_early, {"export_config.asset_files": ["fg.json"]})
+    model = build_model(config)
+    model(sample_inputs(config))
+    write_saved_model(config, model, {}, tmp_path / "v1")
+    assert (tmp_path / "v1/assets.extra/fg.json").read_text() == '{"features": []}'
+    missing = with_edits(ml_early, {"export_config.asset_files": ["gone/vocab.txt"]})
+    with pytest.raises(FileNotFoundError, match="export_config.asset_files: gone/vocab.txt is not a file"):
+        write_saved_model(missing, model, {}, tmp_path / "v2")
+    with pytest.raises(Exception, match="recpipe's records in assets.extra"):
+        with_edits(ml_early, {"export_config.asset_files": ["conf/pipeline.json"]})

@@ -95,3 +95,56 @@ def test_a_restarted_evaluator_sees_its_jobs_end_and_skips_done_steps(ml_early, 
     monkeypatch.setenv("RECPIPE_JOB_STARTED", repr(job_started))
     assert follow(config, tmp_path, [EVAL_DS], poll_s=0.2, timeout_s=60) == [20]
     assert [h["step"] for h in _history(tmp_path)] == [10, 20]  # the torn line left out
+
+
+def test_the_best_exporter_keeps_the_best_checkpoint_and_training_stops_early(ml_early, tmp_path):
+    """EasyRec's ``exporter_type: best`` with ``enable_early_stop``: a rate too small to move
+    a float32 weight scores every checkpoint alike, so the first stays the best, training ends
+    once the latest evaluated step is ``max_check_steps`` past it, and the export task loads
+    the kept copy."""
+    from trainer.best_exporter import export_checkpoint
+
+    still = {"learning_rate": {"constant_learning_rate": {"learning_rate": 1e-12}}}
+    edits = {
+        **EDITS,
+        "train_config.num_steps": 80,
+        "train_config.keep_checkpoint_max": 1,  # the best survives only as its copy
+        "train_config.optimizer_config": [{"adam_optimizer": still}],
+        "eval_config.eval_method": "master",
+        "export_config.exporter_type": "best",
+        "export_config.enable_early_stop": True,
+        "export_config.max_check_steps": 20,
+    }
+    config = with_edits(ml_early, edits)
+    days = [f"1997-09-{d}" for d in range(20, 31)]
+    result = Trainer(TrainJob(config=config, model_dir=tmp_path, train_days=days)).train()
+    history = _history(tmp_path)
+    assert [h["step"] for h in history] == [10, 20, 30] and len({h["auc"] for h in history}) == 1, history
+    assert result.global_step == 30
+    best = tmp_path / "best"
+    assert json.loads((best / "best.json").read_text())["step"] == 10
+    assert export_checkpoint(config, tmp_path) == str(best / "model.ckpt-10")
+    assert not (tmp_path / "model.ckpt-10.index").exists()  # keep_checkpoint_max deleted it
+    with pytest.raises(Exception, match="compares the checkpoints evaluated while training"):
+        with_edits(ml_early, {**edits, "eval_config.eval_method": "none"})
+
+
+def test_best_and_early_stop_read_the_history_as_easyrec_does(ml_early, tmp_path):
+    from trainer.best_exporter import best_entry, early_stop
+    from trainer.checkpoints import CheckpointError
+
+    history = [{"step": 10, "auc": 0.7, "logloss": 0.5}, {"step": 20, "auc": 0.72, "logloss": 0.6},
+               {"step": 30, "auc": 0.72, "logloss": 0.4}]  # fmt: skip
+    assert best_entry(history, "auc", True)["step"] == 20  # the earliest of equals
+    assert best_entry(history, "logloss", False)["step"] == 30
+    assert best_entry(history, "gauc", True) is None
+    for line in history:
+        jsonl.append(ModelDir(tmp_path).eval_history, line)
+    stop = {"export_config.enable_early_stop": True, "eval_config.eval_method": "master"}
+    assert early_stop(with_edits(ml_early, {**stop, "export_config.max_check_steps": 20}), tmp_path) is None
+    reason = early_stop(with_edits(ml_early, {**stop, "export_config.max_check_steps": 10}), tmp_path)
+    assert reason.startswith("early stop: auc has not improved for 10 steps (best 0.72 at step 20")
+    wrong = with_edits(ml_early, {**stop, "export_config.best_exporter_metric": "gauc"})
+    held = "'gauc' is not among the evaluations' metrics \\(auc, logloss\\)"
+    with pytest.raises(CheckpointError, match=held):
+        early_stop(wrong, tmp_path)

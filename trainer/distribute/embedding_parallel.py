@@ -169,9 +169,6 @@ class EmbeddingParallelDistribution(HorovodDistribution):
         super().__init__()
         self.sharding = Sharding(self.rank, self.world_size, horovod_alltoall())
 
-    def agree(self, flag: bool) -> bool:
-        return bool(self.hvd.broadcast_object(flag, root_rank=0, name="recpipe_agree"))
-
     def _collective(self, state) -> bool:
         # a save gathers every rank's rows when tables are sharded over several ranks
         return bool(state.sharded_names) and self.world_size > 1

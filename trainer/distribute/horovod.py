@@ -66,6 +66,9 @@ class HorovodDistribution(Distribution):
             "the ranks' logs above); the job stops here and a retry resumes from the latest checkpoint"
         )
 
+    def agree(self, flag: bool) -> bool:
+        return bool(self.hvd.broadcast_object(flag, root_rank=0, name="recpipe_agree"))
+
     def all_sum(self, value: tf.Tensor) -> tf.Tensor:
         return self.hvd.allreduce(value, op=self.hvd.Sum, name="recpipe_all_sum")
 

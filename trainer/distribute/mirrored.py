@@ -36,6 +36,14 @@ class _Collective(Distribution):
     def input_signature(self, dataset, flat_signature: tuple) -> tuple:
         return tuple(dataset.element_spec)
 
+    def agree(self, flag: bool) -> bool:
+        """The chief's ``flag`` on every worker: a sum over the replicas of the chief's 1."""
+        mine = tf.constant(1.0 if flag and self.is_chief else 0.0)
+        total = self.strategy.reduce(
+            tf.distribute.ReduceOp.SUM, self.strategy.run(lambda: tf.identity(mine)), axis=None
+        )
+        return float(total) > 0
+
 
 class MirroredDistribution(_Collective):
     """Synchronous replicas on one machine (``train_config.num_gpus_per_worker`` of them:
