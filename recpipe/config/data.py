@@ -12,7 +12,7 @@ from enum import StrEnum
 
 from pydantic import Field, field_validator, model_validator
 
-from recpipe.config.base import Section
+from recpipe.config.base import OneOf, Section
 
 
 class InputType(StrEnum):
@@ -276,6 +276,20 @@ def sketch_width(capacity: int) -> int:
     return max(4096, 1 << (2 * capacity - 1).bit_length())
 
 
+class AttentionCombiner(Section):
+    """Attention pooling of a sequence: a learned score per element, softmax over the
+    sequence, the rows' weighted sum (EasyRec's ``AttentionCombiner``)."""
+
+
+class SequenceCombiner(OneOf):
+    """EasyRec's ``sequence_combiner``: how a SequenceFeature named in a group's
+    ``feature_names`` is pooled into one row per example."""
+
+    attention: AttentionCombiner | None = None
+    """Each element's row scored by a learned vector, softmax over the sequence's elements,
+    the rows summed by those weights."""
+
+
 class FeatureSpec(Section):
     """One feature (EasyRec ``FeatureConfig``).
 
@@ -331,6 +345,9 @@ class FeatureSpec(Section):
     ``num_buckets`` even buckets (a value below it takes row 0)."""
     max_val: float = 0.0
     """See ``min_val``."""
+    sequence_combiner: SequenceCombiner | None = None
+    """A SequenceFeature pooled in a group's ``feature_names`` (EasyRec's): ``{attention:
+    {}}``; null: the feature is attended over (a group's ``sequence_features``)."""
     combo_join_sep: str = Field("_", min_length=1)
     """A ComboFeature's separator between its inputs' ids (EasyRec's empty default crosses
     them; joined, each combination is still one id)."""
@@ -344,6 +361,14 @@ class FeatureSpec(Section):
             raise ValueError(f"input_names: one column (a ComboFeature's several), got {self.input_names}")
         if combo and self.hash_bucket_size is None and self.ev_params is None:
             raise ValueError("hash_bucket_size: a ComboFeature's crossed ids are hashed")
+        return self
+
+    @model_validator(mode="after")
+    def _combiner_of_a_sequence(self) -> FeatureSpec:
+        if self.sequence_combiner is not None and self.feature_type != FeatureType.SequenceFeature:
+            raise ValueError(f"sequence_combiner: a SequenceFeature's, not a {self.feature_type.value}'s")
+        if self.sequence_combiner is not None and self.ev_params is not None:
+            raise ValueError("sequence_combiner: pools a hashed table's rows; drop ev_params")
         return self
 
     @model_validator(mode="after")

@@ -26,7 +26,7 @@ from recpipe.config.errors import ConfigError
 from recpipe.config.textformat import Identifier, Message, parse
 
 # EasyRec's data_config.input_type -> recpipe's data_config.input_format
-INPUT_TYPES = {"CSVInput": "csv", "CSVInputV2": "csv", "ParquetInput": "parquet"}
+INPUT_TYPES = {"CSVInput": "csv", "CSVInputV2": "csv", "ParquetInput": "parquet", "ParquetInputV2": "parquet"}
 # fields whose value recpipe takes as EasyRec's default, and refuses otherwise
 ACCEPTED_DEFAULTS = {
     "train_config.optimizer_config.use_moving_average": False,
@@ -148,6 +148,11 @@ def _translate(config: Message, notes: list[str]) -> Message:
         data["input_format"] = [INPUT_TYPES[kind]]
     if data:
         config["data_config"] = [data]
+    for field in data.get("input_fields", []):
+        # EasyRec reads an empty default of a number as the type's own (0), as recpipe's unset one
+        kind = str(_one(field.get("input_type"), "data_config.input_fields.input_type") or "STRING")
+        if kind != "STRING" and field.get("default_val") in ([""], ""):
+            del field["default_val"]
     for name, why in DATA_NOTES.items():
         if name in data:
             value = _one(data.pop(name), f"data_config.{name}")
@@ -182,6 +187,14 @@ def _translate(config: Message, notes: list[str]) -> Message:
         if "feature_config" in config:
             raise Refused("feature_configs: given beside feature_config; keep one of them")
         config["feature_config"] = [{"features": legacy}]
+    # EasyRec's Parquet readers may take their files from parquet_train_input and
+    # parquet_eval_input instead
+    pairs = (("parquet_train_input", "train_input_path"), ("parquet_eval_input", "eval_input_path"))
+    for parquet, plain in pairs:
+        if parquet in config:
+            if plain in config:
+                raise Refused(f"{parquet}: given beside {plain}; keep one of them")
+            config[plain] = config.pop(parquet)
     # EasyRec reads its examples from train_input_path; recpipe's feature job reads raw day
     # partitions under raw_input_path and writes the features training reads
     train = config.pop("train_input_path", None)

@@ -301,3 +301,25 @@ def test_dice_gates_each_unit_by_its_normalised_value_and_the_mlp_takes_easyrecs
     names = [w.name for w in mlp.trainable_weights]
     assert y.shape == (256, 2) and any("dice_1/alpha" in n for n in names)
     assert all(g is not None for g in tape.gradient(loss, mlp.trainable_weights))
+
+
+def test_a_sequence_pooled_by_easyrecs_attention_combiner_weights_its_rows_by_a_softmax():
+    seq = FeatureSpec(
+        input_names=["s"],
+        feature_type="SequenceFeature",
+        hash_bucket_size=40,
+        embedding_dim=4,
+        sequence_length=2,
+        sequence_combiner={"attention": {}},
+    )
+    layer = FeatureEmbedding([seq])
+    values = tf.ragged.constant([["a", "b", "c"], [], ["a"]], dtype=tf.string, row_splits_dtype=tf.int64)
+    out = layer({"s": hash_ids(values, 40)})["s"].numpy()
+    table, w = layer.tables["s"].numpy(), layer.scorers["s"].numpy()[:, 0]
+    b, c = table[hash_ids(tf.constant(["b", "c"]), 40).numpy()]  # the last sequence_length only
+    scores = np.exp([b @ w, c @ w])
+    np.testing.assert_allclose(out[0], (scores[0] * b + scores[1] * c) / scores.sum(), rtol=1e-5)
+    np.testing.assert_allclose(out[1], 0.0)
+    np.testing.assert_allclose(out[2], table[hash_ids(tf.constant(["a"]), 40).numpy()[0]], rtol=1e-6)
+    with pytest.raises(ValueError, match="sequence_combiner: a SequenceFeature's, not a TagFeature's"):
+        FeatureSpec(input_names=["t"], feature_type="TagFeature", sequence_combiner={"attention": {}})

@@ -85,11 +85,9 @@ class FeatureEmbedding(keras.layers.Layer):
         super().__init__(**kwargs)
         self.sharding = sharding
         # ids and tags (a bucketized RawFeature's buckets are ids); dense values pass by
-        self.features = [
-            f for f in features if f.kind != "dense" and f.feature_type != FeatureType.SequenceFeature
-        ]
+        self.features = [f for f in features if f.kind != "dense" and not _attended(f)]
         # looked up as sequences (``sequence``), never pooled; their tables built here too
-        self.sequences = [f for f in features if f.feature_type == FeatureType.SequenceFeature]
+        self.sequences = [f for f in features if _attended(f)]
         self.shapes = table_shapes(self.features + self.sequences, dim)
         self.ev_params = table_specs(self.features + self.sequences, dim)
         if self.ev_params and clock is None:
@@ -152,6 +150,16 @@ class FeatureEmbedding(keras.layers.Layer):
             self.evs[table] = views[group]
         # tracked, so that a SavedModel holds each id -> row map
         self.ev_maps = maps
+        # EasyRec's attention combiner: one scoring vector per pooled sequence
+        self.scorers = {
+            f.name: self.add_weight(
+                name=f"{f.name}_attention",
+                shape=(self.shapes[f.embedding_name or f.name][1], 1),
+                initializer=keras.initializers.GlorotUniform(),
+            )
+            for f in self.features
+            if f.sequence_combiner is not None and (f.embedding_name or f.name) in self.shapes
+        }
         super().build(input_shape)
 
     def _ids(self, f: FeatureSpec, values):
@@ -194,6 +202,27 @@ class FeatureEmbedding(keras.layers.Layer):
             counts = tf.cast(tf.maximum(ids.row_lengths(), 1), summed.dtype)
             summed = summed / counts[:, None]
         return summed
+
+    def _attention_pooled(self, f: FeatureSpec, fused, ids: tf.RaggedTensor) -> tf.Tensor:
+        """A sequence pooled by EasyRec's attention combiner: each element's row ``r_i``
+        scored ``r_i . w``, ``softmax`` over the example's elements, ``sum_i a_i r_i``:
+        ``float32 [B, width]`` (zeros for an empty sequence).
+
+        Raises:
+            EmbeddingConfigError: the feature's table is an online one.
+        """
+        if isinstance(fused, EVView) or f.name not in self.scorers:
+            raise EmbeddingConfigError(
+                f"{self.name}: feature {f.name!r}: sequence_combiner pools a hashed table's rows, "
+                "not an online table's (model_config.ev_params)"
+            )
+        rows = self._gather(fused, ids.flat_values)
+        segments, n = ids.value_rowids(), ids.nrows()
+        logits = tf.squeeze(tf.matmul(rows, self.scorers[f.name]), -1)
+        top = tf.gather(tf.math.unsorted_segment_max(logits, segments, n), segments)
+        weights = tf.exp(logits - top)
+        weights /= tf.gather(tf.math.unsorted_segment_sum(weights, segments, n), segments)
+        return tf.math.unsorted_segment_sum(rows * weights[:, None], segments, n)
 
     def sequence(self, inputs: dict, f: FeatureSpec, training=None) -> tuple[tf.Tensor, tf.Tensor]:
         """A SequenceFeature's last ``sequence_length`` ids looked up in its table (shared with
@@ -254,7 +283,9 @@ class FeatureEmbedding(keras.layers.Layer):
         groups: dict[int, list] = {}
         for f in self.features:
             ids, fused = self._ids(f, inputs[f.name])
-            if isinstance(fused, EVView) and fused.ev.grouped:
+            if f.sequence_combiner is not None:
+                pooled[f.name] = self._attention_pooled(f, fused, ids[:, -f.sequence_length :])
+            elif isinstance(fused, EVView) and fused.ev.grouped:
                 groups.setdefault(id(fused), []).append((f, ids, fused))
             elif f.feature_type == FeatureType.TagFeature:
                 pooled[f.name] = self._pooled(f, fused, ids, training)
@@ -349,3 +380,10 @@ class FeatureEmbedding(keras.layers.Layer):
                 run.extend(["pooled", [pooled[f.name]]])
         flush()
         return pieces[0] if len(pieces) == 1 else tf.concat(pieces, axis=1)
+
+
+def _attended(f: FeatureSpec) -> bool:
+    """A SequenceFeature attended over (a group's ``sequence_features``), not pooled by a
+    ``sequence_combiner``."""
+    return f.feature_type == FeatureType.SequenceFeature and f.sequence_combiner is None
+

@@ -33,8 +33,9 @@ def _group_features(config: PipelineConfig, kind: WideDeep):
     attend over (a key outside its group joins the inputs, as EasyRec's key search reads it).
 
     Raises:
-        ModelConfigError: a SequenceFeature among a group's ``feature_names`` (it is attended
-            over, never pooled), or an attention that does not resolve (``_target_attention``).
+        ModelConfigError: a SequenceFeature among a group's ``feature_names`` without a
+            ``sequence_combiner`` (it is attended over, not pooled), or an attention that does
+            not resolve (``_target_attention``).
     """
     fc = config.feature_config
     names: list[str] = []
@@ -43,12 +44,16 @@ def _group_features(config: PipelineConfig, kind: WideDeep):
             continue
         if config.model.model_class != ModelClass.MultiTowerDIN:
             seq = [
-                n for n in group.feature_names if fc.feature(n).feature_type == FeatureType.SequenceFeature
+                n
+                for n in group.feature_names
+                if fc.feature(n).feature_type == FeatureType.SequenceFeature
+                and fc.feature(n).sequence_combiner is None
             ]
             if seq:
                 raise ModelConfigError(
                     f"model_config.feature_groups[{i}].feature_names: SequenceFeature {seq} is attended "
-                    "over, not pooled: name it in the group's sequence_features (seq_att_map.hist_seq)"
+                    "over: name it in the group's sequence_features (seq_att_map.hist_seq), or give it "
+                    "a sequence_combiner to pool it"
                 )
         names += [n for n in group.feature_names if n not in names]
         if group.sequence_features and kind != WideDeep.DEEP:
