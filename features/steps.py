@@ -147,12 +147,17 @@ def window_normalization(config: PipelineConfig, earlier: list[dict], day_moment
 def feature_rows(
     rows: DataFrame, config: PipelineConfig, normalization: dict, keep: tuple[str, ...] = ()
 ) -> DataFrame:
-    """The good rows' labels and features, normalised by ``normalization`` (feature -> its
-    ``normalization_params``; a constant may be a column), then the columns ``keep``."""
+    """The good rows' labels (and ``sample_weight``) and features, normalised by
+    ``normalization`` (feature -> its ``normalization_params``; a constant may be a column),
+    then the columns ``keep``."""
     dc, fc = config.data_config, config.feature_config
     histories = frozenset(dc.behavior_sequence.columns if dc.behavior_sequence else ())
+    weight = []
+    if dc.sample_weight is not None:  # beside the labels: the trainer reads it with them
+        weight = [F.coalesce(F.col(dc.sample_weight).cast("float"), F.lit(1.0)).alias(dc.sample_weight)]
     columns = [
         *[F.col(c) for c in dc.label_fields],
+        *weight,
         *feature_columns(fc, dc.all_fields(), normalization, histories),
     ]
     if dc.holdout_percent:

@@ -286,7 +286,7 @@ class Trainer:
             features, labels = reader.structure(flat)
             with tf.GradientTape() as tape:
                 logits = model(features, training=True)
-                loss = loss_fn(labels, logits) * share
+                loss = loss_fn(labels, logits, reader.sample_weights(flat)) * share
                 if model.losses:  # the layers' own (variational_dropout's penalty)
                     loss += tf.add_n(model.losses) * share
                 if l2 and kernels:

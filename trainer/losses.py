@@ -1,7 +1,9 @@
 """EasyRec loss types for binary ranking (shared/reference/easyrec_train_config_and_losses.txt).
 
 All take labels ``float32 [B]`` in [0, 1] and logits ``float32 [B]`` and return a scalar mean;
-an empty batch (B = 0, a distributed worker padding its last steps) has loss 0, not NaN.
+an empty batch (B = 0, a distributed worker padding its last steps) has loss 0, not NaN. The
+per-row ones (all but the pairwise and F1-reweighted losses) take ``weights`` ``float32 [B]``
+(``data_config.sample_weight``): the mean of ``weights * loss``.
 """
 
 from __future__ import annotations
@@ -10,32 +12,34 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
-from recpipe.config.model import Loss, LossType, ModelConfig
+from recpipe.config.model import BATCH_LOSSES, Loss, LossType, ModelConfig
 
 
-def _mean(values: tf.Tensor) -> tf.Tensor:
-    """Mean of ``values``, 0 for an empty tensor (and a zero, not NaN, gradient)."""
-    return tf.math.divide_no_nan(tf.reduce_sum(values), tf.cast(tf.size(values), values.dtype))
+def _mean(values: tf.Tensor, weights: tf.Tensor | None = None) -> tf.Tensor:
+    """Mean of ``values`` (each times its weight), 0 for an empty tensor (and a zero, not
+    NaN, gradient)."""
+    total = tf.reduce_sum(values if weights is None else values * weights)
+    return tf.math.divide_no_nan(total, tf.cast(tf.size(values), values.dtype))
 
 
-def classification(labels, logits, _: Loss):
+def classification(labels, logits, _: Loss, weights=None):
     """Sigmoid cross entropy."""
-    return _mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+    return _mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits), weights)
 
 
-def l2(labels, logits, _: Loss):
+def l2(labels, logits, _: Loss, weights=None):
     """Squared error of the raw output (regression)."""
-    return _mean(tf.square(logits - labels))
+    return _mean(tf.square(logits - labels), weights)
 
 
-def sigmoid_l2(labels, logits, _: Loss):
+def sigmoid_l2(labels, logits, _: Loss, weights=None):
     """Squared error of sigmoid(output)."""
-    return _mean(tf.square(tf.sigmoid(logits) - labels))
+    return _mean(tf.square(tf.sigmoid(logits) - labels), weights)
 
 
-def cross_entropy(labels, logits, _: Loss):
+def cross_entropy(labels, logits, _: Loss, weights=None):
     """Log loss with soft labels: -y log p - (1 - y) log(1 - p), p = sigmoid(logit)."""
-    return _mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+    return _mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits), weights)
 
 
 def pair_wise(labels, logits, _: Loss):
@@ -90,18 +94,19 @@ def build_loss(
     model_config: ModelConfig, task_labels: list[tuple[int, float | None]] | None = None
 ) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
     """``losses`` (weighted sum) if given, else the single ``loss_type``: labels and logits
-    ``float32 [B]``. A multi-task model (``task_labels``, from ``PipelineConfig.task_labels``)
-    gets the sum of each task tower's ``weight`` x its ``losses`` (or its ``loss_type``) on
-    its target: labels ``float32 [B, L]`` (the label fields), logits ``float32 [B, T]``."""
+    ``float32 [B]``, and the rows' sample weights ``float32 [B]`` or None. A multi-task model
+    (``task_labels``, from ``PipelineConfig.task_labels``) gets the sum of each task tower's
+    ``weight`` x its ``losses`` (or its ``loss_type``) on its target: labels
+    ``float32 [B, L]`` (the label fields), logits ``float32 [B, T]``."""
     if task_labels:
         tasks = model_config.tasks
         terms_of = [list(t.losses) or [Loss(loss_type=t.loss_type)] for t in tasks]
 
-        def multi(labels, logits):
+        def multi(labels, logits, weights=None):
             targets = task_targets(labels, task_labels)
             return tf.add_n(
                 [
-                    t.weight * term.weight * LOSSES[term.loss_type](targets[:, i], logits[:, i], term)
+                    t.weight * term.weight * _term(term, targets[:, i], logits[:, i], weights)
                     for i, t in enumerate(tasks)
                     for term in terms_of[i]
                 ]
@@ -110,7 +115,13 @@ def build_loss(
         return multi
     terms = list(model_config.losses) or [Loss(loss_type=model_config.loss_type)]
 
-    def loss(labels, logits):
-        return tf.add_n([t.weight * LOSSES[t.loss_type](labels, logits, t) for t in terms])
+    def loss(labels, logits, weights=None):
+        return tf.add_n([t.weight * _term(t, labels, logits, weights) for t in terms])
 
     return loss
+
+
+def _term(term: Loss, labels, logits, weights):
+    if weights is None or term.loss_type in BATCH_LOSSES:
+        return LOSSES[term.loss_type](labels, logits, term)
+    return LOSSES[term.loss_type](labels, logits, term, weights)

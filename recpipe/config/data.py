@@ -126,6 +126,10 @@ class DataConfig(Section):
     """The raw logs' columns."""
     label_fields: list[str] = Field(default_factory=lambda: ["label"])
     """The label columns, one per task of a multi-task model."""
+    sample_weight: str | None = None
+    """A numeric input field that weighs each row's loss (EasyRec's ``sample_weight``): the
+    batch's loss is ``sum(w_i * loss_i) / B`` (a missing weight counts 1). Evaluation and
+    serving ignore it."""
     dimension_tables: list[DimensionTable] = Field(default_factory=list)
     """Snapshots (users, items) joined to each day's events by the feature job."""
     batch_size: int = Field(1024, gt=0)
@@ -155,6 +159,12 @@ class DataConfig(Section):
         missing = [name for name in self.label_fields if name not in names]
         if missing:
             raise ValueError(f"label_fields {missing} are not among input_fields")
+        if self.sample_weight is not None:
+            kinds = {f.input_name: f.input_type for f in self.input_fields}
+            if kinds.get(self.sample_weight) in (None, InputType.STRING, InputType.BOOL):
+                raise ValueError(f"sample_weight: {self.sample_weight!r} is not a numeric input field")
+            if self.sample_weight in self.label_fields:
+                raise ValueError(f"sample_weight: {self.sample_weight!r} is a label field")
         seq = self.behavior_sequence
         if seq is not None:
             known = self.all_fields(sequences=False)

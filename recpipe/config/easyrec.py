@@ -187,6 +187,7 @@ def _translate(config: Message, notes: list[str]) -> Message:
         if "feature_config" in config:
             raise Refused("feature_configs: given beside feature_config; keep one of them")
         config["feature_config"] = [{"features": legacy}]
+    _expand_shared_names(config)
     # EasyRec's Parquet readers may take their files from parquet_train_input and
     # parquet_eval_input instead
     pairs = (("parquet_train_input", "train_input_path"), ("parquet_eval_input", "eval_input_path"))
@@ -241,6 +242,27 @@ def _translate_export(config: Message, notes: list[str]) -> None:
             "training ended with, its latest checkpoint (EasyRec also exports after each evaluation)."
         )
     config["export_config"] = [export]
+
+
+def _expand_shared_names(config: Message) -> None:
+    """A feature's ``shared_names``: one more feature per name, reading that column, alike
+    in all else and sharing the feature's table (``embedding_name``), as EasyRec builds them."""
+    features_config = _one(config.get("feature_config"), "feature_config")
+    if not isinstance(features_config, dict) or "features" not in features_config:
+        return
+    out = []
+    for feature in features_config["features"]:
+        shared = feature.get("shared_names")
+        if not shared:
+            out.append(feature)
+            continue
+        feature = {k: v for k, v in feature.items() if k != "shared_names"}
+        name = _one(feature.get("feature_name"), "feature_config.features.feature_name")
+        name = name or _one(feature.get("input_names"), "feature_config.features.input_names")
+        feature.setdefault("embedding_name", [name])
+        out.append(feature)
+        out += [{**feature, "input_names": [n], "feature_name": [n]} for n in shared]
+    config["feature_config"] = [{**features_config, "features": out}]
 
 
 def _true(value: Any) -> bool:

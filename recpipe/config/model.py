@@ -275,6 +275,10 @@ class LossType(StrEnum):
     F1_REWEIGHTED_LOSS = "F1_REWEIGHTED_LOSS"
 
 
+# losses of the batch as a whole: a row's sample weight has no place in them
+BATCH_LOSSES = frozenset({LossType.PAIR_WISE_LOSS, LossType.F1_REWEIGHTED_LOSS})
+
+
 class Loss(Section):
     """One ``losses`` entry: a loss type and its weight in the sum."""
 

@@ -8,7 +8,14 @@ from pydantic import Field, field_validator, model_validator
 
 from recpipe.config.base import Section
 from recpipe.config.data import DataConfig, FeatureConfig, FeatureType, InputType
-from recpipe.config.model import MULTI_TASK_BLOCK, EvalConfig, EvalMethod, ExportConfig, ModelConfig
+from recpipe.config.model import (
+    BATCH_LOSSES,
+    MULTI_TASK_BLOCK,
+    EvalConfig,
+    EvalMethod,
+    ExportConfig,
+    ModelConfig,
+)
 from recpipe.config.train import TrainConfig
 
 # a day or a pass (an hour), then optionally ":" and the range's last one
@@ -84,6 +91,22 @@ class PipelineConfig(Section):
     @classmethod
     def _real_days(cls, value: str | None, info) -> str | None:
         return check_ds_range(value, info.field_name)
+
+    @model_validator(mode="after")
+    def _weights_of_row_losses(self) -> PipelineConfig:
+        model = self.model
+        if self.data_config.sample_weight is None or model is None:
+            return self
+        owners = [model, *model.tasks]
+        kinds = {t.loss_type for o in owners for t in o.losses}
+        kinds |= {o.loss_type for o in owners if not o.losses}
+        batch = sorted(k.value for k in kinds if k in BATCH_LOSSES)
+        if batch:
+            raise ValueError(
+                f"data_config.sample_weight weighs each row's loss; {', '.join(batch)} is a loss of the "
+                "batch as a whole"
+            )
+        return self
 
     @model_validator(mode="after")
     def _evaluated_for_best(self) -> PipelineConfig:

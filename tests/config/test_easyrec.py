@@ -221,3 +221,23 @@ def test_a_value_given_twice_counts_once_its_last_as_protobufs_merge_reads_it():
     text = SAMPLE.read_text().replace("num_steps: 400", "num_steps: 400\n  num_steps: 500", 1)
     assert _imported(text)["train_config"]["num_steps"] == 500
 
+
+
+def test_shared_names_and_a_sample_weight_import_as_easyrec_builds_them():
+    text = SAMPLE.read_text()
+    text = text.replace(
+        'input_fields { input_name: "c3" input_type: STRING }',
+        'input_fields { input_name: "c3" input_type: STRING }\n'
+        '  input_fields { input_name: "c4" input_type: STRING }\n'
+        '  input_fields { input_name: "w" input_type: FLOAT }\n  sample_weight: "w"',
+    )
+    text = text.replace(
+        'features { input_names: "c1" feature_type: IdFeature',
+        'features { input_names: "c1" shared_names: "c4" feature_type: IdFeature',
+    )
+    text = text.replace('feature_names: "c2"\n', 'feature_names: "c2"\n    feature_names: "c4"\n')
+    raw = _imported(text)
+    c1, c4 = (f for f in raw["feature_config"]["features"] if f["input_names"][0] in ("c1", "c4"))
+    assert c1["embedding_name"] == c4["embedding_name"] == "c1" and c4["feature_name"] == "c4"
+    assert c4["hash_bucket_size"] == c1["hash_bucket_size"] == 100000
+    assert raw["data_config"]["sample_weight"] == "w"

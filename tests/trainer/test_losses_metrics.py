@@ -139,3 +139,44 @@ def test_a_task_towers_losses_are_summed_with_their_weights():
     l2 = build_loss(ModelConfig(model_class="DeepFM", feature_groups=mc.feature_groups, loss_type="L2_LOSS"))
     want = 2.0 * one + l2(labels[:, 1], logits[:, 1])
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)
+
+
+def test_a_sample_weight_weighs_each_rows_loss_from_the_feature_job_to_the_step(
+    spark, movielens_raw, ml_early, tmp_path
+):
+    """EasyRec's ``data_config.sample_weight``: the feature job writes the column beside the
+    labels, the reader hands it over, the loss is the mean of weight x row loss."""
+    from recpipe.config.errors import ConfigError
+    from recpipe.layout import finished_partitions, parse_ds_range
+    from tests.support import EARLY, with_edits
+    from tests.trainer.conftest import _days, _prepare
+    from trainer.input import FeatureReader
+    from trainer.loop import Trainer, TrainJob
+
+    edits = {
+        "data_config.label_fields": ["label"],
+        "data_config.sample_weight": "rating",
+        "train_input_path": str(tmp_path / "features"),
+        "train_config.num_steps": 20,
+    }
+    config = with_edits(ml_early, edits)
+    _prepare(spark, config, _days(movielens_raw / "events", *EARLY))
+    reader = FeatureReader(
+        config, finished_partitions(config.train_input_path, [EARLY[1]]), shuffle=False, batch_size=10**6
+    )
+    flat = next(reader.batches())
+    features, labels = reader.structure(flat)
+    weights = np.asarray(reader.sample_weights(flat))
+    assert weights.dtype == np.float32 and set(np.unique(weights)) <= {1.0, 2.0, 3.0, 4.0, 5.0}
+    assert len(np.unique(weights)) > 2 and set(np.unique(np.asarray(labels))) == {0.0, 1.0}
+    logits = tf.random.stateless_normal([len(weights)], seed=[5, 6])
+    ce = tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits).numpy()
+    got = build_loss(config.model)(labels, logits, tf.constant(weights)).numpy()
+    np.testing.assert_allclose(got, (weights * ce).mean(), rtol=1e-5)
+    assert reader.sample_weights(flat) is not None and FeatureReader(ml_early, []).sample_weights(flat) is None
+    result = Trainer(TrainJob(config, tmp_path / "m", parse_ds_range(":".join(EARLY)))).train()
+    assert result.global_step == 20 and np.isfinite(result.loss)
+    with pytest.raises(ConfigError, match="PAIR_WISE_LOSS is a loss of the batch as a whole"):
+        with_edits(ml_early, {**edits, "model_config.loss_type": "PAIR_WISE_LOSS"})
+    with pytest.raises(ConfigError, match="sample_weight: 'gender' is not a numeric input field"):
+        with_edits(ml_early, {**edits, "data_config.sample_weight": "gender"})

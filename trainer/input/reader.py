@@ -74,7 +74,9 @@ class FeatureReader:
         self.raw_columns = list(raw_columns)
         self.config = config
         self.features = list(config.feature_config.features)
-        self.labels = list(dc.label_fields)
+        # the label fields, then the sample weight: read and batched alike
+        self.label_count = len(dc.label_fields)
+        self.labels = list(dc.label_fields) + ([dc.sample_weight] if dc.sample_weight else [])
         self.multi_task = bool(config.model is not None and config.model.tasks)
         self.batch_size = batch_size or dc.batch_size
         self.shuffle = dc.shuffle if shuffle is None else shuffle
@@ -249,7 +251,7 @@ class FeatureReader:
     def structure(self, flat: tuple) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
         """Flat tuple -> (features dict, labels ``float32 [B]`` of the first label field, or
         ``float32 [B, L]`` of every label field for a multi-task model)."""
-        labels = tf.stack(flat[: len(self.labels)], axis=1) if self.multi_task else flat[0]
+        labels = tf.stack(flat[: self.label_count], axis=1) if self.multi_task else flat[0]
         i = len(self.labels)
         features: dict[str, tf.Tensor] = {}
         if self._ids:
@@ -262,6 +264,11 @@ class FeatureReader:
             features[name] = tf.RaggedTensor.from_row_splits(flat[i], flat[i + 1], validate=False)
             i += 2
         return {f.name: features[f.name] for f in self.features}, labels
+
+    def sample_weights(self, flat: tuple) -> tf.Tensor | None:
+        """A flat batch's ``data_config.sample_weight`` values, ``float32 [B]``; None when the
+        config names none."""
+        return flat[self.label_count] if len(self.labels) > self.label_count else None
 
     def _generated(self, epoch: int, skip: int, pad_to: int | None = None) -> tf.data.Dataset:
         return tf.data.Dataset.from_generator(
