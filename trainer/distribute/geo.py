@@ -529,6 +529,8 @@ class GeoParameterServerDistribution(Distribution):
                         worker.ready.put_nowait(None)  # wakes the worker's thread to end
                     break
             time.sleep(PUT_POLL_S)
+        with worker.feed_scope():  # released in its executor (see _train)
+            item.shipped = None
         self._queue.task_done()
         self._requeue(item)
         return False
@@ -541,6 +543,8 @@ class GeoParameterServerDistribution(Distribution):
             except queue.Empty:
                 return
         if item is not None:
+            with worker.scope():  # released in its executor (see _train)
+                item.shipped = None
             self._queue.task_done()
             self._requeue(item)
 
@@ -554,7 +558,12 @@ class GeoParameterServerDistribution(Distribution):
             return False
         try:
             with worker.scope():
-                item.loss = float(worker.step(*(item.shipped or item.element)))
+                try:
+                    item.loss = float(worker.step(*(item.shipped or item.element)))
+                finally:
+                    # the copy's handles released in this worker's executor: a dead worker's
+                    # release fails here, not in the loop's thread, which drops the batch last
+                    item.shipped = None
         except Exception as err:  # noqa: BLE001 - raised by the loop's next call
             if worker_lost(err):
                 # the step ran on the worker's copy alone: nothing of this batch reached the
@@ -777,10 +786,30 @@ class GeoParameterServerDistribution(Distribution):
 
     def distribute(self, make_dataset):
         def epoch():
-            yield from make_dataset()
+            batches = iter(make_dataset())
+            while True:
+                try:
+                    element = self._next(batches)
+                except StopIteration:
+                    break
+                yield element
             self._advance_counters()  # before the loop resets batch_in_epoch
 
         return epoch()
+
+    def _next(self, batches, tries: int = 3):
+        """The input's next batch. A lost worker's error that its remote handles' release
+        left in this thread's executor is raised by the iterator's first wait, before it
+        reads: cleared, and the read tried again (``tries`` times)."""
+        for attempt in range(tries):
+            try:
+                return next(batches)
+            except tf.errors.OpError as err:
+                if attempt == tries - 1 or not worker_lost(err) or "/job:worker" not in str(err):
+                    raise
+                log.warning("geo: a lost worker's error left in the input's thread, cleared: %s", err.message)
+                eager_context.context().executor.clear_error()
+        raise AssertionError("unreachable")
 
     def _advance_counters(self) -> None:
         self._queue.join()
