@@ -98,19 +98,18 @@ def keep_if_best(config: PipelineConfig, model_dir: str | Path, checkpoint: str)
 
 def export_checkpoint(config: PipelineConfig, model_dir: str | Path) -> str:
     """The checkpoint the day's evaluate and export tasks load: ``<model_dir>/best/``'s under
-    ``exporter_type: best``, else the latest.
+    ``exporter_type: best``, else the latest. A model dir without ``best/`` (a champion
+    trained before the config asked for it, which exported its latest) gives its latest.
 
     Raises:
-        CheckpointError: no checkpoint (under ``best``: none was evaluated and kept).
+        CheckpointError: no checkpoint there.
     """
+    best = ModelDir(model_dir).best
     if config.export_config.exporter_type != "best":
         return resolve(model_dir)
-    best = ModelDir(model_dir).best
     if not best.is_dir():
-        raise CheckpointError(
-            f"export_config.exporter_type: best: {best} holds no evaluated checkpoint (did "
-            "eval_config.eval_method evaluate any before training ended?)"
-        )
+        log.warning("%s: no best/ (trained under exporter_type final): its latest checkpoint", model_dir)
+        return resolve(model_dir)
     return resolve(best)
 
 

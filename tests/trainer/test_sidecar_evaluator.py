@@ -125,6 +125,10 @@ def test_the_best_exporter_keeps_the_best_checkpoint_and_training_stops_early(ml
     assert json.loads((best / "best.json").read_text())["step"] == 10
     assert export_checkpoint(config, tmp_path) == str(best / "model.ckpt-10")
     assert not (tmp_path / "model.ckpt-10.index").exists()  # keep_checkpoint_max deleted it
+    import shutil
+
+    shutil.rmtree(best)  # a champion trained before the config asked for best: its latest
+    assert export_checkpoint(config, tmp_path) == str(tmp_path / "model.ckpt-30")
     with pytest.raises(Exception, match="compares the checkpoints evaluated while training"):
         with_edits(ml_early, {**edits, "eval_config.eval_method": "none"})
 
