@@ -2,7 +2,7 @@
 
 Each mode's job (PaddleRec's ``sync``, ``async``, ``half_async`` and ``geo``) is rendered as the
 TFJob the train task would submit and started as Kubeflow's training operator would, one
-replica a host (``tests/training_operator.py`` on network namespaces, ``tests/hosts.py``: run
+replica a host (``dev/training_operator.py`` on network namespaces, ``dev/hosts.py``: run
 as root): a chief, 2 workers and 2 ps, every host's link capped at each ``--rates`` value
 (``tc tbf`` on both ends). DeepFM on synthetic Criteo rows (``bench/criteo_data.py``), lazy Adam
 on the embeddings. Printed and written to ``bench/results/ps_links.json`` per mode and rate:
@@ -61,12 +61,12 @@ def run(work: Path, buckets: int, mode: str, rate: str, steps: int, batch: int) 
     import shutil
 
     from bench.criteo_data import CONFIG, bench_edits, days
+    from dev.hosts import Hosts
+    from dev.training_operator import start_tfjob
     from recpipe.config import ClusterConfig
     from recpipe.config.train import SyncMode, TrainDistribute
     from recpipe.launch import job_result
     from recpipe.launch.kubeflow import render
-    from tests.hosts import Hosts
-    from tests.training_operator import start_tfjob
 
     train_edits, per_step = MODES[mode]
     edits = {

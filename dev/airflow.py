@@ -313,7 +313,7 @@ def deployment(
         port: the api-server's port (default: a free one).
         host: the address the api-server listens on, and the URL tasks reach it at.
         start_worker: ``(argv, env, log_path) -> Popen`` starts each of ``workers``
-            elsewhere (another host: ``tests.hosts.Hosts.popen``); default here.
+            elsewhere (another host: ``dev.hosts.Hosts.popen``); default here.
     """
     port = port or free_ports(1)[0]
     airflow_home = Path(airflow_home)

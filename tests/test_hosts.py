@@ -1,4 +1,4 @@
-"""The multi-host harness (``tests/hosts.py``) itself: hosts reach each other by their
+"""The multi-host harness (``dev/hosts.py``) itself: hosts reach each other by their
 addresses and not 127.0.0.1's services, a partition cuts a host off and healing restores it,
 a rate limit slows what reaches a host, and nothing is left behind: not by a test that
 fails, and what a killed run left is swept at the next start."""
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.hosts import PREFIX, Hosts, sweep
+from dev.hosts import PREFIX, Hosts, sweep
 
 FETCH = (
     "import sys, urllib.request; "

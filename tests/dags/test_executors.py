@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 def spark_standalone(logs: Path, hosts=None):
     """A Spark standalone master and one worker (1 core, 1 GiB) from pyspark's own
     distribution on free ports; yields the master URL. On 127.0.0.1, or with ``hosts``
-    (``tests.hosts.Hosts`` naming ``spark-master`` and ``spark-worker``) each on its host's
+    (``dev.hosts.Hosts`` naming ``spark-master`` and ``spark-worker``) each on its host's
     address (``SPARK_LOCAL_IP``: every server, and the executors the worker starts, listen
     there)."""
     import pyspark
@@ -80,7 +80,7 @@ def test_prepare_features_runs_on_a_spark_standalone_cluster_across_hosts(moviel
     """spark-submit, the feature job's other engine, for clusters that schedule applications:
     the master on one host, the worker (and its executor) on another, the driver (the DAG's
     task, ``airflow tasks test``) on a third; each listens on its own host's address."""
-    from tests.hosts import Hosts
+    from dev.hosts import Hosts
 
     stack = new_stack(movielens_raw, tmp_path_factory.mktemp("spark-cluster"), spark_connect_conn_id=None)
     base = stack["base"]

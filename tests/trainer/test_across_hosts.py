@@ -1,6 +1,6 @@
-"""TensorFlow jobs across hosts (network namespaces, ``tests/hosts.py``), started from the TFJob
+"""TensorFlow jobs across hosts (network namespaces, ``dev/hosts.py``), started from the TFJob
 recpipe renders for Kubernetes, as Kubeflow's training operator starts its pods
-(``tests/training_operator.py``): one replica a host, each reaching the others by their
+(``dev/training_operator.py``): one replica a host, each reaching the others by their
 Services' names over the hosts' own interfaces."""
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dev.hosts import Hosts
+from dev.training_operator import start_tfjob
 from recpipe.config import ClusterConfig
 from recpipe.config.train import SyncMode, TrainDistribute
 from recpipe.launch import job_result
 from recpipe.launch.kubeflow import render
-from tests.hosts import Hosts
 from tests.support import EARLY, with_edits
 from tests.trainer.test_distribute import PS_EDITS
-from tests.training_operator import start_tfjob
 
 pytestmark = pytest.mark.slow
 
@@ -226,8 +226,8 @@ def test_an_mpijob_across_hosts_ends_where_one_host_does_and_no_port_is_open_bey
     on one host by ``recpipe train``: the same checkpoint, weights and slots. While it runs,
     every port listening on the job's hosts (sshd, Horovod's services, Gloo's) refuses a host
     outside the job."""
+    from dev.training_operator import start_mpijob
     from tests.trainer.test_distribute import SPLITS, _assert_same_state, _train
-    from tests.training_operator import start_mpijob
 
     edits = {
         "train_config.optimizer_config": SPLITS["lazy_adam+adam"],
@@ -287,8 +287,8 @@ def test_a_worker_host_cut_off_fails_an_mpijob_in_bounded_time_and_a_retry_resum
     out (Gloo's 30 s), the job fails with the trainer's one-line reason instead of hanging;
     the host back, the retry (the train task's next try: ``--continue_train``) resumes from
     the checkpoint and ends with every step."""
+    from dev.training_operator import start_mpijob
     from tests.trainer.test_distribute import SPLITS
-    from tests.training_operator import start_mpijob
 
     edits = {
         **CUT_EDITS,

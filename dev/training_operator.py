@@ -1,6 +1,6 @@
 """A stand-in for Kubeflow's training operator in the multi-host tests: it starts the replicas of
 a ``TFJob`` manifest that ``recpipe.launch.kubeflow.render`` wrote, one replica a host
-(``tests.hosts.Hosts``), as the operator starts its pods.
+(``dev.hosts.Hosts``), as the operator starts its pods.
 
 What it takes from the operator's conventions (training-operator ``pkg/controller.v1/tensorflow``):
 each replica ``<job>-<type>-<index>`` (type lowercased) has a Service of that name on port 2222;
@@ -26,8 +26,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dev.hosts import Hosts
 from recpipe.launch.isolation import job_environment
-from tests.hosts import Hosts
 
 PORT = 2222  # the training operator's default port for TFJob replicas
 # the image's programs a container's command names, as this machine has them
