@@ -6,7 +6,7 @@ nonparametric approach", Biometrics 44(3):837-845, with the midrank computation 
 The promotion gate uses it to tell a real AUC difference between champion and candidate from
 the noise of a small held-out set."""
 
-# Imports inside functions: scipy (1.4 s to import) is imported where ranks are taken: the DAG
+# Imports inside functions: scipy, slow to import, is imported where ranks are taken: the DAG
 # files that wire the gate parse without it.
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class PairedAUC:
 def auc(labels: np.ndarray, scores: np.ndarray) -> float:
     """ROC AUC by the Mann-Whitney U statistic with average ranks for ties: ``labels`` ``[N]``
     (values > 0.5 count as positive), ``scores`` ``[N]``. NaN when only one class is present."""
-    from scipy.stats import rankdata  # 1.4 s to import: the DAG file that wires the gate must parse fast
+    from scipy.stats import rankdata  # slow to import: the DAG file that wires the gate must parse fast
 
     y = np.asarray(labels) > 0.5
     n_pos = int(y.sum())
@@ -56,7 +56,7 @@ def auc(labels: np.ndarray, scores: np.ndarray) -> float:
 def _components(scores: np.ndarray, positive: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
     """AUC and DeLong's structural components: ``v10`` per positive (the share of negatives
     it outranks, ties counted half), ``v01`` per negative (the share of positives above it)."""
-    from scipy.stats import rankdata  # 1.4 s to import: the DAG file that wires the gate must parse fast
+    from scipy.stats import rankdata  # slow to import: the DAG file that wires the gate must parse fast
 
     m, n = int(positive.sum()), int((~positive).sum())
     ranks = rankdata(scores)

@@ -2,12 +2,11 @@
 
 import os
 
-# Set before TensorFlow is first imported (issue 40: memory the day does not need).
-# The trainer is tf-keras (Keras 2) throughout. Without this, `import tensorflow` imports Keras 3,
-# which imports scikit-learn, matplotlib and SciPy's submodules: 86 MiB and 1.6 s more in every
-# trainer process.
+# Set before TensorFlow is first imported. The trainer is tf-keras (Keras 2) throughout; without
+# this, `import tensorflow` imports Keras 3, and with it scikit-learn, matplotlib and SciPy's
+# submodules, in every trainer process.
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 # With oneDNN's ops on, TensorFlow's CPU tensors come from oneDNN's pooling allocator, which keeps
-# every buffer it ever held: a growing online table's transient copies stayed resident for the
-# rest of the job (1M-row day: 1.93 GB after the last doubling, 1.55 GB without), at the same speed.
+# every buffer it ever held: a growing online table's transient copies would stay resident for
+# the rest of the job, for no speed in return (docs/benchmarks.md, "Production-size days").
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")

@@ -225,7 +225,7 @@ class Distribution:
         step = self._replica_step(parts)
 
         # autograph off: the step's Python control flow is all on Python values, and converting
-        # the model's and optimizers' code took 1.1 of the first step's 1.5 s of tracing
+        # the model's and optimizers' code is most of the first step's tracing
         @tf.function(input_signature=parts.signature, reduce_retracing=True, autograph=False)
         def train_step(*inputs):
             loss = self.strategy.run(step, args=inputs)

@@ -37,8 +37,8 @@ from trainer.input.columns import Columns, _kept, _string_buffers
 from trainer.input.sharding import RowGroup, row_groups, shard
 from trainer.input.specs import feature_spec
 
-# tf.data's autotuner held the end of an epoch for ~7 s in 3 runs of 4 (bench/vs_deepctr.py);
-# the pipeline has nothing to tune beyond its fixed prefetch
+# the pipeline has nothing to tune beyond its fixed prefetch, and tf.data's autotuner can hold
+# the end of an epoch for seconds
 _OPTIONS = tf.data.Options()
 _OPTIONS.autotune.enabled = False
 
