@@ -63,9 +63,9 @@ def _metric(config: PipelineConfig, history: list[dict]) -> str:
     return metric
 
 
-def keep_if_best(config: PipelineConfig, model_dir: str | Path, checkpoint: str) -> bool:
-    """Under ``exporter_type: best``: copy ``checkpoint`` (just evaluated, its line in the
-    history) into ``<model_dir>/best/`` when it is the best so far. Returns whether it was
+def keep_if_best(config: PipelineConfig, model_dir: str | Path, checkpoint: str, step: int) -> bool:
+    """Under ``exporter_type: best``: copy ``checkpoint`` (of ``step``, just evaluated, its
+    line in the history) into ``<model_dir>/best/`` when it is the best so far. Returns whether it was
     copied; a checkpoint deleted before its copy is logged and skipped.
 
     Raises:
@@ -76,7 +76,6 @@ def keep_if_best(config: PipelineConfig, model_dir: str | Path, checkpoint: str)
     model_dir = Path(model_dir)
     history = _history(model_dir)
     best = best_entry(history, _metric(config, history), config.export_config.metric_bigger)
-    step = int(checkpoint.rsplit("-", 1)[-1])
     if best is None or best["step"] != step:
         return False
     files = [Path(p) for p in tf.io.gfile.glob(checkpoint + ".*")]
@@ -84,10 +83,8 @@ def keep_if_best(config: PipelineConfig, model_dir: str | Path, checkpoint: str)
         with atomic.directory(ModelDir(model_dir).best) as tmp:
             for f in files:
                 shutil.copyfile(f, tmp / f.name)
-            name = Path(checkpoint).name
-            (tmp / "checkpoint").write_text(
-                f'model_checkpoint_path: "{name}"\nall_model_checkpoint_paths: "{name}"\n'
-            )
+            # the state file TensorFlow reads, written by its own writer (TF 2 keeps it in compat)
+            tf.compat.v1.train.update_checkpoint_state(str(tmp), Path(checkpoint).name)
             (tmp / "best.json").write_text(json.dumps(best))
     except FileNotFoundError as err:
         log.warning("checkpoint %s was deleted before its copy as the best: %s", checkpoint, err)
@@ -104,9 +101,9 @@ def export_checkpoint(config: PipelineConfig, model_dir: str | Path) -> str:
     Raises:
         CheckpointError: no checkpoint there.
     """
-    best = ModelDir(model_dir).best
     if config.export_config.exporter_type != "best":
         return resolve(model_dir)
+    best = ModelDir(model_dir).best
     if not best.is_dir():
         log.warning("%s: no best/ (trained under exporter_type final): its latest checkpoint", model_dir)
         return resolve(model_dir)

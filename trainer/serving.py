@@ -184,7 +184,6 @@ class ServingModule(tf.Module):
         return out
 
 
-EXPORT_RECORD = SAVED_MODEL_RECORD
 
 
 def write_saved_model(
@@ -250,7 +249,7 @@ def export_saved_model(
     try:
         write_saved_model(config, model, read_normalization(model_dir), tmp)
         record = {"model_dir": str(Path(model_dir).resolve()), "global_step": global_step}
-        (tmp / "assets.extra" / EXPORT_RECORD).write_text(json.dumps(record))
+        (tmp / "assets.extra" / SAVED_MODEL_RECORD).write_text(json.dumps(record))
         return atomic.publish_numbered(tmp, export_dir, int(time.time()))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -264,7 +263,7 @@ def find_export(export_dir: str | Path, model_dir: str | Path, global_step: int)
     if not export_dir.is_dir():
         return None
     for version in sorted((p for p in export_dir.iterdir() if p.name.isdigit()), key=lambda p: -int(p.name)):
-        record = version / "assets.extra" / EXPORT_RECORD
+        record = version / "assets.extra" / SAVED_MODEL_RECORD
         if record.exists() and json.loads(record.read_text()) == want:
             return version
     return None

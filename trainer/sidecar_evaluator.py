@@ -65,7 +65,7 @@ def evaluate_and_record(
     result = evaluate(config, model_dir, eval_days, checkpoint, target)
     metrics = {k: v for k, v in result.items() if isinstance(v, float)}
     jsonl.append(files.eval_history, {"step": result["global_step"], **metrics})
-    keep_if_best(config, model_dir, checkpoint)  # exporter_type: best
+    keep_if_best(config, model_dir, checkpoint, result["global_step"])  # exporter_type: best
     return result
 
 

@@ -801,15 +801,15 @@ class GeoParameterServerDistribution(Distribution):
         """The input's next batch. A lost worker's error that its remote handles' release
         left in this thread's executor is raised by the iterator's first wait, before it
         reads: cleared, and the read tried again (``tries`` times)."""
-        for attempt in range(tries):
+        while True:
             try:
                 return next(batches)
             except tf.errors.OpError as err:
-                if attempt == tries - 1 or not worker_lost(err) or "/job:worker" not in str(err):
+                tries -= 1
+                if not tries or not worker_lost(err) or "/job:worker" not in str(err):
                     raise
                 log.warning("geo: a lost worker's error left in the input's thread, cleared: %s", err.message)
                 eager_context.context().executor.clear_error()
-        raise AssertionError("unreachable")
 
     def _advance_counters(self) -> None:
         self._queue.join()
