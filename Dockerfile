@@ -1,6 +1,6 @@
 # The recpipe image: the pinned stack (requirements.lock), Horovod with Gloo, a Java 17 runtime
-# (Spark), and the project with its Spark functions' jar. Every Airflow component, the Celery
-# worker and the MLflow server of docker-compose.yaml run from it.
+# (Spark), and the project with its Spark functions' jar and its TensorFlow kernels. Every
+# Airflow component, the Celery worker and the MLflow server of docker-compose.yaml run from it.
 #
 # Optional inputs for a build behind a proxy or without an index (both folders may be empty):
 #   deploy/ca-certificates/*.crt  public CA certificates the proxy's TLS needs (never a key)
@@ -39,13 +39,15 @@ RUN python -m venv /opt/venv \
     /opt/venv/bin/pip install -q --no-deps --no-build-isolation horovod==0.28.1
 LABEL org.recpipe.stage=deps
 
-# the Spark functions' jar: changes with its sources only
-FROM deps AS jar
+# the Spark functions' jar and recpipe's TensorFlow kernels: change with their sources only
+FROM deps AS native
 ENV PATH=/opt/venv/bin:$PATH
-COPY scripts/build_jvm.sh scripts/
+COPY scripts/build_jvm.sh scripts/build_kernels.sh scripts/
 COPY features/jvm/ features/jvm/
 RUN scripts/build_jvm.sh
-LABEL org.recpipe.stage=jar
+COPY trainer/kernels/CMakeLists.txt trainer/kernels/*.cc trainer/kernels/
+RUN PYTHON=/opt/venv/bin/python scripts/build_kernels.sh
+LABEL org.recpipe.stage=native
 
 # the checkout, without the build's inputs (they stay in this stage)
 FROM ${PYTHON_IMAGE} AS src
@@ -60,7 +62,8 @@ RUN apt-get update \
 COPY --from=deps /opt/venv /opt/venv
 COPY --from=deps /opt/spark-client /opt/spark-client
 COPY --from=src /opt/recpipe /opt/recpipe
-COPY --from=jar /opt/recpipe/build/jvm/ /opt/recpipe/build/jvm/
+COPY --from=native /opt/recpipe/build/jvm/ /opt/recpipe/build/jvm/
+COPY --from=native /opt/recpipe/build/kernels/librecpipe_kernels.so /opt/recpipe/build/kernels/
 WORKDIR /opt/recpipe
 # the configs' relative var/ paths (runs_dir, export_dir, model_dir) land on the state volume
 RUN /opt/venv/bin/pip install -q --no-deps --no-build-isolation -e . \

@@ -54,6 +54,7 @@ want=$(cat requirements.lock requirements-spark-client.lock pyproject.toml scrip
 compile_project() { .venv/bin/python -m compileall -q -j 0 dags dev features operators recpipe trainer >/dev/null; }
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   scripts/build_jvm.sh
+  scripts/build_kernels.sh
   compile_project
   exit 0
 fi
@@ -104,6 +105,8 @@ if [ ! -x .venv/spark-client/bin/python ]; then
 fi
 uv_install .venv/spark-client/bin/python -r requirements-spark-client.lock
 scripts/build_jvm.sh
+say "building trainer/kernels (C++, against .venv's TensorFlow)"
+scripts/build_kernels.sh
 compile_project
 echo "$want" > "$stamp"
 say "ready: $(.venv/bin/python --version), .venv/bin/recpipe"

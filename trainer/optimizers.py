@@ -60,13 +60,22 @@ class LearningRateSchedule(keras.optimizers.schedules.LearningRateSchedule):
         return {"config": self.config.model_dump(), "warmup_steps": self.warmup_steps}
 
 
-def build_optimizer(config: OptimizerConfig, name: str) -> keras.optimizers.Optimizer:
+def build_optimizer(
+    config: OptimizerConfig, name: str, fused_kernels: bool = True
+) -> keras.optimizers.Optimizer:
     """One tf-keras optimizer for one ``optimizer_config`` entry.
 
     ``lazy_adam_optimizer``, ``adagrad_optimizer`` and ``ftrl_optimizer`` update only the
-    embedding rows in the batch (``trainer.sparse_optimizers``); ``adam_optimizer`` and
-    ``adamw_optimizer`` update every row of a table on each step.
+    embedding rows in the batch (``trainer.sparse_optimizers``; in ``trainer.kernels``' C++
+    kernels with ``fused_kernels``); ``adam_optimizer`` and ``adamw_optimizer`` update every
+    row of a table on each step.
     """
+    opt = _optimizer(config, name)
+    opt.fused_kernels = fused_kernels
+    return opt
+
+
+def _optimizer(config: OptimizerConfig, name: str) -> keras.optimizers.Optimizer:
     which, c = config.which(), config.value()
     lr = LearningRateSchedule(c.learning_rate, c.warmup_steps, c.warmup_learning_rate)
     if which == "sgd_optimizer":
@@ -168,4 +177,3 @@ def scale_gradients(grads: list, variables: list[tf.Variable], tables: set, mult
                 grad = grad * multiplier
         out.append(grad)
     return out
-

@@ -98,8 +98,9 @@ def build_state(
     with (strategy or tf.distribute.get_strategy()).scope():
         model = build_model(config, sharding, key_union)
         model(sample_inputs(config))
+        tc = config.train_config
         optimizers = [
-            build_optimizer(c, f"optimizer_{i}") for i, c in enumerate(config.train_config.optimizer_config)
+            build_optimizer(c, f"optimizer_{i}", tc.fused_kernels) for i, c in enumerate(tc.optimizer_config)
         ]
         var_split = split_variables(model.variable_groups(), len(optimizers), config.model.model_class)
         var_split = freeze(var_split, config.train_config.freeze_gradient)

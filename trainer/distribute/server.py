@@ -10,6 +10,7 @@ import sys
 
 import tensorflow as tf
 
+from trainer import kernels
 from trainer.distribute.base import share_cores
 
 
@@ -20,6 +21,10 @@ def main() -> int:
         return 2
     if resolver.task_type == "worker":
         share_cores()
+    try:  # the chief's steps may place trainer.kernels' ops on this task
+        kernels.ops()
+    except kernels.KernelsMissingError as err:
+        print(f"warning: {err}", file=sys.stderr, flush=True)
     server = tf.distribute.Server(
         resolver.cluster_spec(),
         job_name=resolver.task_type,

@@ -1,0 +1,85 @@
+"""recpipe's own TensorFlow kernels (C++, ``trainer/kernels/*.cc``), built by ``make setup``
+(``scripts/build_kernels.sh``: CMake with ``tf.sysconfig``'s flags) into
+``build/kernels/librecpipe_kernels.so``, or the library ``$RECPIPE_KERNELS`` names.
+
+The row-wise optimizer updates of embedding tables (``trainer.sparse_optimizers``) run in one
+kernel each, in place, over TensorFlow's intra-op threads: LazyAdam, tf-keras' Adagrad and
+FTRL-Proximal. ``train_config.fused_kernels: false`` keeps the stock TensorFlow ops, the
+reference the kernels are tested against (``tests/trainer/test_kernels.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+import tensorflow as tf
+
+LIBRARY = Path(__file__).resolve().parents[2] / "build" / "kernels" / "librecpipe_kernels.so"
+
+
+class KernelsMissingError(RuntimeError):
+    """The kernels' library is not built or does not load (another TensorFlow than it was
+    built for)."""
+
+
+@functools.cache
+def ops():
+    """The loaded library's ops (``tf.load_op_library``), loaded once a process.
+
+    Raises:
+        KernelsMissingError: no library at ``$RECPIPE_KERNELS`` / ``build/kernels/``, or it
+            does not load.
+    """
+    path = Path(os.environ.get("RECPIPE_KERNELS") or LIBRARY)
+    if not path.is_file():
+        raise KernelsMissingError(
+            f"recpipe's kernels are not built ({path} is missing): run `make setup` or "
+            "scripts/build_kernels.sh, or set train_config.fused_kernels: false"
+        )
+    try:
+        return tf.load_op_library(str(path))
+    except tf.errors.NotFoundError as err:
+        raise KernelsMissingError(
+            f"{path} does not load with TensorFlow {tf.__version__} ({err.message.strip()}): "
+            "rebuild it with scripts/build_kernels.sh"
+        ) from err
+
+
+def _f32(value) -> tf.Tensor:
+    return tf.cast(value, tf.float32)
+
+
+def sparse_apply_adam(var, m, v, indices, grad, alpha, beta_1, beta_2, epsilon) -> tf.Operation:
+    """LazyAdam on rows ``indices`` (``int64 [n]``, distinct) of ``var`` and its slots ``m``,
+    ``v`` (float32 ``[rows, dim]`` resource variables), in place, with ``grad`` (float32
+    ``[n, dim]``) and ``alpha = lr sqrt(1 - beta_2^t) / (1 - beta_1^t)``. Source: TF Addons
+    ``LazyAdam``.
+
+    Raises:
+        tf.errors.InvalidArgumentError: an index outside ``[0, rows)`` or mismatched shapes.
+    """
+    return ops().recpipe_sparse_apply_adam(
+        var.handle, m.handle, v.handle, tf.cast(indices, tf.int64), grad,
+        _f32(alpha), _f32(beta_1), _f32(beta_2), _f32(epsilon),
+    )  # fmt: skip
+
+
+def sparse_apply_adagrad(var, accumulator, indices, grad, lr, epsilon) -> tf.Operation:
+    """tf-keras' Adagrad on rows ``indices`` (distinct) of ``var`` and ``accumulator``:
+    ``a += g^2; w -= lr g / sqrt(a + epsilon)``, in place (shapes as ``sparse_apply_adam``)."""
+    return ops().recpipe_sparse_apply_adagrad(
+        var.handle, accumulator.handle, tf.cast(indices, tf.int64), grad, _f32(lr), _f32(epsilon)
+    )
+
+
+def sparse_apply_ftrl(var, accumulator, linear, indices, grad, lr, l1, l2, l2_shrinkage, lr_power):
+    """FTRL-Proximal (McMahan et al., 2013, "Ad Click Prediction: a View from the Trenches",
+    algorithm 1; ``lr_power`` in place of -1/2) on rows ``indices`` (distinct) of ``var`` and
+    its ``accumulator`` and ``linear`` slots, in place; ``l2`` includes ``beta / (2 lr)``
+    (shapes as ``sparse_apply_adam``)."""
+    return ops().recpipe_sparse_apply_ftrl(
+        var.handle, accumulator.handle, linear.handle, tf.cast(indices, tf.int64), grad,
+        _f32(lr), _f32(l1), _f32(l2), _f32(l2_shrinkage), _f32(lr_power),
+    )  # fmt: skip
