@@ -16,7 +16,9 @@ batch 1024.
 (d) (c) with Adagrad for the tables, the closest to (a)'s optimizer;
 (e) (c) with the MLP's products in bfloat16 (``dnn.dtype_policy: mixed_bfloat16``; (a) and (c)
     compute in float32): what this CPU's bfloat16 instructions give;
-(f) (c) admitting each batch one step ahead (``train_config.admit_ahead``).
+(f) (c) admitting each batch one step ahead (``train_config.admit_ahead``);
+(g) (c) on TensorFlow's stock ops alone (``train_config.fused_kernels: false``): what
+    recpipe's kernels (``trainer/kernels``) give.
 
 Each variant runs in its own process, the variants alternate, ``--repeat`` times. Printed:
 examples/s of the training loop, examples per CPU-second of the loop and of the whole
@@ -74,6 +76,7 @@ VARIANTS = {
     "d_online_adagrad": "(d) recpipe, online tables, Adagrad",
     "e_online_bf16": "(e) recpipe, online tables, bfloat16 MLP",
     "f_online_ahead": "(f) recpipe, online tables, admitted ahead",
+    "g_online_stock": "(g) recpipe, online tables, stock ops",
 }
 
 
@@ -120,6 +123,8 @@ def recpipe_edits(work: Path, vocab: dict[str, int], variant: str) -> dict:
         edits["model_config.deepfm.dnn.dtype_policy"] = "mixed_bfloat16"
     if variant == "f_online_ahead":
         edits["train_config.admit_ahead"] = True
+    if variant == "g_online_stock":
+        edits["train_config.fused_kernels"] = False
     return edits
 
 
