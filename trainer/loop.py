@@ -25,7 +25,7 @@ import tf_keras as keras
 from recpipe import atomic
 from recpipe.config.model import EvalMethod
 from recpipe.config.pipeline import PipelineConfig
-from recpipe.errors import PipelineError, UsageError
+from recpipe.errors import UsageError
 from recpipe.layout import CHECKPOINT_PREFIX, FeaturePartition, ModelDir, parse_ds_range, partition_ds
 from trainer import online
 from trainer.best_exporter import early_stop
@@ -33,6 +33,17 @@ from trainer.checkpoints import fine_tune_restore, read_var_map, restore_embeddi
 from trainer.distribute import Distribution
 from trainer.distribute.base import StepParts, online_tables_refused
 from trainer.embedding_tables import placement, variable_name
+from trainer.hooks import (
+    CheckpointSaver,
+    EarlyStopping,
+    PhaseTimer,
+    StepEnd,
+    StepLog,
+    Summaries,
+    check_finite,
+)
+from trainer.hooks import DivergedError as DivergedError  # the loop's errors, where callers look
+from trainer.hooks import TrainError as TrainError
 from trainer.input import FeatureReader, holdout_split
 from trainer.losses import build_loss
 from trainer.memory import MemoryProfile, release_free_memory
@@ -41,29 +52,6 @@ from trainer.sidecar_evaluator import evaluate_and_record, mark_train_done
 from trainer.state import build_state
 
 log = logging.getLogger(__name__)
-
-
-class TrainError(PipelineError):
-    """The job cannot start with the data or dirs it was given."""
-
-
-class DivergedError(TrainError):
-    """The loss is NaN or infinite: training stops before anything later is checkpointed."""
-
-
-def check_finite(loss: float, step: int, last_saved: int) -> None:
-    """Stop a diverged job (checked at each logged step, before each save and at the end).
-
-    Raises:
-        DivergedError: ``loss`` is not finite; the message names the step and the last
-            checkpoint, which is left as it was.
-    """
-    if not math.isfinite(loss):
-        raise DivergedError(
-            f"the loss is {loss} at step {step}: training diverged; nothing after step "
-            f"{last_saved} was saved. Lower the optimizer's learning_rate or check the day's "
-            "features (_stats.json) for extreme values"
-        )
 
 
 class ModelDirInUseError(TrainError, UsageError):
@@ -132,22 +120,6 @@ def _l2_on_rows(grads: list, variables: list, tables: set, reg: float) -> tuple[
             grad = tf.IndexedSlices(grad.values + reg * rows, grad.indices, grad.dense_shape)
         out.append(grad)
     return out, reg_loss
-
-
-def eta_text(steps_left: float, steps_per_sec: float) -> str:
-    """``steps_left`` at ``steps_per_sec`` as ``1h02m``, ``3m05s`` or ``12s``; ``?`` when unknown."""
-    if not math.isfinite(steps_left) or steps_left < 0 or steps_per_sec <= 0:
-        return "?"
-    seconds = round(steps_left / steps_per_sec)
-    hours, rest = divmod(seconds, 3600)
-    minutes, seconds = divmod(rest, 60)
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    return f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"
-
-
-# steps between two releases of malloc's free pages (``release_free_memory``: milliseconds)
-TRIM_STEPS = 100
 
 
 class Trainer:
@@ -349,6 +321,94 @@ class Trainer:
         largest one's batch count.
         """
         job, tc, dc, dist = self.job, self.config.train_config, self.config.data_config, self.dist
+        fine_tune, memory, online_start = self._begin(on_start)
+        on_log = on_log if dist.is_chief else None
+        per_step = dist.replicas_per_process
+        pad_to = self._padded_batches()
+
+        def epoch_data(epoch: int, skip_steps: int):
+            return dist.distribute(
+                lambda: self.reader.flat_dataset(epoch, skip_steps * per_step, dc.prefetch_size, pad_to)
+            )
+
+        # the job's planned steps, for the ETA in the log (rows / batch per epoch, or num_steps)
+        epoch_steps = pad_to or math.ceil(self.reader.num_rows / (dc.batch_size * per_step))
+        planned = min(epoch_steps * dc.num_epochs, tc.num_steps or math.inf)
+        # kept for inspection: one trace per job (pinned signature, short last batch included)
+        train_step, ahead = None, None
+        started: dict = {}  # the first step's start (_steps), wall and CPU
+        # the step is counted here too: reading global_step every step would sync with the device
+        step = int(self.global_step.numpy())
+        timer = PhaseTimer(dist.fetch, memory, release_free_memory, started)
+        saver = CheckpointSaver(
+            self._save,
+            dist.fetch,
+            self._due,
+            step,
+            dist.takes_part_in_saves(self.state),  # some distributions gather every process's rows
+            self.manager.latest_checkpoint is not None,
+        )
+        hooks = self._hooks(timer, saver, planned, on_log, online_start)
+        total_start, total_examples, cpu_start = time.time(), 0, time.process_time()
+        loss = float("nan")
+        done = tc.num_steps is not None and step >= tc.num_steps
+
+        def drain_next() -> bool:
+            # the next step saves or is the last: it must leave no batch admitted ahead
+            return (tc.num_steps is not None and step + 1 >= tc.num_steps) or saver.due(step + 1)
+
+        while not done and int(self.epoch.numpy()) < dc.num_epochs:
+            data = epoch_data(int(self.epoch.numpy()), int(self.batch_in_epoch.numpy()))
+            if train_step is None:
+                signature = dist.input_signature(data, self.reader.signature())
+                self.train_step = train_step = self._train_step_fn(signature)
+                ahead = self._ahead_steps(signature)
+            for element, loss_t in self._steps(data, train_step, ahead, drain_next, started):
+                step += 1
+                drained = ahead is None or ahead.pending is None  # no batch admitted ahead
+                end = StepEnd(step, loss_t, dist.local_examples(element), not total_examples, drained)
+                total_examples += end.examples
+                stop = [hook.after_step(end) for hook in hooks]  # every hook, in order
+                if any(stop) or (tc.num_steps is not None and step >= tc.num_steps):
+                    done = True
+                    break
+            else:
+                self.epoch.assign_add(1)
+                self.batch_in_epoch.assign(0)
+        dist.sync()
+        loss = dist.fetch(loss_t) if total_examples else loss
+        step = int(self.global_step.numpy())
+        if total_examples:
+            check_finite(loss, step, saver.last_step)
+        memory.mark("train")
+        for hook in hooks:
+            hook.end(step)  # the last checkpoint among them
+        memory.mark("save")
+        phases = timer.phases
+        if train_step is not None:
+            phases["step_ops"] = graph_ops(train_step if ahead is None else ahead.traced)
+        if dist.is_chief:
+            mark_train_done(job.model_dir, step, self.manager.latest_checkpoint)
+        elapsed = max(time.time() - total_start, 1e-9)
+        return TrainResult(
+            step,
+            self.manager.latest_checkpoint or "",
+            loss,
+            total_examples / elapsed,
+            fine_tune,
+            self._online_metrics(online_start),
+            time.process_time() - cpu_start,
+            memory.phases(),
+            phases,
+            dist.figures(),
+        )
+
+    def _begin(self, on_start) -> tuple[dict, MemoryProfile, dict]:
+        """The job's start: the model dir, the restore or fine-tune (the checkpoint's or the
+        chief's variables everywhere), the online tables' maps and day, the normalisation
+        serving needs. Returns the fine-tune report, the memory profile and the online tables'
+        figures at the start."""
+        job, dist = self.job, self.dist
         if self.config.eval_config.eval_method == EvalMethod.master and dist.is_chief:
             self._eval_days()  # fail before training, not at the first checkpoint
         job.model_dir.mkdir(parents=True, exist_ok=True)
@@ -364,10 +424,13 @@ class Trainer:
         if dist.is_chief:
             self._save_normalization()
             self.files.train_done.unlink(missing_ok=True)  # an earlier job's
-        else:
-            on_log = None
-        per_step = dist.replicas_per_process
-        pad_to = self.reader.synchronized_batches(per_step) if dist.synchronous else None
+        return fine_tune, memory, online_start
+
+    def _padded_batches(self) -> int | None:
+        """In a synchronous job, every process's batches an epoch (the largest shard's: every
+        process runs the same steps); None otherwise."""
+        dist = self.dist
+        pad_to = self.reader.synchronized_batches(dist.replicas_per_process) if dist.synchronous else None
         if pad_to is not None:
             log.info(
                 "rank %d of %d: %d rows, %d batches an epoch (padded to the largest shard)",
@@ -376,133 +439,24 @@ class Trainer:
                 self.reader.num_rows,
                 pad_to,
             )
+        return pad_to
 
-        def epoch_data(epoch: int, skip_steps: int):
-            return dist.distribute(
-                lambda: self.reader.flat_dataset(epoch, skip_steps * per_step, dc.prefetch_size, pad_to)
-            )
-
-        # the job's planned steps, for the ETA in the log (rows / batch per epoch, or num_steps)
-        epoch_steps = pad_to or math.ceil(self.reader.num_rows / (dc.batch_size * per_step))
-        planned = min(epoch_steps * dc.num_epochs, tc.num_steps or math.inf)
-        # kept for inspection: one trace per job (pinned signature, short last batch included)
-        train_step = None
-        summaries = str(self.files.summaries)
-        writer = tf.summary.create_file_writer(summaries) if dist.is_chief else None
-        last_save_step, last_save_time = int(self.global_step.numpy()), time.time()
-        # some distributions gather every process's rows at a save
-        saver = dist.takes_part_in_saves(self.state)
-        # steps between two looks at the evaluations (every process looks at the same steps)
-        early = self.config.export_config.enable_early_stop and (
-            tc.save_checkpoints_steps or tc.log_step_count_steps
-        )
-        saved, start_latest = False, self.manager.latest_checkpoint
-        window_start, window_examples = time.time(), 0
-        total_start, total_examples, cpu_start = time.time(), 0, time.process_time()
-        loss = float("nan")
-        phases: dict = {}
-        started: dict = {}  # the first step's start (_steps), wall and CPU
-        # the step is counted here too: reading global_step every step would sync with the device
-        step = int(self.global_step.numpy())
-        done = tc.num_steps is not None and step >= tc.num_steps
-        ahead = None
-
-        def drain_next() -> bool:
-            # the next step saves or is the last: it must leave no batch admitted ahead
-            last = tc.num_steps is not None and step + 1 >= tc.num_steps
-            return last or (saver and self._due(step + 1, last_save_step, last_save_time))
-
-        while not done and int(self.epoch.numpy()) < dc.num_epochs:
-            data = epoch_data(int(self.epoch.numpy()), int(self.batch_in_epoch.numpy()))
-            if train_step is None:
-                signature = dist.input_signature(data, self.reader.signature())
-                self.train_step = train_step = self._train_step_fn(signature)
-                ahead = self._ahead_steps(signature)
-            for element, loss_t in self._steps(data, train_step, ahead, drain_next, started):
-                if not total_examples:
-                    dist.fetch(loss_t)
-                    memory.mark("first_step")  # the step traced and run once
-                    release_free_memory()  # what tracing freed
-                    phases["first_step_s"] = round(time.perf_counter() - started["wall"], 3)
-                    phases["first_step_cpu_s"] = round(time.process_time() - started["cpu"], 3)
-                    steady = (time.perf_counter(), time.process_time(), step + 1)
-                step += 1
-                n = dist.local_examples(element)
-                window_examples += n
-                total_examples += n
-                if step % TRIM_STEPS == 0:
-                    release_free_memory()  # before a growing table's next doubling adds to it
-                if step % tc.log_step_count_steps == 0:
-                    loss = dist.fetch(loss_t)
-                    check_finite(loss, step, last_save_step)
-                    elapsed = max(time.time() - window_start, 1e-9)
-                    rate = window_examples / elapsed
-                    lr = self._learning_rate()
-                    eta = eta_text(planned - step, tc.log_step_count_steps / elapsed)
-                    log.info(
-                        "step %d/%d loss %.5f lr %.6g examples/s %.0f eta %s",
-                        step,
-                        planned,
-                        loss,
-                        lr,
-                        rate,
-                        eta,
-                    )
-                    figures = self._online_metrics(online_start)
-                    if on_log:
-                        on_log(step, {"loss": loss, "learning_rate": lr, "examples_per_sec": rate, **figures})
-                    window_start, window_examples = time.time(), 0
-                if writer is not None and step % tc.save_summary_steps == 0:
-                    with writer.as_default(step=step):
-                        tf.summary.scalar("loss", dist.fetch(loss_t))
-                        tf.summary.scalar("learning_rate", self._learning_rate())
-                drained = ahead is None or ahead.pending is None  # no batch admitted ahead
-                if saver and drained and self._due(step, last_save_step, last_save_time):
-                    check_finite(dist.fetch(loss_t), step, last_save_step)
-                    self._save(step)
-                    last_save_step, last_save_time, saved = step, time.time(), True
-                if early and drained and step % early == 0 and self._early_stop(step):
-                    done = True
-                    break
-                if tc.num_steps is not None and step >= tc.num_steps:
-                    done = True
-                    break
-            else:
-                self.epoch.assign_add(1)
-                self.batch_in_epoch.assign(0)
-        dist.sync()
-        loss = dist.fetch(loss_t) if total_examples else loss
-        step = int(self.global_step.numpy())
-        if total_examples:
-            check_finite(loss, step, last_save_step)
-        memory.mark("train")
-        if phases and step > steady[2]:  # every step after the first, saves and logs included
-            phases["step_ms"] = round(1e3 * (time.perf_counter() - steady[0]) / (step - steady[2]), 3)
-            phases["step_cpu_ms"] = round(1e3 * (time.process_time() - steady[1]) / (step - steady[2]), 3)
-        if train_step is not None:
-            phases["step_ops"] = graph_ops(train_step if ahead is None else ahead.traced)
-        if saver and (step != last_save_step or (start_latest is None and not saved)):
-            self._save(step)
-        memory.mark("save")
-        if writer is not None:
-            writer.flush()
+    def _hooks(self, timer, saver, planned: float, on_log, online_start: dict) -> list:
+        """The loop's hooks (``trainer.hooks``) in the order they run after a step: the phase
+        timer, the log, the chief's summaries, the checkpoint saver, early stopping."""
+        tc, dist = self.config.train_config, self.dist
+        metrics = lambda: self._online_metrics(online_start)  # noqa: E731
+        lr = self._learning_rate
+        hooks = [timer, StepLog(tc.log_step_count_steps, planned, dist.fetch, lr, metrics, on_log, saver)]
         if dist.is_chief:
-            mark_train_done(job.model_dir, step, self.manager.latest_checkpoint)
-        elapsed = max(time.time() - total_start, 1e-9)
-        figures = self._online_metrics(online_start)
-        cpu = time.process_time() - cpu_start
-        return TrainResult(
-            step,
-            self.manager.latest_checkpoint or "",
-            loss,
-            total_examples / elapsed,
-            fine_tune,
-            figures,
-            cpu,
-            memory.phases(),
-            phases,
-            dist.figures(),
-        )
+            summaries = str(self.files.summaries)
+            hooks.append(Summaries(summaries, tc.save_summary_steps, dist.fetch, lr))
+        hooks.append(saver)
+        # steps between two looks at the evaluations (every process looks at the same steps)
+        every = tc.save_checkpoints_steps or tc.log_step_count_steps
+        if self.config.export_config.enable_early_stop and every:
+            hooks.append(EarlyStopping(every, self._early_stop))
+        return hooks
 
     def train_batches(self, batches: Iterable[tuple], ds: str) -> float:
         """Train one step on each of ``batches`` (``FeatureReader.batches`` tuples of this

@@ -273,7 +273,7 @@ def test_every_model_class_learns(ml_early, tmp_path, model_class):
 
 
 def test_eta_text():
-    from trainer.loop import eta_text
+    from trainer.hooks import eta_text
 
     assert [eta_text(50, 10), eta_text(1850, 10), eta_text(3660, 1)] == ["5s", "3m05s", "1h01m"]
     assert eta_text(float("inf"), 1) == eta_text(5, 0) == "?"
