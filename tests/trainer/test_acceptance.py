@@ -77,6 +77,22 @@ def _baselines(config) -> dict[str, dict[str, float]]:
     }
 
 
+# (config, eval days) -> (TrainResult, metrics): DeepFM with the config's own Adam is the
+# reference of three tests; one training serves them (op determinism: a second would match)
+_TRAINED: dict[str, tuple] = {}
+
+
+def _train_and_evaluate(config, model_dir):
+    """``Trainer(...).train()`` on ``config.train_ds`` into ``model_dir``, then ``evaluate`` on
+    ``config.eval_ds``: ``(TrainResult, metrics)``, once per config in the session."""
+    key = json.dumps(config.to_dict(), sort_keys=True, default=str)
+    if key not in _TRAINED:
+        days = parse_ds_range(config.train_ds)
+        trained = Trainer(TrainJob(config=config, model_dir=model_dir, train_days=days)).train()
+        _TRAINED[key] = trained, evaluate(config, model_dir, parse_ds_range(config.eval_ds))
+    return _TRAINED[key]
+
+
 def _record(name: str, figures: dict) -> None:
     """A test's figures to ``var/acceptance/<name>.json`` (``bench/acceptance.py`` gathers
     them into a results file the docs render)."""
@@ -93,11 +109,7 @@ def test_models_beat_baselines_out_of_time(ml_all, tmp_path):
         edits = {"model_config.model_class": model_class}
         if model_class == "DLRM":
             edits["model_config.dlrm"] = {"bot_dnn": {"hidden_units": [32, 16]}}
-        model_config = with_edits(config, edits)
-        model_dir = tmp_path / model_class
-        job = TrainJob(config=model_config, model_dir=model_dir, train_days=parse_ds_range(config.train_ds))
-        trained = Trainer(job).train()
-        metrics = evaluate(model_config, model_dir, parse_ds_range(config.eval_ds))
+        trained, metrics = _train_and_evaluate(with_edits(config, edits), tmp_path / model_class)
         results[model_class] = {
             "auc": metrics["auc"],
             "gauc": metrics["gauc"],
@@ -142,13 +154,8 @@ def test_sparse_optimizers_match_dense_adam_out_of_time(ml_all, tmp_path):
     results = {}
     for name, optimizers in variants.items():
         config = with_edits(ml_all, {"train_config.optimizer_config": optimizers})
-        model_dir = tmp_path / name
-        job = TrainJob(config=config, model_dir=model_dir, train_days=parse_ds_range(config.train_ds))
-        trained = Trainer(job).train()
-        results[name] = {
-            "auc": evaluate(config, model_dir, parse_ds_range(config.eval_ds))["auc"],
-            "examples_per_sec": round(trained.examples_per_sec),
-        }
+        trained, metrics = _train_and_evaluate(config, tmp_path / name)
+        results[name] = {"auc": metrics["auc"], "examples_per_sec": round(trained.examples_per_sec)}
     _record("sparse_optimizers", results)
     print("\n" + "\n".join(f"{n:16s} {r}" for n, r in results.items()))
     for name in ("lazy_adam+adam", "adagrad+adam", "ftrl+adam"):
@@ -281,10 +288,7 @@ def test_din_over_rated_histories_beats_deepfm_out_of_time(ml_all_din, tmp_path)
     din = load_pipeline_config(ROOT / "conf/movielens_din.yaml", paths)
     results = {}
     for name, config in (("DeepFM", ml_all_din), ("MultiTowerDIN", din)):
-        model_dir = tmp_path / name
-        days = parse_ds_range(config.train_ds)
-        Trainer(TrainJob(config=config, model_dir=model_dir, train_days=days)).train()
-        results[name] = evaluate(config, model_dir, parse_ds_range(config.eval_ds))["auc"]
+        results[name] = _train_and_evaluate(config, tmp_path / name)[1]["auc"]
     _record("din", {name: {"auc": auc} for name, auc in results.items()})
     print(f"\nAUC {results}")
     assert results["MultiTowerDIN"] >= results["DeepFM"] + 0.005
