@@ -84,65 +84,17 @@ class RegisterModelOperator(RecpipeOperator):
         train, evaluation, champion_eval, export = (
             ti.xcom_pull(task_ids=t) if t else None for t in self.task_ids
         )
-        hook = self.hook
-        candidate = (evaluation or {}).get("metrics")
-        champion = (champion_eval or {}).get("metrics")
-        current = hook.champion(self.model_name, self.alias)
+        evaluation, champion_eval = evaluation or {}, champion_eval or {}
+        candidate, champion = evaluation.get("metrics"), champion_eval.get("metrics")
+        current = self.hook.champion(self.model_name, self.alias)
         # the move expects the champion the gate compared with (the one evaluate_champion
         # scored), so that a champion moved meanwhile (a rollback by hand) is not overwritten
-        if champion_eval is not None and "version" in champion_eval:
+        if "version" in champion_eval:
             expect = champion_eval["version"]
         else:
             expect = None if current is None else int(current.version)
-        rules = self.gate
-        if current is not None and champion is None:
-            # a champion exists but was not scored on these rows: no fair comparison
-            decision = GateDecision(
-                REJECTED, False, f"{self.alias} version {current.version} was not evaluated on these rows"
-            )
-        else:
-            paired, why = paired_scores(
-                (champion_eval or {}).get("predictions"),
-                (evaluation or {}).get("predictions"),
-                rules.confidence,
-                rules.metric.split("/")[0] if "/" in rules.metric else None,
-            )
-            if paired is None and champion:
-                log.info("gate without a paired test: %s", why)
-            task = rules.metric.split("/")[0] if "/" in rules.metric else None
-            held_out = class_counts((evaluation or {}).get("predictions"), task)
-            decision = gate(candidate, champion, rules, paired, held_out)
-        dag_run = f"{context['dag'].dag_id}/{context['run_id']}"
-        # a retry, or a re-run of a model already registered (the same checkpoint): the version
-        # registered then, not a second one
-        earlier = hook.versions(self.model_name, {"dag_run": dag_run}) or hook.versions(
-            self.model_name, {"checkpoint": train["checkpoint"]}
-        )
-        if earlier:
-            version = earlier[0]
-            log.info(
-                "reusing version %s, registered by an earlier attempt of %s",
-                version.version,
-                version.tags.get("dag_run"),
-            )
-        else:
-            version = hook.register(
-                self.model_name,
-                export["artifact_uri"],
-                export["mlflow_run_id"],
-                {
-                    "ds": context.get("ds") or train.get("train_ds", ""),
-                    "dag_run": dag_run,
-                    "checkpoint": train["checkpoint"],
-                    "model_dir": train["model_dir"],
-                    "export_path": export["export_path"],
-                    "model_id": export.get("model_id") or "",
-                    **{f"eval.{k}": v for k, v in (candidate or {}).items()},
-                },
-                model_id=export.get("model_id"),
-            )
-            if export.get("model_id") and evaluation and candidate:
-                self._link_metrics(export["model_id"], evaluation)
+        decision = self._decide(current, evaluation, champion_eval)
+        version, earlier = self._version(context, train, export, evaluation)
         if earlier and current is not None and current.version == version.version:
             # a re-run of the champion itself: a gate against itself says nothing, and its tags
             # keep the decision that promoted it
@@ -157,58 +109,11 @@ class RegisterModelOperator(RecpipeOperator):
                 "reason": reason,
                 "gate": {},
             }
-        promoted = decision.promote and self.promote
-        outcome = decision.outcome if self.promote else "registered"
-        reason = decision.reason if self.promote else f"promotion not requested ({decision.reason})"
-        awaiting = promoted and self.gate.approval == "required"
-        if awaiting:  # the alias moves only once a person approves (operators/approval.py)
-            promoted, outcome = False, AWAITING_APPROVAL
-            log.info("%s version %s awaits approval: %s", self.model_name, version.version, reason)
-        elif promoted:
-            try:
-                registry.move_alias(
-                    hook.get_client(), self.model_name, version.version, expect, by="gate",
-                    reason=reason, action="promoted", alias=self.alias,
-                )  # fmt: skip
-                log.info(
-                    "%s version %s is the new %s: %s", self.model_name, version.version, self.alias, reason
-                )
-            except registry.ChampionMovedError as err:
-                promoted, outcome, reason = False, CHAMPION_MOVED, str(err)
-                log.warning("%s version %s not promoted: %s", self.model_name, version.version, reason)
-        else:
-            log.warning("%s version %s not promoted: %s", self.model_name, version.version, reason)
-        numbers = {f"gate.{k}": v for k, v in decision.numbers.items()}
+        promoted, outcome, reason, awaiting = self._apply(decision, version.version, expect)
         # an inconclusive gate that kept the champion (gate.inconclusive: keep_champion) counts
         kept = decision.outcome == INCONCLUSIVE and not promoted
         streak = self._inconclusive_streak(version.version) + 1 if kept else 0
-        hook.set_version_tags(
-            self.model_name,
-            version.version,
-            {
-                "promotion": PROMOTED if promoted else outcome,
-                "gate_outcome": decision.outcome,
-                "promotion_reason": reason,
-                "inconclusive_days": streak,
-                **numbers,
-            },
-        )
-        parent = self.parent_run_id(context)
-        hook.set_tags(
-            parent,
-            {
-                "promoted": promoted,
-                "promotion": outcome,
-                "promotion_reason": reason,
-                "model_version": version.version,
-                "inconclusive_days": streak,
-            },
-        )
-        metrics = [(k, v, 0) for k, v in numbers.items() if v == v]  # NaN-free
-        hook.log_metrics(parent, [*metrics, ("inconclusive_days", streak, 0)])
-        if self.promote and self.history_days:
-            self._log_history(context, parent)
-        hook.end_run(parent)
+        self._record(context, decision, version.version, promoted, outcome, reason, streak)
         if self.gate.max_inconclusive_days and streak >= self.gate.max_inconclusive_days:
             raise GateStuckError(
                 f"{self.model_name}: the gate was inconclusive {streak} times in a row (version "
@@ -229,6 +134,117 @@ class RegisterModelOperator(RecpipeOperator):
             "inconclusive_days": streak,
             "champion_version": expect,
         }
+
+    def _decide(self, current, evaluation: dict, champion_eval: dict) -> GateDecision:
+        """The gate's decision on the candidate's ``evaluation`` against ``champion_eval``
+        (the XComs of the evaluate tasks) for the ``current`` champion (None: there is none)."""
+        rules, champion = self.gate, champion_eval.get("metrics")
+        if current is not None and champion is None:
+            # a champion exists but was not scored on these rows: no fair comparison
+            why = f"{self.alias} version {current.version} was not evaluated on these rows"
+            return GateDecision(REJECTED, False, why)
+        task = rules.metric.split("/")[0] if "/" in rules.metric else None
+        paired, why = paired_scores(
+            champion_eval.get("predictions"), evaluation.get("predictions"), rules.confidence, task
+        )
+        if paired is None and champion:
+            log.info("gate without a paired test: %s", why)
+        held_out = class_counts(evaluation.get("predictions"), task)
+        return gate(evaluation.get("metrics"), champion, rules, paired, held_out)
+
+    def _version(self, context, train: dict, export: dict, evaluation: dict):
+        """The model version of this training: the one a retry of this DAG run, or a re-run
+        of the same checkpoint, registered (``(version, True)``), else a new one with its tags
+        (``(version, False)``)."""
+        hook, candidate = self.hook, evaluation.get("metrics")
+        dag_run = f"{context['dag'].dag_id}/{context['run_id']}"
+        earlier = hook.versions(self.model_name, {"dag_run": dag_run}) or hook.versions(
+            self.model_name, {"checkpoint": train["checkpoint"]}
+        )
+        if earlier:
+            version = earlier[0]
+            log.info(
+                "reusing version %s, registered by an earlier attempt of %s",
+                version.version,
+                version.tags.get("dag_run"),
+            )
+            return version, True
+        version = hook.register(
+            self.model_name,
+            export["artifact_uri"],
+            export["mlflow_run_id"],
+            {
+                "ds": context.get("ds") or train.get("train_ds", ""),
+                "dag_run": dag_run,
+                "checkpoint": train["checkpoint"],
+                "model_dir": train["model_dir"],
+                "export_path": export["export_path"],
+                "model_id": export.get("model_id") or "",
+                **{f"eval.{k}": v for k, v in (candidate or {}).items()},
+            },
+            model_id=export.get("model_id"),
+        )
+        if export.get("model_id") and evaluation and candidate:
+            self._link_metrics(export["model_id"], evaluation)
+        return version, False
+
+    def _apply(self, decision: GateDecision, version: str, expect: int | None) -> tuple[bool, str, str, bool]:
+        """Act on ``decision`` for ``version``: move the alias from ``expect`` (compare and
+        set), leave it for an approval, or keep the champion. Returns ``(promoted, outcome,
+        reason, awaiting_approval)``."""
+        promoted = decision.promote and self.promote
+        outcome = decision.outcome if self.promote else "registered"
+        reason = decision.reason if self.promote else f"promotion not requested ({decision.reason})"
+        if promoted and self.gate.approval == "required":
+            # the alias moves only once a person approves (operators/approval.py)
+            log.info("%s version %s awaits approval: %s", self.model_name, version, reason)
+            return False, AWAITING_APPROVAL, reason, True
+        if not promoted:
+            log.warning("%s version %s not promoted: %s", self.model_name, version, reason)
+            return False, outcome, reason, False
+        try:
+            registry.move_alias(
+                self.hook.get_client(), self.model_name, version, expect, by="gate",
+                reason=reason, action="promoted", alias=self.alias,
+            )  # fmt: skip
+        except registry.ChampionMovedError as err:
+            log.warning("%s version %s not promoted: %s", self.model_name, version, err)
+            return False, CHAMPION_MOVED, str(err), False
+        log.info("%s version %s is the new %s: %s", self.model_name, version, self.alias, reason)
+        return True, outcome, reason, False
+
+    def _record(self, context, decision, version: str, promoted, outcome, reason, streak: int) -> None:
+        """The decision on the version's tags and the parent run's (tags, the gate's numbers
+        as metrics, the days' history), then the parent run ended."""
+        hook = self.hook
+        numbers = {f"gate.{k}": v for k, v in decision.numbers.items()}
+        hook.set_version_tags(
+            self.model_name,
+            version,
+            {
+                "promotion": PROMOTED if promoted else outcome,
+                "gate_outcome": decision.outcome,
+                "promotion_reason": reason,
+                "inconclusive_days": streak,
+                **numbers,
+            },
+        )
+        parent = self.parent_run_id(context)
+        hook.set_tags(
+            parent,
+            {
+                "promoted": promoted,
+                "promotion": outcome,
+                "promotion_reason": reason,
+                "model_version": version,
+                "inconclusive_days": streak,
+            },
+        )
+        metrics = [(k, v, 0) for k, v in numbers.items() if v == v]  # NaN-free
+        hook.log_metrics(parent, [*metrics, ("inconclusive_days", streak, 0)])
+        if self.promote and self.history_days:
+            self._log_history(context, parent)
+        hook.end_run(parent)
 
     def _inconclusive_streak(self, version: str) -> int:
         """Inconclusive gates that kept the champion, in a row before ``version``: the versions

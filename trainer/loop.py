@@ -334,8 +334,6 @@ class Trainer:
         # the job's planned steps, for the ETA in the log (rows / batch per epoch, or num_steps)
         epoch_steps = pad_to or math.ceil(self.reader.num_rows / (dc.batch_size * per_step))
         planned = min(epoch_steps * dc.num_epochs, tc.num_steps or math.inf)
-        # kept for inspection: one trace per job (pinned signature, short last batch included)
-        train_step, ahead = None, None
         started: dict = {}  # the first step's start (_steps), wall and CPU
         # the step is counted here too: reading global_step every step would sync with the device
         step = int(self.global_step.numpy())
@@ -349,34 +347,10 @@ class Trainer:
             self.manager.latest_checkpoint is not None,
         )
         hooks = self._hooks(timer, saver, planned, on_log, online_start)
-        total_start, total_examples, cpu_start = time.time(), 0, time.process_time()
-        loss = float("nan")
-        done = tc.num_steps is not None and step >= tc.num_steps
-
-        def drain_next() -> bool:
-            # the next step saves or is the last: it must leave no batch admitted ahead
-            return (tc.num_steps is not None and step + 1 >= tc.num_steps) or saver.due(step + 1)
-
-        while not done and int(self.epoch.numpy()) < dc.num_epochs:
-            data = epoch_data(int(self.epoch.numpy()), int(self.batch_in_epoch.numpy()))
-            if train_step is None:
-                signature = dist.input_signature(data, self.reader.signature())
-                self.train_step = train_step = self._train_step_fn(signature)
-                ahead = self._ahead_steps(signature)
-            for element, loss_t in self._steps(data, train_step, ahead, drain_next, started):
-                step += 1
-                drained = ahead is None or ahead.pending is None  # no batch admitted ahead
-                end = StepEnd(step, loss_t, dist.local_examples(element), not total_examples, drained)
-                total_examples += end.examples
-                stop = [hook.after_step(end) for hook in hooks]  # every hook, in order
-                if any(stop) or (tc.num_steps is not None and step >= tc.num_steps):
-                    done = True
-                    break
-            else:
-                self.epoch.assign_add(1)
-                self.batch_in_epoch.assign(0)
+        total_start, cpu_start = time.time(), time.process_time()
+        total_examples, loss_t, traced = self._run(step, epoch_data, hooks, saver, started)
         dist.sync()
-        loss = dist.fetch(loss_t) if total_examples else loss
+        loss = dist.fetch(loss_t) if total_examples else float("nan")
         step = int(self.global_step.numpy())
         if total_examples:
             check_finite(loss, step, saver.last_step)
@@ -385,8 +359,8 @@ class Trainer:
             hook.end(step)  # the last checkpoint among them
         memory.mark("save")
         phases = timer.phases
-        if train_step is not None:
-            phases["step_ops"] = graph_ops(train_step if ahead is None else ahead.traced)
+        if traced is not None:
+            phases["step_ops"] = graph_ops(traced)
         if dist.is_chief:
             mark_train_done(job.model_dir, step, self.manager.latest_checkpoint)
         elapsed = max(time.time() - total_start, 1e-9)
@@ -402,6 +376,40 @@ class Trainer:
             phases,
             dist.figures(),
         )
+
+    def _run(self, step: int, epoch_data, hooks: list, saver: CheckpointSaver, started: dict):
+        """The steps from global ``step`` over ``epoch_data(epoch, skip_steps)`` until
+        ``num_steps``, ``num_epochs`` or a hook ends training; each step's ``StepEnd`` goes to
+        every hook in order. Returns ``(examples, the last loss tensor or None, the traced
+        step function or None)``."""
+        tc, dc, dist = self.config.train_config, self.config.data_config, self.dist
+        train_step, ahead, loss_t, examples = None, None, None, 0
+        done = tc.num_steps is not None and step >= tc.num_steps
+
+        def drain_next() -> bool:
+            # the next step saves or is the last: it must leave no batch admitted ahead
+            return (tc.num_steps is not None and step + 1 >= tc.num_steps) or saver.due(step + 1)
+
+        while not done and int(self.epoch.numpy()) < dc.num_epochs:
+            data = epoch_data(int(self.epoch.numpy()), int(self.batch_in_epoch.numpy()))
+            if train_step is None:  # one trace per job (pinned signature, short last batch included)
+                signature = dist.input_signature(data, self.reader.signature())
+                self.train_step = train_step = self._train_step_fn(signature)
+                ahead = self._ahead_steps(signature)
+            for element, loss_t in self._steps(data, train_step, ahead, drain_next, started):
+                step += 1
+                drained = ahead is None or ahead.pending is None  # no batch admitted ahead
+                end = StepEnd(step, loss_t, dist.local_examples(element), not examples, drained)
+                examples += end.examples
+                stop = [hook.after_step(end) for hook in hooks]  # every hook, in order
+                if any(stop) or (tc.num_steps is not None and step >= tc.num_steps):
+                    done = True
+                    break
+            else:
+                self.epoch.assign_add(1)
+                self.batch_in_epoch.assign(0)
+        traced = train_step if ahead is None else ahead.traced
+        return examples, loss_t, traced
 
     def _begin(self, on_start) -> tuple[dict, MemoryProfile, dict]:
         """The job's start: the model dir, the restore or fine-tune (the checkpoint's or the
