@@ -229,13 +229,9 @@ def _log_run(client, experiment: str, record: dict, alias: str) -> None:
     client.set_terminated(run.info.run_id)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``recpipe champion show | set --version N | rollback --model_name M --reason TEXT``."""
-    import getpass
-
-    from recpipe import redis_conn, tracking
+def _parser():
+    from recpipe import redis_conn
     from recpipe.arguments import ArgumentParser
-    from recpipe.errors import UsageError
 
     parser = ArgumentParser(
         prog="recpipe champion",
@@ -259,13 +255,25 @@ def main(argv: list[str] | None = None) -> int:
         help="MLflow (default $MLFLOW_TRACKING_URI, else the deployment's $AIRFLOW_CONN_MLFLOW_DEFAULT, "
         "else <var>/mlflow/mlflow.db)",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _check_args(args) -> None:
+    """Refuse (``UsageError``) a ``set`` without ``--version`` or a move without ``--reason``."""
+    from recpipe.errors import UsageError
+
     if args.action == "set" and args.version is None:
         raise UsageError("recpipe champion set: give the version to serve (--version N)")
     if args.action != "show" and not args.reason.strip():
         raise UsageError(f"recpipe champion {args.action}: give --reason (it goes to the version's tags)")
-    address = redis_conn.resolve(args.redis_url, password_file=args.redis_password_file, default=None)
-    client = tracking.client(args.tracking_uri)
+
+
+def _check_model(client, args) -> None:
+    """Refuse (``UsageError``) a ``--model_name`` that MLflow does not know, or a ``set`` of a
+    version it does not hold."""
+    from recpipe import tracking
+    from recpipe.errors import UsageError
+
     if registered_model(client, args.model_name) is None:
         names = sorted(m.name for m in client.search_registered_models(max_results=100))
         where = tracking.tracking_uri(args.tracking_uri)
@@ -273,15 +281,6 @@ def main(argv: list[str] | None = None) -> int:
             f"--model_name: no such registered model {args.model_name!r} at {where} "
             f"(registered: {', '.join(names) or 'none'})"
         )
-    if args.action == "show":
-        champion = current(client, args.model_name, args.alias)
-        print(json.dumps({
-            "champion": champion and describe(champion),
-            "rollback_targets": rollback_targets(client, args.model_name, args.alias) if champion else [],
-            "pending": pending(client, args.model_name, args.alias),
-            "history": history(client, args.model_name, args.alias),
-        }, indent=2))  # fmt: skip
-        return 0
     if args.action == "set":
         from mlflow.exceptions import MlflowException
 
@@ -292,20 +291,35 @@ def main(argv: list[str] | None = None) -> int:
                 f"--version {args.version}: {args.model_name} has no version {args.version} "
                 "(recpipe champion show lists them)"
             ) from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``recpipe champion show | set --version N | rollback --model_name M --reason TEXT``."""
+    import getpass
+
+    from recpipe import redis_conn, tracking
+
+    args = _parser().parse_args(argv)
+    _check_args(args)  # before any store is asked
+    address = redis_conn.resolve(args.redis_url, password_file=args.redis_password_file, default=None)
+    client = tracking.client(args.tracking_uri)
+    _check_model(client, args)
+    if args.action == "show":
+        champion = current(client, args.model_name, args.alias)
+        print(json.dumps({
+            "champion": champion and describe(champion),
+            "rollback_targets": rollback_targets(client, args.model_name, args.alias) if champion else [],
+            "pending": pending(client, args.model_name, args.alias),
+            "history": history(client, args.model_name, args.alias),
+        }, indent=2))  # fmt: skip
+        return 0
     by = args.by or getpass.getuser()
     store = address.client() if address is not None else None
     try:
         record = move(
-            client,
-            args.model_name,
-            args.action,
-            args.reason,
-            by,
-            args.version,
-            args.alias,
-            args.experiment,
-            store,
-        )
+            client, args.model_name, args.action, args.reason, by, args.version, args.alias,
+            args.experiment, store,
+        )  # fmt: skip
     except Exception as err:
         import redis
 

@@ -131,52 +131,72 @@ def render(
     """
     if not cluster.image:
         raise ConfigError("cluster config: kubernetes needs image (the recpipe image)")
+    if distribute == TrainDistribute.SokStrategy:
+        raise ConfigError("SokStrategy needs GPUs with NVIDIA SOK; it is not rendered")
     workers = workers or cluster.worker.count
     name = job_name(name)
     meta = {"name": name, "namespace": cluster.namespace, "labels": {"app.kubernetes.io/part-of": "recpipe"}}
     train = ["python", "-m", "trainer.train_eval", *train_args]
-    evaluate = ["python", "-m", "trainer.eval", *(eval_args or []), "--follow"]
-    if distribute == TrainDistribute.SokStrategy:
-        raise ConfigError("SokStrategy needs GPUs with NVIDIA SOK; it is not rendered")
+    evaluate = (
+        ["python", "-m", "trainer.eval", *(eval_args or []), "--follow"] if eval_args is not None else None
+    )
     if distribute.uses_horovod:
-        slots = max(cluster.worker.gpu, 1)
-        launcher = ["horovodrun", "-np", str(workers * slots), "--hostfile", "/etc/mpi/hostfile", "--gloo"]
-        small = RoleResources(count=1, cpu=1, memory="2Gi")
-        job = {
-            "apiVersion": f"{MPIJOB[0]}/{MPIJOB[1]}",
-            "kind": MPIJOB[3],
-            "metadata": meta,
-            "spec": {
-                "slotsPerWorker": slots,
-                "runPolicy": dict(RUN_POLICY),
-                "mpiReplicaSpecs": {
-                    "Launcher": _replica(cluster, "launcher", [*launcher, *train], small, 1, "Never"),
-                    "Worker": _replica(
-                        cluster, "worker", ["/usr/sbin/sshd", "-De"], cluster.worker, workers, "Never"
-                    ),
-                },
-            },
-        }
-        manifests = [job]
-        if eval_args is not None:
-            pod = _pod(cluster, "evaluator", evaluate, cluster.evaluator)
-            pod["spec"]["restartPolicy"] = "Never"
-            pod["metadata"]["labels"][JOB_LABEL] = name  # inside the job's network policy
-            manifests.append(
-                {
-                    "apiVersion": "batch/v1",
-                    "kind": "Job",
-                    "metadata": {**meta, "name": job_name(f"{name}-evaluator")},
-                    "spec": {"backoffLimit": 0, "template": pod},
-                }
-            )
+        manifests = [_mpi_job(meta, cluster, train, workers)]
+        if evaluate is not None:
+            manifests.append(_evaluator_job(meta, cluster, evaluate))
         return [*manifests, network_policy(name, cluster.namespace)]
+    return [
+        _tf_job(meta, distribute, cluster, train, evaluate, workers, sync_mode),
+        network_policy(name, cluster.namespace),
+    ]
+
+
+def _mpi_job(meta: dict, cluster: ClusterConfig, train: list[str], workers: int) -> dict:
+    """A Horovod job's MPIJob: a small launcher running ``horovodrun`` over ``workers`` pods
+    that serve SSH."""
+    slots = max(cluster.worker.gpu, 1)
+    launcher = ["horovodrun", "-np", str(workers * slots), "--hostfile", "/etc/mpi/hostfile", "--gloo"]
+    small = RoleResources(count=1, cpu=1, memory="2Gi")
+    return {
+        "apiVersion": f"{MPIJOB[0]}/{MPIJOB[1]}",
+        "kind": MPIJOB[3],
+        "metadata": meta,
+        "spec": {
+            "slotsPerWorker": slots,
+            "runPolicy": dict(RUN_POLICY),
+            "mpiReplicaSpecs": {
+                "Launcher": _replica(cluster, "launcher", [*launcher, *train], small, 1, "Never"),
+                "Worker": _replica(
+                    cluster, "worker", ["/usr/sbin/sshd", "-De"], cluster.worker, workers, "Never"
+                ),
+            },
+        },
+    }
+
+
+def _evaluator_job(meta: dict, cluster: ClusterConfig, evaluate: list[str]) -> dict:
+    """A Horovod job's separate evaluator: a batch Job inside the job's network policy."""
+    pod = _pod(cluster, "evaluator", evaluate, cluster.evaluator)
+    pod["spec"]["restartPolicy"] = "Never"
+    pod["metadata"]["labels"][JOB_LABEL] = meta["name"]  # inside the job's network policy
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {**meta, "name": job_name(f"{meta['name']}-evaluator")},
+        "spec": {"backoffLimit": 0, "template": pod},
+    }
+
+
+def _tf_job(meta, distribute, cluster: ClusterConfig, train, evaluate, workers: int, sync_mode) -> dict:
+    """The TFJob of every other strategy: one process's workers, or a chief with workers and
+    ps (the parameter-server modes), and the evaluator as a replica.
+
+    Raises:
+        ConfigError: several workers for a single-process strategy; ``PSStrategy`` without ps.
+    """
     with_ps = distribute.with_parameter_servers(cluster.ps.count)
-    if (
-        not with_ps
-        and distribute in (TrainDistribute.NoStrategy, TrainDistribute.MirroredStrategy)
-        and workers != 1
-    ):
+    single = distribute in (TrainDistribute.NoStrategy, TrainDistribute.MirroredStrategy)
+    if not with_ps and single and workers != 1:
         raise ConfigError(f"num_workers={workers}: {distribute.value} runs in one process")
     if distribute == TrainDistribute.PSStrategy and not cluster.ps.count:
         raise ConfigError("PSStrategy needs ps.count >= 1 in the cluster config")
@@ -195,14 +215,11 @@ def render(
         }
     else:
         specs = {"Worker": _replica(cluster, "tensorflow", train, cluster.worker, workers, "Never")}
-    if eval_args is not None:
+    if evaluate is not None:
         specs["Evaluator"] = _replica(cluster, "tensorflow", evaluate, cluster.evaluator, 1, "Never")
-    return [
-        {
-            "apiVersion": f"{TFJOB[0]}/{TFJOB[1]}",
-            "kind": TFJOB[3],
-            "metadata": meta,
-            "spec": {"runPolicy": dict(RUN_POLICY), "tfReplicaSpecs": specs},
-        },
-        network_policy(name, cluster.namespace),
-    ]
+    return {
+        "apiVersion": f"{TFJOB[0]}/{TFJOB[1]}",
+        "kind": TFJOB[3],
+        "metadata": meta,
+        "spec": {"runPolicy": dict(RUN_POLICY), "tfReplicaSpecs": specs},
+    }

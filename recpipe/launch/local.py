@@ -97,32 +97,7 @@ class LocalLauncher:
             while True:
                 pairs = enumerate(zip(logs, offsets, strict=True))
                 offsets = [self._forward(p, o, job.name, job.role(i)) for i, (p, o) in pairs]
-                codes = [p.poll() for p in self._procs]
-                for i in job.restart:
-                    if codes[i] not in (None, 0) and i not in given_up and restarts[i] < MAX_RESTARTS:
-                        restarts[i] += 1
-                        log.warning(
-                            "%s %s exited with code %s; restarting it (%d of %d)",
-                            job.name,
-                            job.role(i),
-                            codes[i],
-                            restarts[i],
-                            MAX_RESTARTS,
-                        )
-                        self._procs[i] = self._start(job, i, logs[i], "ab")
-                        codes[i] = None
-                for i in job.optional - given_up:
-                    if codes[i] not in (None, 0):
-                        given_up.add(i)
-                        reason = f"exited with code {codes[i]} (log {logs[i]})"
-                        self.degraded[job.role(i)] = reason
-                        log.error(
-                            "%s %s %s; the job goes on without it. Last lines:\n%s",
-                            job.name,
-                            job.role(i),
-                            reason,
-                            tail(logs[i]),
-                        )
+                codes = self._restart_or_drop(job, [p.poll() for p in self._procs], logs, restarts, given_up)
                 failed = [i for i, c in enumerate(codes) if c not in (None, 0) and i not in given_up]
                 if failed:
                     # of processes that failed within one poll, one killed by a signal is the
@@ -155,6 +130,41 @@ class LocalLauncher:
             self._procs = []
             self._network.close()
             self._reaper.close()
+
+    def _restart_or_drop(
+        self, job: JobSpec, codes: list, logs: list[Path], restarts: dict, given_up: set
+    ) -> list:
+        """After a poll (``codes``: each process's exit code or None): restart a failed
+        process of ``job.restart`` (up to ``MAX_RESTARTS`` times, counted in ``restarts``), and
+        let the job go on without a failed one of ``job.optional`` (added to ``given_up`` and
+        ``self.degraded``). Returns the codes, None for the processes restarted."""
+        codes = list(codes)
+        for i in job.restart:
+            if codes[i] not in (None, 0) and i not in given_up and restarts[i] < MAX_RESTARTS:
+                restarts[i] += 1
+                log.warning(
+                    "%s %s exited with code %s; restarting it (%d of %d)",
+                    job.name,
+                    job.role(i),
+                    codes[i],
+                    restarts[i],
+                    MAX_RESTARTS,
+                )
+                self._procs[i] = self._start(job, i, logs[i], "ab")
+                codes[i] = None
+        for i in job.optional - given_up:
+            if codes[i] not in (None, 0):
+                given_up.add(i)
+                reason = f"exited with code {codes[i]} (log {logs[i]})"
+                self.degraded[job.role(i)] = reason
+                log.error(
+                    "%s %s %s; the job goes on without it. Last lines:\n%s",
+                    job.name,
+                    job.role(i),
+                    reason,
+                    tail(logs[i]),
+                )
+        return codes
 
     def _start(self, job: JobSpec, i: int, path: Path, mode: str) -> subprocess.Popen:
         with path.open(mode) as out:
