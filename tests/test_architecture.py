@@ -130,3 +130,16 @@ def test_production_never_imports_the_development_kit_at_module_level():
         if "dev" in _top_level_imports(path)
     ]
     assert offenders == []
+
+
+def test_no_function_of_the_core_trainer_or_operators_runs_past_80_lines():
+    """Functions readable in a screen: a longer one does several jobs (split it by job)."""
+    long = []
+    for package in ("recpipe", "trainer", "operators"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    lines = node.end_lineno - node.lineno + 1
+                    if lines > 80:
+                        long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines} lines)")
+    assert long == []
