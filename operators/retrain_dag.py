@@ -30,6 +30,14 @@ EDITS = "{{ retrain.with_run_edits(params.edit_config_json) }}"
 EDITS_ARG = "--edit_config_json={{ retrain.with_run_edits(params.edit_config_json) | tojson }}"
 
 
+def xcom(task_id: str, key: str | None = None) -> str:
+    """The template of task ``task_id``'s XCom (its return value), or of its ``key``,
+    rendered natively: ``xcom("export", "export")`` is
+    ``{{ ti.xcom_pull(task_ids='export')['export'] }}``."""
+    pulled = f"ti.xcom_pull(task_ids='{task_id}')" + (f"['{key}']" if key else "")
+    return "{{ " + pulled + " }}"
+
+
 def _midnight(d, tz: str) -> datetime:
     import pendulum
 
@@ -221,7 +229,7 @@ class RetrainTasks:
         needs = ShortCircuitOperator(
             **self._timeout("needs_approval"),
             python_callable=needs_approval,
-            op_args=["{{ ti.xcom_pull(task_ids='" + register.task_id + "') }}"],
+            op_args=[xcom(register.task_id)],
         )
         approve = approval_task(gate.approval_timeout_s)
         apply = ApplyApprovalOperator(

@@ -23,7 +23,7 @@ from pathlib import Path
 from airflow.providers.standard.operators.python import ShortCircuitOperator
 from airflow.sdk import DAG
 
-from operators.retrain_dag import RetrainTasks
+from operators.retrain_dag import RetrainTasks, xcom
 from operators.stream import (
     DayEvalOperator,
     OnlineStorePushOperator,
@@ -132,7 +132,7 @@ def _pass_chain(tasks: RetrainTasks, retrain: RetrainConfig, pipeline, key: str)
         last = last >> OnlineStorePushOperator(
             task_id="push",
             execution_timeout=retrain.timeouts.of("push"),
-            export_path="{{ ti.xcom_pull(task_ids='export')['export'] }}",
+            export_path=xcom("export", "export"),
             model_name=retrain.model_name,
             redis_url=retrain.stream.redis_url,
         )
@@ -153,7 +153,6 @@ def _day_close(tasks: RetrainTasks, retrain: RetrainConfig, after: list):
         # then runs by its none_failed trigger rule (True would skip it on every pass)
         ignore_downstream_trigger_rules=False,
     )
-    day_eval = "{{ ti.xcom_pull(task_ids='evaluate_day')"
     evaluate_day = DayEvalOperator(
         task_id="evaluate_day",
         execution_timeout=retrain.timeouts.of("evaluate_day"),
@@ -161,10 +160,11 @@ def _day_close(tasks: RetrainTasks, retrain: RetrainConfig, after: list):
         day="{{ ds }}",
         **tasks.common,
     )
-    evaluate_champion = tasks.evaluate_champion(day_eval + "['model_dir'] }}", day_eval + "['eval_ds'] }}")
+    day_model = xcom("evaluate_day", "model_dir")
+    evaluate_champion = tasks.evaluate_champion(day_model, xcom("evaluate_day", "eval_ds"))
     # <version>/ beside the <day>/ dirs: TF Serving reads numbers only
     export_saved_model = tasks.export(
-        day_eval + "['model_dir'] }}", task_id="export_saved_model", record_name=SERVING_EXPORT_RECORD
+        day_model, task_id="export_saved_model", record_name=SERVING_EXPORT_RECORD
     )
     register = tasks.register(
         gate={"metric": "auc"},  # progressive scores carry no user ids for gAUC
