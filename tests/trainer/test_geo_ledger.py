@@ -1,12 +1,12 @@
 """The GEO chief's bookkeeping of its workers' batches over random interleavings (a Hypothesis
 stateful test): batches queued, trained by one worker or another, pushes staged every
 ``geo_step`` and sent later (its own thread in a job; here a rule that runs it between any two
-others), workers lost in a step, while staging, while a push ships, while it fetches after its
+others), workers lost in a step, while staging, while a push ships, while it pulls after its
 commit, while merging; the chief's ``sync``. The workers are stand-ins (a step, a stage, a
-ship, a fetch and a merge that succeed or raise TensorFlow's ``UnavailableError``, or another
+ship, a pull and a merge that succeed or raise TensorFlow's ``UnavailableError``, or another
 error carrying gRPC's UNAVAILABLE, as a lost worker's ops do); the chief's code is
-``GeoParameterServerDistribution``'s own, run in this thread. After every step: no batch is
-trained twice, each trained batch is applied once (as the ps counts) or lost with its worker or
+``GeoScheduler``'s own, driven through its public interface in this thread. After every step:
+no batch is trained twice, each trained batch is applied once (as the ps counts) or lost with its worker or
 still pending or in flight, a failed step's error is raised by the next call, and once no
 worker is left nothing waits in the queue."""
 
@@ -23,11 +23,11 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from trainer.distribute.base import StrategyError
-from trainer.distribute.geo import GeoParameterServerDistribution
+from trainer.distribute.geo import GeoScheduler
 
 FATES = st.sampled_from([None, None, None, "step", "stage", "merge", "error"])
 COPY_FATES = st.sampled_from([None, None, "copy"])
-PUSH_FATES = st.sampled_from([None, None, "ship", "fetch"])
+PUSH_FATES = st.sampled_from([None, None, "ship", "pull"])
 LOST_KINDS = (tf.errors.UnavailableError, tf.errors.UnknownError, tf.errors.InternalError)
 
 
@@ -82,8 +82,8 @@ class StandInWorker:
         self._maybe_lost("ship")
         return staged
 
-    def fetch(self):
-        self._maybe_lost("fetch")
+    def pull(self):
+        self._maybe_lost("pull")
         return [], tf.zeros([0], tf.int32)
 
     def merge(self, fetched):
@@ -93,33 +93,37 @@ class StandInWorker:
         self._maybe_lost("slots")
 
 
+class HeldPushes:
+    """A dispatcher that holds staged pushes until a rule sends them (a job's push thread
+    runs any time), and sends one at once when the stage waits for it."""
+
+    def __init__(self, machine):
+        self.machine = machine
+
+    def start(self, push) -> None:
+        self.machine.unsent.append(push)
+
+    def wait(self, push) -> None:
+        if push in self.machine.unsent:
+            self.machine.unsent.remove(push)
+            self.machine.chief.send(push)
+
+
 class GeoChief(RuleBasedStateMachine):
     @initialize(workers=st.integers(1, 3), geo_step=st.integers(1, 4))
     def start(self, workers, geo_step):
         self.ps = Ps()
         self.trained: Counter = Counter()  # successful steps per batch
-        chief = object.__new__(GeoParameterServerDistribution)
-        chief.geo_step = geo_step
-        chief._start_ledger(workers)
-        chief.workers = [StandInWorker(i, self.trained) for i in range(workers)]
-        chief._dense_bytes, chief._row_bytes = 0, {}
+        self.unsent: list = []  # pushes staged, their thread not run yet
+        chief = GeoScheduler(workers, geo_step, dispatcher=HeldPushes(self))
 
-        def commit(staged, batches):
+        def commit(worker, shipped, batches):
             self.ps.applied += int(batches)
 
-        chief._commits = {i: commit for i in range(workers)}
-        self.unsent: list = []  # pushes staged, their thread not run yet
-        chief._dispatch = self.unsent.append
-        chief._wait_sent = self._send_now  # the stage waits for the worker's last push
+        chief.start([StandInWorker(i, self.trained) for i in range(workers)], commit)
         self.chief = chief
         self.items: list = []
         self.raised: list = []
-
-    def _send_now(self, worker) -> None:
-        push = worker.inflight
-        if push is not None and push in self.unsent:
-            self.unsent.remove(push)
-            self.chief._send(push)
 
     def _alive(self):
         return [w for w in self.chief.workers if w.alive]
@@ -130,19 +134,19 @@ class GeoChief(RuleBasedStateMachine):
             return fn(*args)
         except ValueError as err:
             self.raised.append(err)
-            self.chief._error = None  # the job would end here; the test goes on looking
+            self.chief.clear_error()  # the job would end here; the test goes on looking
             return None
 
     def _room(self) -> bool:
         # a place left for every batch copied to a worker too: one re-queued must not wait
         # for a thread to take from the queue, as this test has none
         held = sum(w.ready.qsize() for w in self.chief.workers)
-        return self.chief._queue.qsize() + held < self.chief._queue.maxsize
+        return self.chief.queue.qsize() + held < self.chief.queue.maxsize
 
     @precondition(lambda self: self._alive() and self._room())
     @rule()
     def queue_a_batch(self):
-        item = self._call(self.chief.run_step, None, (len(self.items),))
+        item = self._call(self.chief.submit, (len(self.items),))
         if item is not None:
             self.items.append(item)
 
@@ -150,56 +154,56 @@ class GeoChief(RuleBasedStateMachine):
     @rule()
     def queue_a_batch_with_no_worker_left(self):
         try:
-            self.chief.run_step(None, (len(self.items),))
+            self.chief.submit((len(self.items),))
         except ValueError:  # a step's error, not raised yet, comes first
-            self.chief._error = None
+            self.chief.clear_error()
             return
         except StrategyError as err:
             assert "every worker failed" in str(err)
             return
         raise AssertionError("a batch was queued with no worker left to train it")
 
-    @precondition(lambda self: self._alive() and not self.chief._queue.empty())
+    @precondition(lambda self: self._alive() and not self.chief.queue.empty())
     @rule(data=st.data(), fate=FATES)
     def a_worker_takes_the_next_batch(self, data, fate):
         worker = data.draw(st.sampled_from(self._alive()))
         worker.fate = fate
-        item = self.chief._queue.get_nowait()
-        worker.exited = not self.chief._train(worker, item)
+        item = self.chief.queue.get_nowait()
+        worker.exited = not self.chief.complete(worker, item)
         if worker.exited:  # as _serve does: a batch copied to it goes back to the queue
-            self.chief._drain_ready(worker)
+            self.chief.release(worker)
         worker.fate = None if worker.alive else worker.fate
 
     @precondition(
         lambda self: (
-            not self.chief._queue.empty() and any(not w.alive and not w.exited for w in self.chief.workers)
+            not self.chief.queue.empty() and any(not w.alive and not w.exited for w in self.chief.workers)
         )
     )
     @rule(data=st.data())
     def a_thread_whose_worker_its_push_lost_takes_a_batch(self, data):
         # its thread waited for the queue while the push's thread found the worker gone
         worker = data.draw(st.sampled_from([w for w in self.chief.workers if not w.alive and not w.exited]))
-        item = self.chief._queue.get_nowait()
-        assert self.chief._train(worker, item) is False
-        self.chief._drain_ready(worker)
+        item = self.chief.queue.get_nowait()
+        assert self.chief.complete(worker, item) is False
+        self.chief.release(worker)
         worker.exited = True
 
-    @precondition(lambda self: self._alive() and self.chief._queue.unfinished_tasks == 0)
-    @rule(data=st.data(), fate=st.sampled_from([None, "stage", "ship", "fetch", "merge", "slots"]))
+    @precondition(lambda self: self._alive() and self.chief.queue.unfinished_tasks == 0)
+    @rule(data=st.data(), fate=st.sampled_from([None, "stage", "ship", "pull", "merge", "slots"]))
     def sync_before_a_checkpoint(self, data, fate):
         # the sync, then the first live worker's optimizer slots copied for the checkpoint
         worker = data.draw(st.sampled_from(self._alive()))
         worker.fate = fate
         try:
             self._call(self.chief.sync)
-            self.chief.prepare_save(None, None)
+            self.chief.save_slots()
         except StrategyError as err:
             assert "every worker failed" in str(err) and not self._alive()
         worker.fate = None if worker.alive else worker.fate
 
     @precondition(
         lambda self: (
-            not self.chief._queue.empty()
+            not self.chief.queue.empty()
             and any(not w.exited and not w.ready.full() for w in self.chief.workers)
         )
     )
@@ -209,7 +213,7 @@ class GeoChief(RuleBasedStateMachine):
             st.sampled_from([w for w in self.chief.workers if not w.exited and not w.ready.full()])
         )
         worker.fate = fate if worker.alive else None
-        if not self.chief._copy(worker, self.chief._queue.get_nowait()):
+        if not self.chief.hand_over(worker, self.chief.queue.get_nowait()):
             assert not worker.alive
         worker.fate = None if worker.alive else worker.fate
 
@@ -221,8 +225,8 @@ class GeoChief(RuleBasedStateMachine):
         )
         worker.fate = fate if worker.alive else None
         item = worker.ready.get_nowait()
-        if item is None or not self.chief._train(worker, item):  # as _serve does
-            self.chief._drain_ready(worker)
+        if item is None or not self.chief.complete(worker, item):  # as _serve does
+            self.chief.release(worker)
             worker.exited = True
         worker.fate = None if worker.alive else worker.fate
 
@@ -233,7 +237,7 @@ class GeoChief(RuleBasedStateMachine):
         self.unsent.remove(push)
         worker = push.worker
         worker.fate = fate if worker.alive else "ship"  # a dead worker's copy is gone
-        self.chief._send(push)
+        self.chief.send(push)
         assert push.done.is_set()
         worker.fate = None if worker.alive else worker.fate
 
@@ -257,7 +261,7 @@ class GeoChief(RuleBasedStateMachine):
     def every_batch_is_queued_or_done(self):
         if not hasattr(self, "chief"):
             return
-        queued = set(id(i) for i in list(self.chief._queue.queue))
+        queued = set(id(i) for i in list(self.chief.queue.queue))
         queued |= {id(i) for w in self.chief.workers for i in list(w.ready.queue) if i is not None}
         for item in self.items:
             if item.done.is_set():
@@ -265,7 +269,7 @@ class GeoChief(RuleBasedStateMachine):
             else:
                 assert id(item) in queued
         if not self._alive():
-            assert self.chief._queue.empty() and all(i.done.is_set() for i in self.items)
+            assert self.chief.queue.empty() and all(i.done.is_set() for i in self.items)
 
 
 def test_the_geo_chiefs_ledger_over_random_interleavings():
@@ -276,36 +280,34 @@ def test_the_geo_chiefs_ledger_over_random_interleavings():
 
 def _one_worker_chief():
     """A chief of one stand-in worker, pushing every 4 batches."""
-    chief = object.__new__(GeoParameterServerDistribution)
-    chief.geo_step = 4
-    chief._start_ledger(1)
+    chief = GeoScheduler(1, 4)
     worker = StandInWorker(0, Counter())
-    chief.workers = [worker]
+    chief.start([worker], lambda worker, shipped, batches: None)
     return chief, worker
 
 
 def test_a_steps_error_is_raised_by_the_next_call_though_its_loss_was_never_read():
     chief, worker = _one_worker_chief()
-    first = chief.run_step(None, (0,))
+    first = chief.submit((0,))
     worker.fate = "error"
-    chief._train(worker, chief._queue.get_nowait())
+    chief.complete(worker, chief.queue.get_nowait())
     assert first.done.is_set() and isinstance(first.error, ValueError)
     with pytest.raises(ValueError, match="a bad batch 0"):
-        chief.run_step(None, (1,))  # the loop never fetched the first loss
+        chief.submit((1,))  # the loop never fetched the first loss
     with pytest.raises(ValueError, match="a bad batch 0"):
         chief.sync()
 
 
 def test_the_queue_is_drained_when_the_last_worker_is_lost():
     chief, worker = _one_worker_chief()
-    items = [chief.run_step(None, (n,)) for n in range(2)]  # the queue holds 2 per worker: full
+    items = [chief.submit((n,)) for n in range(2)]  # the queue holds 2 per worker: full
     with pytest.raises(queue.Full):
-        chief._queue.put_nowait(None)
+        chief.queue.put_nowait(None)
     worker.fate = "step"
-    chief._train(worker, chief._queue.get_nowait())
-    assert chief._queue.empty() and all(i.done.is_set() and i.error is not None for i in items)
+    chief.complete(worker, chief.queue.get_nowait())
+    assert chief.queue.empty() and all(i.done.is_set() and i.error is not None for i in items)
     with pytest.raises(StrategyError, match="every worker failed"):
-        chief.run_step(None, (2,))
+        chief.submit((2,))
 
 
 def test_a_worker_lost_after_the_sync_before_a_checkpoint_ends_the_job_with_the_reason():
@@ -315,10 +317,10 @@ def test_a_worker_lost_after_the_sync_before_a_checkpoint_ends_the_job_with_the_
     chief.sync()
     worker.fate = "slots"
     with pytest.raises(StrategyError, match="every worker failed"):
-        chief.prepare_save(None, None)
+        chief.save_slots()
     assert not worker.alive
     with pytest.raises(StrategyError, match="every worker failed"):
-        chief.run_step(None, (1,))
+        chief.submit((1,))
 
 
 def test_a_lost_worker_is_told_from_a_failed_op_by_its_error():
