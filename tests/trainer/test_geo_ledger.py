@@ -16,6 +16,7 @@ import contextlib
 import queue
 from collections import Counter
 
+import numpy as np
 import pytest
 import tensorflow as tf
 from hypothesis import settings
@@ -47,7 +48,6 @@ class StandInWorker:
         self.inflight = None
         self.ready: queue.Queue = queue.Queue(maxsize=1)
         self.exited = False  # its thread ended
-        self.id_slots: list[int] = []
         self.fate: str | None = None
         self.trained = trained
 
@@ -91,6 +91,9 @@ class StandInWorker:
 
     def copy_slots(self):
         self._maybe_lost("slots")
+
+    def sent_rows(self, staged):
+        return np.zeros(0, np.int64)
 
 
 class HeldPushes:

@@ -108,16 +108,18 @@ class GeoReplica:
         with tf.device(device):
             self.snapshot = [tf.Variable(c.read_value(), trainable=False) for _, c in self.pairs]
         self.step = self._step_fn(local.signature)
-        # where each table's pushed ids sit in ``stage``'s output (a dense delta takes one place,
-        # a table two: ids, rows)
-        places = [2 if i in stale else 1 for i in range(len(self.pairs))]
-        self.id_slots = [sum(places[:i]) for i in sorted(stale)]
+        # a push, a pull: one part per model variable, in order: ``(delta,)`` or ``(value,)``
+        # of a dense one, ``(ids, rows)`` of a table
         self.stage = self._stage_fn()
-        self.ship = self._ship_fn(places)
+        self.ship = self._ship_fn()
         self.pull = self._pull_fn()
         self.merge = self._merge_fn()
         self.pull_all = self._pull_all_fn()
         self.copy_slots = self._copy_slots_fn()
+
+    def sent_rows(self, staged: list) -> np.ndarray:
+        """``int64 [tables]``: the rows each table sends in ``staged`` (``stage``'s output)."""
+        return np.array([staged[i][0].shape[0] for i in sorted(self.stale)], np.int64)
 
     @contextlib.contextmanager
     def scope(self):
@@ -174,30 +176,30 @@ class GeoReplica:
                 s = snapshot[i]
                 now, then = c.read_value(), s.read_value()
                 if i not in stale:
-                    out.append(now - then)
+                    out.append((now - then,))
                     s.assign(now)
                     continue
                 # the rows that changed here since the last push: the ones a step looked up, and
                 # under an optimizer that moves rows without a gradient (Adam's momentum) more
                 ids = tf.where(tf.reduce_any(tf.not_equal(now, then), axis=1))[:, 0]
                 rows = tf.gather(now, ids)
-                out += [ids, rows - tf.gather(then, ids)]
+                out.append((ids, rows - tf.gather(then, ids)))
                 s.scatter_update(tf.IndexedSlices(rows, ids))
             return out
 
         return stage
 
-    def _ship_fn(self, places: list[int]):
-        devices = [g.device for (g, _), n in zip(self.pairs, places, strict=True) for _ in range(n)]
+    def _ship_fn(self):
+        devices = [g.device for g, _ in self.pairs]
 
         @tf.function(autograph=False, reduce_retracing=True)
         def ship(staged):
             """``stage``'s tensors copied to their variables' ps: a worker lost here loses its
             push whole."""
             out = []
-            for t, device in zip(staged, devices, strict=True):
+            for part, device in zip(staged, devices, strict=True):
                 with tf.device(device):
-                    out.append(tf.identity(t))
+                    out.append(tuple(tf.identity(t) for t in part))
             return out
 
         return ship
@@ -210,14 +212,11 @@ class GeoReplica:
 
         @tf.function(autograph=False, reduce_retracing=True)
         def commit(staged, batches):
-            k = 0
-            for i, (g, _) in enumerate(pairs):
+            for i, ((g, _), part) in enumerate(zip(pairs, staged, strict=True)):
                 if i not in stale:
-                    g.assign_add(staged[k])
-                    k += 1
+                    g.assign_add(part[0])
                     continue
-                ids, delta = staged[k], staged[k + 1]
-                k += 2
+                ids, delta = part
                 added = g.scatter_add(tf.IndexedSlices(delta, ids))
                 # marked only once the rows hold the update: a worker that pulls a marked row
                 # reads it with the update in
@@ -236,14 +235,14 @@ class GeoReplica:
         def pull():
             """After a commit, in the push's thread: the dense values, and the ids and rows
             other workers changed, copied to this worker (the network's part of a pull; the
-            copy is untouched). Returns (per variable ``[value]`` or ``[ids, rows]``,
+            copy is untouched). Returns (per variable ``(value,)`` or ``(ids, rows)``,
             ``int32 [tables]`` the rows received)."""
             pulled, received = [], []
             for i, (g, _) in enumerate(pairs):
                 if i not in stale:
                     value = g.read_value()
                     with tf.device(device):
-                        pulled.append(tf.identity(value))
+                        pulled.append((tf.identity(value),))
                     continue
                 mine = stale[i][me]
                 with tf.device(mine.device):
@@ -253,7 +252,7 @@ class GeoReplica:
                 with tf.control_dependencies([cleared]):
                     rows = tf.gather(g, changed)
                 with tf.device(device):
-                    pulled += [tf.identity(changed), tf.identity(rows)]
+                    pulled.append((tf.identity(changed), tf.identity(rows)))
                 received.append(tf.size(changed))
             return pulled, (tf.stack(received) if received else tf.zeros([0], tf.int32))
 
@@ -266,17 +265,13 @@ class GeoReplica:
         def merge(pulled):
             """Between two steps: the copy moves by ``pulled - last pulled`` (what the worker
             trained since its last stage is kept) and the snapshot takes ``pulled``."""
-            k = 0
-            for i, (_, c) in enumerate(pairs):
+            for i, ((_, c), part) in enumerate(zip(pairs, pulled, strict=True)):
                 s = snapshot[i]
                 if i not in stale:
-                    new = pulled[k]
-                    k += 1
-                    c.assign_add(new - s.read_value())
-                    s.assign(new)
+                    c.assign_add(part[0] - s.read_value())
+                    s.assign(part[0])
                     continue
-                ids, rows = pulled[k], pulled[k + 1]
-                k += 2
+                ids, rows = part
                 c.scatter_add(tf.IndexedSlices(rows - tf.gather(s, ids), ids))
                 s.scatter_update(tf.IndexedSlices(rows, ids))
 

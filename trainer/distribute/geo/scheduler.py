@@ -360,7 +360,7 @@ class GeoScheduler:
             with self._lock:
                 self.applied.update(push.batches)
                 worker.sending = []
-            sent = np.array([push.staged[k].shape[0] for k in worker.id_slots], np.int64)  # no op
+            sent = worker.sent_rows(push.staged)  # shapes: no op
             try:
                 with worker.push_scope():
                     pulled, received = worker.pull()
