@@ -50,10 +50,10 @@ def ml_early(spark, movielens_raw, ml_root):
 
 
 @pytest.fixture(scope="session")
-def ml_all(ml_all_din):
-    """Every one of the 213 days prepared, read with conf/movielens_deepfm.yaml: ``ml_all_din``'s
-    files, which hold the DeepFM config's columns and both labels (one Spark job for both)."""
-    return ml_all_din
+def ml_all(spark, ml_early, movielens_raw):
+    """The same, with every one of the 213 days prepared."""
+    _prepare(spark, ml_early, _days(movielens_raw / "events", "1997-01-01", "1999-01-01"))
+    return ml_early
 
 
 @pytest.fixture(scope="session")

@@ -78,7 +78,8 @@ def _baselines(config) -> dict[str, dict[str, float]]:
 
 
 # (config, eval days) -> (TrainResult, metrics): DeepFM with the config's own Adam is the
-# reference of three tests; one training serves them (op determinism: a second would match)
+# reference of two tests on ml_all; one training serves both (op determinism: a second would
+# match)
 _TRAINED: dict[str, tuple] = {}
 
 
