@@ -60,9 +60,10 @@ def ml_all(spark, ml_early, movielens_raw):
 def ml_all_din(spark, movielens_raw, tmp_path_factory):
     """Every one of the 213 days prepared with conf/movielens_din.yaml, as the DeepFM config.
 
-    The DIN config's columns hold the DeepFM config's (the same values, the rows in the same
-    order) and the histories, so DeepFM and DIN train on the same rows: one Spark job over the
-    range, histories included (about a minute on the 2-core machine)."""
+    The DIN config's columns hold the DeepFM config's and the histories, so DeepFM and DIN
+    train on the same rows: one Spark job over the range, histories included (about a minute on
+    the 2-core machine). DeepFM scores about 0.004 AUC lower on these files than on ``ml_all``'s
+    (0.7115 against 0.7150 on 2026-12-06): tests with bounds set on ``ml_all`` keep it."""
     root = tmp_path_factory.mktemp("ml_all_din")
     din = _config(movielens_raw, root, "conf/movielens_din.yaml")
     _prepare(spark, din, _days(movielens_raw / "events", "1997-01-01", "1999-01-01"))
