@@ -64,10 +64,10 @@ class StagedPush:
 
 
 class ThreadDispatcher:
-    """Sends each push from a thread of its own (the worker trains on meanwhile)."""
+    """Sends each push with ``send`` from a thread of its own (the worker trains on meanwhile)."""
 
-    def __init__(self):
-        self.send: Callable[[StagedPush], None] | None = None
+    def __init__(self, send: Callable[[StagedPush], None]):
+        self.send = send
 
     def start(self, push: StagedPush) -> None:
         name = f"geo-push-{push.worker.index}"
@@ -107,9 +107,7 @@ class GeoScheduler:
         self.applied: set[int] = set()
         self.lost: set[int] = set()
         self._error: BaseException | None = None  # a step's error, raised at the next call
-        self.dispatcher = dispatcher or ThreadDispatcher()
-        if isinstance(self.dispatcher, ThreadDispatcher):
-            self.dispatcher.send = self.send
+        self.dispatcher = dispatcher or ThreadDispatcher(self.send)
         self._commit: Callable = lambda worker, shipped, batches: None
         self._dense_bytes, self._row_bytes = 0, {}
 
