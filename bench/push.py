@@ -6,7 +6,7 @@ delta that moves ``--touched`` of them and deletes ``--evicted``, written by
 
   floor     a bare pipelined ``HSET`` a row (the same keys and fields, no lock, no fencing,
             no script), batches of ``store.BATCH``;
-  push      ``recpipe.exports.store.push`` of the base then the delta: the base's rows into a
+  push      ``recpipe.exports.store.EmbeddingStore.push`` of the base then the delta: the base's rows into a
             new generation, one ``HSET`` each in the fenced script, then the switch and the
             old generation's deletion; the delta in place, one ``HSET`` a row too.
 
@@ -104,6 +104,7 @@ def main() -> int:
 
     def floor(model: str) -> None:
         pipe = client.pipeline(transaction=False)
+        rows_of = store.EmbeddingStore(client, model)
         n = 0
         for export in exports:
             params = read_params(export)
@@ -111,19 +112,19 @@ def main() -> int:
                 values = np.ascontiguousarray(t.views[view], "<f4")
                 for i, key in enumerate(t.ids.tolist()):
                     pipe.hset(
-                        store.row_key(model, table, key, 1),
+                        rows_of.row_key(table, key, 1),
                         mapping={"version": "v", view: values[i].tobytes()},
                     )
                     n += 1
                     if n % store.BATCH == 0:
                         pipe.execute()
                 for key in t.tombstones.tolist():
-                    pipe.delete(store.row_key(model, table, key, 1))
+                    pipe.delete(rows_of.row_key(table, key, 1))
         pipe.execute()
 
     def push(model: str) -> None:
         for export in exports:
-            store.push(client, model, export)
+            store.EmbeddingStore(client, model).push(export)
 
     variants = {"floor": floor, "push": push}
     best: dict[str, dict] = {}

@@ -178,7 +178,7 @@ def pass_export_args(export_dir: str | Path, pass_ds: str) -> list[str]:
 
 class OnlineStorePushOperator(BaseOperator):
     """Push a base or delta export's rows to the Redis embedding store
-    (``recpipe.exports.store.push_chain``): when the store is behind the export (a flushed or
+    (``recpipe.exports.store.EmbeddingStore.push_chain``): when the store is behind the export (a flushed or
     restarted store, a push lost earlier), the day's chain up to it is pushed in order
     instead; when the store is ahead (this task cleared and re-run after later passes), the
     push is a no-op with a warning, never a roll-back.
@@ -212,12 +212,12 @@ class OnlineStorePushOperator(BaseOperator):
         self.redis_conn_id, self.redis_url = redis_conn_id, redis_url
 
     def execute(self, context) -> dict[str, Any]:
-        from recpipe.exports.store import push_chain
+        from recpipe.exports.store import EmbeddingStore
 
         export = Path(confine(self.export_path, "export_path"))
         client = store_client(self.redis_conn_id, self.redis_url)
         where = client.connection_pool.connection_kwargs
-        totals, exports = push_chain(client, self.model_name, export)
+        totals, exports = EmbeddingStore(client, self.model_name).push_chain(export)
         log.info("pushed %s to %s:%s/%s: %s", [p.name for p in exports], where.get("host"), where.get("port"),
                  where.get("db"), totals)  # fmt: skip
         return {**totals, "pushed": [str(p) for p in exports]}

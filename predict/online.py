@@ -18,7 +18,7 @@ import numpy as np
 
 from predict.stderr import native_stderr_held
 from recpipe.errors import UsageError
-from recpipe.exports.store import lookup
+from recpipe.exports.store import EmbeddingStore
 from recpipe.layout import SERVING_ROWS
 
 with native_stderr_held():
@@ -44,6 +44,7 @@ class StoreScorer:
             raise UsageError(f"{export_dir}: no serving_rows signature (a model without online tables)")
         self.layout = json.loads(layout.read_text())
         self.client, self.model = client, model
+        self.store = EmbeddingStore(client, model)
         with native_stderr_held():
             loaded = tf.saved_model.load(str(export_dir))
         self._loaded = loaded  # the signatures hold on to it
@@ -62,7 +63,7 @@ class StoreScorer:
         out = {}
         for table, entry in self.layout.items():
             ids = wanted[table]
-            found = lookup(self.client, self.model, table, ids) if len(ids) else {}
+            found = self.store.lookup(table, ids) if len(ids) else {}
             held = [i for i in ids.tolist() if i in found]
             out[entry["ids"]] = np.asarray(held, np.int64)
             for field, name in entry["views"].items():

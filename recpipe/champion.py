@@ -143,7 +143,7 @@ def restore_store(redis_client, model: str, version) -> dict[str, int]:
         recpipe.exports.store.StoreError: as a push.
     """
     from recpipe.exports.files import chain, pass_of
-    from recpipe.exports.store import restore
+    from recpipe.exports.store import EmbeddingStore
     from recpipe.layout import partition_ds
 
     export, day = version.tags.get("export_path"), version.tags.get("ds", "")
@@ -157,7 +157,7 @@ def restore_store(redis_client, model: str, version) -> dict[str, int]:
     )
     if not exports:
         raise ChampionError(f"{model} version {version.version}: no exports of {day} under {day_dir.parent}")
-    return restore(redis_client, model, exports)
+    return EmbeddingStore(redis_client, model).restore(exports)
 
 
 def move(

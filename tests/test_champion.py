@@ -231,28 +231,30 @@ def _export(
 
 
 def test_a_rollback_restores_the_stream_store_to_the_champions_rows(registry, tmp_path, store):
-    from recpipe.exports.store import applied, push, read_rows
+    from recpipe.exports.store import EmbeddingStore
 
     client, model = store
+
+    online = EmbeddingStore(client, model)
     exports = tmp_path / "exports"
     day1, day2 = exports / "2024-03-01", exports / "2024-03-02"
     b1 = _export(day1, "base", "22", 0, None, 1.0, [1, 2])
     _export(day1, "delta-23", "23", 1, b1, 1.5, [2])
     _export(day2, "base", "23", 0, None, 2.0, [1, 2, 3])
     for export in (day1 / "base", day1 / "delta-23", day2 / "base"):
-        push(client, model, export)
-    assert applied(client, model)["day"] == "2024-03-02"
+        online.push(export)
+    assert online.applied()["day"] == "2024-03-02"
     registry.create_registered_model(MODEL)
     v1 = _version(registry, tmp_path, "2024-03-01", hour="23")
     _version(registry, tmp_path, "2024-03-02", hour="23")
     registry.set_registered_model_alias(MODEL, "champion", "2")
     rollback(registry, MODEL, "day 2 drifted", "erin")
     restore_store(client, model, registry.get_model_version(MODEL, v1.version))
-    rows = read_rows(client, model, "t")
+    rows = online.read_rows("t")
     assert sorted(rows) == [1, 2]  # id 3 was day 2's alone
     np.testing.assert_array_equal(rows[1]["t/embedding_weights"], [1.0, 1.0])
     np.testing.assert_array_equal(rows[2]["t/embedding_weights"], [1.5, 1.5])
-    assert (applied(client, model)["day"], applied(client, model)["name"]) == ("2024-03-01", "delta-23")
+    assert (online.applied()["day"], online.applied()["name"]) == ("2024-03-01", "delta-23")
 
 
 def test_a_move_states_the_champion_it_expects_and_is_refused_when_it_moved(registry, tmp_path):
@@ -280,18 +282,20 @@ def test_a_rollback_that_failed_halfway_reaches_the_same_target_when_retried(reg
     again finishes that rollback (store included) instead of taking the last move's
     ``previous``, which would flip the champion back to the bad version."""
     from recpipe.champion import move
-    from recpipe.exports.store import applied, push
+    from recpipe.exports.store import EmbeddingStore
     from recpipe.redis_conn import parse
     from recpipe.registry import pending
     from tests.support import free_port
 
     client, model = store
+
+    online = EmbeddingStore(client, model)
     registry.create_registered_model(model)
     exports = tmp_path / "exports"
     for n, day in enumerate(("2024-03-01", "2024-03-02"), start=1):
         _export(exports / day, "base", "23", 0, None, float(n), [1, 2])
         _version(registry, tmp_path, day, hour="23", model=model)
-    push(client, model, exports / "2024-03-02" / "base")
+    online.push(exports / "2024-03-02" / "base")
     registry.set_registered_model_alias(model, "champion", "2")
 
     unreachable = parse(f"redis://127.0.0.1:{free_port()}/0", "test").client(timeout_s=1)
@@ -301,12 +305,12 @@ def test_a_rollback_that_failed_halfway_reaches_the_same_target_when_retried(reg
         move(registry, model, "rollback", "day 2 drifted", "erin", store=unreachable)
     assert int(registry.get_registered_model(model).aliases["champion"]) == 1  # moved, store not
     assert pending(registry, model)["version"] == 1
-    assert applied(client, model)["day"] == "2024-03-02"
+    assert online.applied()["day"] == "2024-03-02"
 
     again = move(registry, model, "rollback", "day 2 drifted", "erin", store=client)
     assert (again["version"], again["previous"], again.get("resumed")) == (1, 2, True)
     assert int(registry.get_registered_model(model).aliases["champion"]) == 1
-    assert applied(client, model)["day"] == "2024-03-01" and pending(registry, model) is None
+    assert online.applied()["day"] == "2024-03-01" and pending(registry, model) is None
     assert [(m["version"], m["action"]) for m in history(registry, model)] == [(1, "rollback")]
     # a rollback after it goes further back, never to the version rolled back from
     with pytest.raises(ChampionError, match="nothing to roll back to"):

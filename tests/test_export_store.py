@@ -40,43 +40,48 @@ def day(tmp_path):
 
 
 def _held(client, model) -> dict[int, float]:
-    from recpipe.exports.store import read_rows
+    from recpipe.exports.store import EmbeddingStore
 
-    return {k: float(v["t/embedding_weights"][0]) for k, v in read_rows(client, model, "t").items()}
+    rows = EmbeddingStore(client, model).read_rows("t")
+    return {k: float(v["t/embedding_weights"][0]) for k, v in rows.items()}
 
 
 FINAL = {**{i: 0.0 for i in range(10) if i != 5}, 0: 2.0, 10: 1.0, 11: 1.0, 12: 3.0}
 
 
 def test_a_cleared_push_of_an_earlier_pass_leaves_the_store_where_it_was(day, store):
-    from recpipe.exports.store import applied, push_chain
+    from recpipe.exports.store import EmbeddingStore
 
     client, model = store
+
+    online = EmbeddingStore(client, model)
     for name in ("base", "delta-01", "delta-02", "delta-03"):
-        push_chain(client, model, day / name)
+        online.push_chain(day / name)
     assert _held(client, model) == FINAL
     for name in ("delta-01", "base", "delta-02"):  # re-run after the later passes
-        totals, pushed = push_chain(client, model, day / name)
+        totals, pushed = online.push_chain(day / name)
         assert totals == {"rows": 0, "deleted": 0, "stale": 1} and pushed == [day / name]
-        assert _held(client, model) == FINAL and applied(client, model)["name"] == "delta-03"
+        assert _held(client, model) == FINAL and online.applied()["name"] == "delta-03"
 
 
 def test_a_restarted_store_is_rebuilt_from_the_days_chain(day, store):
-    from recpipe.exports.store import StoreBehind, applied, push, push_chain
+    from recpipe.exports.store import EmbeddingStore, StoreBehind
 
     client, model = store
-    push_chain(client, model, day / "base")
+
+    online = EmbeddingStore(client, model)
+    online.push_chain(day / "base")
     with pytest.raises(StoreBehind, match="push the exports in order"):
-        push(client, model, day / "delta-02")
+        online.push(day / "delta-02")
     for key in client.scan_iter(match=f"recpipe:{model}:*"):  # Redis restarted: nothing kept
         client.delete(key)
     with pytest.raises(StoreBehind, match="the store holds nothing"):
-        push(client, model, day / "delta-03")
-    totals, pushed = push_chain(client, model, day / "delta-03")
+        online.push(day / "delta-03")
+    totals, pushed = online.push_chain(day / "delta-03")
     assert [p.name for p in pushed] == ["base", "delta-01", "delta-02", "delta-03"]
-    assert _held(client, model) == FINAL and applied(client, model)["sequence"] == "3"
+    assert _held(client, model) == FINAL and online.applied()["sequence"] == "3"
     # a store one push behind takes the missing ones
-    push_chain(client, model, day / "base")  # stale: a no-op
+    online.push_chain(day / "base")  # stale: a no-op
     assert _held(client, model) == FINAL
 
 
@@ -85,9 +90,11 @@ def test_random_orders_of_pushes_end_where_the_newest_export_pushed_leaves_it(da
     from hypothesis import strategies as st
 
     from recpipe.exports.files import apply, chain, read_params
-    from recpipe.exports.store import applied, push_chain
+    from recpipe.exports.store import EmbeddingStore
 
     client, model = store
+
+    online = EmbeddingStore(client, model)
     exports = chain(day)
     expected = []
     params = None
@@ -109,21 +116,23 @@ def test_random_orders_of_pushes_end_where_the_newest_export_pushed_leaves_it(da
                 for key in client.scan_iter(match=f"recpipe:{model}:*"):
                     client.delete(key)
                 newest = -1
-            push_chain(client, model, exports[i])
+            online.push_chain(exports[i])
             newest = max(newest, i)
             assert _held(client, model) == expected[newest], (order, k)
-            assert applied(client, model)["name"] == exports[newest].name
+            assert online.applied()["name"] == exports[newest].name
 
     pushes()
 
 
 def test_readers_never_see_a_row_missing_while_pushes_rewrite_it(tmp_path, store):
-    from recpipe.exports.store import lookup, push
+    from recpipe.exports.store import EmbeddingStore
 
     client, model = store
+
+    online = EmbeddingStore(client, model)
     big = tmp_path / "big"
     _export(big, "base", 0, None, _rows(range(2000), 0.5))
-    push(client, model, big / "base")
+    online.push(big / "base")
     missing, done = [], threading.Event()
 
     def read():
@@ -131,14 +140,14 @@ def test_readers_never_see_a_row_missing_while_pushes_rewrite_it(tmp_path, store
 
         reader = redis.Redis(host="127.0.0.1", port=6379, db=0)
         while not done.is_set():
-            found = lookup(reader, model, "t", range(2000))
+            found = EmbeddingStore(reader, model).lookup("t", range(2000))
             missing.extend(k for k in range(2000) if k not in found)
 
     thread = threading.Thread(target=read)
     thread.start()
     try:
         for _ in range(10):  # the same base again: a new generation written and switched to each time
-            push(client, model, big / "base")
+            online.push(big / "base")
     finally:
         done.set()
         thread.join(10)
@@ -151,12 +160,14 @@ def test_a_push_interrupted_before_its_switch_leaves_rows_the_next_push_deletes(
     recorded before its first row) leaves rows no reader sees; the next push deletes them, and
     a store written before the record of generations is swept whole once."""
     import recpipe.exports.store as online_store
-    from recpipe.exports.store import applied, push
+    from recpipe.exports.store import EmbeddingStore
 
     client, model = store
+
+    online = EmbeddingStore(client, model)
     big = tmp_path / "big"
     _export(big, "base", 0, None, _rows(range(50), 0.5))
-    push(client, model, big / "base")
+    online.push(big / "base")
     monkeypatch.setattr(online_store, "BATCH", 10)
     real = online_store._Pusher.switch
 
@@ -165,16 +176,16 @@ def test_a_push_interrupted_before_its_switch_leaves_rows_the_next_push_deletes(
 
     monkeypatch.setattr(online_store._Pusher, "switch", dies)
     with pytest.raises(ConnectionError):
-        push(client, model, big / "base")
+        online.push(big / "base")
     keys = lambda: {k.decode().split(":")[2] for k in client.scan_iter(match=f"recpipe:{model}:g*")}  # noqa: E731
-    assert keys() == {"g1", "g2"} and applied(client, model)["generation"] == "1"
+    assert keys() == {"g1", "g2"} and online.applied()["generation"] == "1"
     monkeypatch.setattr(online_store._Pusher, "switch", real)
-    push(client, model, big / "base")
+    online.push(big / "base")
     assert keys() == {"g3"} and client.smembers(f"recpipe:{model}:written-generations") == {b"3"}
     # a store from before the record: rows of a generation it does not name are swept too
     client.delete(f"recpipe:{model}:written-generations")
     client.hset(f"recpipe:{model}:g0:t:7", "version", "old")
-    push(client, model, big / "base")
+    online.push(big / "base")
     assert keys() == {"g4"} and len(_held(client, model)) == 50
 
 
@@ -204,10 +215,12 @@ def rewrites(tmp_path):
 
 def test_a_pusher_whose_lock_expired_never_writes_over_a_newer_push(rewrites, store, monkeypatch):
     import recpipe.exports.store as online_store
-    from recpipe.exports.store import StoreFenced, applied, push, push_chain
+    from recpipe.exports.store import EmbeddingStore, StoreFenced
 
     client, model = store
-    push(client, model, rewrites / "base")
+
+    online = EmbeddingStore(client, model)
+    online.push(rewrites / "base")
     monkeypatch.setattr(online_store, "LOCK_TIMEOUT_S", 1)
     late = threading.Event()
     _slowed(
@@ -217,7 +230,7 @@ def test_a_pusher_whose_lock_expired_never_writes_over_a_newer_push(rewrites, st
 
     def slow():
         try:
-            push(client, model, rewrites / "delta-01")
+            online.push(rewrites / "delta-01")
         except StoreFenced as err:
             errors.append(err)
 
@@ -226,34 +239,38 @@ def test_a_pusher_whose_lock_expired_never_writes_over_a_newer_push(rewrites, st
     import time
 
     time.sleep(1.5)  # the slow pusher's lock expires
-    push_chain(client, model, rewrites / "delta-02")  # rebuilt from the base: delta-01 then 02
+    online.push_chain(rewrites / "delta-02")  # rebuilt from the base: delta-01 then 02
     late.set()
     thread.join(20)
-    assert applied(client, model)["name"] == "delta-02"
+    assert online.applied()["name"] == "delta-02"
     assert _held(client, model) == dict.fromkeys(range(10), 2.0)  # none of delta-01's values
     assert len(errors) == 1 and "push lock expired" in str(errors[0])
 
 
 def test_a_rebuild_from_the_base_keeps_serving_every_row_until_it_switches(day, store, monkeypatch):
-    from recpipe.exports.store import applied, lookup, push_chain
+    from recpipe.exports.store import EmbeddingStore
 
     client, model = store
-    push_chain(client, model, day / "base")
-    push_chain(client, model, day / "delta-01")  # the store serves ids 0-11; delta-02's push is lost
+
+    online = EmbeddingStore(client, model)
+    online.push_chain(day / "base")
+    online.push_chain(day / "delta-01")  # the store serves ids 0-11; delta-02's push is lost
     seen = []
-    _slowed(monkeypatch, "delta-02", lambda: seen.append(lookup(client, model, "t", range(13))))
-    _, pushed = push_chain(client, model, day / "delta-03")
+    _slowed(monkeypatch, "delta-02", lambda: seen.append(online.lookup("t", range(13))))
+    _, pushed = online.push_chain(day / "delta-03")
     assert [p.name for p in pushed] == ["base", "delta-01", "delta-02", "delta-03"]
     # read while the rebuild had written the base and delta-01 only: delta-01's rows served
     served = {k: float(v["t/embedding_weights"][0]) for k, v in seen[0].items()}
     assert served == {**dict.fromkeys(range(10), 0.0), 10: 1.0, 11: 1.0}
-    assert _held(client, model) == FINAL and applied(client, model)["name"] == "delta-03"
+    assert _held(client, model) == FINAL and online.applied()["name"] == "delta-03"
 
 
 def test_pushers_of_one_model_take_turns(day, store):
-    from recpipe.exports.store import LOCK_WAIT_S, StoreError, push
+    from recpipe.exports.store import LOCK_WAIT_S, EmbeddingStore, StoreError
 
     client, model = store
+
+    online = EmbeddingStore(client, model)
     held = client.lock(f"recpipe:{model}:push-lock", timeout=30)
     assert held.acquire()
     import recpipe.exports.store as online_store
@@ -261,11 +278,11 @@ def test_pushers_of_one_model_take_turns(day, store):
     try:
         online_store.LOCK_WAIT_S = 0.5
         with pytest.raises(StoreError, match="another push held the store's lock"):
-            push(client, model, day / "base")
+            online.push(day / "base")
     finally:
         online_store.LOCK_WAIT_S = LOCK_WAIT_S
         held.release()
-    assert push(client, model, day / "base")["rows"] == 10
+    assert online.push(day / "base")["rows"] == 10
 
 
 def _one_line_exit_2(capsys, argv: list[str]) -> str:
@@ -309,7 +326,7 @@ def test_a_password_with_any_character_comes_from_its_file(day, tmp_path, monkey
     import redis
 
     from recpipe import redis_conn
-    from recpipe.exports.store import applied
+    from recpipe.exports.store import EmbeddingStore
     from tests.support import RECPIPE, ROOT, RedisServer
 
     password = "a/b@c:d#e?f%2Fg+h="
@@ -325,7 +342,7 @@ def test_a_password_with_any_character_comes_from_its_file(day, tmp_path, monkey
         )  # fmt: skip
         assert done.returncode == 0, done.stderr[-2000:]
         client = redis.Redis(host="127.0.0.1", port=server.port, password=password)
-        assert applied(client, "pw")["name"] == "base"
+        assert EmbeddingStore(client, "pw").applied()["name"] == "base"
         # the same from the environment's URL, the password percent-encoded there
         from urllib.parse import quote
 

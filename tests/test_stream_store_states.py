@@ -126,11 +126,11 @@ class StreamStore(RuleBasedStateMachine):
         return self.day_dir / name
 
     def _push(self, export: Path) -> None:
-        from recpipe.exports.store import applied, order, push_chain
+        from recpipe.exports.store import EmbeddingStore, order
 
-        before = applied(self.client, self.model)
-        push_chain(self.client, self.model, export)
-        now = applied(self.client, self.model)
+        before = EmbeddingStore(self.client, self.model).applied()
+        EmbeddingStore(self.client, self.model).push_chain(export)
+        now = EmbeddingStore(self.client, self.model).applied()
         pushed = order(read_manifest(export))
         if before:  # never backwards
             assert (now["day"], int(now["sequence"])) >= (before["day"], int(before["sequence"]))
@@ -191,7 +191,7 @@ class StreamStore(RuleBasedStateMachine):
 
         exports = chain(self.day_dir)
         late = data.draw(st.sampled_from(exports))
-        pusher = store._Pusher(self.client, self.model, store.PREFIX).__enter__()
+        pusher = store._Pusher(store.EmbeddingStore(self.client, self.model)).__enter__()
         self.client.delete(pusher.lock.name)  # its lock expired while it was paused
         self._push(exports[-1])  # meanwhile the next push ran
         try:
@@ -212,8 +212,8 @@ class StreamStore(RuleBasedStateMachine):
         import recpipe.exports.store as store
 
         exports = chain(self.day_dir)
-        first = store._Pusher(self.client, self.model, store.PREFIX).__enter__()
-        held = store.applied(self.client, self.model)
+        first = store._Pusher(store.EmbeddingStore(self.client, self.model)).__enter__()
+        held = store.EmbeddingStore(self.client, self.model).applied()
         steps = []
         if expires != "after_taking_it":
             generation = first.new_generation()
@@ -226,7 +226,7 @@ class StreamStore(RuleBasedStateMachine):
                     self.newest_pushed or (DAY, -1), store.order(read_manifest(exports[-1]))
                 )
         self.client.delete(first.lock.name)  # expired while it was paused
-        second = store._Pusher(self.client, self.model, store.PREFIX).__enter__()
+        second = store._Pusher(store.EmbeddingStore(self.client, self.model)).__enter__()
         theirs = second.new_generation()
         for export in exports:
             second.write_export(export, read_manifest(export), theirs)
@@ -239,7 +239,7 @@ class StreamStore(RuleBasedStateMachine):
             else:
                 first.rebuild(exports, backwards=True)
         first.__exit__(None, None, None)
-        before = store.applied(self.client, self.model)
+        before = store.EmbeddingStore(self.client, self.model).applied()
         second.switch(before, read_manifest(exports[-1]), theirs, backwards=True)
         second.drop_other_generations(theirs, before)
         second.__exit__(None, None, None)
@@ -250,17 +250,18 @@ class StreamStore(RuleBasedStateMachine):
     def redis_serves_what_the_exports_serve(self):
         if not hasattr(self, "client"):
             return
-        from recpipe.exports.store import applied, read_rows
+        from recpipe.exports.store import EmbeddingStore
 
-        held = applied(self.client, self.model)
+        held = EmbeddingStore(self.client, self.model).applied()
         if not held:
-            assert self.newest_pushed is None and not read_rows(self.client, self.model, "t")
+            assert self.newest_pushed is None and not EmbeddingStore(self.client, self.model).read_rows("t")
             return
         assert (held["day"], int(held["sequence"])) == self.newest_pushed
         exports = chain(self.day_dir)
         upto = [p.name for p in exports].index(held["name"])
         want = _served(exports[: upto + 1])
-        rows = {k: float(v[VIEW][0]) for k, v in read_rows(self.client, self.model, "t").items()}
+        stored = EmbeddingStore(self.client, self.model).read_rows("t")
+        rows = {k: float(v[VIEW][0]) for k, v in stored.items()}
         assert rows == want
 
     @invariant()
@@ -269,9 +270,9 @@ class StreamStore(RuleBasedStateMachine):
         # generation's row is left to take memory
         if not hasattr(self, "client"):
             return
-        from recpipe.exports.store import applied
+        from recpipe.exports.store import EmbeddingStore
 
-        generation = applied(self.client, self.model).get("generation")
+        generation = EmbeddingStore(self.client, self.model).applied().get("generation")
         rows = {k.decode().split(":")[2] for k in self.client.scan_iter(match=f"recpipe:{self.model}:g*")}
         assert rows <= {f"g{generation}"}, rows
 

@@ -445,13 +445,13 @@ def serve_main(argv: list[str] | None = None) -> int:
 
         from recpipe import redis_conn
         from recpipe.errors import PipelineError
-        from recpipe.exports.store import push_chain
+        from recpipe.exports.store import EmbeddingStore
 
         address = redis_conn.resolve(args.redis_url, password_file=args.redis_password_file)
         client = address.client()
         for export in args.exports:
             try:
-                totals, pushed = push_chain(client, args.model, Path(export))
+                totals, pushed = EmbeddingStore(client, args.model).push_chain(Path(export))
             except redis.RedisError as err:
                 raise PipelineError(f"the store at {address.where()} did not answer: {err}") from None
             print(json.dumps({"export": export, **totals, "pushed": [str(p) for p in pushed]}))

@@ -143,17 +143,6 @@ def _key(prefix: str, model: str, *parts) -> str:
     return ":".join((prefix, model, *map(str, parts)))
 
 
-def row_key(model: str, table: str, key: int, generation: str | int, prefix: str = PREFIX) -> str:
-    """The Redis key of one row: ``<prefix>:<model>:g<generation>:<table>:<id>``."""
-    return _key(prefix, model, f"g{generation}", table, key)
-
-
-def applied(client, model: str, prefix: str = PREFIX) -> dict[str, str]:
-    """The export the store serves for ``model`` (``day``, ``name``, ``sequence``,
-    ``global_step``, ``ev_step``, ``generation``), empty when none."""
-    return {k.decode(): v.decode() for k, v in client.hgetall(_key(prefix, model, "applied")).items()}
-
-
 def order(manifest: dict) -> tuple[str, int]:
     """Where an export stands in a model's history: ``(day, sequence)``."""
     return str(manifest["day"]), int(manifest["sequence"])
@@ -162,14 +151,14 @@ def order(manifest: dict) -> tuple[str, int]:
 class _Pusher:
     """One push session: holds the model's lock, and writes only while it still does."""
 
-    def __init__(self, client, model: str, prefix: str):
-        self.client, self.model, self.prefix = client, model, prefix
-        self.lock = client.lock(
-            _key(prefix, model, "push-lock"), timeout=LOCK_TIMEOUT_S, blocking_timeout=LOCK_WAIT_S
+    def __init__(self, store: EmbeddingStore):
+        self.store, self.client, self.model = store, store.client, store.model
+        self.lock = self.client.lock(
+            store.key("push-lock"), timeout=LOCK_TIMEOUT_S, blocking_timeout=LOCK_WAIT_S
         )
-        self.write = client.register_script(_WRITE)
-        self.commit_script = client.register_script(_COMMIT)
-        self.drop_script = client.register_script(_DROP)
+        self.write = self.client.register_script(_WRITE)
+        self.commit_script = self.client.register_script(_COMMIT)
+        self.drop_script = self.client.register_script(_DROP)
 
     def __enter__(self):
         try:
@@ -242,7 +231,7 @@ class _Pusher:
             for table, rows in params.tables.items():
                 names = list(rows.views)
                 views = [np.ascontiguousarray(rows.views[n], "<f4") for n in names]
-                head = row_key(self.model, table, "", generation, self.prefix)
+                head = self.store.row_key(table, "", generation)
                 for i, key in enumerate(rows.ids.tolist()):
                     ops += ["S", f"{head}{key}", len(names) + 1, "version", version]
                     for name, values in zip(names, views, strict=True):
@@ -270,15 +259,15 @@ class _Pusher:
         no later export)."""
         record = {k: str(manifest[k]) for k in RECORD} | {"generation": generation}
         pairs = [x for kv in record.items() for x in kv]
-        keys = [self.lock.name, _key(self.prefix, self.model, "applied")]
+        keys = [self.lock.name, self.store.key("applied")]
         args = [held.get("generation", ""), *order(manifest), "1" if backwards else "0", *pairs]
         self._run(self.commit_script, keys, args)
 
     def new_generation(self) -> str:
         """A generation no push wrote before, recorded in ``written-generations`` before any of its
         rows is written (so that an interrupted push's rows are found and deleted later)."""
-        generation = str(self.client.incr(_key(self.prefix, self.model, "next-generation")))
-        self.client.sadd(_key(self.prefix, self.model, "written-generations"), generation)
+        generation = str(self.client.incr(self.store.key("next-generation")))
+        self.client.sadd(self.store.key("written-generations"), generation)
         return generation
 
     def _unlink(self, names, forget: str = "") -> int:
@@ -286,7 +275,7 @@ class _Pusher:
         ``written-generations``); every batch is refused once the lock is not ours
         (``StoreFenced``), so a pusher that stalled past its lock deletes nothing of the
         generation the next pusher is writing."""
-        keys = [self.lock.name, _key(self.prefix, self.model, "written-generations")]
+        keys = [self.lock.name, self.store.key("written-generations")]
         ttl = int(LOCK_TIMEOUT_S * 1000)
         gone, batch = 0, []
         for name in names:
@@ -306,25 +295,25 @@ class _Pusher:
         Raises:
             StoreFenced: the lock expired or was taken since the switch: whatever is left is
                 the next pusher's to delete (its own switch drops every other generation)."""
-        recorded = _key(self.prefix, self.model, "written-generations")
+        recorded = self.store.key("written-generations")
         others = {g.decode() for g in self.client.smembers(recorded)} - {keep}
         gone = 0
         if held and held.get("generation") not in others | {keep}:
             control = {
-                _key(self.prefix, self.model, k).encode()
+                self.store.key(k).encode()
                 for k in ("applied", "push-lock", "next-generation", "written-generations")
             }
-            mine = _key(self.prefix, self.model, f"g{keep}", "").encode()
-            names = self.client.scan_iter(match=_key(self.prefix, self.model, "*"), count=10 * BATCH)
+            mine = self.store.key(f"g{keep}", "").encode()
+            names = self.client.scan_iter(match=self.store.key("*"), count=10 * BATCH)
             gone += self._unlink(n for n in names if n not in control and not n.startswith(mine))
         for generation in sorted(others):
-            match = _key(self.prefix, self.model, f"g{generation}", "*")
+            match = self.store.key(f"g{generation}", "*")
             gone += self._unlink(self.client.scan_iter(match=match, count=10 * BATCH), forget=generation)
         return gone
 
     def push(self, export: Path) -> dict[str, int]:
         manifest = read_manifest(export)
-        held = applied(self.client, self.model, self.prefix)
+        held = self.store.applied()
         if held:
             current = (held["day"], int(held["sequence"]))
             if current > order(manifest):
@@ -357,7 +346,7 @@ class _Pusher:
     def rebuild(self, exports: list[Path], backwards: bool = False) -> dict[str, int]:
         """Write a base and its deltas into a new generation, then switch to it at once; a
         no-op (``stale``) when the store holds a later export, unless ``backwards``."""
-        held = applied(self.client, self.model, self.prefix)
+        held = self.store.applied()
         last = read_manifest(exports[-1])
         if not backwards and held and (held["day"], int(held["sequence"])) > order(last):
             return {"rows": 0, "deleted": 0, "stale": 1}
@@ -376,81 +365,97 @@ class _Pusher:
         return {**totals, "stale": 0}
 
 
-def push(client, model: str, export: Path, prefix: str = PREFIX) -> dict[str, int]:
-    """Write a base or delta export's rows to Redis (``client``: a ``redis.Redis``) and record
-    it as applied, holding the model's push lock. Returns ``{"rows": written, "deleted":
-    removed, "stale": 0 or 1}``; ``stale`` 1: the store holds a later export, nothing was
-    written.
-
-    Raises:
-        StoreBehind: a delta that does not follow the export applied, which is older (names
-            both): push the day's chain up to it instead (``push_chain``).
-        StoreFenced: the lock was lost mid-push; what was not written stays unwritten.
-        StoreError: the push lock stayed taken for ``LOCK_WAIT_S`` seconds.
-        recpipe.exports.files.DeltaError: an unfinished export or a checksum mismatch.
-    """
-    with _Pusher(client, model, prefix) as pusher:
-        return pusher.push(Path(export))
-
-
-def push_chain(client, model: str, export: Path, prefix: str = PREFIX) -> tuple[dict[str, int], list[Path]]:
-    """Push ``export``; when the store is behind it (``StoreBehind``: a restarted or flushed
-    store, a push lost earlier), rebuild the store from its day's chain up to it, in a new
-    generation switched to at once, under the same lock: readers keep the old rows until the
-    switch. Returns the summed totals and the exports written. Never moves the store
-    backwards: an export older than the store's is a no-op (``stale``).
-
-    Raises:
-        StoreFenced, StoreError, recpipe.exports.files.DeltaError: as ``push``.
-    """
-    export = Path(export)
-    with _Pusher(client, model, prefix) as pusher:
-        try:
-            return pusher.push(export), [export]
-        except StoreBehind as err:
-            log.warning("%s; rebuilding the store from the day's exports up to it", err)
-        exports = chain(export.parent)
-        exports = exports[: [p.name for p in exports].index(export.name) + 1]
-        return pusher.rebuild(exports), exports
-
-
-def restore(client, model: str, exports: list[Path], prefix: str = PREFIX) -> dict[str, int]:
-    """Make the store hold ``exports`` (a base and its deltas, in order) and nothing else:
-    written into a new generation and switched to at once under the push lock, even when the
-    store holds later exports (a champion rolled back: ``recpipe.champion.restore_store``).
-
-    Raises:
-        StoreFenced, StoreError, recpipe.exports.files.DeltaError: as ``push``.
-    """
-    if not exports or not is_base(read_manifest(Path(exports[0]))):
-        raise StoreError(f"{model}: a restore starts at a base export, not {exports[:1]}")
-    with _Pusher(client, model, prefix) as pusher:
-        return pusher.rebuild([Path(e) for e in exports], backwards=True)
-
-
 def _decode(fields) -> dict[str, np.ndarray]:
     pairs = dict(zip(fields[::2], fields[1::2], strict=True)) if isinstance(fields, list) else fields
     return {k.decode(): np.frombuffer(v, "<f4") for k, v in pairs.items() if k != b"version"}
 
 
-def lookup(client, model: str, table: str, ids, prefix: str = PREFIX) -> dict[int, dict[str, np.ndarray]]:
-    """Rows of ``table`` by id as the store serves them, read in one script with the
-    generation ``applied`` names (so never a row missing during a rebuild): id -> {view
-    name: ``float32 [dim]``}; an id the store lacks is left out."""
-    script = client.register_script(_LOOKUP)
-    ids = [int(i) for i in ids]
-    found = script(keys=[_key(prefix, model, "applied")], args=[_key(prefix, model, "g"), table, *ids])
-    return {i: _decode(fields) for i, fields in zip(ids, found, strict=True) if fields}
+class EmbeddingStore:
+    """One model's rows in the online embedding store (Redis; the key layout and invariants
+    above). ``client``: a ``redis.Redis``; ``model``: the retrain config's ``model_name``;
+    ``prefix``: the keys' first part (``recpipe``)."""
 
+    def __init__(self, client, model: str, prefix: str = PREFIX):
+        self.client, self.model, self.prefix = client, model, prefix
 
-def read_rows(client, model: str, table: str, prefix: str = PREFIX) -> dict[int, dict[str, np.ndarray]]:
-    """Every row the store serves for ``table`` (the applied generation's): id -> {view name:
-    ``float32 [dim]``}; empty when nothing is applied."""
-    generation = applied(client, model, prefix).get("generation")
-    if generation is None:
-        return {}
-    out = {}
-    for name in client.scan_iter(match=row_key(model, table, "*", generation, prefix), count=BATCH):
-        key = int(name.decode().rsplit(":", 1)[1])
-        out[key] = _decode(client.hgetall(name))
-    return out
+    def key(self, *parts) -> str:
+        """``<prefix>:<model>:<parts...>``."""
+        return _key(self.prefix, self.model, *parts)
+
+    def row_key(self, table: str, key: int | str, generation: str | int) -> str:
+        """The Redis key of one row: ``<prefix>:<model>:g<generation>:<table>:<id>``."""
+        return self.key(f"g{generation}", table, key)
+
+    def applied(self) -> dict[str, str]:
+        """The export the store serves (``day``, ``name``, ``sequence``, ``global_step``,
+        ``ev_step``, ``generation``), empty when none."""
+        return {k.decode(): v.decode() for k, v in self.client.hgetall(self.key("applied")).items()}
+
+    def push(self, export: Path) -> dict[str, int]:
+        """Write a base or delta export's rows and record it as applied, holding the model's
+        push lock. Returns ``{"rows": written, "deleted": removed, "stale": 0 or 1}``;
+        ``stale`` 1: the store holds a later export, nothing was written.
+
+        Raises:
+            StoreBehind: a delta that does not follow the export applied, which is older (names
+                both): push the day's chain up to it instead (``push_chain``).
+            StoreFenced: the lock was lost mid-push; what was not written stays unwritten.
+            StoreError: the push lock stayed taken for ``LOCK_WAIT_S`` seconds.
+            recpipe.exports.files.DeltaError: an unfinished export or a checksum mismatch.
+        """
+        with _Pusher(self) as pusher:
+            return pusher.push(Path(export))
+
+    def push_chain(self, export: Path) -> tuple[dict[str, int], list[Path]]:
+        """Push ``export``; when the store is behind it (``StoreBehind``: a restarted or flushed
+        store, a push lost earlier), rebuild the store from its day's chain up to it, in a new
+        generation switched to at once, under the same lock: readers keep the old rows until
+        the switch. Returns the summed totals and the exports written. Never moves the store
+        backwards: an export older than the store's is a no-op (``stale``).
+
+        Raises:
+            StoreFenced, StoreError, recpipe.exports.files.DeltaError: as ``push``.
+        """
+        export = Path(export)
+        with _Pusher(self) as pusher:
+            try:
+                return pusher.push(export), [export]
+            except StoreBehind as err:
+                log.warning("%s; rebuilding the store from the day's exports up to it", err)
+            exports = chain(export.parent)
+            exports = exports[: [p.name for p in exports].index(export.name) + 1]
+            return pusher.rebuild(exports), exports
+
+    def restore(self, exports: list[Path]) -> dict[str, int]:
+        """Make the store hold ``exports`` (a base and its deltas, in order) and nothing else:
+        written into a new generation and switched to at once under the push lock, even when
+        the store holds later exports (a champion rolled back: ``recpipe.champion``).
+
+        Raises:
+            StoreFenced, StoreError, recpipe.exports.files.DeltaError: as ``push``.
+        """
+        if not exports or not is_base(read_manifest(Path(exports[0]))):
+            raise StoreError(f"{self.model}: a restore starts at a base export, not {exports[:1]}")
+        with _Pusher(self) as pusher:
+            return pusher.rebuild([Path(e) for e in exports], backwards=True)
+
+    def lookup(self, table: str, ids) -> dict[int, dict[str, np.ndarray]]:
+        """Rows of ``table`` by id as the store serves them, read in one script with the
+        generation ``applied`` names (so never a row missing during a rebuild): id -> {view
+        name: ``float32 [dim]``}; an id the store lacks is left out."""
+        script = self.client.register_script(_LOOKUP)
+        ids = [int(i) for i in ids]
+        found = script(keys=[self.key("applied")], args=[self.key("g"), table, *ids])
+        return {i: _decode(fields) for i, fields in zip(ids, found, strict=True) if fields}
+
+    def read_rows(self, table: str) -> dict[int, dict[str, np.ndarray]]:
+        """Every row the store serves for ``table`` (the applied generation's): id -> {view
+        name: ``float32 [dim]``}; empty when nothing is applied."""
+        generation = self.applied().get("generation")
+        if generation is None:
+            return {}
+        out = {}
+        for name in self.client.scan_iter(match=self.row_key(table, "*", generation), count=BATCH):
+            key = int(name.decode().rsplit(":", 1)[1])
+            out[key] = _decode(self.client.hgetall(name))
+        return out

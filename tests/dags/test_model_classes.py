@@ -146,12 +146,13 @@ def _store(model: str) -> dict:
     recpipe key space present."""
     import redis
 
-    from recpipe.exports.store import applied, read_rows
+    from recpipe.exports.store import EmbeddingStore
 
     client = redis.Redis(host="127.0.0.1", port=6379)
     spaces = {key.decode().split(":")[1] for key in client.scan_iter(match="recpipe:*")}
-    return {"client": client, "applied": applied(client, model), "rows": read_rows(client, model, "user_id"),
-            "spaces": spaces}  # fmt: skip
+    online = EmbeddingStore(client, model)
+    rows = online.read_rows("user_id")
+    return {"client": client, "applied": online.applied(), "rows": rows, "spaces": spaces}
 
 
 def test_each_model_runs_as_its_own_dag_and_a_broken_config_harms_none(models):

@@ -44,9 +44,9 @@ def _rate(optimizer: str, rate: float) -> dict:
 
 
 def _store_rows(client, model: str, tables) -> dict:
-    from recpipe.exports.store import read_rows
+    from recpipe.exports.store import EmbeddingStore
 
-    return {t: read_rows(client, model, t) for t in tables}
+    return {t: EmbeddingStore(client, model).read_rows(t) for t in tables}
 
 
 def _chain_rows(day_dir, upto: str) -> dict:
@@ -76,10 +76,11 @@ def _clear(api, client, model, day, want, task_ids, pass_dir=None) -> dict:
     """Clear ``task_ids`` (None: every task) of the run of ``day``'s first pass, after the
     later one; wait for it to run again; return the store (and ``pass_dir``) before and
     after."""
-    from recpipe.exports.store import applied
+    from recpipe.exports.store import EmbeddingStore
 
     def state():
-        out = {"applied": dict(applied(client, model)), "rows": _store_rows(client, model, want)}
+        online = EmbeddingStore(client, model)
+        out = {"applied": dict(online.applied()), "rows": _store_rows(client, model, want)}
         if pass_dir is not None:
             out["train_result"] = json.loads((pass_dir / "train_result.json").read_text())["global_step"]
             out["checkpoints"] = sorted(p.name for p in pass_dir.glob("model.ckpt-*.index"))
@@ -107,7 +108,7 @@ def days(movielens_hourly_raw, tmp_path_factory) -> dict:
 
     from dev.airflow import land_when_waited_for, run_backfill
     from dev.env import airflow_env
-    from recpipe.exports.store import applied
+    from recpipe.exports.store import EmbeddingStore
     from recpipe.launch.topology import free_ports
 
     spark_connect_url()  # prepare_features runs on it
@@ -159,6 +160,7 @@ def days(movielens_hourly_raw, tmp_path_factory) -> dict:
         "MLFLOW_TRACKING_URI": f"sqlite:///{var / 'mlflow' / 'mlflow.db'}",
     }
     client = redis.Redis(host="127.0.0.1", port=6379)
+    online = EmbeddingStore(client, model)
     registry = MlflowClient(env["MLFLOW_TRACKING_URI"])
     runs, exports = var / "runs" / model, var / "exports" / model
     checks: list[dict] = []
@@ -170,7 +172,7 @@ def days(movielens_hourly_raw, tmp_path_factory) -> dict:
         day, key = logical[:10], logical[11:].replace(":", "")
         if logical == passes[0]:  # the quiet pass: nothing trained, exported or pushed
             checks.append(
-                {"quiet": sorted(p.name for p in runs.rglob("hh=*")), "applied": applied(client, model)}
+                {"quiet": sorted(p.name for p in runs.rglob("hh=*")), "applied": online.applied()}
             )
             (run,) = [r for r in api.runs(DAG_ID) if r["logical_date"].startswith(logical)]
             tis = {t["task_id"]: t for t in api.task_instances(DAG_ID, run["dag_run_id"])}
@@ -182,7 +184,7 @@ def days(movielens_hourly_raw, tmp_path_factory) -> dict:
                 }
             )
             return
-        record = applied(client, model)
+        record = online.applied()
         day_dir = exports / day
         want = _chain_rows(day_dir, record["name"])
         _same(_store_rows(client, model, want), want)
@@ -363,7 +365,7 @@ def test_a_rollback_reaches_day_ones_champion_though_retention_keeps_one_day(day
     import os
     import subprocess
 
-    from recpipe.exports.store import applied
+    from recpipe.exports.store import EmbeddingStore
     from tests.support import RECPIPE, ROOT
 
     registry, model, client = days["registry"], days["model"], days["redis"]
@@ -382,4 +384,4 @@ def test_a_rollback_reaches_day_ones_champion_though_retention_keeps_one_day(day
     moved = run("rollback", "--reason", "day 3 serves badly", "--redis_url", "redis://127.0.0.1:6379/0")
     assert moved["version"] == first["version"] and moved["store"]["rows"] > 0
     assert int(registry.get_model_version_by_alias(model, "champion").version) == first["version"]
-    assert applied(client, model)["day"] == DAYS[0]
+    assert EmbeddingStore(client, model).applied()["day"] == DAYS[0]

@@ -73,14 +73,15 @@ def assert_the_push_carries_every_table(chain: dict) -> dict:
     import redis
 
     from recpipe.exports.files import apply, read_params
-    from recpipe.exports.store import push
+    from recpipe.exports.store import EmbeddingStore
 
     client = redis.Redis(host="127.0.0.1", port=6379, db=0)
     model = f"test-{uuid.uuid4().hex[:8]}"
+    online = EmbeddingStore(client, model)
     exports = chain["exports"]
     try:
-        push(client, model, exports / "base")
-        assert push(client, model, exports / "delta-01")["rows"] > 0
+        online.push(exports / "base")
+        assert online.push(exports / "delta-01")["rows"] > 0
         params = apply(read_params(exports / "base"), read_params(exports / "delta-01"))
         assert all(len(rows.ids) for rows in params.tables.values())
         assert_store_holds(client, model, params)
@@ -93,10 +94,10 @@ def assert_the_push_carries_every_table(chain: dict) -> dict:
 def assert_store_holds(client, model: str, params) -> None:
     """The store holds exactly ``params``' rows (``recpipe.exports.files.Params``), table by
     table, each view's values as written."""
-    from recpipe.exports.store import read_rows
+    from recpipe.exports.store import EmbeddingStore
 
     for table, rows in params.tables.items():
-        stored = read_rows(client, model, table)
+        stored = EmbeddingStore(client, model).read_rows(table)
         assert set(stored) == set(rows.ids.tolist()), table
         for i, key in enumerate(rows.ids.tolist()):
             for view, values in rows.views.items():

@@ -224,36 +224,37 @@ def test_pushes_to_redis_are_idempotent_ordered_and_delete_tombstones(chain):
     import redis
 
     from recpipe.exports.files import apply, read_params
-    from recpipe.exports.store import StoreError, applied, push, read_rows
+    from recpipe.exports.store import EmbeddingStore, StoreError
     from tests.trainer.chain import assert_store_holds
 
     client = redis.Redis(host="127.0.0.1", port=6379, db=0)
     model = f"test-{uuid.uuid4().hex[:8]}"
+    online = EmbeddingStore(client, model)
     exports = chain["exports"]
     try:
-        push(client, model, exports / "base")
+        online.push(exports / "base")
         with pytest.raises(StoreError, match="push the exports in order"):
-            push(client, model, exports / "delta-20")
-        assert push(client, model, exports / "delta-19")["rows"] > 0
-        push(client, model, exports / "delta-20")
-        again = push(client, model, exports / "delta-20")  # a retried push: the same state
-        assert applied(client, model)["name"] == "delta-20" and again["rows"] > 0
+            online.push(exports / "delta-20")
+        assert online.push(exports / "delta-19")["rows"] > 0
+        online.push(exports / "delta-20")
+        again = online.push(exports / "delta-20")  # a retried push: the same state
+        assert online.applied()["name"] == "delta-20" and again["rows"] > 0
         params = read_params(exports / "base")
         for name in ("delta-19", "delta-20"):
             params = apply(params, read_params(exports / name))
         assert_store_holds(client, model, params)
         # the day's base again (a cleared push of the first pass): older than the store's,
         # so a no-op that keeps what the later passes admitted
-        stored = read_rows(client, model, "user_id")
-        assert push(client, model, exports / "base") == {"rows": 0, "deleted": 0, "stale": 1}
-        assert applied(client, model)["name"] == "delta-20"
-        assert read_rows(client, model, "user_id").keys() == stored.keys()
+        stored = online.read_rows("user_id")
+        assert online.push(exports / "base") == {"rows": 0, "deleted": 0, "stale": 1}
+        assert online.applied()["name"] == "delta-20"
+        assert online.read_rows("user_id").keys() == stored.keys()
         # after a store restart, a base replaces the rows whole
         for key in client.scan_iter(match=f"recpipe:{model}:*"):
             client.delete(key)
-        push(client, model, exports / "base")
+        online.push(exports / "base")
         base = read_params(exports / "base")
-        assert set(read_rows(client, model, "user_id")) == set(base.tables["user_id"].ids.tolist())
+        assert set(online.read_rows("user_id")) == set(base.tables["user_id"].ids.tolist())
     finally:
         for key in client.scan_iter(match=f"recpipe:{model}:*"):
             client.delete(key)
@@ -316,12 +317,14 @@ def test_a_client_scores_with_the_stores_rows_as_the_saved_model_does(chain, sto
     export's ids and serving_rows signatures (predict.online), give serving_default's scores;
     ids the store lacks are left out of the rows sent and get the zero row, as in training."""
     from predict.online import StoreScorer
-    from recpipe.exports.store import push
+    from recpipe.exports.store import EmbeddingStore
     from trainer.mlflow_model import raw_rows
 
     client, model = store
+
+    online = EmbeddingStore(client, model)
     for name in ("base", "delta-19", "delta-20"):
-        push(client, model, chain["exports"] / name)
+        online.push(chain["exports"] / name)
     frame = raw_rows(chain["config"], f"{DAY}/21", limit=1000)  # the next, unseen hour
     request = {c: tf.constant(frame[c].to_numpy()) for c in frame.columns}
     expected = tf.saved_model.load(str(chain["full"])).signatures["serving_default"](**request)

@@ -103,7 +103,7 @@ def redis_client():
 @given(ev=ev_settings, sequence=passes)
 def test_base_plus_deltas_equals_the_full_export_after_every_export(ev, sequence, tmp_path, redis_client):
     from recpipe.exports.files import apply, chain, read_params
-    from recpipe.exports.store import push_chain, read_rows
+    from recpipe.exports.store import EmbeddingStore
     from trainer.delta import snapshot, write_export
     from trainer.online import start_day
 
@@ -129,10 +129,10 @@ def test_base_plus_deltas_equals_the_full_export_after_every_export(ev, sequence
                 params = read_params(item) if params is None else apply(params, read_params(item))
             full, _ = snapshot(model, {})
             _assert_same_rows(_rows(params), _rows(full), f"{export.name} after pass {k}")
-            push_chain(redis_client, store, export)
+            EmbeddingStore(redis_client, store).push_chain(export)
             held = {
                 key: np.concatenate([v for _, v in sorted(fields.items())])
-                for key, fields in read_rows(redis_client, store, table.table).items()
+                for key, fields in EmbeddingStore(redis_client, store).read_rows(table.table).items()
             }
             _assert_same_rows(held, _rows(full), f"the store after pushing {export.name}")
     finally:
