@@ -50,7 +50,7 @@ def daily_retrain_dag(home: Path, retrain: RetrainConfig, doc_md: str | None = N
             task_id="validate_features",
             execution_timeout=retrain.timeouts.of("validate_features"),
             validation=retrain.validation,
-            **tasks.common,
+            **tasks.defaults.common(),
         )
         evaluate_champion = tasks.evaluate_champion(model_dir, gate_window, train_ds=held_out)
         train = tasks.train(model_dir, training_window_days=retrain.training_window_days, eval_ds=gate_window)

@@ -6,6 +6,7 @@ holds only what is its own: the schedule, its templates and the order of its tas
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -44,6 +45,65 @@ def _midnight(d, tz: str) -> datetime:
     return pendulum.datetime(d.year, d.month, d.day, tz=tz)
 
 
+@dataclass(frozen=True)
+class TaskDefaults:
+    """What every recpipe operator of one DAG is given (``common``) and, for the tasks that
+    run a job on the cluster, the cluster config and the model's pool slots besides (``job``).
+
+    Attributes:
+        pipeline_config_path: the EasyRec pipeline config (templated).
+        experiment: the MLflow experiment; mlflow_conn_id: its Airflow connection.
+        cluster_config_path: the cluster config of job tasks (templated).
+        pass_minutes: the DAG's pass length in minutes; None: a day a run.
+        pool, pool_slots: the Airflow pool a job task takes slots of (``retrain.pool``);
+            None: the default pool.
+        edit_config_json: the run's overrides, a template (``EDITS``).
+    """
+
+    pipeline_config_path: str
+    experiment: str
+    mlflow_conn_id: str
+    cluster_config_path: str
+    pass_minutes: int | None = None
+    pool: str | None = None
+    pool_slots: int = 1
+    edit_config_json: str = EDITS
+
+    @classmethod
+    def of(
+        cls,
+        retrain: RetrainConfig,
+        pipeline_config_path: str | None = None,
+        cluster_config_path: str | None = None,
+        pass_minutes: int | None = None,
+    ) -> TaskDefaults:
+        """The defaults of ``retrain``'s DAG; a path given replaces the config's."""
+        return cls(
+            pipeline_config_path=pipeline_config_path or retrain.pipeline_config_path,
+            experiment=retrain.experiment,
+            mlflow_conn_id=retrain.tracking.mlflow_conn_id,
+            cluster_config_path=cluster_config_path or retrain.cluster_config_path,
+            pass_minutes=pass_minutes,
+            pool=retrain.pool,
+            pool_slots=retrain.pool_slots,
+        )
+
+    def common(self) -> dict:
+        """Keyword arguments of every recpipe operator."""
+        return {
+            "pipeline_config_path": self.pipeline_config_path,
+            "edit_config_json": self.edit_config_json,
+            "experiment": self.experiment,
+            "mlflow_conn_id": self.mlflow_conn_id,
+            "pass_minutes": self.pass_minutes,
+        }
+
+    def job(self) -> dict:
+        """``common`` and the cluster config, and the pool slots when a pool is set."""
+        slots = {"pool": self.pool, "pool_slots": self.pool_slots} if self.pool else {}
+        return {**self.common(), "cluster_config_path": self.cluster_config_path, **slots}
+
+
 class RetrainTasks:
     """Tasks of one retrain config's DAG.
 
@@ -58,7 +118,7 @@ class RetrainTasks:
     Attributes:
         runs: ``<runs_dir>/<model_name>``, where model dirs live.
         exports: ``<export_dir>/<model_name>``.
-        common: the arguments of every recpipe operator; ``job`` adds the cluster config.
+        defaults: the arguments of every task (``TaskDefaults``).
     """
 
     def __init__(
@@ -72,20 +132,7 @@ class RetrainTasks:
         self.home, self.retrain, self.pass_minutes = home, retrain, pass_minutes
         self.runs = f"{retrain.runs_dir}/{retrain.model_name}"
         self.exports = f"{retrain.export_dir}/{retrain.model_name}"
-        self.common = {
-            "pipeline_config_path": pipeline_config_path or retrain.pipeline_config_path,
-            "edit_config_json": EDITS,
-            "experiment": retrain.experiment,
-            "mlflow_conn_id": retrain.tracking.mlflow_conn_id,
-            "pass_minutes": pass_minutes,
-        }
-        # the model's share of the cluster: its job tasks take pool slots (retrain.pool)
-        self.slots = {"pool": retrain.pool, "pool_slots": retrain.pool_slots} if retrain.pool else {}
-        self.job = {
-            **self.common,
-            "cluster_config_path": cluster_config_path or retrain.cluster_config_path,
-            **self.slots,
-        }
+        self.defaults = TaskDefaults.of(retrain, pipeline_config_path, cluster_config_path, pass_minutes)
 
     def dag(self, dag_id: str, *, description: str, schedule, params: dict | None = None, **kwargs) -> DAG:
         """The DAG: native rendering (Params arrive typed), the retrain config as the macro
@@ -140,6 +187,11 @@ class RetrainTasks:
     def _timeout(self, task_id: str) -> dict:
         return {"task_id": task_id, "execution_timeout": self.retrain.timeouts.of(task_id)}
 
+    def _task(self, operator, task_id: str, defaults: dict, fields: dict, kwargs: dict):
+        """``operator`` with ``task_id``'s timeout, then ``fields``, ``defaults`` and the
+        caller's ``kwargs``, each replacing the one before."""
+        return operator(**{**self._timeout(task_id), **fields, **defaults, **kwargs})
+
     def wait_for_raw(self, task_id: str, raw_input_path: str, hh: str | None = None):
         """A ``RawPartitionSensor`` on the ``_SUCCESS`` of the run's raw day (or, with ``hh``,
         the pass it names) under ``raw_input_path``, by the config's ``sensor`` section."""
@@ -153,24 +205,19 @@ class RetrainTasks:
     def train(self, model_dir: str, **kwargs) -> DistributedTrainOperator:
         """``train``, warm-started from ``runs`` (the champion's model dir) unless the run
         sets ``full_retrain``."""
-        return DistributedTrainOperator(
-            **{
-                **self._timeout("train"),
-                "model_dir": model_dir,
-                "warm_start_root": self.runs,
-                "model_name": self.retrain.model_name,
-                "alias": self.retrain.gate.alias,
-                "full_retrain": "{{ params.full_retrain }}",
-                **self.job,
-                **kwargs,
-            }
-        )
+        fields = {
+            "model_dir": model_dir,
+            "warm_start_root": self.runs,
+            "model_name": self.retrain.model_name,
+            "alias": self.retrain.gate.alias,
+            "full_retrain": "{{ params.full_retrain }}",
+        }
+        return self._task(DistributedTrainOperator, "train", self.defaults.job(), fields, kwargs)
 
     def evaluate(self, task_id: str, model_dir: str, eval_ds: str, **kwargs) -> EvalOperator:
         """An evaluation job of ``model_dir`` on ``eval_ds``."""
-        return EvalOperator(
-            **{**self._timeout(task_id), "model_dir": model_dir, "eval_ds": eval_ds, **self.job, **kwargs}
-        )
+        fields = {"model_dir": model_dir, "eval_ds": eval_ds}
+        return self._task(EvalOperator, task_id, self.defaults.job(), fields, kwargs)
 
     def evaluate_champion(self, model_dir: str, eval_ds: str, **kwargs) -> EvalOperator:
         """``evaluate_champion``: the champion (alias ``gate.alias``) on the candidate's rows."""
@@ -187,32 +234,24 @@ class RetrainTasks:
 
     def export(self, model_dir: str, task_id: str = "export", **kwargs) -> ExportOperator:
         """A SavedModel export of ``model_dir`` under ``exports``, an outlet of the model's asset."""
-        return ExportOperator(
-            **{
-                **self._timeout(task_id),
-                "model_dir": model_dir,
-                "export_dir": self.exports,
-                "outlets": [export_asset(self.retrain.model_name)],
-                **self.job,
-                **kwargs,
-            }
-        )
+        fields = {
+            "model_dir": model_dir,
+            "export_dir": self.exports,
+            "outlets": [export_asset(self.retrain.model_name)],
+        }
+        return self._task(ExportOperator, task_id, self.defaults.job(), fields, kwargs)
 
     def register(
         self, task_id: str = "register_and_gate", gate: dict | None = None, **kwargs
     ) -> RegisterModelOperator:
         """Register the export and gate it by the config's ``gate`` section (``gate``: fields
         to replace)."""
-        return RegisterModelOperator(
-            **{
-                **self._timeout(task_id),
-                "model_name": self.retrain.model_name,
-                "gate": self.retrain.gate.model_copy(update=gate or {}),
-                "on_success_callback": on_decision(self.retrain.notifications) or None,
-                **self.common,
-                **kwargs,
-            }
-        )
+        fields = {
+            "model_name": self.retrain.model_name,
+            "gate": self.retrain.gate.model_copy(update=gate or {}),
+            "on_success_callback": on_decision(self.retrain.notifications) or None,
+        }
+        return self._task(RegisterModelOperator, task_id, self.defaults.common(), fields, kwargs)
 
     def approval(self, register: RegisterModelOperator):
         """With ``gate.approval: required``: after ``register``, ``needs_approval`` (a short
@@ -236,7 +275,7 @@ class RetrainTasks:
             **self._timeout("apply_approval"),
             model_name=self.retrain.model_name,
             alias=gate.alias,
-            **self.common,
+            **self.defaults.common(),
         )
         register >> needs >> approve >> apply
         return apply
@@ -246,32 +285,24 @@ class RetrainTasks:
         holding ``gate.alias`` when it runs; None without that section."""
         if self.retrain.batch_predict is None:
             return None
-        return BatchPredictOperator(
-            **{
-                **self._timeout("batch_predict"),
-                "model_name": self.retrain.model_name,
-                "alias": self.retrain.gate.alias,
-                "batch_predict": self.retrain.batch_predict,
-                "model_dir": model_dir,
-                **self.job,
-                **kwargs,
-            }
-        )
+        fields = {
+            "model_name": self.retrain.model_name,
+            "alias": self.retrain.gate.alias,
+            "batch_predict": self.retrain.batch_predict,
+            "model_dir": model_dir,
+        }
+        return self._task(BatchPredictOperator, "batch_predict", self.defaults.job(), fields, kwargs)
 
     def retention(self, **kwargs) -> RetentionOperator:
         """``retention``: model dirs older than ``retention_days`` and SavedModel versions
         beyond ``export_config.exports_to_keep``, never the champion's nor those of the
         ``retention_champions`` champions before it."""
-        return RetentionOperator(
-            **{
-                **self._timeout("retention"),
-                "runs_root": self.runs,
-                "export_root": self.exports,
-                "keep_days": self.retrain.retention_days,
-                "keep_champions": self.retrain.retention_champions,
-                "model_name": self.retrain.model_name,
-                "alias": self.retrain.gate.alias,
-                **self.common,
-                **kwargs,
-            }
-        )
+        fields = {
+            "runs_root": self.runs,
+            "export_root": self.exports,
+            "keep_days": self.retrain.retention_days,
+            "keep_champions": self.retrain.retention_champions,
+            "model_name": self.retrain.model_name,
+            "alias": self.retrain.gate.alias,
+        }
+        return self._task(RetentionOperator, "retention", self.defaults.common(), fields, kwargs)

@@ -101,7 +101,7 @@ def _pass_chain(tasks: RetrainTasks, retrain: RetrainConfig, pipeline, key: str)
         cold_start_from=retrain.stream.cold_start_from,
         result_name=PASS_EVAL_RESULT,
         step="evaluate_pass",
-        **tasks.job,
+        **tasks.defaults.job(),
     )
     # from the day's previous pass; a day's first pass the champion (or, before any close, the
     # newest pass): never a model its day's close rejected. One process scores the pass first,
@@ -123,7 +123,7 @@ def _pass_chain(tasks: RetrainTasks, retrain: RetrainConfig, pipeline, key: str)
         model_dir=model_dir,
         export_dir=tasks.exports,
         ds=pass_ds,
-        **tasks.job,
+        **tasks.defaults.job(),
     )
     # the pass's rows reach the store first; its score is reported beside
     wait_for_pass >> prepare >> has_rows >> train >> [evaluate, export]
@@ -158,7 +158,7 @@ def _day_close(tasks: RetrainTasks, retrain: RetrainConfig, after: list):
         execution_timeout=retrain.timeouts.of("evaluate_day"),
         runs_root=tasks.runs,
         day="{{ ds }}",
-        **tasks.common,
+        **tasks.defaults.common(),
     )
     day_model = xcom("evaluate_day", "model_dir")
     evaluate_champion = tasks.evaluate_champion(day_model, xcom("evaluate_day", "eval_ds"))
