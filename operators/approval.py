@@ -91,10 +91,11 @@ class ApplyApprovalOperator(RecpipeOperator):
         else:
             outcome = REJECTED_BY_APPROVER if name else APPROVAL_TIMED_OUT
         promoted = outcome == PROMOTED
-        tags = {"promotion": outcome, "approved_by" if chosen == APPROVE else "decided_by": name or "timeout"}
+        decided = "approved_by" if chosen == APPROVE else "decided_by"
+        tags = {registry.PROMOTION: outcome, decided: name or "timeout"}
         if outcome == CHAMPION_MOVED:
-            tags["promotion_reason"] = reason
-        self.hook.set_version_tags(self.model_name, version, tags)
+            tags[registry.PROMOTION_REASON] = reason
+        registry.tag_version(self.hook.get_client(), self.model_name, version, tags)
         self.hook.set_tags(self.parent_run_id(context), {**tags, "promoted": promoted})
         if promoted:
             self.log.info(

@@ -112,7 +112,8 @@ class RegisterModelOperator(RecpipeOperator):
         promoted, outcome, reason, awaiting = self._apply(decision, version.version, expect)
         # an inconclusive gate that kept the champion (gate.inconclusive: keep_champion) counts
         kept = decision.outcome == INCONCLUSIVE and not promoted
-        streak = self._inconclusive_streak(version.version) + 1 if kept else 0
+        client = self.hook.get_client()
+        streak = registry.inconclusive_streak(client, self.model_name, version.version) + 1 if kept else 0
         self._record(context, decision, version.version, promoted, outcome, reason, streak)
         if self.gate.max_inconclusive_days and streak >= self.gate.max_inconclusive_days:
             raise GateStuckError(
@@ -156,20 +157,18 @@ class RegisterModelOperator(RecpipeOperator):
         """The model version of this training: the one a retry of this DAG run, or a re-run
         of the same checkpoint, registered (``(version, True)``), else a new one with its tags
         (``(version, False)``)."""
-        hook, candidate = self.hook, evaluation.get("metrics")
+        client, candidate = self.hook.get_client(), evaluation.get("metrics")
         dag_run = f"{context['dag'].dag_id}/{context['run_id']}"
-        earlier = hook.versions(self.model_name, {"dag_run": dag_run}) or hook.versions(
-            self.model_name, {"checkpoint": train["checkpoint"]}
-        )
-        if earlier:
-            version = earlier[0]
+        version = registry.version_of_training(client, self.model_name, dag_run, train["checkpoint"])
+        if version is not None:
             log.info(
                 "reusing version %s, registered by an earlier attempt of %s",
                 version.version,
                 version.tags.get("dag_run"),
             )
             return version, True
-        version = hook.register(
+        version = registry.register_version(
+            client,
             self.model_name,
             export["artifact_uri"],
             export["mlflow_run_id"],
@@ -217,18 +216,10 @@ class RegisterModelOperator(RecpipeOperator):
         """The decision on the version's tags and the parent run's (tags, the gate's numbers
         as metrics, the days' history), then the parent run ended."""
         hook = self.hook
+        promotion = PROMOTED if promoted else outcome
+        client = hook.get_client()
+        registry.tag_decision(client, self.model_name, version, decision, promotion, reason, streak)
         numbers = {f"gate.{k}": v for k, v in decision.numbers.items()}
-        hook.set_version_tags(
-            self.model_name,
-            version,
-            {
-                "promotion": PROMOTED if promoted else outcome,
-                "gate_outcome": decision.outcome,
-                "promotion_reason": reason,
-                "inconclusive_days": streak,
-                **numbers,
-            },
-        )
         parent = self.parent_run_id(context)
         hook.set_tags(
             parent,
@@ -245,17 +236,6 @@ class RegisterModelOperator(RecpipeOperator):
         if self.promote and self.history_days:
             self._log_history(context, parent)
         hook.end_run(parent)
-
-    def _inconclusive_streak(self, version: str) -> int:
-        """Inconclusive gates that kept the champion, in a row before ``version``: the versions
-        registered before it, newest first, up to the first that was decided or promoted
-        (tags ``gate_outcome``, ``promotion``)."""
-        streak = 0
-        for v in (v for v in self.hook.versions(self.model_name) if int(v.version) < int(version)):
-            if v.tags.get("gate_outcome") != INCONCLUSIVE or v.tags.get("promotion") == PROMOTED:
-                break
-            streak += 1
-        return streak
 
     def _log_history(self, context, parent: str) -> None:
         from recpipe.runs.compare import day_figure, day_history

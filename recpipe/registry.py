@@ -107,6 +107,69 @@ def current(client, model: str, alias: str = ALIAS):
     return None if version is None else client.get_model_version(model, str(version))
 
 
+def versions(client, model: str, tags: dict[str, Any] | None = None) -> list:
+    """The ``ModelVersion`` s of ``model`` whose tags include ``tags`` (values compared as
+    text), newest first; [] when the registered model does not exist."""
+    if registered_model(client, model) is None:
+        return []
+    wanted = {k: str(v) for k, v in (tags or {}).items()}
+    found = client.search_model_versions(f"name = '{model}'")
+    matching = [v for v in found if all(v.tags.get(k) == x for k, x in wanted.items())]
+    return sorted(matching, key=lambda v: int(v.version), reverse=True)
+
+
+def register_version(client, model: str, source: str, run_id: str, tags: dict[str, Any], model_id=None):
+    """A new version of ``model`` (the registered model created if missing) from ``source``
+    (a logged model's artifact location, with its ``model_id``), its ``tags`` as text."""
+    if registered_model(client, model) is None:
+        client.create_registered_model(model)
+    text = {k: str(v) for k, v in tags.items()}
+    return client.create_model_version(model, source, run_id=run_id, tags=text, model_id=model_id)
+
+
+def version_of_training(client, model: str, dag_run: str, checkpoint: str):
+    """The version an earlier attempt registered for this training: tagged with the DAG run
+    (``<dag_id>/<run_id>``; a retried task) or, failing that, with the same checkpoint (a
+    re-run of the same model); None when there is none. A retry reuses it instead of
+    registering the model twice."""
+    earlier = versions(client, model, {"dag_run": dag_run})
+    earlier = earlier or versions(client, model, {"checkpoint": checkpoint})
+    return earlier[0] if earlier else None
+
+
+def inconclusive_streak(client, model: str, version: str | int) -> int:
+    """Inconclusive gates that kept the champion, in a row before ``version``: the versions
+    registered before it, newest first, up to the first that was decided or promoted (tags
+    ``gate_outcome``, ``promotion``)."""
+    streak = 0
+    for v in (v for v in versions(client, model) if int(v.version) < int(version)):
+        if v.tags.get(GATE_OUTCOME) != INCONCLUSIVE or v.tags.get(PROMOTION) == PROMOTED:
+            break
+        streak += 1
+    return streak
+
+
+def tag_decision(client, model: str, version: str, decision: GateDecision, promotion: str, reason: str,
+                 streak: int) -> None:  # fmt: skip
+    """The gate's decision on ``version``'s tags: ``promotion`` (what became of it: one of
+    the outcomes above), ``gate_outcome`` (the gate's own), ``promotion_reason``,
+    ``inconclusive_days`` (the streak) and the gate's numbers as ``gate.<name>``."""
+    tags = {
+        PROMOTION: promotion,
+        GATE_OUTCOME: decision.outcome,
+        PROMOTION_REASON: reason,
+        "inconclusive_days": streak,
+        **{f"gate.{k}": v for k, v in decision.numbers.items()},
+    }
+    tag_version(client, model, version, tags)
+
+
+def tag_version(client, model: str, version: str | int, tags: dict[str, Any]) -> None:
+    """Set ``tags`` (values as text) on ``model``'s ``version``."""
+    for key, value in tags.items():
+        client.set_model_version_tag(model, str(version), key, str(value))
+
+
 def _tag(client, model: str, key: str, default: str) -> str:
     registered = registered_model(client, model)
     return default if registered is None else (registered.tags or {}).get(key, default)

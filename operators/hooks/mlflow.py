@@ -384,25 +384,10 @@ class MLflowHook(BaseHook):
 
     def versions(self, model_name: str, tags: dict[str, str] | None = None) -> list:
         """The versions of ``model_name`` whose tags include ``tags``, newest first ([] when
-        the model does not exist)."""
-        if self._registered_model(model_name) is None:
-            return []
-        found = self.get_client().search_model_versions(f"name = '{model_name}'")
-        wanted = {k: str(v) for k, v in (tags or {}).items()}
-        matching = [v for v in found if all(v.tags.get(k) == x for k, x in wanted.items())]
-        return sorted(matching, key=lambda v: int(v.version), reverse=True)
+        the model does not exist; ``recpipe.registry.versions``)."""
+        from recpipe.registry import versions
 
-    def register(
-        self, model_name: str, source: str, run_id: str, tags: dict[str, Any], model_id: str | None = None
-    ):
-        """A new version of registered model ``model_name`` (created if missing), from
-        ``source`` (a logged model's artifact location, with its ``model_id``)."""
-        client = self.get_client()
-        if self._registered_model(model_name) is None:
-            client.create_registered_model(model_name)
-        return client.create_model_version(
-            model_name, source, run_id=run_id, tags={k: str(v) for k, v in tags.items()}, model_id=model_id
-        )
+        return versions(self.get_client(), model_name, tags)
 
     def log_model(self, run_id: str, name: str, local_dir: str | os.PathLike, params: dict[str, Any]):
         """An MLflow 3 ``LoggedModel`` of ``run_id``'s experiment holding the MLflow Model in
@@ -419,10 +404,6 @@ class MLflowHook(BaseHook):
             client.finalize_logged_model(model.model_id, "FAILED")
             raise
         return client.finalize_logged_model(model.model_id, "READY")
-
-    def set_version_tags(self, model_name: str, version: str, tags: dict[str, Any]) -> None:
-        for key, value in tags.items():
-            self.get_client().set_model_version_tag(model_name, version, key, str(value))
 
 
 def _sqlite_client(uri: str, db: Path):

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from operators.hooks.mlflow import MLflowHook, TrackingUnavailableError, flatten
-from recpipe.registry import move_alias
+from recpipe.registry import move_alias, register_version
 from tests import support
 from tests.support import ROOT
 
@@ -39,7 +39,8 @@ def test_runs_metrics_and_registry_through_the_server(mlflow_server, tmp_path, m
     (model / "saved_model.pb").write_bytes(b"x" * 100)
     hook.log_artifact(child, model, "model")
     hook.end_run(child)
-    version = hook.register("m", hook.artifact_uri(child, "model"), child, {"ds": "1997-09-22"})
+    source = hook.artifact_uri(child, "model")
+    version = register_version(hook.get_client(), "m", source, child, {"ds": "1997-09-22"})
     move_alias(hook.get_client(), "m", version.version, None, by="test", reason="first", action="set")
     assert hook.champion("m").version == version.version and hook.champion("other") is None
     client = hook.get_client()
@@ -96,7 +97,8 @@ def test_the_deployments_basic_auth_server_refuses_strangers_and_serves_the_hook
         monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "s3cret-for-the-test")
         hook = MLflowHook(mlflow_conn_id="")
         run = hook.child_run(hook.parent_run("exp", "dag", "run-1", {}), "export")
-        version = hook.register("m", hook.artifact_uri(run, "model"), run, {"ds": "1997-09-22"})
+        source = hook.artifact_uri(run, "model")
+        version = register_version(hook.get_client(), "m", source, run, {"ds": "1997-09-22"})
         move_alias(hook.get_client(), "m", version.version, None, by="test", reason="first", action="set")
         assert hook.champion("m").version == version.version
 
