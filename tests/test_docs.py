@@ -39,6 +39,23 @@ def test_the_readme_is_a_front_page_whose_layout_table_matches_the_tree():
             assert found, f"README's layout: {folder}/ has no {name}"
 
 
+def test_the_reference_names_every_package_folder_in_its_layout():
+    """docs/index.md's layout has a line for every folder of code, two levels deep, and names
+    no folder that is gone."""
+    text = (ROOT / "docs" / "index.md").read_text().split("## Layout", 1)[1]
+    named = {m.rstrip("/") for m in re.findall(r"^\| `([^`]+)`", text, re.M)}
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    code = {"cli", "dags", "operators", "features", "trainer", "predict", "recpipe"}
+    folders = set()
+    for line in tracked.splitlines():
+        parts = line.split("/")
+        if line.endswith(".py") and parts[0] in code:
+            folders |= {"/".join(parts[:n]) for n in range(1, min(len(parts), 4))}
+    folders.add("features/jvm")
+    assert folders - named == set(), f"folders missing from docs/index.md's layout: {sorted(folders - named)}"
+    assert {p for p in named if not (ROOT / p).is_dir()} == set()
+
+
 def test_the_reference_builds_with_every_link_checked(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
