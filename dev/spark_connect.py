@@ -42,7 +42,7 @@ def command(port: int, master: str, host: str = "127.0.0.1") -> list[str]:
     script = Path(pyspark.__file__).parent / "sbin" / "start-connect-server.sh"
     conf = {
         **SERVER_CONF,
-        **session_conf(),
+        **session_conf(master),
         "spark.connect.grpc.binding.address": host,
         "spark.connect.grpc.binding.port": str(port),
         "spark.driver.host": host,

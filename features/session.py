@@ -72,11 +72,12 @@ def get_spark(
     # spark-submit starts the JVM first, with its --master, and tells PySpark where it listens;
     # a Python-side SparkConf cannot see that master before the session exists
     submitted = "PYSPARK_GATEWAY_PORT" in os.environ
-    if not submitted:  # recpipe's JVM functions, when built; spark-submit is given them itself
-        for key, value in session_conf().items():
-            builder = builder.config(key, value)
     if master is not None or not submitted:
-        builder = builder.master(master or os.environ.get("RECPIPE_SPARK_MASTER", "local[*]"))
+        master = master or os.environ.get("RECPIPE_SPARK_MASTER", "local[*]")
+        builder = builder.master(master)
+    if not submitted:  # recpipe's JVM functions, when built; spark-submit is given them itself
+        for key, value in session_conf(master).items():
+            builder = builder.config(key, value)
     spark = builder.getOrCreate()
     threads = local_threads(spark.sparkContext.master)
     if threads is not None:

@@ -130,7 +130,7 @@ def test_every_setting_is_read_by_someone(compose):
         assert f'"{key}"' in source, f"Dockerfile: {key} is not read by the project"
 
 
-def test_no_service_listens_without_a_password_or_shows_one_on_its_command_line(compose):
+def test_no_service_listens_without_a_password_or_shows_one_on_its_command_line(compose, monkeypatch):
     services = compose["services"]
     for name, service in services.items():
         command = service.get("command") or ""
@@ -152,6 +152,11 @@ def test_no_service_listens_without_a_password_or_shows_one_on_its_command_line(
     assert env["MLFLOW_AUTH_ADMIN_PASSWORD"].startswith("${MLFLOW_ADMIN_PASSWORD:?")
     ini = ROOT / env["MLFLOW_AUTH_CONFIG_PATH"].removeprefix("/opt/recpipe/")
     assert ini.exists() and "admin_password" not in ini.read_text().replace("# ", "")
+    # each request's login is a scrypt check (0.1 CPU-s) unless MLflow's cache keeps it a while
+    from mlflow.server.auth.config import read_auth_config
+
+    monkeypatch.setenv("MLFLOW_AUTH_CONFIG_PATH", str(ini))
+    assert 0 < read_auth_config().auth_cache_ttl_seconds <= 300
     worker = _env(services["airflow-worker"])
     assert worker["MLFLOW_TRACKING_USERNAME"] == "admin"
     assert worker["MLFLOW_TRACKING_PASSWORD"].startswith("${MLFLOW_ADMIN_PASSWORD:?")

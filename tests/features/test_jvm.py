@@ -195,3 +195,24 @@ def test_trim_whitespace_equals_btrim(registered):
     rows = got.collect()
     assert [r.a for r in rows] == [r.b for r in rows]
     assert [r.a for r in rows][:6] == [None, "", "", "a", "a", "a"]
+
+
+def test_a_local_session_sets_file_permissions_as_hadoop_does_without_a_chmod_process(registered, tmp_path):
+    """``file://`` in a local session is the jar's ``LocalFileSystem``: a written table's files
+    and folders get Hadoop's modes (0644 and 0755 under its umask 022), and a permission set
+    through it lands, the sticky bit included (through Hadoop's own ``chmod``)."""
+    spark = registered
+    hadoop = spark.sparkContext._jvm.org.apache.hadoop
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    fs = hadoop.fs.Path(f"file://{tmp_path}").getFileSystem(conf)
+    assert fs.getClass().getName() == jvm.LOCAL_FILE_SYSTEM
+    table = spark.range(10).selectExpr("id", "id % 2 as part")
+    table.write.partitionBy("part").parquet(str(tmp_path / "out"))
+    written = list((tmp_path / "out").rglob("*"))
+    assert {oct(p.stat().st_mode & 0o7777) for p in written if p.is_file()} == {"0o644"}
+    assert {oct(p.stat().st_mode & 0o7777) for p in written if p.is_dir()} == {"0o755"}
+    for mode in ("600", "750", "644", "1777"):
+        target = tmp_path / f"f{mode}"
+        target.write_text("x")
+        fs.setPermission(hadoop.fs.Path(f"file://{target}"), hadoop.fs.permission.FsPermission(mode))
+        assert target.stat().st_mode & 0o7777 == int(mode, 8), mode

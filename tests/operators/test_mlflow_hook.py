@@ -101,6 +101,10 @@ def test_the_deployments_basic_auth_server_refuses_strangers_and_serves_the_hook
         version = register_version(hook.get_client(), "m", source, run, {"ds": "1997-09-22"})
         move_alias(hook.get_client(), "m", version.version, None, by="test", reason="first", action="set")
         assert hook.champion("m").version == version.version
+        # a login is verified once a minute (auth_cache_ttl_seconds): a wrong password after
+        # the right one is still refused
+        assert requests.get(search, auth=("admin", "s3cret-for-the-test"), timeout=10).status_code == 200
+        assert requests.get(search, auth=("admin", "wrong"), timeout=10).status_code == 401
 
 
 def test_task_processes_opening_a_new_sqlite_store_at_once_all_get_it(tmp_path):
