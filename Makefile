@@ -38,7 +38,7 @@ mlflow: setup
 
 # the suite in TEST_WORKERS pytest-xdist processes, a file at a time (tests/conftest.py keeps
 # the files of the daily DAG's four days together); TEST_WORKERS=0 runs it in this process
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 test: setup
 	$(VENV)/ruff check .
 	$(VENV)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)

@@ -41,7 +41,7 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
-# `make test` runs the suite in 2 pytest-xdist workers, a file at a time (--dist loadfile):
+# `make test` runs the suite in 3 pytest-xdist workers, a file at a time (--dist loadfile):
 # a file's module fixtures are built once. The files of the costliest session fixture, the
 # daily DAG's four days (daily_runs), are one unit, so that it is built once too. Cheaper
 # session fixtures (the MovieLens features) are built by each worker that needs them.
