@@ -26,7 +26,7 @@ from pathlib import Path
 
 from dev.env import SPARK_CONNECT_PORT as PORT  # Spark Connect's default
 from features.jvm import session_conf
-from features.session import SERVER_CONF
+from features.session import SERVER_CONF, local_threads
 
 PGID_FILE = "server.pgid"
 
@@ -42,7 +42,7 @@ def command(port: int, master: str, host: str = "127.0.0.1") -> list[str]:
     script = Path(pyspark.__file__).parent / "sbin" / "start-connect-server.sh"
     conf = {
         **SERVER_CONF,
-        **session_conf(master),
+        **session_conf(local=local_threads(master) is not None),
         "spark.connect.grpc.binding.address": host,
         "spark.connect.grpc.binding.port": str(port),
         "spark.driver.host": host,

@@ -38,18 +38,18 @@ _registered: dict[int, bool] = {}
 LOCAL_FILE_SYSTEM = "recpipe.spark.LocalFileSystem"
 
 
-def session_conf(master: str | None = None) -> dict[str, str]:
+def session_conf(local: bool = False) -> dict[str, str]:
     """Spark settings that load the jar and register its functions ({} when it is not built).
     They must be set before the driver's JVM starts (``spark-submit --jars`` / ``--conf``).
 
-    With a local ``master`` (``local``, ``local[N]``), ``file://`` is also the jar's
-    ``LocalFileSystem``, which sets a written file's permissions without starting a ``chmod``
-    process for each (Hadoop's way without its native library); on a cluster the executors
-    may lack the jar, so Hadoop's own stays."""
+    ``local``: the master runs executors in the driver (``features.session.local_threads``);
+    then ``file://`` is also the jar's ``LocalFileSystem``, which sets a written file's
+    permissions without starting a ``chmod`` process for each (Hadoop's way without its native
+    library). On a cluster the executors may lack the jar, so Hadoop's own stays."""
     if not JAR.is_file():
         return {}
     conf = {"spark.jars": str(JAR), "spark.sql.extensions": EXTENSIONS}
-    if master is not None and (master == "local" or master.startswith("local[")):
+    if local:
         conf |= {"spark.driver.extraClassPath": str(JAR), "spark.hadoop.fs.file.impl": LOCAL_FILE_SYSTEM}
     return conf
 

@@ -76,7 +76,7 @@ def get_spark(
         master = master or os.environ.get("RECPIPE_SPARK_MASTER", "local[*]")
         builder = builder.master(master)
     if not submitted:  # recpipe's JVM functions, when built; spark-submit is given them itself
-        for key, value in session_conf(master).items():
+        for key, value in session_conf(local=local_threads(master) is not None).items():
             builder = builder.config(key, value)
     spark = builder.getOrCreate()
     threads = local_threads(spark.sparkContext.master)

@@ -129,7 +129,7 @@ class RetrainTasks:
         cluster_config_path: str | None = None,
         pass_minutes: int | None = None,
     ):
-        self.home, self.retrain, self.pass_minutes = home, retrain, pass_minutes
+        self.home, self.retrain = home, retrain
         self.runs = f"{retrain.runs_dir}/{retrain.model_name}"
         self.exports = f"{retrain.export_dir}/{retrain.model_name}"
         self.defaults = TaskDefaults.of(retrain, pipeline_config_path, cluster_config_path, pass_minutes)
@@ -146,7 +146,7 @@ class RetrainTasks:
             "owner": retrain.owner,
             "priority_weight": retrain.priority_weight,
             "on_failure_callback": [
-                fail_parent_run(retrain.experiment, tracking.mlflow_conn_id, self.pass_minutes),
+                fail_parent_run(retrain.experiment, tracking.mlflow_conn_id, self.defaults.pass_minutes),
                 *on_failure(retrain.notifications),
             ],
         }

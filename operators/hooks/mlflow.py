@@ -377,11 +377,6 @@ class MLflowHook(BaseHook):
 
         return current(self.get_client(), model_name, alias)
 
-    def _registered_model(self, model_name: str):
-        from recpipe.registry import registered_model
-
-        return registered_model(self.get_client(), model_name)
-
     def versions(self, model_name: str, tags: dict[str, str] | None = None) -> list:
         """The versions of ``model_name`` whose tags include ``tags``, newest first ([] when
         the model does not exist; ``recpipe.registry.versions``)."""
