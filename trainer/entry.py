@@ -14,9 +14,11 @@ Exit codes: ``recpipe.errors`` (2 usage / config, 1 pipeline).
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import json
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -38,6 +40,9 @@ LAUNCH_FLAGS = ("--num_workers", "--num_ps", "--cluster_config_path")
 
 def _setup_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # `kill -USR1 <pid>` prints every thread's Python stack to the job's log: where a stuck
+    # process waits, without stopping it
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
 def _days(value: str | None, field: str) -> list[str]:

@@ -158,6 +158,7 @@ def test_a_failing_worker_stops_the_job_and_is_named(config_path, tmp_path):
 def _kill_after_checkpoint_20(job, model_dir: Path, index: int, join_s: float) -> tuple[list, list]:
     """Run ``job`` in a thread, SIGKILL its process ``index`` once ``model.ckpt-20`` exists,
     wait for the job to end; return (its logs, the errors it raised)."""
+    import contextlib
     import signal
     import threading
     import time
@@ -182,8 +183,12 @@ def _kill_after_checkpoint_20(job, model_dir: Path, index: int, join_s: float) -
         os.kill(launcher._procs[index].pid, signal.SIGKILL)  # dies mid-training
         thread.join(join_s)
         if thread.is_alive():  # say where each process stood: a rare hang is seen in CI only
+            for proc in launcher._procs:  # each live process prints its threads' stacks
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGUSR1)
+            time.sleep(3)
             tails = "\n".join(
-                f"--- {job.role(i)}:\n{tail(launcher.log_dir / f'{job.name}-{i}.log', 15)}"
+                f"--- {job.role(i)}:\n{tail(launcher.log_dir / f'{job.name}-{i}.log', 60)}"
                 for i in range(len(job.argv))
             )
             raise AssertionError(f"the job did not end within {join_s} s; its logs end:\n{tails}")

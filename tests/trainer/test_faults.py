@@ -147,3 +147,19 @@ def _last_step(path: Path) -> int:
         return 0
     steps = [json.loads(line)["step"] for line in path.read_text().splitlines() if line.endswith("}")]
     return max(steps, default=0)
+
+
+def test_a_job_process_prints_its_threads_stacks_on_sigusr1_and_goes_on():
+    # what the stuck-job tests send before they give up (test_distribute._kill_after_checkpoint_20)
+    code = (
+        "import os, signal, threading, time\n"
+        "from trainer.entry import _setup_logging\n"
+        "_setup_logging()\n"
+        "threading.Thread(target=time.sleep, args=(5,), name='waiting', daemon=True).start()\n"
+        "os.kill(os.getpid(), signal.SIGUSR1)\n"
+        "print('still running')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "still running", done.stderr
+    assert "Current thread 0x" in done.stderr and done.stderr.count("Thread 0x") >= 2
+    assert 'File "<string>", line 5' in done.stderr  # the main thread's stack, at the kill
