@@ -14,11 +14,11 @@ from pydantic import BaseModel, ConfigDict, model_validator
 class Section(BaseModel):
     """A config section: unknown keys are errors, values are validated on assignment. The
     string under each field is its description (the config reference is rendered from them,
-    ``recpipe.config.reference``)."""
+    ``recpipe.config.reference``, which reads them from the source: pydantic's
+    ``use_attribute_docstrings`` would parse every class's source at each import, a third of
+    the time an Airflow task process spends parsing the DAG file)."""
 
-    model_config = ConfigDict(
-        extra="forbid", validate_assignment=True, frozen=False, use_attribute_docstrings=True
-    )
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
 
 
 class OneOf(Section):

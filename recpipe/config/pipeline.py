@@ -84,7 +84,6 @@ class PipelineConfig(Section):
         "extra": "forbid",
         "validate_assignment": True,
         "populate_by_name": True,
-        "use_attribute_docstrings": True,
     }
 
     @field_validator("train_ds", "eval_ds")

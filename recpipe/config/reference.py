@@ -1,12 +1,16 @@
 """The config reference, rendered from the pydantic models themselves: every field of the
 pipeline, retrain and cluster configs with its type, default, allowed values and meaning (the
-string under each field, ``Section``'s attribute docstrings). ``docs/hooks/reference.py``
+string under each field, read from the class's source: ``description``). ``docs/hooks/reference.py``
 puts it in the docs, so a page cannot describe a field the code does not have."""
 
 from __future__ import annotations
 
+import ast
 import enum
 import functools
+import inspect
+import itertools
+import textwrap
 import types
 import typing
 from collections.abc import Iterator
@@ -99,6 +103,35 @@ def _allowed(info: FieldInfo) -> str:
     return "; ".join(parts)
 
 
+@functools.cache
+def _docstrings(cls: type) -> dict[str, str]:
+    """The string literal under each annotated field in ``cls``'s own body (PEP 257's
+    attribute docstrings), by field name."""
+    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+    out = {}
+    for field, doc in itertools.pairwise(body):
+        if (
+            isinstance(field, ast.AnnAssign)
+            and isinstance(field.target, ast.Name)
+            and isinstance(doc, ast.Expr)
+            and isinstance(doc.value, ast.Constant)
+            and isinstance(doc.value.value, str)
+        ):
+            out[field.target.id] = inspect.cleandoc(doc.value.value)
+    return out
+
+
+def description(model: type[BaseModel], name: str) -> str:
+    """Field ``name``'s description on one line: ``Field(description=...)``, else the string
+    under it in the class that declares it (``model`` or a base); "" when it has none."""
+    info = model.model_fields[name]
+    text = info.description
+    if text is None:
+        owner = next(c for c in model.__mro__ if name in c.__dict__.get("__annotations__", {}))
+        text = _docstrings(owner).get(name, "")
+    return " ".join(text.split())
+
+
 def _annotations(model: type[BaseModel]) -> dict[str, object]:
     """Each field's type, forward references resolved (a field typed with a class defined
     further down its module keeps the string in ``FieldInfo.annotation``)."""
@@ -112,7 +145,7 @@ def rows(model: type[BaseModel], prefix: str = "") -> Iterator[Row]:
     for name, info in model.model_fields.items():
         path = f"{prefix}{info.alias or name}"
         sections = tuple(_sections(hints[name]))
-        yield Row(path, model.__name__, " ".join((info.description or "").split()), sections)
+        yield Row(path, model.__name__, description(model, name), sections)
         for section in sections:
             yield from rows(section, f"{path}{'[]' if _is_list(hints[name]) else ''}.")
 
@@ -163,7 +196,7 @@ def markdown(kind: str) -> str:
                 kind_text = kind_text.replace("section", links, 1) if "section" in kind_text else links
             default = _default(info)
             default = default if default.startswith("(") else f"`{default}`"
-            meaning = " ".join((info.description or "").split())
+            meaning = description(model, name)
             cells = [f"`{info.alias or name}`", kind_text, default, _allowed(info), meaning]
             out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
         out.append("")
