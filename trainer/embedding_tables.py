@@ -267,9 +267,12 @@ def gather_unique(variable, rows: tf.Tensor) -> tf.Tensor:
 
 def sums_duplicates(grad: tf.IndexedSlices) -> bool:
     """Whether ``grad`` (a table's gradient) may hold a row more than once: False only for the
-    gradient of one ``gather_unique`` (its indices the reshaped rows); a gradient of several
-    lookups of one table concatenates theirs."""
+    gradient of one ``gather_unique`` (its indices the reshaped rows) or of one
+    ``trainer.kernels.gather_rows``; a gradient of several lookups of one table concatenates
+    theirs."""
     op = grad.indices.op if hasattr(grad.indices, "op") else None
+    if op is not None and op.type == "RecpipeGatherRowsGrad":
+        return False
     if op is None or op.type != "Reshape":
         return True
     return not getattr(op.inputs[0], _UNIQUE, False)

@@ -259,10 +259,11 @@ class TrainConfig(Section):
     by default: on 2 cores the step already keeps them busy (docs/benchmarks.md)."""
     fused_kernels: bool = True
     """The embedding tables' row-wise optimizer updates (``lazy_adam_optimizer``,
-    ``adagrad_optimizer``, ``ftrl_optimizer``) in recpipe's C++ kernels (``trainer/kernels``,
-    built by ``make setup``): one op a table and step, over the intra-op threads, with the
-    stock ops' results. False: TensorFlow's stock ops, the reference the kernels are tested
-    against."""
+    ``adagrad_optimizer``, ``ftrl_optimizer``) and the online tables' training lookups and
+    their gradients in recpipe's C++ kernels (``trainer/kernels``, built by ``make setup``):
+    one op a table and step each, over the intra-op threads, with the stock ops' results.
+    Serving signatures keep the stock ops. False: TensorFlow's stock ops, the reference the
+    kernels are tested against."""
     op_determinism: bool = True
     """TensorFlow's op determinism: ops that would add in thread order take a fixed order
     (little cost on CPU, more on GPU; process-wide once on)."""

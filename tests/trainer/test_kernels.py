@@ -1,6 +1,7 @@
 """trainer.kernels: the C++ row-wise optimizer updates give the stock ops' weights and slots,
-step for step (to the last bits of rounding), on tables that grow between steps; bad indices
-and a missing library are refused with the reason."""
+step for step (to the last bits of rounding), on tables that grow between steps; the online
+tables' fused lookup gives the stock ops' rows and gradient, bit for bit; bad indices and a
+missing library are refused with the reason."""
 
 from __future__ import annotations
 
@@ -81,6 +82,74 @@ def test_fused_updates_equal_the_stock_ops_step_for_step(which, rows, dim, steps
             # (FTRL's linear slot sums terms that cancel: a few ulps of its largest value)
             scale = np.abs(b).max(initial=1.0) if which == "ftrl_optimizer" else 0.1
             np.testing.assert_allclose(a, b, rtol=1e-6, atol=4 * np.spacing(np.float32(scale)))
+
+
+def _lookups(table, slots: list[int], keys: list[int], upstream, traced: bool) -> dict:
+    """Both paths' ``(rows, grad values, grad rows, grad shape, sums_duplicates)`` of an online
+    table's training lookup of ``keys`` (places among ``slots``, the step's distinct ids' rows)."""
+    from trainer.embedding_tables import sums_duplicates
+    from trainer.online.table import _found, gather_found
+
+    slots_t, index = tf.constant(slots, tf.int64), tf.constant(keys, tf.int64)
+    summed = []
+
+    def lookup(fused: bool):
+        with tf.GradientTape() as tape:
+            if fused:
+                out = kernels.gather_rows(table, slots_t, index)
+            else:
+                out = gather_found(table, _found(slots_t, index))
+            loss = tf.reduce_sum(out * upstream)
+        grad = tape.gradient(loss, table)
+        summed.append(sums_duplicates(grad))
+        return out, grad.values, grad.indices, grad.dense_shape
+
+    run = tf.function(lookup, autograph=False) if traced else lookup
+    return {fused: [np.asarray(x) for x in run(fused)] + [summed[-1]] for fused in (True, False)}
+
+
+@settings(max_examples=60)
+@given(
+    rows=st.integers(1, 30),
+    dim=st.integers(1, 9),
+    slots=st.lists(st.integers(-1, 29), min_size=1, max_size=12),
+    keys=st.lists(st.integers(0, 11), min_size=0, max_size=40),
+    seed=st.integers(0, 2**31),
+)
+def test_the_fused_lookup_and_its_gradient_equal_the_stock_ops(rows, dim, slots, keys, seed):
+    seen: set[int] = set()  # the rows distinct, as admission gives them
+    slots = [s if s < rows and s not in seen and not seen.add(s) else -1 for s in slots]
+    keys = [k % len(slots) for k in keys]
+    rng = np.random.default_rng(seed)
+    table = _table(rng.normal(size=(rows, dim)).astype(np.float32))
+    upstream = tf.constant(rng.normal(size=(len(keys), dim)).astype(np.float32))
+    runs = _lookups(table, slots, keys, upstream, traced=False)
+    names = ("rows", "grad values", "grad rows", "shape")
+    for name, a, b in zip(names, runs[True], runs[False], strict=False):
+        np.testing.assert_array_equal(a, b, err_msg=name)
+    expect = table.numpy()[[max(slots[k], 0) for k in keys]].reshape(-1, dim)
+    expect[[slots[k] < 0 for k in keys]] = 0.0
+    np.testing.assert_array_equal(runs[True][0], expect)
+
+
+def test_the_fused_lookup_traced_gives_one_gradient_entry_a_row():
+    # as training traces it: the optimizers see a gradient without duplicates, and sum nothing
+    table = _table(np.arange(12, dtype=np.float32).reshape(6, 2))
+    slots, keys = [4, -1, 0, 5], [0, 1, 2, 2, 3, 0, 1]
+    runs = _lookups(table, slots, keys, tf.ones((len(keys), 2)), traced=True)
+    for a, b in zip(runs[True][:4], runs[False][:4], strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert runs[True][4] is runs[False][4] is False
+    np.testing.assert_array_equal(runs[True][2], [4, 0, 5])
+    np.testing.assert_array_equal(runs[True][1], [[2.0, 2.0], [2.0, 2.0], [1.0, 1.0]])
+
+
+def test_a_lookup_outside_the_slots_or_the_rows_is_refused():
+    table = _table(np.ones((4, 2), np.float32))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"index\[1\] = 3 is not in \[0, 2\)"):
+        kernels.gather_rows(table, tf.constant([0, 1], tf.int64), tf.constant([0, 3], tf.int64))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"slots\[1\] = 4 is not below 4"):
+        kernels.gather_rows(table, tf.constant([0, 4], tf.int64), tf.constant([1], tf.int64))
 
 
 def test_an_index_outside_the_table_is_refused_and_nothing_moves():

@@ -4,7 +4,8 @@
 
 The row-wise optimizer updates of embedding tables (``trainer.sparse_optimizers``) run in one
 kernel each, in place, over TensorFlow's intra-op threads: LazyAdam, tf-keras' Adagrad and
-FTRL-Proximal. ``train_config.fused_kernels: false`` keeps the stock TensorFlow ops, the
+FTRL-Proximal; an online table's training lookup and its gradient in one kernel each
+(``gather_rows``). ``train_config.fused_kernels: false`` keeps the stock TensorFlow ops, the
 reference the kernels are tested against (``tests/trainer/test_kernels.py``).
 """
 
@@ -15,6 +16,8 @@ import os
 from pathlib import Path
 
 import tensorflow as tf
+from tensorflow.python.framework import auto_control_deps_utils
+from tensorflow.python.ops import resource_variable_ops
 
 LIBRARY = Path(__file__).resolve().parents[2] / "build" / "kernels" / "librecpipe_kernels.so"
 
@@ -83,3 +86,37 @@ def sparse_apply_ftrl(var, accumulator, linear, indices, grad, lr, l1, l2, l2_sh
         var.handle, accumulator.handle, linear.handle, tf.cast(indices, tf.int64), grad,
         _f32(lr), _f32(l1), _f32(l2), _f32(l2_shrinkage), _f32(lr_power),
     )  # fmt: skip
+
+
+def gather_rows(weights, slots, index) -> tf.Tensor:
+    """An online table's training lookup: ``float32 [N, dim]``, row ``slots[index[i]]`` of
+    ``weights`` (a float32 ``[rows, dim]`` resource variable) for each key ``i``, zeros where
+    the slot is -1; ``slots`` (``int64 [U]``) are the step's distinct ids' rows, ``index``
+    (``int64 [N]``) each key's place among them. Its gradient is the rows' ``tf.IndexedSlices``,
+    one entry a row (``gather_rows_grad``), as the stock ops' (``trainer.online.table.EVView``).
+
+    Raises:
+        tf.errors.InvalidArgumentError: an index outside ``[0, U)`` or a slot past the rows.
+    """
+    # as the variable's own reads do: a tape (and a tf.function) then watches it
+    resource_variable_ops.variable_accessed(weights)
+    return ops().recpipe_gather_rows(weights.handle, slots, index)
+
+
+def gather_rows_grad(grad, slots, index) -> tuple[tf.Tensor, tf.Tensor]:
+    """``gather_rows``' gradient: ``(values float32 [H, dim], rows int64 [H])``, one entry for
+    each slot that is not -1 in the slots' order, its value the sum of ``grad`` (``float32
+    [N, dim]``) over that slot's keys, added in key order (as the stock segment sum)."""
+    return ops().recpipe_gather_rows_grad(grad, slots, index)
+
+
+def _gather_rows_gradient(op, grad):
+    values, rows = gather_rows_grad(grad, op.inputs[1], op.inputs[2])
+    shape = tf.raw_ops.VariableShape(input=op.inputs[0], out_type=tf.int32)
+    return tf.IndexedSlices(values, rows, shape), None, None
+
+
+tf.RegisterGradient("RecpipeGatherRows")(_gather_rows_gradient)
+# a read of the weights only: TensorFlow's automatic control dependencies order it after the
+# step's writes to them and let reads run side by side, as for ResourceGather
+auto_control_deps_utils.register_read_only_resource_op("RecpipeGatherRows")

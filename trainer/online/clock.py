@@ -23,10 +23,15 @@ class EVClock(keras.layers.Layer):
     ``global_step`` it continues across fine-tunes, so ``steps_to_live`` spans days) and
     ``day`` (int64, days since 1970-01-01 of the newest day trained on). It also holds the
     model's tables by name (``table``), so that the layers looking one up share it, and the
-    lookups' mode when a step admits one batch ahead (``ahead``, ``trainer.online.ahead``)."""
+    lookups' mode when a step admits one batch ahead (``ahead``, ``trainer.online.ahead``).
 
-    def __init__(self, **kwargs):
+    Args:
+        fused_kernels: the tables' training lookups in recpipe's kernel
+            (``trainer.kernels.gather_rows``), not the stock ops."""
+
+    def __init__(self, fused_kernels: bool = False, **kwargs):
         super().__init__(**kwargs)
+        self.fused_kernels = fused_kernels
         self._tables = _Tables()
         # the lookups' mode while a step admitting one batch ahead is traced
         self.ahead = Ahead()

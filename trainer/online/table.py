@@ -60,6 +60,7 @@ import tf_keras as keras
 
 from recpipe.config.data import EVParams
 from recpipe.exports.files import TableRows
+from trainer import kernels
 from trainer.embedding_tables import gather_unique, rows_of, variable_name
 from trainer.online import eviction
 from trainer.online.admission import SKETCH_DEPTH, SKETCH_NAME, CountMinSketch, fitted_width, ready
@@ -703,21 +704,17 @@ class EVView:
     def __init__(self, ev: EmbeddingVariable, weights: tf.Variable, dim: int, admits: bool):
         self.ev, self.weights, self.dim, self.admits = ev, weights, dim, admits
 
-    def rows_of(self, keys: tf.Tensor, found: tuple | None = None) -> tf.Tensor:
+    def rows_of(self, keys: tf.Tensor, slots: tuple | None = None) -> tf.Tensor:
         """``int64 [N]`` ids -> ``float32 [N, dim]``: their rows, zeros for ids without one
-        (left out of the gather, so they get no gradient). ``found``: ``(hit, miss, rows,
-        index)`` of ``keys`` already known (``_found``): with an ``index``, ``hit`` and ``miss``
-        are places among the distinct keys, each row is gathered once (its gradient one entry
-        a row: ``gather_unique``) and ``index`` spreads them over ``keys``."""
-        hit, miss, rows, index = found or _found(self.ev.map.lookup(keys))
-        got = gather_unique(self.weights, rows) if index is not None else tf.gather(self.weights, rows)
-        # rows in their places, zeros in the others: a stitch copies the rows once, where a
-        # scatter_nd into zeros writes the whole view
-        zeros = tf.zeros(tf.stack([tf.size(miss), self.dim]), got.dtype)
-        stitched = tf.dynamic_stitch([hit, miss], [got, zeros])
-        if index is not None:
-            stitched = tf.gather(stitched, index)
-        return tf.reshape(stitched, [-1, self.dim])
+        (left out of the gather, so they get no gradient). ``slots``: ``(rows int64 [U], index
+        int64 [N])`` of ``keys`` already known (``EmbeddingVariable.count``): the rows of the
+        distinct keys (-1: none) and each key's place among them; each row is then gathered
+        once (its gradient one entry a row: ``gather_unique``) and ``index`` spreads them over
+        ``keys``; in one kernel with ``fused_kernels`` (``trainer.kernels.gather_rows``)."""
+        if slots is not None and self.ev.clock.fused_kernels:
+            return kernels.gather_rows(self.weights, *slots)
+        found = _found(*slots) if slots is not None else _found(self.ev.map.lookup(keys))
+        return gather_found(self.weights, found)
 
     def lookup(
         self,
@@ -735,7 +732,7 @@ class EVView:
         flat = keys.shape.rank == 1  # an id feature's batch: no reshapes to trace
         ids = keys if flat else tf.reshape(keys, [-1])
         counts = counts if counts is None or flat else tf.reshape(counts, [-1])
-        found = None
+        slots = None
         ahead = self.ev.clock.ahead
         if ahead.recording and not tf.executing_eagerly():
             # an admission pass (trainer.online.ahead): admit, record, read nothing
@@ -746,13 +743,12 @@ class EVView:
             slots = ahead.take() if ahead.replaying else self.ev.count(ids, counts, members)
             # the step's other views (the wide embedding of the feature) look the same ids
             # up after this one: they take these rows instead of the map's (one lookup a step)
-            self.ev.step_rows = None if slots is None else (keys, _found(*slots))
-            found = self.ev.step_rows and self.ev.step_rows[1]
+            self.ev.step_rows = None if slots is None else (keys, slots)
         elif training and not tf.executing_eagerly() and self.ev.step_rows and self.ev.step_rows[0] is keys:
-            found = self.ev.step_rows[1]
+            slots = self.ev.step_rows[1]
         if flat:
-            return self.rows_of(keys, found)
-        rows = self.rows_of(ids, found)
+            return self.rows_of(keys, slots)
+        rows = self.rows_of(ids, slots)
         return tf.reshape(rows, tf.concat([tf.shape(keys), [self.dim]], axis=0))
 
     def member_keys(
@@ -782,6 +778,22 @@ class EVView:
         out = (keys[0], members[0]) if len(keys) == 1 else (tf.concat(keys, 0), tf.concat(members, 0))
         ev.step_keys = (sig, out)
         return out
+
+
+def gather_found(weights: tf.Variable, found: tuple) -> tf.Tensor:
+    """The stock ops' lookup (``trainer.kernels.gather_rows`` is its fused twin): ``float32
+    [N, dim]`` rows of ``weights`` (``float32 [rows, dim]``) at ``found`` (``_found``), zeros
+    for keys without a row; with an ``index`` each row is gathered once (``gather_unique``)."""
+    hit, miss, rows, index = found
+    dim = weights.shape[1]
+    got = gather_unique(weights, rows) if index is not None else tf.gather(weights, rows)
+    # rows in their places, zeros in the others: a stitch copies the rows once, where a
+    # scatter_nd into zeros writes the whole view
+    zeros = tf.zeros(tf.stack([tf.size(miss), dim]), got.dtype)
+    stitched = tf.dynamic_stitch([hit, miss], [got, zeros])
+    if index is not None:
+        stitched = tf.gather(stitched, index)
+    return tf.reshape(stitched, [-1, dim])
 
 
 def _found(slots: tf.Tensor, index: tf.Tensor | None = None) -> tuple:
