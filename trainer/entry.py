@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import io
 import json
 import logging
 import os
@@ -41,8 +42,9 @@ LAUNCH_FLAGS = ("--num_workers", "--num_ps", "--cluster_config_path")
 def _setup_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # `kill -USR1 <pid>` prints every thread's Python stack to the job's log: where a stuck
-    # process waits, without stopping it
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # process waits, without stopping it (where stderr is a file: not in an in-process test)
+    with contextlib.suppress(io.UnsupportedOperation, AttributeError, ValueError):
+        faulthandler.register(signal.SIGUSR1, file=sys.stderr.fileno(), all_threads=True)
 
 
 def _days(value: str | None, field: str) -> list[str]:

@@ -318,7 +318,8 @@ def test_a_sequence_pooled_by_easyrecs_attention_combiner_weights_its_rows_by_a_
     table, w = layer.tables["s"].numpy(), layer.scorers["s"].numpy()[:, 0]
     b, c = table[hash_ids(tf.constant(["b", "c"]), 40).numpy()]  # the last sequence_length only
     scores = np.exp([b @ w, c @ w])
-    np.testing.assert_allclose(out[0], (scores[0] * b + scores[1] * c) / scores.sum(), rtol=1e-5)
+    # (float32 against NumPy's float64: an entry near 0 may differ by 1e-4 of itself)
+    np.testing.assert_allclose(out[0], (scores[0] * b + scores[1] * c) / scores.sum(), rtol=1e-5, atol=1e-8)
     np.testing.assert_allclose(out[1], 0.0)
     np.testing.assert_allclose(out[2], table[hash_ids(tf.constant(["a"]), 40).numpy()[0]], rtol=1e-6)
     with pytest.raises(ValueError, match="sequence_combiner: a SequenceFeature's, not a TagFeature's"):
