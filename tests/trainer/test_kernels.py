@@ -180,3 +180,20 @@ def test_a_missing_library_is_one_clear_error(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
     assert f"refused: recpipe's kernels are not built ({tmp_path / 'none.so'} is missing)" in out.stdout
     assert "make setup" in out.stdout
+
+
+def test_a_job_on_the_kernels_trains_as_on_the_stock_ops(ml_early, tmp_path):
+    # three online tables (evicted by steps, full, admitting at the second sighting) and lazy
+    # Adam: the same losses, rows, counts and weights after 23 steps, to the optimizers' rounding
+    from tests.trainer.test_admit_ahead import DAYS, _assert_same, _config, _state_of
+    from trainer.loop import Trainer, TrainJob
+
+    runs = {}
+    for fused in (True, False):
+        config = _config(ml_early, fused_kernels=fused, num_steps=23)
+        trainer = Trainer(TrainJob(config=config, model_dir=tmp_path / str(fused), train_days=DAYS))
+        result = trainer.train()
+        runs[fused] = (result.global_step, result.loss, _state_of(trainer))
+    assert runs[True][0] == runs[False][0] == 23
+    np.testing.assert_allclose(runs[True][1], runs[False][1], rtol=1e-5)
+    _assert_same(runs[False][2], runs[True][2])

@@ -165,6 +165,8 @@ class EmbeddingVariable:
         self.views: list[EVView] = []
         # (ids, their (where, rows)) of the admitting view's last training lookup
         self.step_rows: tuple | None = None
+        # (the step's slots, their _found partition) on the stock path (EVView.rows_of)
+        self.step_found: tuple | None = None
         # (the parts, (keys, members)) of the step's group keys (EVView.member_keys)
         self.step_keys: tuple | None = None
         # while a serving signature traces: rows a client read from the store (trainer.online.served)
@@ -711,10 +713,14 @@ class EVView:
         distinct keys (-1: none) and each key's place among them; each row is then gathered
         once (its gradient one entry a row: ``gather_unique``) and ``index`` spreads them over
         ``keys``; in one kernel with ``fused_kernels`` (``trainer.kernels.gather_rows``)."""
-        if slots is not None and self.ev.clock.fused_kernels:
+        if slots is None:
+            return gather_found(self.weights, _found(self.ev.map.lookup(keys)))
+        if self.ev.clock.fused_kernels:
             return kernels.gather_rows(self.weights, *slots)
-        found = _found(*slots) if slots is not None else _found(self.ev.map.lookup(keys))
-        return gather_found(self.weights, found)
+        # the step's views of one table partition its slots once
+        if self.ev.step_found is None or self.ev.step_found[0] is not slots:
+            self.ev.step_found = (slots, _found(*slots))
+        return gather_found(self.weights, self.ev.step_found[1])
 
     def lookup(
         self,
