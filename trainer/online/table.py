@@ -165,8 +165,6 @@ class EmbeddingVariable:
         self.views: list[EVView] = []
         # (ids, their (where, rows)) of the admitting view's last training lookup
         self.step_rows: tuple | None = None
-        # (the step's slots, their _found partition) on the stock path (EVView.rows_of)
-        self.step_found: tuple | None = None
         # (the parts, (keys, members)) of the step's group keys (EVView.member_keys)
         self.step_keys: tuple | None = None
         # while a serving signature traces: rows a client read from the store (trainer.online.served)
@@ -717,10 +715,7 @@ class EVView:
             return gather_found(self.weights, _found(self.ev.map.lookup(keys)))
         if self.ev.clock.fused_kernels:
             return kernels.gather_rows(self.weights, *slots)
-        # the step's views of one table partition its slots once
-        if self.ev.step_found is None or self.ev.step_found[0] is not slots:
-            self.ev.step_found = (slots, _found(*slots))
-        return gather_found(self.weights, self.ev.step_found[1])
+        return gather_found(self.weights, _found(*slots))
 
     def lookup(
         self,
