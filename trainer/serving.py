@@ -63,7 +63,16 @@ class ServingModule(tf.Module):
 
     def __init__(self, config: PipelineConfig, model: RankingModel, normalization: dict):
         super().__init__()
-        self.model = model
+        # the model's variables are what the SavedModel keeps; the Keras model itself is left
+        # untracked, so that saving does not trace every layer's call for Keras's own format
+        # (no reader loads it as Keras: serving, predict and MLflow use the signatures)
+        object.__setattr__(self, "model", model)
+        self.model_variables = list(model.variables)
+        self.model_resources = [  # the online tables' id maps
+            t
+            for t in tf.train.TrackableView(model).descendants()
+            if isinstance(t, tf.saved_model.experimental.TrackableResource)
+        ]
         self.features: list[FeatureSpec] = list(config.feature_config.features)
         self.normalization = normalization
         dc = config.data_config
@@ -79,9 +88,9 @@ class ServingModule(tf.Module):
                 for f in table.input_fields:
                     self.defaults.setdefault(f.input_name, f.default_val)
             spec = {"features": tf.TensorSpec([None], tf.string, name="features")}
-            self.serve = tf.function(self._serve_joined, input_signature=[spec])
+            self.serve = tf.function(self._serve_joined, input_signature=[spec], autograph=False)
         else:
-            self.serve = tf.function(self._serve, input_signature=[spec])
+            self.serve = tf.function(self._serve, input_signature=[spec], autograph=False)
             if online.tables(model):  # the rows a client reads from the online store
                 self.row_inputs = online.row_inputs(online.tables(model))
                 rows_spec = dict(spec)
@@ -89,8 +98,8 @@ class ServingModule(tf.Module):
                     rows_spec[entry["ids"]] = tf.TensorSpec([None], tf.int64, name=entry["ids"])
                     for name, dim in entry["views"].values():
                         rows_spec[name] = tf.TensorSpec([None, dim], tf.float32, name=name)
-                self.ids = tf.function(self._ids, input_signature=[spec])
-                self.serve_rows = tf.function(self._serve_rows, input_signature=[rows_spec])
+                self.ids = tf.function(self._ids, input_signature=[spec], autograph=False)
+                self.serve_rows = tf.function(self._serve_rows, input_signature=[rows_spec], autograph=False)
 
     def transform(self, raw: dict) -> dict:
         """Raw columns -> the model's features dict: what the Spark job writes (clean ids,

@@ -50,6 +50,15 @@ def test_saved_model_reproduces_the_model_on_raw_values(ml_early, tmp_path, monk
     final = export_saved_model(config, model, tmp_path / "m", tmp_path / "exports")
     assert final.parent == tmp_path / "exports" and final.name.isdigit()
     assert (final / "saved_model.pb").exists() and [p.name for p in final.parent.iterdir()] == [final.name]
+    # the signatures and the variables only: no Keras layer saved with its traced calls (the
+    # traces took most of an export's time)
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    saved = saved_model_pb2.SavedModel.FromString((final / "saved_model.pb").read_bytes())
+    graph = saved.meta_graphs[0].object_graph_def
+    kinds = {n.user_object.identifier for n in graph.nodes if n.WhichOneof("kind") == "user_object"}
+    assert not any(k.startswith("_tf_keras") for k in kinds), kinds
+    assert len(graph.concrete_functions) <= 4, list(graph.concrete_functions)
 
     reader = FeatureReader(
         config, finished_partitions(config.train_input_path, [LAST]), shuffle=False, batch_size=10**6
