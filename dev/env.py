@@ -59,8 +59,8 @@ def airflow_env(
         "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
         # a skipped task's downstream tasks are skipped one scheduler loop at a time, and an idle
         # loop sleeps this long (default 1 s): a quiet pass's skips cost seconds (bench/pass_latency.py).
-        # An idle scheduler then costs 0.1 CPU-s a second (0.02 at 1 s): the test suite, whose
-        # schedulers wait beside busy tests, sets 1 s in the environment
+        # The shorter sleep costs an idle scheduler CPU: the environment's value wins (the test
+        # suite, whose schedulers wait beside busy tests, sets Airflow's default)
         "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": os.environ.get(
             "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME", "0.2"
         ),

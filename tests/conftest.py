@@ -115,8 +115,8 @@ def pytest_configure(config):
     # the tests' local sessions', the DAG runs' spark-submit jobs. The workers inherit it.
     os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
     # the local deployments' schedulers at Airflow's default idle sleep, not dev.env's 0.2 s:
-    # latency the tests do not measure (bench/pass_latency.py does), for 0.08 CPU-s a second
-    # of each scheduler's life (about 100 CPU-s over a run)
+    # the shorter sleep buys latency the tests do not measure (bench/pass_latency.py does)
+    # with CPU the other tests wait for
     os.environ.setdefault("AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME", "1")
     # the controller fetches MovieLens before the workers start (they would race for data/)
     if config.getoption("numprocesses", None):
