@@ -169,10 +169,13 @@ def test_strategies_match_no_strategy_out_of_time(ml_all, tmp_path):
     processes: MultiWorkerMirrored (collective all-reduce), EmbeddingParallel (Horovod with
     rows sharded by all-to-all; tests/trainer/test_distribute.py shows it trains as Horovod
     does), asynchronous PS (2 workers, 2 ps) and GEO PS (2 workers, 1 ps: the mode whose
-    stale rows can cost AUC), each within 0.01 of NoStrategy's AUC with the same global batch
-    (256; GEO: each worker's batch is 256) and the same number of steps (NoStrategy's two
-    epochs). Mirrored, Horovod, synchronous and half-async PS are checked at a few steps
-    against their family (test_distribute.py, test_ps_modes.py)."""
+    stale rows cost AUC), with the same global batch (256; GEO: each worker's batch is 256) and
+    the same number of steps (NoStrategy's two epochs): each within 0.01 of NoStrategy's AUC,
+    GEO within 0.02 with every batch applied once. GEO's gap depends on how far behind the ps
+    each worker's copy runs, which the machine's load decides: 0.003-0.010 over ten runs on
+    the 2-core machine (half of them beside 3-6 busy processes), 0.014 once in CI. Mirrored,
+    Horovod, synchronous and half-async PS are checked at a few steps against their family
+    (test_distribute.py, test_ps_modes.py)."""
     import yaml
 
     from recpipe.config import ClusterConfig
@@ -200,6 +203,7 @@ def test_strategies_match_no_strategy_out_of_time(ml_all, tmp_path):
         return {
             "steps": result["global_step"],
             "auc": evaluate(config, model_dir, parse_ds_range(ml_all.eval_ds))["auc"],
+            "distribution": result.get("distribution"),
         }
 
     # two epochs (610 steps of 256), not the config's three. (After one epoch the models are
@@ -214,11 +218,16 @@ def test_strategies_match_no_strategy_out_of_time(ml_all, tmp_path):
     # PaddleRec's GEO: local copies pushing every 10 steps (2 workers, 1 ps)
     geo = {**same, "train_config.sync_mode": "geo", "train_config.geo_step": 10}
     results["NoStrategy+geo"] = run("NoStrategy", 2, ps=1, name="geo", **geo)
+    ledger = {n: r.pop("distribution") for n, r in results.items()}["NoStrategy+geo"]
     _record("strategies", results)
     print("\n" + "\n".join(f"{n:28s} {r}" for n, r in results.items()))
+    steps = results["NoStrategy"]["steps"]
+    assert ledger["batches_trained"] == ledger["batches_applied_on_ps"] == steps, ledger
+    assert ledger["batches_lost"] == 0, ledger
     for name, r in results.items():
-        assert r["steps"] == results["NoStrategy"]["steps"]
-        assert abs(r["auc"] - results["NoStrategy"]["auc"]) < 0.01, (name, results)
+        assert r["steps"] == steps
+        bound = 0.02 if name == "NoStrategy+geo" else 0.01
+        assert abs(r["auc"] - results["NoStrategy"]["auc"]) < bound, (name, results)
 
 
 @pytest.mark.slow
