@@ -110,10 +110,10 @@ def pytest_configure(config):
     if hasattr(config, "workerinput"):
         return
     # The suite's days are small: HotSpot's C2 compiler costs their JVMs more CPU than it
-    # saves (a warm prepare_features on the Spark Connect server: 14 -> 7 CPU-s; its start 19
-    # -> 11). spark-submit adds SPARK_SUBMIT_OPTS to each driver JVM it starts: the server's,
-    # the tests' local sessions', the DAG runs' spark-submit jobs. The workers inherit it.
-    os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
+    # saves, and so do G1's concurrent GC threads and the perf-data counters beside heaps this
+    # size. spark-submit adds SPARK_SUBMIT_OPTS to each driver JVM it starts: the server's, the
+    # tests' local sessions', the DAG runs' spark-submit jobs. The workers inherit it.
+    os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:-UsePerfData")
     # the local deployments' schedulers at Airflow's default idle sleep, not dev.env's 0.2 s:
     # the shorter sleep buys latency the tests do not measure (bench/pass_latency.py does)
     # with CPU the other tests wait for
