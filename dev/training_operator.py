@@ -100,7 +100,26 @@ class TFJobRun:
                 else:
                     return code
             time.sleep(0.2)
-        raise TimeoutError(f"TFJob {self.job['metadata']['name']} still running after {timeout_s} s")
+        raise TimeoutError(
+            f"TFJob {self.job['metadata']['name']} still running after {timeout_s} s; "
+            f"its replicas' threads:\n{self.stacks()}"
+        )
+
+    def stacks(self, lines: int = 40) -> str:
+        """Each live replica's Python threads (``trainer.entry`` prints them on SIGUSR1 into
+        its log), the last ``lines`` of each log: where a job that does not end stands."""
+        live = [r for r in self.replicas if r.proc is not None and r.proc.poll() is None]
+        for r in live:
+            try:
+                os.kill(r.proc.pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+        time.sleep(3)
+        out = []
+        for r in live:
+            text = r.log.read_text(errors="replace").splitlines() if r.log.exists() else []
+            out.append(f"--- {r.kind} {r.index}:\n" + "\n".join(text[-lines:]))
+        return "\n".join(out)
 
     def stop(self) -> None:
         """Delete the pods (the operator's cleanPodPolicy ``Running``)."""

@@ -128,7 +128,7 @@ def test_a_worker_host_cut_off_mid_job_is_waited_for_and_the_job_ends(ml_early, 
             hosts.partition("w1")
             time.sleep(15)
             hosts.heal("w1")
-            code = run.wait(timeout_s=600)
+            code = run.wait(timeout_s=300)  # 60 steps: about a minute after the heal
         finally:
             run.stop()
     chief = run.replica("Chief").log
