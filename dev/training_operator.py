@@ -28,6 +28,7 @@ from pathlib import Path
 
 from dev.hosts import Hosts
 from recpipe.launch.isolation import job_environment
+from recpipe.launch.local import tail
 
 PORT = 2222  # the training operator's default port for TFJob replicas
 # the image's programs a container's command names, as this machine has them
@@ -105,9 +106,9 @@ class TFJobRun:
             f"its replicas' threads:\n{self.stacks()}"
         )
 
-    def stacks(self, lines: int = 40) -> str:
+    def stacks(self) -> str:
         """Each live replica's Python threads (``trainer.entry`` prints them on SIGUSR1 into
-        its log), the last ``lines`` of each log: where a job that does not end stands."""
+        its log), the tail of each log: where a job that does not end stands."""
         live = [r for r in self.replicas if r.proc is not None and r.proc.poll() is None]
         for r in live:
             try:
@@ -115,11 +116,7 @@ class TFJobRun:
             except ProcessLookupError:
                 pass
         time.sleep(3)
-        out = []
-        for r in live:
-            text = r.log.read_text(errors="replace").splitlines() if r.log.exists() else []
-            out.append(f"--- {r.kind} {r.index}:\n" + "\n".join(text[-lines:]))
-        return "\n".join(out)
+        return "\n".join(f"--- {r.kind} {r.index}:\n{tail(r.log)}" for r in live)
 
     def stop(self) -> None:
         """Delete the pods (the operator's cleanPodPolicy ``Running``)."""

@@ -189,6 +189,8 @@ def test_strategies_match_no_strategy_out_of_time(ml_all, tmp_path):
         {"adam_optimizer": {"learning_rate": _lr(0.002, True)}},
     ]
 
+    ledgers = {}  # each job's distribution figures (GEO: its batches' ledger)
+
     def run(strategy: str, workers: int, ps: int = 0, name: str | None = None, **edits) -> dict:
         model_dir = tmp_path / (name or strategy)
         edits = {"train_config.train_distribute": strategy, "train_config.optimizer_config": split, **edits}
@@ -200,10 +202,10 @@ def test_strategies_match_no_strategy_out_of_time(ml_all, tmp_path):
         )
         result = job_result(LocalLauncher(model_dir / "logs", grace_s=3).run(job)[0])
         config = with_edits(ml_all, {"train_config.optimizer_config": split})
+        ledgers[model_dir.name] = result.get("distribution")
         return {
             "steps": result["global_step"],
             "auc": evaluate(config, model_dir, parse_ds_range(ml_all.eval_ds))["auc"],
-            "distribution": result.get("distribution"),
         }
 
     # two epochs (610 steps of 256), not the config's three. (After one epoch the models are
@@ -218,10 +220,9 @@ def test_strategies_match_no_strategy_out_of_time(ml_all, tmp_path):
     # PaddleRec's GEO: local copies pushing every 10 steps (2 workers, 1 ps)
     geo = {**same, "train_config.sync_mode": "geo", "train_config.geo_step": 10}
     results["NoStrategy+geo"] = run("NoStrategy", 2, ps=1, name="geo", **geo)
-    ledger = {n: r.pop("distribution") for n, r in results.items()}["NoStrategy+geo"]
     _record("strategies", results)
     print("\n" + "\n".join(f"{n:28s} {r}" for n, r in results.items()))
-    steps = results["NoStrategy"]["steps"]
+    steps, ledger = results["NoStrategy"]["steps"], ledgers["geo"]
     assert ledger["batches_trained"] == ledger["batches_applied_on_ps"] == steps, ledger
     assert ledger["batches_lost"] == 0, ledger
     for name, r in results.items():
