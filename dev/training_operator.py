@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dev.hosts import Hosts
+from recpipe.forkserver import forked
 from recpipe.launch.isolation import job_environment
 from recpipe.launch.local import tail
 
@@ -73,7 +74,9 @@ class TFJobRun:
     replicas: list[Replica] = field(default_factory=list)
 
     def _start(self, r: Replica) -> None:
-        r.proc = self.hosts.popen(r.host, r.argv, log=r.log, cwd=ROOT, env=r.env)
+        # the container's python forks from the suite's warm process when one is configured
+        # (recpipe.forkserver), in the pod's network and mounts, as the local launcher's do
+        r.proc = self.hosts.popen(r.host, forked(r.argv), log=r.log, cwd=ROOT, env=r.env)
 
     def replica(self, kind: str, index: int = 0) -> Replica:
         return next(r for r in self.replicas if r.kind == kind and r.index == index)

@@ -6,7 +6,7 @@ CPU-seconds) again. The same idea as Python's ``multiprocessing`` forkserver wit
 ``RECPIPE_FORKSERVER`` names the server's socket. When it is set, the local launcher starts
 each ``python -m MODULE ...`` process as ``python -m recpipe.forkserver.client python -m
 MODULE ...``: a small client (no TensorFlow) that hands its command, working directory,
-environment, standard streams and network namespace to the server, which forks the process
+environment, standard streams and namespaces (network, mounts) to the server, which forks the process
 there. The client stays in the launcher's process tree, relays signals to the forked process
 and exits with its exit status, so the launcher watches and stops it as it would the process
 itself. A client that cannot reach the server, or that the server refuses (another Python,

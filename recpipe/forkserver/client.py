@@ -62,7 +62,8 @@ def main() -> None:
         sys.exit(1)
     code = int(reply["returncode"])
     if code < 0:  # killed by a signal: end the same way, so the launcher sees what it would
-        signal.signal(-code, signal.SIG_DFL)
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):  # the two no handler can take
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     sys.exit(code if code >= 0 else 128 - code)
 

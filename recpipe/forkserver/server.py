@@ -1,7 +1,7 @@
 """``python -m recpipe.forkserver.server SOCKET PARENT_PID``: import what job processes import
 (``PRELOAD``), listen on ``SOCKET`` and fork one process per request (``recpipe.forkserver``).
 
-A forked process starts its own session, joins the client's network namespace, takes the
+A forked process starts its own session, joins the client's network and mount namespaces, takes the
 client's standard streams, working directory and environment, and runs its module as
 ``python -m`` would. The server reports its exit status to the client, and kills it when the
 client goes away first (a client killed with SIGKILL leaves no orphan). The server ends with
@@ -44,6 +44,7 @@ UNREAD = frozenset({"KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK"})
 PROJECT = ("trainer", "recpipe")
 
 CLONE_NEWNET = 0x40000000
+CLONE_NEWNS = 0x00020000
 PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -65,6 +66,7 @@ class Server:
         self.defaults = {k: v for k, v in os.environ.items() if k not in before}
         self.expected = import_time(dict(os.environ))
         self.netns = os.readlink("/proc/self/ns/net")
+        self.mntns = os.readlink("/proc/self/ns/mnt")
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(path + ".new")
         os.rename(path + ".new", path)  # the path appears once the server is ready
@@ -73,7 +75,7 @@ class Server:
         self.selector.register(self.listener, selectors.EVENT_READ, ("accept", None))
         self.children: dict[int, socket.socket] = {}  # pid -> its client's connection
 
-    def refusal(self, request: dict, peer_netns: str) -> str | None:
+    def refusal(self, request: dict, peer_ns: tuple[str, str]) -> str | None:
         argv = request.get("argv")
         if not (isinstance(argv, list) and len(argv) >= 3 and argv[1] == "-m"):
             return "not a python -m command"
@@ -84,8 +86,8 @@ class Server:
         differ = sorted(k for k in names if env.get(k) != self.expected.get(k))
         if differ:
             return f"the environment differs in {', '.join(differ)}, read at import"
-        if peer_netns != self.netns and os.geteuid() != 0:
-            return "the client is in another network namespace, which only root can join"
+        if peer_ns != (self.netns, self.mntns) and os.geteuid() != 0:
+            return "the client is in another network or mount namespace, which only root can join"
         return None
 
     def accept(self) -> None:
@@ -98,19 +100,28 @@ class Server:
                 raise ValueError("no request, or not three standard streams")
             creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
             peer = int.from_bytes(creds[:4], sys.byteorder)
-            peer_netns = os.readlink(f"/proc/{peer}/ns/net")
-            reason = self.refusal(request, peer_netns)
+            peer_ns = (os.readlink(f"/proc/{peer}/ns/net"), os.readlink(f"/proc/{peer}/ns/mnt"))
+            reason = self.refusal(request, peer_ns)
             if reason is not None:
                 protocol.send(conn, {"refused": reason})
                 conn.close()
                 return
-            netns = os.open(f"/proc/{peer}/ns/net", os.O_RDONLY) if peer_netns != self.netns else None
+            # the client's namespaces to join: its network, and its mounts (``ip netns exec``
+            # mounts the host's own /etc/hosts and /etc/resolv.conf in one of its own)
+            joins = [
+                (os.open(f"/proc/{peer}/ns/{kind}", os.O_RDONLY), flag)
+                for kind, flag, ours, theirs in (
+                    ("net", CLONE_NEWNET, self.netns, peer_ns[0]),
+                    ("mnt", CLONE_NEWNS, self.mntns, peer_ns[1]),
+                )
+                if theirs != ours
+            ]
             pid = os.fork()
             if pid == 0:
                 self.close_inherited(conn)
-                _child(request, fds, netns, {**self.defaults, **request["env"]})  # never returns
-            if netns is not None:
-                os.close(netns)
+                _child(request, fds, joins, {**self.defaults, **request["env"]})  # never returns
+            for fd, _ in joins:
+                os.close(fd)
             protocol.send(conn, {"pid": pid})
         except (OSError, ValueError) as e:
             try:
@@ -183,7 +194,7 @@ def _kill(pid: int, sig: int) -> None:
             pass
 
 
-def _child(request: dict, fds: list[int], netns: int | None, env: dict[str, str]) -> None:
+def _child(request: dict, fds: list[int], joins: list[tuple[int, int]], env: dict[str, str]) -> None:
     """The forked process: become the client's command, run it, exit with its status."""
     code = 1
     try:
@@ -192,8 +203,9 @@ def _child(request: dict, fds: list[int], netns: int | None, env: dict[str, str]
         signal.signal(signal.SIGINT, signal.default_int_handler)
         os.setsid()
         _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the server's end is this process's end
-        if netns is not None and _libc.setns(netns, CLONE_NEWNET) != 0:
-            raise OSError(ctypes.get_errno(), "setns into the client's network namespace")
+        for fd, flag in joins:  # one thread after fork, as joining a mount namespace requires
+            if _libc.setns(fd, flag) != 0:
+                raise OSError(ctypes.get_errno(), f"setns into the client's namespace ({flag:#x})")
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
         os.chdir(request["cwd"])

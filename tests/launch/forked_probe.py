@@ -1,9 +1,11 @@
-"""``python -m tests.launch.forked_probe REPORT [EXIT_CODE | sleep]``: writes what a job process
-sees of itself (was TensorFlow imported before its first line ran, its network namespace,
-environment, argv, working directory) to REPORT as JSON, then exits with EXIT_CODE or sleeps."""
+"""``python -m tests.launch.forked_probe REPORT [EXIT_CODE | sleep | kill]``: writes what a job
+process sees of itself (was TensorFlow imported before its first line ran, its network and
+mount namespaces, /etc/hosts, environment, argv, working directory) to REPORT as JSON, then
+exits with EXIT_CODE, sleeps, or kills itself with SIGKILL."""
 
 import json
 import os
+import signal
 import sys
 import time
 
@@ -14,6 +16,8 @@ report = {
     "argv": sys.argv[1:],
     "cwd": os.getcwd(),
     "netns": os.readlink("/proc/self/ns/net"),
+    "mntns": os.readlink("/proc/self/ns/mnt"),
+    "hosts": open("/etc/hosts").read(),
     "env": dict(os.environ),
     "main": __name__,
 }
@@ -23,4 +27,6 @@ os.rename(sys.argv[1] + ".tmp", sys.argv[1])
 print("probe wrote", sys.argv[1], flush=True)
 if sys.argv[2:] == ["sleep"]:
     time.sleep(120)
+if sys.argv[2:] == ["kill"]:
+    os.kill(os.getpid(), signal.SIGKILL)
 sys.exit(int(sys.argv[2]) if sys.argv[2:] else 0)

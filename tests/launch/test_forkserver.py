@@ -147,3 +147,32 @@ def test_pythonpath_and_the_projects_modules_are_the_requests_own(server, tmp_pa
     seen = json.loads(report.read_text())
     assert seen["path"] == [str(tmp_path), str(extra), str(ROOT)]
     assert seen["trainer"] == str(extra / "trainer" / "__init__.py")
+
+
+def test_a_forked_process_killed_by_sigkill_ends_its_client_the_same_way(server, tmp_path):
+    # trainer.server_watch ends a worker whose peer is lost with SIGKILL: its launcher must see
+    # -9, as for a process started on its own
+    report = tmp_path / "report.json"
+    env = job_environment({forkserver.ENV: server.path})
+    client = [sys.executable, "-m", forkserver.CLIENT, *PROBE, str(report), "kill"]
+    out = subprocess.run(client, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == -signal.SIGKILL, out.stderr
+    assert _wait_for(report)["warm"] is True and "Traceback" not in out.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="joining another mount namespace needs root")
+def test_a_client_in_its_own_mounts_has_its_process_forked_there(server, tmp_path):
+    # ``ip netns exec`` mounts a host's own /etc/hosts in a mount namespace of its own: the
+    # TFJob stand-in's replicas resolve their Services by it
+    report = tmp_path / "report.json"
+    hosts = tmp_path / "hosts"
+    hosts.write_text("198.51.100.7 job-worker-0.ranking.svc\n")
+    env = job_environment({forkserver.ENV: server.path})
+    mount = f'mount --bind {hosts} /etc/hosts && exec "$@"'
+    client = ["unshare", "--mount", "--propagation", "private", "sh", "-c", mount, "sh"]
+    client += [sys.executable, "-m", forkserver.CLIENT, *PROBE, str(report)]
+    out = subprocess.run(client, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "not forked" not in out.stderr, out.stderr
+    seen = _wait_for(report)
+    assert seen["warm"] is True and seen["mntns"] != os.readlink("/proc/self/ns/mnt")
+    assert seen["hosts"] == hosts.read_text() and seen["cwd"] == str(ROOT)
