@@ -14,9 +14,16 @@ want="$py $(cat requirements.lock 2>/dev/null | sha256sum | cut -c1-16)"
 configure() {
   if [ ! -f "$out/CMakeCache.txt" ] || [ "$(cat "$out/.configured" 2>/dev/null)" != "$want" ]; then
     rm -f "$out/.configured"  # written again only once the build succeeds
-    cmake -S trainer/kernels -B "$out" -DPYTHON="$py"
+    cmake -S trainer/kernels -B "$out" -DPYTHON="$py" "${launcher[@]}"
   fi
 }
+# ccache, when installed, compiles a fresh clone's kernels from its cache: paths under the
+# project are hashed relative to it (CCACHE_BASEDIR), so every clone shares the entries
+launcher=()
+if command -v ccache >/dev/null; then
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  export CCACHE_BASEDIR="$PWD"
+fi
 if ! { configure && cmake --build "$out" -j "$(nproc)"; } > "$out/build.log" 2>&1; then
   echo "build_kernels: trainer/kernels did not build with $py's TensorFlow (a C++17 compiler and CMake >= 3.18 are needed): see $out/build.log" >&2
   exit 2

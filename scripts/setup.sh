@@ -34,6 +34,7 @@ apt_package openssh-server /usr/sbin/sshd "Horovod jobs across hosts"
 apt_package docker.io /usr/sbin/dockerd "the compose test"
 apt_package docker-compose /usr/bin/docker-compose "the compose test"
 apt_package debootstrap /usr/sbin/debootstrap "the compose test's local images"
+apt_package ccache /usr/bin/ccache "kernel builds of a fresh clone from the cache"
 
 # make test and the stream demo talk to PostgreSQL and Redis on 127.0.0.1: say how to get them
 # (setup itself goes on without them)
@@ -101,9 +102,10 @@ pip install --no-deps --no-build-isolation -e .
 # 4.3's connect protocol needs protobuf >= 6.33.5, which tensorflow 2.18.1 refuses.
 if [ ! -x .venv/spark-client/bin/python ]; then
   say "creating .venv/spark-client (Spark Connect's client, requirements-spark-client.lock)"
-  "$PY" -m venv .venv/spark-client
+  "$PY" -m venv --without-pip .venv/spark-client  # uv installs into it; pip is not needed
 fi
-uv_install .venv/spark-client/bin/python -r requirements-spark-client.lock
+# complete too: without the resolver, which costs about 40 s of index lookups
+uv_install .venv/spark-client/bin/python --no-deps -r requirements-spark-client.lock
 scripts/build_jvm.sh
 say "building trainer/kernels (C++, against .venv's TensorFlow)"
 scripts/build_kernels.sh
