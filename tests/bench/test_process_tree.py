@@ -32,7 +32,9 @@ ROOT = (
 def test_cpu_and_memory_of_a_child_the_root_never_waits_for_are_counted(tmp_path):
     measured = run([sys.executable, "-c", ROOT], tmp_path / "log", interval=0.1)
     assert measured.returncode == 0 and measured.result == {"done": 1}
-    assert measured.cpu_s >= 1.3  # the root itself sleeps
+    # the child's 1.5 CPU-s as last sampled: under load the sampler's last look can come a few
+    # hundred CPU-ms before the child's end; the root alone, which sleeps, stays near 0.1
+    assert measured.cpu_s >= 0.75
     assert measured.peak_rss_mb >= 300
     assert measured.wall_s >= 2.5
 
