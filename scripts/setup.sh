@@ -34,7 +34,8 @@ apt_package openssh-server /usr/sbin/sshd "Horovod jobs across hosts"
 apt_package docker.io /usr/sbin/dockerd "the compose test"
 apt_package docker-compose /usr/bin/docker-compose "the compose test"
 apt_package debootstrap /usr/sbin/debootstrap "the compose test's local images"
-apt_package ccache /usr/bin/ccache "kernel builds of a fresh clone from the cache"
+# optional (a fresh clone's kernels from the cache): installed as root, never asked for
+[ "$(id -u)" = 0 ] && apt_package ccache /usr/bin/ccache "kernel builds of a fresh clone from the cache"
 
 # make test and the stream demo talk to PostgreSQL and Redis on 127.0.0.1: say how to get them
 # (setup itself goes on without them)

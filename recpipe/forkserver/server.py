@@ -45,6 +45,9 @@ PROJECT = ("trainer", "recpipe")
 
 CLONE_NEWNET = 0x40000000
 CLONE_NEWNS = 0x00020000
+# the client's namespaces a forked process joins: its network, and its mounts (``ip netns
+# exec`` mounts a host's own /etc/hosts in a mount namespace of its own)
+NAMESPACES = (("net", CLONE_NEWNET), ("mnt", CLONE_NEWNS))
 PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -65,8 +68,7 @@ class Server:
         # process gets them as its own import would have set them
         self.defaults = {k: v for k, v in os.environ.items() if k not in before}
         self.expected = import_time(dict(os.environ))
-        self.netns = os.readlink("/proc/self/ns/net")
-        self.mntns = os.readlink("/proc/self/ns/mnt")
+        self.namespaces = _namespaces("self")
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(path + ".new")
         os.rename(path + ".new", path)  # the path appears once the server is ready
@@ -75,7 +77,7 @@ class Server:
         self.selector.register(self.listener, selectors.EVENT_READ, ("accept", None))
         self.children: dict[int, socket.socket] = {}  # pid -> its client's connection
 
-    def refusal(self, request: dict, peer_ns: tuple[str, str]) -> str | None:
+    def refusal(self, request: dict, peer_ns: dict[str, str]) -> str | None:
         argv = request.get("argv")
         if not (isinstance(argv, list) and len(argv) >= 3 and argv[1] == "-m"):
             return "not a python -m command"
@@ -86,7 +88,7 @@ class Server:
         differ = sorted(k for k in names if env.get(k) != self.expected.get(k))
         if differ:
             return f"the environment differs in {', '.join(differ)}, read at import"
-        if peer_ns != (self.netns, self.mntns) and os.geteuid() != 0:
+        if peer_ns != self.namespaces and os.geteuid() != 0:
             return "the client is in another network or mount namespace, which only root can join"
         return None
 
@@ -94,34 +96,26 @@ class Server:
         conn, _ = self.listener.accept()
         conn.settimeout(30)
         fds: list[int] = []
+        joins: list[tuple[int, int]] = []  # (namespace fd, its CLONE_* flag)
         try:
             request, fds = protocol.receive(conn, max_fds=3)
             if request is None or len(fds) != 3:
                 raise ValueError("no request, or not three standard streams")
             creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
             peer = int.from_bytes(creds[:4], sys.byteorder)
-            peer_ns = (os.readlink(f"/proc/{peer}/ns/net"), os.readlink(f"/proc/{peer}/ns/mnt"))
+            peer_ns = _namespaces(str(peer))
             reason = self.refusal(request, peer_ns)
             if reason is not None:
                 protocol.send(conn, {"refused": reason})
                 conn.close()
                 return
-            # the client's namespaces to join: its network, and its mounts (``ip netns exec``
-            # mounts the host's own /etc/hosts and /etc/resolv.conf in one of its own)
-            joins = [
-                (os.open(f"/proc/{peer}/ns/{kind}", os.O_RDONLY), flag)
-                for kind, flag, ours, theirs in (
-                    ("net", CLONE_NEWNET, self.netns, peer_ns[0]),
-                    ("mnt", CLONE_NEWNS, self.mntns, peer_ns[1]),
-                )
-                if theirs != ours
-            ]
+            for kind, flag in NAMESPACES:
+                if peer_ns[kind] != self.namespaces[kind]:
+                    joins.append((os.open(f"/proc/{peer}/ns/{kind}", os.O_RDONLY), flag))
             pid = os.fork()
             if pid == 0:
                 self.close_inherited(conn)
                 _child(request, fds, joins, {**self.defaults, **request["env"]})  # never returns
-            for fd, _ in joins:
-                os.close(fd)
             protocol.send(conn, {"pid": pid})
         except (OSError, ValueError) as e:
             try:
@@ -131,7 +125,7 @@ class Server:
             conn.close()
             return
         finally:
-            for fd in fds:
+            for fd in [*fds, *(fd for fd, _ in joins)]:
                 os.close(fd)
         conn.settimeout(None)
         pidfd = os.pidfd_open(pid)
@@ -184,6 +178,11 @@ class Server:
     def stop(self) -> None:
         for pid in list(self.children):
             _kill(pid, signal.SIGKILL)
+
+
+def _namespaces(pid: str) -> dict[str, str]:
+    """Process ``pid``'s (or ``self``'s) namespaces of ``NAMESPACES``: kind -> its identity."""
+    return {kind: os.readlink(f"/proc/{pid}/ns/{kind}") for kind, _ in NAMESPACES}
 
 
 def _kill(pid: int, sig: int) -> None:
