@@ -81,6 +81,29 @@ def test_the_command_line_and_launchers_load_without_tensorflow_spark_or_airflow
     assert loaded == ["cli", "predict"]  # the modules named, nothing heavy
 
 
+def test_every_core_module_imports_first_in_a_fresh_interpreter():
+    """No import cycle inside the core: each module of ``recpipe`` imported with no other
+    ``recpipe`` module loaded before it (a cycle shows only when its far end comes first)."""
+    names = sorted(
+        ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        for path in (ROOT / "recpipe").rglob("*.py")
+        if "forkserver" not in path.parts  # its server imports TensorFlow to keep it warm
+    )
+    code = (
+        "import importlib, sys\n"
+        f"for name in {names!r}:\n"
+        "    for loaded in [m for m in sys.modules if m == 'recpipe' or m.startswith('recpipe.')]:\n"
+        "        del sys.modules[loaded]\n"
+        "    try:\n"
+        "        importlib.import_module(name)\n"
+        "    except ImportError as e:\n"
+        "        print(name, e)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ""
+
+
 # import name -> distribution, where they differ; horovod is built by scripts/setup.sh
 DISTRIBUTIONS = {"yaml": "pyyaml", "tf_keras": "tf-keras", "airflow": "apache-airflow"}
 BUILT_BY_SETUP = {"horovod"}

@@ -8,9 +8,10 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+# the module, not its names: recpipe.layout imports this package (ConfigError) first
+from recpipe import layout
 from recpipe.config.base import OneOf, Section
 from recpipe.config.data import EVParams
-from recpipe.layout import RESERVED_ASSETS
 
 
 class WideDeep(StrEnum):
@@ -618,10 +619,10 @@ class ExportConfig(Section):
     @classmethod
     def _own_names(cls, value: list[str]) -> list[str]:
         names = [Path(f).name for f in value]
-        taken = RESERVED_ASSETS.intersection(names)
+        taken = layout.RESERVED_ASSETS.intersection(names)
         if taken or len(set(names)) != len(names):
             raise ValueError(
-                f"{value}: each file's name must be its own and none of {sorted(RESERVED_ASSETS)} "
+                f"{value}: each file's name must be its own and none of {sorted(layout.RESERVED_ASSETS)} "
                 "(recpipe's records in assets.extra/)"
             )
         return value
