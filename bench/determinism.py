@@ -9,15 +9,14 @@ on both:
 
 both with the same ``random_seed``. Printed per process: examples/s by wall time and per
 CPU-second of the training loop, the final loss and the next day's AUC; then each variant's
-fastest rates, (b)/(a), and whether every repeat of a variant gave bit-identical loss and AUC;
-written to ``bench/results/determinism.json``.
+median rates, (b)/(a) (the median of the rounds' ratios), and whether every repeat of a
+variant gave bit-identical loss and AUC; written to ``bench/results/determinism.json``.
 
-    python bench/determinism.py [--rows 200000] [--repeats 3]
+    python bench/determinism.py [--rows 200000] [--rounds 3]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import subprocess
@@ -27,8 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import harness  # noqa: E402
 from bench.criteo_data import CONFIG, bench_edits, days, prepare  # noqa: E402
-from bench.results import write_results  # noqa: E402
 
 VARIANTS = {"(a) op_determinism off": False, "(b) op_determinism on": True}
 KEYS = {"(a) op_determinism off": "off", "(b) op_determinism on": "on"}  # in the results file
@@ -49,46 +48,49 @@ def run(work: Path, buckets: int, model_dir: Path, deterministic: bool) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__, rounds=3, workdir="determinism")
     parser.add_argument("--rows", type=int, default=200_000, help="rows a day (two days are drawn)")
     parser.add_argument("--buckets", type=int, default=12_800, help="hash_bucket_size of each id field")
-    parser.add_argument("--repeats", type=int, default=3, help="processes per variant")
-    parser.add_argument("--out", default="var/bench/determinism")
     args = parser.parse_args()
-    work = ROOT / args.out
+    work = args.workdir
     prepare(args.rows * 2, 2, work / "data", args.buckets)
-    print(f"{args.rows} rows, DeepFM, batch 1024, {args.repeats} processes per variant")
-    print(f"{'variant':24s} {'ex/s wall':>10s} {'ex/CPU-s':>9s} {'loss':>12s} {'next AUC':>10s}")
-    results: dict[str, list[dict]] = {name: [] for name in VARIANTS}
-    for _ in range(args.repeats):
-        for name, deterministic in VARIANTS.items():
+    print(f"{args.rows} rows, DeepFM, batch 1024, {args.rounds} processes per variant")
+
+    def variant(deterministic: bool):
+        def once() -> dict:
             r = run(work / "data", args.buckets, work / "model", deterministic)
-            rows = r["global_step"] * 1024
-            r["cpu_rate"] = rows / max(r["cpu_seconds"], 1e-9)
-            results[name].append(r)
-            print(
-                f"{name:24s} {r['examples_per_sec']:10.0f} {r['cpu_rate']:9.0f} "
-                f"{r['loss']:12.8f} {r['eval']['auc']:10.6f}",
-                flush=True,
-            )
-    best = {
-        n: (max(r["examples_per_sec"] for r in rs), max(r["cpu_rate"] for r in rs))
-        for n, rs in results.items()
-    }
-    (a, b) = best.values()
-    figures: dict = {"rows": args.rows, "repeats": args.repeats, "variants": {}}
-    for name, (wall, cpu) in best.items():
-        same = len({(r["loss"], r["eval"]["auc"]) for r in results[name]}) == 1
-        print(f"{name}: fastest {wall:.0f} ex/s wall, {cpu:.0f} ex/CPU-s; repeats identical: {same}")
-        figures["variants"][KEYS[name]] = {
-            "examples_per_sec": round(wall),
-            "per_cpu_s": round(cpu),
+            return {
+                "examples_per_sec": r["examples_per_sec"],
+                "per_cpu_s": r["global_step"] * 1024 / max(r["cpu_seconds"], 1e-9),
+                "loss": r["loss"],
+                "auc": r["eval"]["auc"],
+            }
+
+        return once
+
+    runs = harness.alternate({KEYS[n]: variant(d) for n, d in VARIANTS.items()}, args.rounds)
+    summary = harness.summarize(runs, reference="off", ratios=("examples_per_sec", "per_cpu_s"))
+    figures: dict = {"rows": args.rows, "rounds": args.rounds, "variants": {}}
+    for name, medians in summary["variants"].items():
+        same = len({(r["loss"], r["auc"]) for r in runs[name]}) == 1
+        figures["variants"][name] = {
+            "examples_per_sec": round(medians["examples_per_sec"]),
+            "per_cpu_s": round(medians["per_cpu_s"]),
             "repeats_identical": same,
-            "auc": round(results[name][0]["eval"]["auc"], 4),
+            "auc": round(runs[name][0]["auc"], 4),
         }
-    figures["on_vs_off"] = {"wall": round(b[0] / a[0], 2), "per_cpu_s": round(b[1] / a[1], 2)}
-    print(f"(b)/(a): {b[0] / a[0]:.2f}x wall, {b[1] / a[1]:.2f}x per CPU-second")
-    print(f"wrote {write_results('determinism', figures)}")
+    print(
+        harness.table(
+            figures["variants"], {"examples_per_sec": "ex/s wall", "per_cpu_s": "ex/CPU-s", "auc": "next AUC"}
+        )
+    )
+    on = summary["vs_off"]["on"]
+    figures["on_vs_off"] = {"wall": round(on["examples_per_sec"], 2), "per_cpu_s": round(on["per_cpu_s"], 2)}
+    print(
+        f"(b)/(a), the median of the rounds' ratios: {on['examples_per_sec']:.2f}x wall, "
+        f"{on['per_cpu_s']:.2f}x per CPU-second"
+    )
+    harness.finish("determinism", figures)
     return 0
 
 

@@ -13,18 +13,16 @@ In one run, on the same CSV file (one day, ``local[*]``), wall and CPU seconds o
       costs where ``javac`` was missing.
 
 CPU seconds are this process's plus the Spark JVM's (``/proc/<pid>/stat``). Each Spark
-variant runs once to warm up (JIT, caches, as in a long-lived job), then ``--repeats`` times,
+variant runs once to warm up (JIT, caches, as in a long-lived job), then ``--rounds`` times,
 alternating; the median is printed. Goal: (c) <= 1.5x (b).
 
-    python bench/feature_prep.py [--rows 1000000] [--repeats 3] [--workdir var/bench/feature_prep]
+    python bench/feature_prep.py [--rows 1000000] [--rounds 3] [--workdir var/bench/feature_prep]
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -34,37 +32,12 @@ import pyarrow.csv as pacsv
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.results import write_results  # noqa: E402
-
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def _jvm_cpu(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` (every thread)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
-
-
-class Clock:
-    """Wall and CPU seconds of a block: this process plus the Spark JVM ``jvm_pid``."""
-
-    def __init__(self, jvm_pid: int | None = None):
-        self.jvm_pid = jvm_pid
-
-    def cpu(self) -> float:
-        return time.process_time() + (_jvm_cpu(self.jvm_pid) if self.jvm_pid else 0.0)
-
-    def measure(self, fn) -> tuple[float, float]:
-        wall, cpu = time.perf_counter(), self.cpu()
-        fn()
-        return time.perf_counter() - wall, self.cpu() - cpu
+from bench import harness  # noqa: E402
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__, rounds=3, workdir="feature_prep")
     parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--workdir", default=str(ROOT / "var/bench/feature_prep"))
     args = parser.parse_args()
 
     from pyspark.sql import types as T
@@ -77,7 +50,7 @@ def main() -> None:
     from recpipe.config import load_pipeline_config
     from recpipe.config.data import FeatureType, Normalizer
 
-    work = Path(args.workdir)
+    work = args.workdir
     shutil.rmtree(work, ignore_errors=True)
     ds = "2024-01-01"
     t0 = time.perf_counter()
@@ -108,12 +81,12 @@ def main() -> None:
         }
     )
 
-    floor = Clock().measure(lambda: pacsv.read_csv(csv_file))
+    floor = harness.Clock().measure(lambda: pacsv.read_csv(csv_file) and None)
 
     t0 = time.perf_counter()
     spark = get_spark("recpipe-bench")
     start_s = time.perf_counter() - t0
-    clock = Clock(spark.sparkContext._gateway.proc.pid)
+    clock = harness.Clock(spark.sparkContext._gateway.proc.pid)
     schema = T.StructType([T.StructField(f.input_name, SPARK_TYPES[f.input_type]) for f in dc.input_fields])
 
     def bare() -> None:
@@ -131,51 +104,44 @@ def main() -> None:
             job()
 
     variants = {"bare": bare, "job": job, "job_standard": job_standard, "job_btrim": job_btrim}
-    runs: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
-    for fn in variants.values():  # warm-up
-        fn()
-    for _ in range(args.repeats):
-        for name, fn in variants.items():
-            runs[name].append(clock.measure(fn))
+    # warmed up once each (JIT, caches, as in a long-lived job)
+    runs = harness.alternate(variants, args.rounds, clock=clock, warm_up=True)
     spark.stop()
-
-    def median(name: str) -> tuple[float, float]:
-        return statistics.median(w for w, _ in runs[name]), statistics.median(c for _, c in runs[name])
-
-    (bare_w, bare_c), (job_w, job_c), (std_w, std_c) = median("bare"), median("job"), median("job_standard")
-    bt_w, bt_c = median("job_btrim")
-    print(f"spark session start: {start_s:.1f}s (not counted); cores: {os.cpu_count()}")
-    print(f"recpipe's JVM functions: {'registered' if jvm.registered(spark) else 'not built'}")
-    print(f"{'':34s} {'wall s':>7s} {'CPU s':>7s} {'rows/s wall':>12s} {'rows/CPU-s':>12s}")
-    for label, (w, c) in (
-        ("(a) pyarrow read_csv (I/O floor)", floor),
-        ("(b) Spark CSV -> Parquet, bare", (bare_w, bare_c)),
-        ("(c) feature job (prepare_day)", (job_w, job_c)),
-        ("(c2) feature job, standard", (std_w, std_c)),
-        ("(c3) feature job, Spark's own", (bt_w, bt_c)),
-    ):
-        print(f"{label:34s} {w:7.2f} {c:7.2f} {args.rows / w:12,.0f} {args.rows / c:12,.0f}")
-    print(f"(c) / (b): wall {job_w / bare_w:.2f}x, CPU {job_c / bare_c:.2f}x (goal <= 1.5x)")
-    print(f"(c2) / (b): wall {std_w / bare_w:.2f}x, CPU {std_c / bare_c:.2f}x")
-    print(f"(c3) / (b): wall {bt_w / bare_w:.2f}x, CPU {bt_c / bare_c:.2f}x")
-    print(f"(c) / (a): wall {job_w / floor[0]:.1f}x")
+    medians = harness.summarize(runs)["variants"]
     measured = {
         "pyarrow_read_csv": floor,
-        "spark_bare": (bare_w, bare_c),
-        "feature_job": (job_w, job_c),
-        "feature_job_standard": (std_w, std_c),
-        "feature_job_spark_expressions": (bt_w, bt_c),
+        "spark_bare": medians["bare"],
+        "feature_job": medians["job"],
+        "feature_job_standard": medians["job_standard"],
+        "feature_job_spark_expressions": medians["job_btrim"],
     }
     figures = {
-        name: {"wall_s": w, "cpu_s": c, "rows_per_s": args.rows / w, "rows_per_cpu_s": args.rows / c}
-        for name, (w, c) in measured.items()
+        name: {**m, "rows_per_s": args.rows / m["wall_s"], "rows_per_cpu_s": args.rows / m["cpu_s"]}
+        for name, m in measured.items()
     }
+    print(f"spark session start: {start_s:.1f}s (not counted); cores: {os.cpu_count()}")
+    print(f"recpipe's JVM functions: {'registered' if jvm.registered(spark) else 'not built'}")
+    labels = {
+        "pyarrow_read_csv": "(a) pyarrow read_csv (I/O floor)",
+        "spark_bare": "(b) Spark CSV -> Parquet, bare",
+        "feature_job": "(c) feature job (prepare_day)",
+        "feature_job_standard": "(c2) feature job, standard",
+        "feature_job_spark_expressions": "(c3) feature job, Spark's own",
+    }
+    columns = {"wall_s": "wall s", "cpu_s": "CPU s", "rows_per_s": "rows/s wall"}
+    columns["rows_per_cpu_s"] = "rows/CPU-s"
+    print(harness.table({labels[k]: v for k, v in figures.items()}, columns))
+    bare = figures["spark_bare"]
     over_bare = {
-        name: {"wall": figures[name]["wall_s"] / bare_w, "cpu": figures[name]["cpu_s"] / bare_c}
+        name: {k: figures[name][f"{k}_s"] / bare[f"{k}_s"] for k in ("wall", "cpu")}
         for name in ("feature_job", "feature_job_standard", "feature_job_spark_expressions")
     }
-    doc = {"rows": args.rows, "repeats": args.repeats, "variants": figures, "over_bare": over_bare}
-    print(f"-> {write_results('feature_prep', doc).relative_to(ROOT)}")
+    for name, over in over_bare.items():
+        print(f"{labels[name]} / (b): wall {over['wall']:.2f}x, CPU {over['cpu']:.2f}x")
+    print("goal: (c) / (b) <= 1.5x")
+    print(f"(c) / (a): wall {figures['feature_job']['wall_s'] / floor['wall_s']:.1f}x")
+    doc = {"rows": args.rows, "rounds": args.rounds, "variants": figures, "over_bare": over_bare}
+    harness.finish("feature_prep", doc)
 
 
 if __name__ == "__main__":

@@ -4,28 +4,25 @@ bfloat16 (``dnn.dtype_policy: mixed_bfloat16``).
 DeepFM 26 x 16's MLP (``trainer.layers.mlp.MLP``, 256-128-64, then the logit's Dense 1) on a
 batch of 1024 rows of 26 x 16 + 13 inputs: the forward pass and the gradients of the weights
 and of the input (the embeddings' share), one ``tf.function`` call a batch, nothing else. The
-two policies alternate ``--repeat`` times in one process; printed: wall and CPU milliseconds a
+two policies alternate ``--rounds`` times in one process; printed: wall and CPU milliseconds a
 batch (every thread of the process). The figures go to ``bench/results/step_parts.json``;
 ``bench/vs_torchrec.py``'s CPU-ms a batch of the whole loop stand beside them in
 docs/benchmarks.md.
 
-    python bench/step_parts.py [--batches 300] [--repeat 3]
+    python bench/step_parts.py [--batches 300] [--rounds 3]
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from bench.results import write_results  # noqa: E402
+from bench import harness  # noqa: E402
 
 BATCH, INPUTS = 1024, 26 * 16 + 13
 POLICIES = ("float32", "mixed_bfloat16")
@@ -56,41 +53,32 @@ def mlp_step(policy: str):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__, rounds=3)
     parser.add_argument("--batches", type=int, default=300)
-    parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     import tensorflow as tf
 
     x = tf.random.stateless_normal([BATCH, INPUTS], seed=[1, 2])
-    steps = {p: mlp_step(p) for p in POLICIES}
-    for step in steps.values():
-        step(x)  # traced
-    runs: dict[str, list[tuple[float, float]]] = {p: [] for p in POLICIES}
-    for _ in range(args.repeat):
-        for policy, step in steps.items():
-            wall, cpu = time.perf_counter(), time.process_time()
+
+    def batches(step):
+        def run() -> None:
             for _ in range(args.batches):
                 loss, _ = step(x)
             float(loss)
-            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-            runs[policy].append((1e3 * wall / args.batches, 1e3 * cpu / args.batches))
-            print(
-                f"{policy:15s} {runs[policy][-1][0]:6.2f} ms, {runs[policy][-1][1]:6.2f} CPU-ms a batch",
-                flush=True,
-            )
-    mlp = {
-        p: {
-            "wall_ms": statistics.median(w for w, _ in runs[p]),
-            "cpu_ms": statistics.median(c for _, c in runs[p]),
-        }
-        for p in POLICIES
+
+        return run
+
+    # traced by the warm-up call
+    runs = harness.alternate({p: batches(mlp_step(p)) for p in POLICIES}, args.rounds, warm_up=True)
+    per_batch = {
+        p: {"wall_ms": 1e3 * m["wall_s"] / args.batches, "cpu_ms": 1e3 * m["cpu_s"] / args.batches}
+        for p, m in harness.summarize(runs)["variants"].items()
     }
-    ratio = mlp["float32"]["cpu_ms"] / mlp["mixed_bfloat16"]["cpu_ms"]
-    print(f"medians: {mlp}; float32 / bfloat16 CPU: {ratio:.2f}")
-    doc = {"batch": BATCH, "inputs": INPUTS, "batches": args.batches, "repeat": args.repeat}
-    doc |= {"mlp": mlp, "float32_vs_bfloat16_cpu": ratio}
-    print(f"-> {write_results('step_parts', doc).relative_to(ROOT)}")
+    ratio = per_batch["float32"]["cpu_ms"] / per_batch["mixed_bfloat16"]["cpu_ms"]
+    print(harness.table(per_batch, {"wall_ms": "ms a batch", "cpu_ms": "CPU-ms"}))
+    print(f"float32 / bfloat16 CPU: {ratio:.2f}")
+    doc = {"batch": BATCH, "inputs": INPUTS, "batches": args.batches, "rounds": args.rounds}
+    harness.finish("step_parts", doc | {"mlp": per_batch, "float32_vs_bfloat16_cpu": ratio})
 
 
 if __name__ == "__main__":

@@ -1,0 +1,151 @@
+"""The benches' one harness: their shared command line, variants measured in alternating
+rounds, medians and ratios to a reference variant, and the results file.
+
+A bench names its variants, each a callable that runs once and returns its figures (a dict of
+numbers; ``Clock`` adds ``wall_s`` and ``cpu_s`` where the variant runs in this process, and
+``bench.process_tree.run`` measures a variant that is a command). ``alternate`` runs round
+after round of every variant, in turn, so that load from other tenants of a shared machine
+falls on all of them; ``summarize`` gives each figure's median over the rounds and, for the
+reference variant's figures, the median over rounds of each round's ratio (a ratio taken
+within a round, where the variants shared the machine's state). ``finish`` writes the results
+file the docs render (``bench.results``)::
+
+    args = harness.parser(__doc__, rounds=3).parse_args()
+    runs = harness.alternate({"a": run_a, "b": run_b}, args.rounds)
+    harness.finish("name", {"rounds": args.rounds, **harness.summarize(runs, reference="a")})
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+
+from bench.results import ROOT, write_results
+
+Figures = dict[str, float]
+
+
+class Clock:
+    """Wall and CPU seconds of a call: this process's CPU (every thread) and the CPU of
+    ``pids`` beside it (a JVM a session drives, which ``getrusage`` cannot see)."""
+
+    def __init__(self, *pids: int):
+        self.pids = pids
+
+    def cpu(self) -> float:
+        """CPU-seconds so far (user + system) of this process, its waited-for children and
+        ``pids``."""
+        import resource
+
+        total = time.process_time()
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        total += children.ru_utime + children.ru_stime
+        for pid in self.pids:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return total
+
+    def measure(self, fn: Callable[[], Figures | None]) -> Figures:
+        """Call ``fn``; its figures (``{}`` for None) with ``wall_s`` and ``cpu_s`` added
+        where it did not give them."""
+        wall, cpu = time.perf_counter(), self.cpu()
+        figures = dict(fn() or {})
+        figures.setdefault("wall_s", time.perf_counter() - wall)
+        figures.setdefault("cpu_s", self.cpu() - cpu)
+        return figures
+
+
+def parser(doc: str, rounds: int = 3, workdir: str | None = None) -> argparse.ArgumentParser:
+    """The bench's command line: its docstring's first line as the description, ``--rounds``
+    (each variant runs once a round) and, with ``workdir``, ``--workdir`` (its default under
+    ``var/bench/``). The bench adds its own flags."""
+    out = argparse.ArgumentParser(description=doc.strip().splitlines()[0])
+    out.add_argument("--rounds", type=int, default=rounds, help="times each variant runs, alternating")
+    if workdir is not None:
+        out.add_argument("--workdir", type=Path, default=ROOT / "var" / "bench" / workdir)
+    return out
+
+
+def alternate(
+    variants: Mapping[str, Callable[[], Figures | None]],
+    rounds: int,
+    clock: Clock | None = None,
+    warm_up: bool = False,
+    show: Callable[[str], None] = print,
+) -> dict[str, list[Figures]]:
+    """Run every variant once a round, in turn, for ``rounds`` rounds (after one unmeasured
+    call each with ``warm_up``): each variant's figures by round. Each call goes through
+    ``clock`` (default: a ``Clock`` of this process); a line a call is shown."""
+    clock = clock or Clock()
+    if warm_up:
+        for fn in variants.values():
+            fn()
+    runs: dict[str, list[Figures]] = {name: [] for name in variants}
+    for r in range(rounds):
+        for name, fn in variants.items():
+            figures = clock.measure(fn)
+            runs[name].append(figures)
+            show(f"round {r + 1}/{rounds} {name}: " + _line(figures))
+    return runs
+
+
+def _line(figures: Mapping) -> str:
+    return ", ".join(f"{k} {v:.4g}" for k, v in figures.items() if isinstance(v, int | float))
+
+
+def median(values: Iterable[float]) -> float:
+    """The median (of an even count, the mean of the middle two)."""
+    return statistics.median(list(values))
+
+
+def summarize(
+    runs: Mapping[str, list[Figures]],
+    reference: str | None = None,
+    ratios: Iterable[str] = ("wall_s", "cpu_s"),
+) -> dict:
+    """``{"variants": {name: {figure: median over rounds}}}`` for every numeric figure; with
+    ``reference``, also ``{"vs_<reference>": {name: {figure: median of the rounds' ratios}}}``
+    for the figures in ``ratios``."""
+    out: dict = {"variants": {}}
+    for name, rows in runs.items():
+        keys = [k for k, v in rows[0].items() if isinstance(v, int | float) and not isinstance(v, bool)]
+        out["variants"][name] = {k: median(row[k] for row in rows) for k in keys}
+    if reference is not None:
+        base = runs[reference]
+        out[f"vs_{reference}"] = {
+            name: {
+                k: median(row[k] / ref[k] for row, ref in zip(rows, base, strict=True) if ref[k])
+                for k in ratios
+                if k in rows[0] and k in base[0]
+            }
+            for name, rows in runs.items()
+            if name != reference
+        }
+    return out
+
+
+def table(rows: Mapping[str, Mapping[str, float]], columns: Mapping[str, str]) -> str:
+    """A printed table: a line a row (its name first), ``columns`` maps a figure to its
+    header; a missing figure is blank."""
+    width = max([len(name) for name in rows] + [4])
+    head = f"{'':{width}s} " + " ".join(f"{h:>12s}" for h in columns.values())
+    lines = [head]
+    for name, figures in rows.items():
+        cells = [f"{_cell(figures[k]):>12s}" if k in figures else " " * 12 for k in columns]
+        lines.append(f"{name:{width}s} " + " ".join(cells))
+    return "\n".join(lines)
+
+
+def _cell(value: float) -> str:
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+
+
+def finish(name: str, doc: dict) -> Path:
+    """Write ``bench/results/<name>.json`` (``bench.results.write_results``) and say where."""
+    path = write_results(name, doc)
+    print(f"-> {path.relative_to(ROOT)}")
+    return path
