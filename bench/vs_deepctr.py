@@ -9,14 +9,16 @@ days, the sixth day held out), the same DeepFM (26 id fields x 16 dims, 13 dense
 (b) ``python -m trainer.train_eval`` with dense Adam;
 (c) the same with ``lazy_adam_optimizer`` for the embedding tables and Adam for the rest.
 
-Each runs in its own process, ``--repeat`` times (the machine is noisy); printed: training
-examples/s (one epoch, tracing included, reading excluded for (a)), held-out AUC, and the
-ratios to (a). Goal: (c) >= 2.5x (a) at an AUC within 0.002.
+Each runs in its own process, once a round, the variants alternating, ``--rounds`` rounds
+(the machine is noisy); printed: training examples/s (one epoch, tracing included, reading
+excluded for (a)), held-out AUC, and the median over rounds of each round's ratio to (a).
+``--commit C`` adds (c) as commit C's code runs it, on the same data (what moved since C).
+Goal: (c) >= 2.5x (a) at an AUC within 0.002.
 
 DeepCTR is installed for this benchmark only, into ``var/bench/deepctr-0.9.4`` (it needs
 ``TF_USE_LEGACY_KERAS=1``, tf-keras being the project's Keras already).
 
-Usage: ``python bench/vs_deepctr.py [--rows 1200000] [--buckets 12800] [--repeat 2]``
+Usage: ``python bench/vs_deepctr.py [--rows 1200000] [--buckets 12800] [--rounds 3] [--commit C]``
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from bench import harness  # noqa: E402
 from bench.criteo_data import ADAM, CONFIG, LAZY, bench_edits, days, prepare  # noqa: E402
-from bench.results import write_results  # noqa: E402
 
 DEEPCTR = "deepctr==0.9.4"
 DEEPCTR_DIR = ROOT / "var/bench/deepctr-0.9.4"
@@ -135,10 +137,12 @@ def run_deepctr(work: Path, buckets: int) -> dict:
     return {"examples_per_sec": len(train_y) / seconds, "auc": auc(test_y, scores), "rows": len(train_y)}
 
 
-def run_train_eval(work: Path, buckets: int, variant: str) -> dict:
-    """(b) / (c): ``python -m trainer.train_eval`` in a child process; its summary line."""
+def run_train_eval(work: Path, buckets: int, variant: str, checkout: Path = ROOT) -> dict:
+    """(b) / (c): ``python -m trainer.train_eval`` of ``checkout`` in a child process; its
+    summary line."""
     model_dir = work / "models" / variant
     subprocess.run(["rm", "-rf", str(model_dir)], check=True)
+    optimizers = "c_lazy_adam" if variant.startswith("c_lazy_adam") else variant
     out = subprocess.run(
         [
             sys.executable,
@@ -147,41 +151,46 @@ def run_train_eval(work: Path, buckets: int, variant: str) -> dict:
             "--pipeline_config_path",
             str(CONFIG),
             "--edit_config_json",
-            json.dumps(_edits(work, buckets, variant)),
+            json.dumps(_edits(work, buckets, optimizers)),
             "--model_dir",
             str(model_dir),
         ],
         check=True,
         capture_output=True,
         text=True,
-        cwd=ROOT,
+        cwd=checkout,
+        env={**os.environ, "PYTHONPATH": str(checkout)},
     )
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     return {"examples_per_sec": summary["examples_per_sec"], "auc": summary["eval"]["auc"]}
 
 
-def _children_cpu() -> float:
-    """CPU-seconds (user + system) of every finished child process so far."""
-    import resource
-
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+def _worktree(commit: str) -> Path:
+    """A checkout of ``commit`` under var/bench/ (git worktree), with its kernels built when
+    it has any."""
+    path = ROOT / "var" / "bench" / f"checkout-{commit}"
+    if not path.is_dir():
+        subprocess.run(["git", "worktree", "add", "--detach", str(path), commit], check=True, cwd=ROOT)
+        if (path / "scripts" / "build_kernels.sh").exists():
+            env = {**os.environ, "PYTHON": sys.executable}
+            subprocess.run(["scripts/build_kernels.sh"], check=True, cwd=path, env=env)
+    return path
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__, rounds=3, workdir="vs_deepctr")
     parser.add_argument("--rows", type=int, default=1_200_000, help="over six days; five are trained on")
     parser.add_argument("--buckets", type=int, default=12_800)
-    parser.add_argument("--repeat", type=int, default=2)
-    parser.add_argument("--workdir", default=str(ROOT / "var/bench/vs_deepctr"))
-    parser.add_argument("--variant", choices=sorted(VARIANTS), help=argparse.SUPPRESS)
+    parser.add_argument("--commit", help="also (c) as this earlier commit's code runs it (a git worktree)")
+    parser.add_argument("--variant", help=argparse.SUPPRESS)
+    parser.add_argument("--checkout", type=Path, default=ROOT, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    work = Path(args.workdir)
+    work = args.workdir
     if args.variant:  # a child: one measurement, one JSON line
         if args.variant == "a_deepctr":
             result = run_deepctr(work, args.buckets)
         else:
-            result = run_train_eval(work, args.buckets, args.variant)
+            result = run_train_eval(work, args.buckets, args.variant, args.checkout)
         print(json.dumps(result))
         return
     prepare(args.rows, N_DAYS, work, args.buckets)
@@ -190,58 +199,50 @@ def main() -> None:
         f"data: {args.rows * 5 // 6:,} training rows, {args.rows // 6:,} held out; "
         f"{26 * args.buckets * 16 / 1e6:.1f}M embedding parameters; batch 1024; one epoch"
     )
-    results: dict[str, list[dict]] = {v: [] for v in VARIANTS}
+    labels = dict(VARIANTS)
+    checkouts = {v: ROOT for v in VARIANTS}
+    if args.commit:
+        variant = f"c_lazy_adam_at_{args.commit}"
+        labels[variant] = f"(c) at commit {args.commit}"
+        checkouts[variant] = _worktree(args.commit)
     env = {**os.environ, "TF_USE_LEGACY_KERAS": "1"}
-    for attempt in range(args.repeat):
-        for variant in VARIANTS:
+
+    def child(variant: str):
+        def once() -> dict:
             cmd = [sys.executable, __file__, "--variant", variant, "--workdir", str(work)]
-            cmd += ["--buckets", str(args.buckets)]
-            before = _children_cpu()
+            cmd += ["--buckets", str(args.buckets), "--checkout", str(checkouts[variant])]
             out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
-            r = json.loads(out.stdout.strip().splitlines()[-1])
-            r["cpu_s"] = _children_cpu() - before
-            results[variant].append(r)
-            # the ratio to (a) of the same run: neighbours in time share the machine's mood
-            paired = r["examples_per_sec"] / results["a_deepctr"][attempt]["examples_per_sec"]
-            print(
-                f"run {attempt + 1} {VARIANTS[variant]:36s} {r['examples_per_sec']:9,.0f} examples/s "
-                f"({paired:.2f}x (a) of this run) AUC {r['auc']:.4f}; whole process "
-                f"{r['cpu_s']:.0f} CPU-s",
-                flush=True,
-            )
-    base = results["a_deepctr"]
-    base_rate = sum(r["examples_per_sec"] for r in base) / len(base)
-    base_auc = sum(r["auc"] for r in base) / len(base)
-    base_cpu = sum(r["cpu_s"] for r in base) / len(base)
-    print(
-        f"\n{'':40s} {'examples/s':>10s} {'x (a)':>6s} {'AUC':>7s} {'- (a)':>7s} {'CPU-s':>6s} {'x (a)':>6s}"
-        f" {'ex/CPU-s':>9s}"
-    )
+            return json.loads(out.stdout.strip().splitlines()[-1])
+
+        return once
+
+    # cpu_s: the whole child process (start-up, reading, training, evaluation), every thread
+    runs = harness.alternate({v: child(v) for v in labels}, args.rounds)
     train_rows = args.rows * 5 // 6
+    for rows in runs.values():
+        for r in rows:
+            r["per_cpu_s"] = train_rows / r["cpu_s"]
+    summary = harness.summarize(runs, reference="a_deepctr", ratios=("examples_per_sec", "per_cpu_s"))
     means = {}
-    for variant, rs in results.items():
-        rate = sum(r["examples_per_sec"] for r in rs) / len(rs)
-        score = sum(r["auc"] for r in rs) / len(rs)
-        cpu = sum(r["cpu_s"] for r in rs) / len(rs)
-        ratio, gap = rate / base_rate, score - base_auc
+    for variant, medians in summary["variants"].items():
+        vs_a = summary["vs_a_deepctr"].get(variant, {"examples_per_sec": 1.0, "per_cpu_s": 1.0})
+        gaps = [r["auc"] - a["auc"] for r, a in zip(runs[variant], runs["a_deepctr"], strict=True)]
         means[variant] = {
-            "label": VARIANTS[variant],
-            "examples_per_sec": rate,
-            "vs_a": ratio,
-            "auc": score,
-            "auc_minus_a": gap,
-            "cpu_s": cpu,
-            "cpu_a_over_this": base_cpu / cpu,
-            "per_cpu_s": train_rows / cpu,
-            "runs": rs,
+            "label": labels[variant],
+            "examples_per_sec": medians["examples_per_sec"],
+            "vs_a": vs_a["examples_per_sec"],
+            "auc": medians["auc"],
+            "auc_minus_a": harness.median(gaps),
+            "cpu_s": medians["cpu_s"],
+            "per_cpu_s": medians["per_cpu_s"],
+            "per_cpu_s_vs_a": vs_a["per_cpu_s"],
+            "runs": runs[variant],
         }
-        print(
-            f"{VARIANTS[variant]:40s} {rate:10,.0f} {ratio:6.2f} {score:7.4f} {gap:+7.4f} "
-            f"{cpu:6.0f} {base_cpu / cpu:6.2f} {train_rows / cpu:9,.0f}"
-        )
-    print("CPU-s: the whole child process (start-up, reading, training, evaluation), every thread;")
-    print("its 'x (a)' is (a)'s CPU-seconds over the variant's: the same work on fewer CPU-seconds;")
-    print("ex/CPU-s: the training rows over those CPU-seconds (the rate other tenants do not skew)")
+    columns = {"examples_per_sec": "examples/s", "vs_a": "x (a)", "auc": "AUC", "auc_minus_a": "- (a)"}
+    columns |= {"cpu_s": "CPU-s", "per_cpu_s": "ex/CPU-s", "per_cpu_s_vs_a": "x (a)"}
+    print(harness.table({m["label"]: m for m in means.values()}, columns))
+    print("x (a): the median over rounds of each round's ratio to (a) of the same round")
+    print("CPU-s: the whole child process, every thread; ex/CPU-s: training rows over them")
     print("goal: (c) >= 2.50x (a), AUC within 0.002 of (a)")
     c = means["c_lazy_adam"]
     goals = {"c_vs_a": 2.5, "auc_within": 0.002}
@@ -249,10 +250,10 @@ def main() -> None:
     doc = {
         "train_rows": train_rows,
         "held_out_rows": args.rows // 6,
-        "repeat": args.repeat,
+        "rounds": args.rounds,
         "variants": means,
     }
-    print(f"-> {write_results('vs_deepctr', {**doc, 'goals': goals}).relative_to(ROOT)}")
+    harness.finish("vs_deepctr", {**doc, "goals": goals})
 
 
 if __name__ == "__main__":
