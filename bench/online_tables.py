@@ -8,20 +8,18 @@ day before (as the daily DAG does), by
   (b) online tables: ``filter_freq``, ``delete_after_unseen_days``, ``max_capacity``.
 
 Each day is one ``recpipe train`` process per variant (the two alternate, so that load from
-other tenants falls on both), run ``--repeats`` times: rates are the fastest repeat's, as
-interference from other tenants of a shared machine only slows a run; it evaluates on the
-next day (next-day AUC). Printed per day:
+other tenants falls on both), run ``--rounds`` times: rates are the medians over the rounds;
+it evaluates on the next day (next-day AUC). Printed per day:
 rows used / capacity, admitted, evicted, the process's peak RSS, examples/s by wall time and
 per CPU-second of the training loop, next-day AUC. Then the goals: rows <= max_capacity every
 day, RSS flat (+-10 %) after the warm-up days, (b) at >= 0.7x (a)'s examples per CPU-second,
 mean next-day AUC of (b) >= (a) - 0.002.
 
-    python bench/online_tables.py [--days 30] [--rows 50000] [--batch_size 1024] [--repeats 2]
+    python bench/online_tables.py [--days 30] [--rows 50000] [--batch_size 1024] [--rounds 2]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import statistics
@@ -34,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.results import write_results  # noqa: E402
+from bench import harness  # noqa: E402
 
 RECPIPE = [sys.executable, "-m", "cli"]
 DIM = 16
@@ -116,16 +114,12 @@ def table_figures(result: dict, table: str) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__, rounds=2, workdir="online_tables")
     parser.add_argument("--days", type=int, default=30)
     parser.add_argument("--rows", type=int, default=50_000, help="rows a day")
     parser.add_argument("--batch_size", type=int, default=1024, help="data_config.batch_size (its default)")
-    parser.add_argument(
-        "--repeats", type=int, default=2, help="processes per day and variant; the fastest counts"
-    )
-    parser.add_argument("--out", default="var/bench/online_tables")
     args = parser.parse_args()
-    out = ROOT / args.out
+    out = args.workdir
     raw, features = out / "raw", out / "features"
     days = [(date(2024, 1, 1) + timedelta(days=d)).isoformat() for d in range(args.days + 1)]
     if not (raw / f"ds={days[-1]}").exists():
@@ -154,19 +148,22 @@ def main() -> int:
     print(header + f" {'ex/s wall':>9s} {'ex/CPU-s':>8s} {'next AUC':>8s}")
     rows: dict[str, list[dict]] = {"hashed": [], "online": []}
     for i, ds in enumerate(days[:-1]):
-        runs: dict[str, list[dict]] = {"hashed": [], "online": []}
-        for _ in range(args.repeats):  # alternating, so that other tenants' load falls on both
-            for variant in runs:
+
+        def day(variant: str, i: int = i, ds: str = ds):
+            def once() -> dict:
                 model_dir = out / "models" / variant / ds
                 previous = out / "models" / variant / days[i - 1] if i else None
                 shutil.rmtree(model_dir, ignore_errors=True)
-                runs[variant].append(run_day(variant, ds, days[i + 1], model_dir, previous, config))
+                return run_day(variant, ds, days[i + 1], model_dir, previous, config)
+
+            return once
+
+        runs = harness.alternate({v: day(v) for v in rows}, args.rounds, show=lambda line: None)
         for variant, results in runs.items():
             result = results[-1]  # the model the next day fine-tunes from
             user = table_figures(result, "user_id")
-            # the least disturbed repeat: interference only adds time
-            examples = max(r["examples_per_sec"] for r in results) * 1.0
-            loop_cpu_s = min(r["cpu_seconds"] for r in results)
+            examples = harness.median(r["examples_per_sec"] for r in results)
+            loop_cpu_s = harness.median(r["cpu_seconds"] for r in results)
             cpu_rate = args.rows / max(loop_cpu_s, 1e-9)
             entry = {
                 "ds": ds,
@@ -175,9 +172,9 @@ def main() -> int:
                 "cpu_rate": cpu_rate,
                 "loop_cpu_s": loop_cpu_s,
                 "auc": result["eval"]["auc"],
-                # the least disturbed repeat's first step (tracing, Grappler) and later steps
+                # the first step (tracing, Grappler) and later steps, medians over the rounds
                 **{
-                    k: min((r.get("phases") or {}).get(k, 0) for r in results)
+                    k: harness.median((r.get("phases") or {}).get(k, 0) for r in results)
                     for k in ("first_step_cpu_s", "step_cpu_ms", "step_ops")
                 },
                 **{f"user_{k}": v for k, v in user.items()},
@@ -192,10 +189,9 @@ def main() -> int:
             )
     (out / "results.json").write_text(json.dumps(rows, indent=2))
     figures = _goals(rows)
-    path = write_results("online_tables", {"days": args.days, "rows_a_day": args.rows,
-                                            "batch_size": args.batch_size, "repeats": args.repeats,
-                                            "capacity": CAPACITY, **EV, **figures})  # fmt: skip
-    print(f"-> {path.relative_to(ROOT)}")
+    harness.finish("online_tables", {"days": args.days, "rows_a_day": args.rows,
+                                     "batch_size": args.batch_size, "rounds": args.rounds,
+                                     "capacity": CAPACITY, **EV, **figures})  # fmt: skip
     return 0
 
 

@@ -87,52 +87,16 @@ def _load_config(edit: dict):
 
 
 def floor_train(config, evaluate: bool) -> dict:
-    """The same model and optimizer as ``recpipe train`` (hashed tables) in a bare
-    ``tf.function`` step over ``bench.criteo_data.parquet_batches``; ``evaluate``: the forward
-    pass over the held-out rows instead. Returns the examples and the loss."""
-    import tensorflow as tf
-
-    from bench.criteo_data import hasher, parquet_batches
-    from trainer.losses import build_loss
-    from trainer.models.builders import build_model
-    from trainer.optimizers import build_optimizer
-
-    hashed = hasher(config)
+    """``bench.floors.bare_steps`` over ``bench.criteo_data.parquet_batches``: the training
+    step, or with ``evaluate`` the forward pass over the held-out rows. Returns the examples
+    and the loss."""
+    from bench.criteo_data import parquet_batches
+    from bench.floors import bare_steps, chain, run_steps
 
     batches = parquet_batches(config, DS, holdout=evaluate, batch_size=BATCH)
     first = next(batches)
-    model = build_model(config)
-    model(hashed(first[0]))
-    optimizer = build_optimizer(config.train_config.optimizer_config[0], "floor")
-    loss_fn = build_loss(config.model)
-    spec = (
-        {k: tf.TensorSpec([None], v.dtype) for k, v in first[0].items()},
-        tf.TensorSpec([None], tf.float32),
-    )
-
-    @tf.function(input_signature=spec)
-    def train_step(features, labels):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(labels, model(hashed(features), training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-        return loss
-
-    @tf.function(input_signature=spec)
-    def eval_step(features, labels):
-        return loss_fn(labels, model(hashed(features), training=False))
-
-    step = eval_step if evaluate else train_step
-    examples, loss = 0, None
-    for features, labels in _chain(first, batches):
-        loss = step(features, labels)
-        examples += int(labels.shape[0])
-    return {"examples": examples, "loss": float(loss)}
-
-
-def _chain(first, rest):
-    yield first
-    yield from rest
+    train_step, eval_step = bare_steps(config, first)
+    return run_steps(eval_step if evaluate else train_step, chain(first, batches))
 
 
 def floor_spark(config, out: Path) -> dict:

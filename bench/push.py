@@ -10,16 +10,16 @@ delta that moves ``--touched`` of them and deletes ``--evicted``, written by
             new generation, one ``HSET`` each in the fenced script, then the switch and the
             old generation's deletion; the delta in place, one ``HSET`` a row too.
 
-Each variant runs ``--repeats`` times, alternating; the best wall time is kept with its CPU
-seconds (this process's and the Redis server's, from ``INFO cpu``), rows per wall second and
-per CPU-second, and the ratio to the floor. Figures go to ``bench/results/push.json``.
+Each variant runs once a round, alternating, ``--rounds`` rounds; printed and kept: the
+medians of wall and CPU seconds (this process's and the Redis server's, from ``INFO cpu``),
+rows per wall second and per CPU-second, and the median of each round's ratio to the floor.
+Figures go to ``bench/results/push.json``.
 
-    python bench/push.py [--rows 1000000] [--dim 16] [--repeats 3]
+    python bench/push.py [--rows 1000000] [--dim 16] [--rounds 3]
 """
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import sys
 import tempfile
@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.results import write_results  # noqa: E402
+from bench import harness  # noqa: E402
 
 DAY = "2024-05-01"
 
@@ -66,12 +66,11 @@ def _chunks(items, n):
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__, rounds=3)
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--dim", type=int, default=16)
     parser.add_argument("--touched", type=float, default=0.1)
     parser.add_argument("--evicted", type=float, default=0.01)
-    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--redis_url", default="redis://127.0.0.1:6379/0")
     args = parser.parse_args()
 
@@ -126,10 +125,8 @@ def main() -> int:
         for export in exports:
             store.EmbeddingStore(client, model).push(export)
 
-    variants = {"floor": floor, "push": push}
-    best: dict[str, dict] = {}
-    for _ in range(args.repeats):
-        for name, fn in variants.items():
+    def measured(fn):
+        def once() -> dict:
             model = f"bench-push-{uuid.uuid4().hex[:6]}"
             wall, cpu, server = time.perf_counter(), time.process_time(), _server_cpu(client)
             fn(model)
@@ -138,30 +135,30 @@ def main() -> int:
                 "client_cpu_s": time.process_time() - cpu,
                 "server_cpu_s": _server_cpu(client) - server,
             }
+            figures["cpu_s"] = figures["client_cpu_s"] + figures["server_cpu_s"]
             _drop(client, model)
-            if name not in best or figures["wall_s"] < best[name]["wall_s"]:
-                best[name] = figures
-    for f in best.values():
-        cpu = f["client_cpu_s"] + f["server_cpu_s"]
+            return figures
+
+        return once
+
+    runs = harness.alternate({"floor": measured(floor), "push": measured(push)}, args.rounds)
+    summary = harness.summarize(runs, reference="floor")
+    best = summary["variants"]
+    for name, f in best.items():
+        vs = summary["vs_floor"].get(name, {"wall_s": 1.0, "cpu_s": 1.0})
         f |= {
-            "cpu_s": cpu,
             "rows_per_s": rows / f["wall_s"],
-            "rows_per_cpu_s": rows / cpu,
-            "wall_vs_floor": f["wall_s"] / best["floor"]["wall_s"],
-            "cpu_vs_floor": cpu / (best["floor"]["client_cpu_s"] + best["floor"]["server_cpu_s"]),
+            "rows_per_cpu_s": rows / f["cpu_s"],
+            "wall_vs_floor": vs["wall_s"],
+            "cpu_vs_floor": vs["cpu_s"],
         }
     print(
         f"{rows:,} row writes and deletes (base {args.rows:,} rows of {args.dim} floats, delta "
-        f"{len(moved):,} moved and {len(gone):,} deleted), best of {args.repeats}, alternating"
+        f"{len(moved):,} moved and {len(gone):,} deleted), medians of {args.rounds} alternating rounds"
     )
-    head = ("variant", "wall s", "CPU s", "rows/s", "rows/CPU-s", "wall/floor", "CPU/floor")
-    print("{:8s} {:>7s} {:>7s} {:>9s} {:>11s} {:>10s} {:>9s}".format(*head))
-    for name, f in best.items():
-        print(
-            f"{name:8s} {f['wall_s']:7.2f} {f['cpu_s']:7.2f} {f['rows_per_s']:9,.0f} "
-            f"{f['rows_per_cpu_s']:11,.0f} {f['wall_vs_floor']:10.2f} {f['cpu_vs_floor']:9.2f}"
-        )
-    print(f"-> {write_results('push', {'rows': rows, 'figures': best}).relative_to(ROOT)}")
+    columns = {"wall_s": "wall s", "cpu_s": "CPU s", "rows_per_s": "rows/s", "rows_per_cpu_s": "rows/CPU-s"}
+    print(harness.table(best, columns | {"wall_vs_floor": "wall/floor", "cpu_vs_floor": "CPU/floor"}))
+    harness.finish("push", {"rows": rows, "rounds": args.rounds, "figures": best})
     shutil.rmtree(work, ignore_errors=True)
     return 0
 

@@ -95,44 +95,20 @@ def _preload(reader) -> list:
 
 
 def minimal_loop(config, stream: bool = False) -> tuple[float, float]:
-    """The same model and optimizer in a bare ``tf.function`` step: over batches pre-loaded in
-    memory (``stream=False``: compute only), or reading the Parquet files as it goes."""
-    import tensorflow as tf
-    import tf_keras as keras
-
-    from bench.criteo_data import hasher, parquet_batches
-    from trainer.losses import build_loss
-    from trainer.models.builders import build_model
+    """``bench.floors.bare_steps``' training step: over batches pre-loaded in memory
+    (``stream=False``: compute only), or reading the Parquet files as it goes."""
+    from bench.criteo_data import parquet_batches
+    from bench.floors import bare_steps, run_steps
 
     # raw string ids, as a hand-written loop reads them: its step hashes them
     batches = parquet_batches(config, DS) if stream else iter(list(parquet_batches(config, DS)))
     first = next(batches)
-    hashed = hasher(config)
-
-    model = build_model(config)
-    model(hashed(first[0]))
-    optimizer = keras.optimizers.Adam(0.001)
-    loss_fn = build_loss(config.model)
-    spec = {k: tf.TensorSpec([None], v.dtype) for k, v in first[0].items()}
-
-    @tf.function(input_signature=(spec, tf.TensorSpec([None], tf.float32)))
-    def step(features, labels):
-        features = hashed(features)
-        with tf.GradientTape() as tape:
-            loss = loss_fn(labels, model(features, training=True))
-        optimizer.apply_gradients(
-            zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables, strict=True)
-        )
-        return loss
-
+    step, _ = bare_steps(config, first)
     step(*first)
     for _, (f, y) in zip(range(99), batches, strict=False):  # warm-up, as the loop's figure skips 100 steps
         step(f, y)
     rate = Rate()
-    for f, y in batches:
-        loss = step(f, y)
-        rate.examples += int(y.shape[0])
-    float(loss)
+    rate.examples = run_steps(step, batches)["examples"]
     return rate.stop()
 
 
