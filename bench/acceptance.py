@@ -12,7 +12,6 @@ this command is how their figures reach the docs.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import subprocess
@@ -22,13 +21,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import harness  # noqa: E402
 from bench.results import write_results  # noqa: E402
 
 FIGURES = ROOT / "var" / "acceptance"
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__, rounds=None)
     parser.add_argument("-k", dest="expression", help="pytest's -k: a subset of the tests")
     args = parser.parse_args()
     shutil.rmtree(FIGURES, ignore_errors=True)  # no figure of an earlier run

@@ -8,50 +8,47 @@ with ``--rows`` admitted ids in each of its id tables, then:
   (c) after ``--touched`` of the rows are moved and looked up (their ``ev_versions`` stamped)
       and ``--evicted`` of them freed, the pass's delta (``export_delta``).
 
-Each is timed ``--repeats`` times (best wall time, and its CPU-seconds) and measured on disk.
+Each is timed ``--rounds`` times ((a) and (b) alternating; medians of wall and CPU seconds)
+and measured on disk.
 Goal (issue 17): (c) <= 1/10 of (a)'s bytes and time at ~10 % touched.
 
-    python bench/delta_export.py [--rows 200000] [--touched 0.1] [--evicted 0.01] [--repeats 3]
+    python bench/delta_export.py [--rows 200000] [--touched 0.1] [--evicted 0.01] [--rounds 3]
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from bench.results import write_results  # noqa: E402
+from bench import harness  # noqa: E402
 
 
 def _size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def _timed(fn, repeats: int):
-    best = None
-    for _ in range(repeats):
-        wall, cpu = time.perf_counter(), time.process_time()
-        out = fn()
-        figures = (time.perf_counter() - wall, time.process_time() - cpu, out)
-        if best is None or figures[0] < best[0]:
-            best = figures
-    return best
+def _exported(paths: dict, key: str, fn):
+    """A variant for the harness: ``fn()`` exports and returns the export's path, kept in
+    ``paths[key]`` (its size is measured once, after the rounds)."""
+
+    def once() -> None:
+        paths[key] = fn()
+
+    return once
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__, rounds=3)
     parser.add_argument("--rows", type=int, default=200_000, help="admitted ids per id table")
     parser.add_argument("--touched", type=float, default=0.1)
     parser.add_argument("--evicted", type=float, default=0.01)
-    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
     import numpy as np
@@ -99,8 +96,18 @@ def main() -> int:
     day = "1997-09-22"
     try:
         exports = work / "exports" / day
-        full = _timed(lambda: export_saved_model(config, model, work / "m", work / "full", 1), args.repeats)
-        base = _timed(lambda: export_base(config, model, {}, exports, day, 1), args.repeats)
+        paths: dict[str, Path] = {}
+        quiet = {"show": lambda line: None}
+        first = harness.alternate(
+            {
+                "full": _exported(
+                    paths, "full", lambda: export_saved_model(config, model, work / "m", work / "full", 1)
+                ),
+                "base": _exported(paths, "base", lambda: export_base(config, model, {}, exports, day, 1)),
+            },
+            args.rounds,
+            **quiet,
+        )
         # a pass: some rows looked up and moved, some evicted
         for ev in evs:
             n = int((ev.ids() != online.FREE).sum())  # used rows come first
@@ -117,23 +124,25 @@ def main() -> int:
             ev.keys.assign(keys)
         model.ev_clock.step.assign(100)
         online.refresh(model)
-        delta = _timed(lambda: export_delta(config, model, {}, exports, "09", 2), args.repeats)
-        table = {
-            "(a) full SavedModel": (full, _size(full[2])),
-            "(b) base (SavedModel + rows)": (base, _size(base[2])),
-            f"(c) delta, {args.touched:.0%} touched, {args.evicted:.0%} evicted": (delta, _size(delta[2])),
-        }
+        delta = _exported(paths, "delta", lambda: export_delta(config, model, {}, exports, "09", 2))
+        second = harness.alternate({"delta": delta}, args.rounds, **quiet)
+        figures = harness.summarize({**first, **second})["variants"]
+        for key, medians in figures.items():
+            medians["mib"] = _size(paths[key]) / 2**20
         ids = len(rows) * args.rows
         print(f"{len(evs)} online tables, {len(rows)} id tables x {args.rows:,} ids ({ids:,} rows)")
-        print(f"best of {args.repeats}")
-        print(f"{'export':<40} {'MiB':>8} {'wall s':>8} {'CPU s':>8} {'bytes/(a)':>10} {'wall/(a)':>9}")
-        figures = {}
-        for key, (name, ((wall, cpu, _), size)) in zip(("full", "base", "delta"), table.items(), strict=True):
-            figures[key] = {"mib": size / 2**20, "wall_s": wall, "cpu_s": cpu}
-            print(
-                f"{name:<40} {size / 2**20:8.1f} {wall:8.2f} {cpu:8.2f} "
-                f"{size / table['(a) full SavedModel'][1]:10.3f} {wall / full[0]:9.3f}"
+        print(f"medians of {args.rounds} rounds ((a) and (b) alternating, then (c))")
+        labels = {
+            "full": "(a) full SavedModel",
+            "base": "(b) base (SavedModel + rows)",
+            "delta": f"(c) delta, {args.touched:.0%} touched, {args.evicted:.0%} evicted",
+        }
+        print(
+            harness.table(
+                {labels[k]: v for k, v in figures.items()},
+                {"mib": "MiB", "wall_s": "wall s", "cpu_s": "CPU s"},
             )
+        )
         d, f = figures["delta"], figures["full"]
         ratios = {
             "bytes": d["mib"] / f["mib"],
@@ -148,10 +157,9 @@ def main() -> int:
             "ids_per_table": args.rows,
             "touched": args.touched,
             "evicted": args.evicted,
-            "repeats": args.repeats,
+            "rounds": args.rounds,
         }
-        path = write_results("delta_export", {**summary, **figures, "delta_over_full": ratios})
-        print(f"-> {path.relative_to(ROOT)}")
+        harness.finish("delta_export", {**summary, **figures, "delta_over_full": ratios})
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

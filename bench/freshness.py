@@ -33,7 +33,6 @@ a pass costs without the process starts, tracing and restores of a pass under Ai
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -48,6 +47,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import harness  # noqa: E402
 from bench.results import write_results  # noqa: E402
 
 RECPIPE = [sys.executable, "-m", "cli"]
@@ -302,7 +302,7 @@ def one_data_set(name: str, pipeline: Path, edits: dict, days: list[str], warmup
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__, rounds=None)
     parser.add_argument("--movielens_days", type=int, default=120)
     parser.add_argument("--drift_days", type=int, default=14)
     parser.add_argument("--drift_rows", type=int, default=20_000)

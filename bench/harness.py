@@ -59,12 +59,13 @@ class Clock:
         return figures
 
 
-def parser(doc: str, rounds: int = 3, workdir: str | None = None) -> argparse.ArgumentParser:
+def parser(doc: str, rounds: int | None = 3, workdir: str | None = None) -> argparse.ArgumentParser:
     """The bench's command line: its docstring's first line as the description, ``--rounds``
-    (each variant runs once a round) and, with ``workdir``, ``--workdir`` (its default under
-    ``var/bench/``). The bench adds its own flags."""
+    (each variant runs once a round; None: a bench without rounds) and, with ``workdir``,
+    ``--workdir`` (its default under ``var/bench/``). The bench adds its own flags."""
     out = argparse.ArgumentParser(description=doc.strip().splitlines()[0])
-    out.add_argument("--rounds", type=int, default=rounds, help="times each variant runs, alternating")
+    if rounds is not None:
+        out.add_argument("--rounds", type=int, default=rounds, help="times each variant runs, alternating")
     if workdir is not None:
         out.add_argument("--workdir", type=Path, default=ROOT / "var" / "bench" / workdir)
     return out

@@ -20,7 +20,6 @@ of its time.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import shutil
@@ -34,6 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import harness  # noqa: E402
 from bench.results import write_results  # noqa: E402
 
 RECPIPE = [sys.executable, "-m", "cli"]
@@ -97,7 +97,7 @@ def compare(xs: list[dict], ys: list[dict]) -> tuple[float, float, float, float,
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__, rounds=None)
     parser.add_argument("--days", type=int, default=30)
     parser.add_argument("--out", default="var/bench/incremental")
     parser.add_argument(

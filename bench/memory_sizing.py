@@ -12,7 +12,6 @@ section renders it.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -23,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from bench import harness  # noqa: E402
 from bench.criteo_data import CONFIG, LAZY, START, bench_edits, prepare  # noqa: E402
 from bench.process_tree import run  # noqa: E402
 from bench.production_day import variables_mb  # noqa: E402
@@ -30,7 +30,7 @@ from bench.results import write_results  # noqa: E402  (the commit at the start)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__, rounds=None)
     parser.add_argument("--rows", type=int, default=50_000)
     parser.add_argument("--buckets", type=int, nargs="+", default=[10_000, 100_000, 300_000])
     parser.add_argument("--workdir", default=str(ROOT / "var/bench/memory_sizing"))

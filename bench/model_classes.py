@@ -37,6 +37,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import harness  # noqa: E402
 from bench.results import write_results  # noqa: E402
 
 MODELS = {
@@ -117,9 +118,7 @@ def train_one(name: str, work: Path, days: list[str]) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = harness.parser(__doc__, rounds=None)
     parser.add_argument("--days", type=int, default=213)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--work", type=Path, default=ROOT / "var/bench/models")

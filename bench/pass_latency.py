@@ -26,7 +26,6 @@ downstream tasks are skipped one scheduler loop at a time, and an idle loop slee
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -40,6 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import harness  # noqa: E402
 from bench.results import write_results  # noqa: E402
 
 DAY = "1998-01-05"
@@ -91,7 +91,7 @@ def write_passes(
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__, rounds=None)
     parser.add_argument("--passes", type=int, default=6, help="passes, quiet and busy in turn")
     parser.add_argument("--rows", type=int, default=10_000, help="rows of a busy pass")
     parser.add_argument("--pass_minutes", type=int, default=15)

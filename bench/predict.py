@@ -20,7 +20,6 @@ are the JVM's children: its CPU-seconds hold them only as the JVM reaps them). F
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
@@ -31,6 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import harness  # noqa: E402
 from bench.results import write_results  # noqa: E402
 
 CONFIG = ROOT / "tests" / "config" / "easyrec" / "deepfm_criteo.config"
@@ -128,7 +128,7 @@ def _floor(export: Path, path: Path, batch_size: int) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__, rounds=None)
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--batch_size", type=int, default=4096)
     args = parser.parse_args()

@@ -21,7 +21,6 @@ The figures go to ``bench/results/production_dag.json``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -36,6 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import harness  # noqa: E402
 from bench.results import write_results  # noqa: E402  (the commit at the start)
 from dev import spark_connect  # noqa: E402
 from dev.airflow import run_backfill  # noqa: E402
@@ -193,7 +193,7 @@ def backfill(rows: int, days: list[str], airflow_home: Path, timeout: float, onl
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__, rounds=None)
     parser.add_argument("--rows", type=int, default=3_000_000, help="rows a day")
     parser.add_argument("--days", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=3 * 3600)

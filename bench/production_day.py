@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from bench import harness  # noqa: E402
 from bench.criteo_data import CONFIG, LAZY, bench_edits  # noqa: E402
 from bench.process_tree import Measured, run  # noqa: E402
 from bench.results import COMMIT, FOLDER, word, write_results  # noqa: E402  (the commit at the start)
@@ -497,7 +498,7 @@ def save(days: list[Day], goals: dict, args) -> Path:
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "floor":
         return floor_main(sys.argv[2:])
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__, rounds=None)
     parser.add_argument("--rows", type=int, nargs="+", default=[1_000_000, 3_000_000, 10_000_000])
     parser.add_argument("--buckets", type=int, default=100_000, help="rows of each hashed table")
     parser.add_argument("--filter_freq", type=int, default=2)

@@ -20,7 +20,6 @@ Usage (root): ``python bench/ps_links.py [--rates 1gbit 100mbit] [--steps 120] [
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -31,6 +30,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import harness  # noqa: E402
 from bench.results import write_results  # noqa: E402
 from bench.strategies import _children_cpu  # noqa: E402
 
@@ -122,7 +122,7 @@ def run(work: Path, buckets: int, mode: str, rate: str, steps: int, batch: int) 
 def main() -> None:
     if os.geteuid() != 0:
         raise SystemExit("bench/ps_links.py makes network namespaces: run it as root")
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__, rounds=None)
     parser.add_argument("--rates", nargs="+", default=["1gbit", "100mbit"], help="tc rates, fastest first")
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--buckets", type=int, default=12_800)

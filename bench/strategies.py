@@ -25,7 +25,6 @@ Usage: ``python bench/strategies.py [--rows 400000] [--steps 300] [--batch 2048]
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -38,6 +37,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("RECPIPE_JOB_NETWORK", "host")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from bench import harness  # noqa: E402
 
 # name: (train_distribute, worker processes, ps, batches per step, train_config edits)
 STRATEGIES = {
@@ -133,7 +134,7 @@ def _children_cpu() -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__, rounds=None)
     parser.add_argument("--rows", type=int, default=400_000)
     parser.add_argument("--buckets", type=int, default=12_800)
     parser.add_argument("--steps", type=int, default=300)

@@ -18,7 +18,6 @@ Usage: ``python bench/train_throughput.py [--rows 1000000] [--buckets 12800]``
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import sys
@@ -30,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 DS = "2024-01-01"
 
+from bench import harness  # noqa: E402
 from bench.results import write_results  # noqa: E402
 
 
@@ -113,7 +113,7 @@ def minimal_loop(config, stream: bool = False) -> tuple[float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__, rounds=None)
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--buckets", type=int, default=12_800)
     parser.add_argument("--workdir", default=str(ROOT / "var/bench/train_throughput"))

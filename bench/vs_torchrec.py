@@ -49,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 # stdlib only at import: the TorchRec child imports this module too
+from bench import harness  # noqa: E402
 from bench.criteo_data import ADAM, CONFIG, LAZY  # noqa: E402
 
 VENV = ROOT / "var/bench/torchrec-venv"
@@ -303,7 +304,7 @@ def torchrec_child(work: Path) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__, rounds=None)
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=sorted(VARIANTS))
