@@ -5,18 +5,18 @@ MovieLens-100K replayed as daily logs and prepared once by the Spark job with
 ``conf/movielens_din.yaml`` (so the rows carry the histories and the rating): DeepFM, MMoE
 (``conf/movielens_mmoe.yaml``: two tasks) and MultiTowerDIN (20 films of history, their
 genres and ratings) then each train one epoch over the same partitions, each in a fresh
-process (``--only``), in turn, ``--repeats`` times (a wall-clock ratio on a shared machine
-swings between runs; the CPU-second rate moves less).
+process (``--only``), in turn, ``--rounds`` rounds (a wall-clock ratio on a shared machine
+swings between runs; the CPU-second rate moves less); medians over the rounds.
 
-Printed per model and repeat: rows, wall s, CPU s, examples/s, examples per CPU-second,
-peak RSS (MiB), and the ratio of each model's examples per CPU-second to DeepFM's (DIN's goal:
-at least 0.8x). Two cut-down DINs locate DIN's cost: ``DIN_towers`` (the user and item towers
-alone: no history looked up, no attention) and ``DIN_score`` (the histories looked up and
-pooled by a one-layer score, no attention MLP). The days' preparation (one Spark job over the
-range, histories included) is timed too (goal: at most 5 minutes for the 213 days). Figures go to
-``bench/results/model_classes.json``.
+Printed per model (medians): rows, wall s, CPU s, examples/s, examples per CPU-second,
+peak RSS (MiB), and the median over rounds of each round's ratio of a model's examples per
+CPU-second to DeepFM's (DIN's goal: at least 0.8x). Two cut-down DINs locate DIN's cost:
+``DIN_towers`` (the user and item towers alone: no history looked up, no attention) and
+``DIN_score`` (the histories looked up and pooled by a one-layer score, no attention MLP). The
+days' preparation (one Spark job over the range, histories included) is timed too (goal: at
+most 5 minutes for the 213 days). Figures go to ``bench/results/model_classes.json``.
 
-Usage: ``python bench/model_classes.py [--days 213] [--repeats 2] [--work var/bench/models]``
+Usage: ``python bench/model_classes.py [--days 213] [--rounds 2] [--work var/bench/models]``
 (``make data`` first: the raw days under data/raw/movielens).
 """
 
@@ -27,7 +27,6 @@ import json
 import os
 import resource
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -38,7 +37,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import harness  # noqa: E402
-from bench.results import write_results  # noqa: E402
 
 MODELS = {
     "DeepFM": "conf/movielens_deepfm.yaml",
@@ -118,9 +116,8 @@ def train_one(name: str, work: Path, days: list[str]) -> dict:
 
 
 def main() -> None:
-    parser = harness.parser(__doc__, rounds=None)
+    parser = harness.parser(__doc__, rounds=2)
     parser.add_argument("--days", type=int, default=213)
-    parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--work", type=Path, default=ROOT / "var/bench/models")
     parser.add_argument("--only", choices=sorted(MODELS), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -137,55 +134,51 @@ def main() -> None:
             f"prepared in one job: {prepared['wall_s']:.1f} s wall, {prepared['jvm_cpu_s']:.1f} "
             "CPU-s of the JVM (goal: at most 300 s)"
         )
-    runs: list[list[dict]] = []
-    names = ["rows", "wall s", "CPU s", "ex/s", "ex/CPU-s", "peak MiB", "vs DeepFM"]
-    widths = [8, 7, 7, 7, 9, 9, 9]
-    print(f"{'model':8s} " + " ".join(f"{n:>{w}s}" for n, w in zip(names, widths, strict=True)))
-    for _ in range(args.repeats):
-        base = None
-        runs.append([])
-        for name in MODELS:
-            env = {**os.environ, "BENCH_DAYS": json.dumps(days)}
-            out = subprocess.run(
-                [sys.executable, __file__, "--only", name, "--work", str(args.work)],
-                env=env,
-                capture_output=True,
-                text=True,
-                check=True,
-            )
+    env = {**os.environ, "BENCH_DAYS": json.dumps(days)}
+
+    def model(name: str):
+        def once() -> dict:
+            cmd = [sys.executable, __file__, "--only", name, "--work", str(args.work)]
+            out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
             r = json.loads(out.stdout.strip().splitlines()[-1])
-            per_cpu = r["rows"] / r["cpu_s"]
-            base = base or per_cpu
-            r |= {"per_s": r["rows"] / r["wall_s"], "per_cpu_s": per_cpu, "vs_deepfm": per_cpu / base}
-            runs[-1].append(r)
-            print(
-                f"{name:8s} {r['rows']:8,d} {r['wall_s']:7.1f} {r['cpu_s']:7.1f} {r['per_s']:7,.0f} "
-                f"{per_cpu:9,.0f} {r['peak_rss_mib']:9,.0f} {r['vs_deepfm']:9.2f}",
-                flush=True,
-            )
-    din = [next(r["vs_deepfm"] for r in run if r["model"] == "DIN") for run in runs]
-    # a later step's CPU-ms by model, the median over the repeats
-    step = {
-        m: statistics.median_high(r["phases"]["step_cpu_ms"] for run in runs for r in run if r["model"] == m)
-        for m in MODELS
-    }
+            phases = r.pop("phases")
+            r |= {k: phases[k] for k in ("first_step_cpu_s", "step_cpu_ms", "step_ops")}
+            return r | {"per_s": r["rows"] / r["wall_s"], "per_cpu_s": r["rows"] / r["cpu_s"]}
+
+        return once
+
+    runs = harness.alternate({name: model(name) for name in MODELS}, args.rounds)
+    summary = harness.summarize(runs, reference="DeepFM", ratios=("per_cpu_s",))
+    models = summary["variants"]
+    vs_deepfm = {"DeepFM": 1.0} | {m: r["per_cpu_s"] for m, r in summary["vs_DeepFM"].items()}
+    columns = {"rows": "rows", "wall_s": "wall s", "cpu_s": "CPU s", "per_s": "ex/s", "per_cpu_s": "ex/CPU-s"}
+    columns |= {"peak_rss_mib": "peak MiB", "step_cpu_ms": "step CPU-ms"}
+    print(harness.table(models, columns))
+    step = {m: models[m]["step_cpu_ms"] for m in MODELS}
     parts = {
         "towers_vs_deepfm_ms": step["DIN_towers"] - step["DeepFM"],
         "histories_ms": step["DIN_score"] - step["DIN_towers"],
         "attention_mlp_ms": step["DIN"] - step["DIN_score"],
     }
-    print(f"a later step, CPU-ms: {step}; DIN's parts: {parts}")
-    print(f"DIN per CPU-s vs DeepFM: {' / '.join(f'{x:.2f}' for x in din)} (goal: at least 0.80)")
+    print(f"DIN's parts of a later step, CPU-ms: {parts}")
+    print(
+        f"DIN per CPU-s vs DeepFM: {vs_deepfm['DIN']:.2f} (the median of the rounds' ratios; "
+        "goal: at least 0.80)"
+    )
     figures = {
         "prepared": prepared,
-        "runs": runs,
-        "din_vs_deepfm": din,
+        "rounds": args.rounds,
+        "models": models,
+        "vs_deepfm": vs_deepfm,
         "step_cpu_ms": step,
         "din_parts": parts,
         "goals": {"din_vs_deepfm": 0.8, "prepare_s": 300},
     }
-    figures["goals"]["met"] = {"din_vs_deepfm": min(din) >= 0.8, "prepare_s": prepared["wall_s"] <= 300}
-    print(f"-> {write_results('model_classes', figures).relative_to(ROOT)}")
+    figures["goals"]["met"] = {
+        "din_vs_deepfm": vs_deepfm["DIN"] >= 0.8,
+        "prepare_s": prepared["wall_s"] <= 300,
+    }
+    harness.finish("model_classes", figures)
 
 
 if __name__ == "__main__":
