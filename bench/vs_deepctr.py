@@ -12,7 +12,9 @@ days, the sixth day held out), the same DeepFM (26 id fields x 16 dims, 13 dense
 Each runs in its own process, once a round, the variants alternating, ``--rounds`` rounds
 (the machine is noisy); printed: training examples/s (one epoch, tracing included, reading
 excluded for (a)), held-out AUC, and the median over rounds of each round's ratio to (a).
-``--commit C`` adds (c) as commit C's code runs it, on the same data (what moved since C).
+``--commit C`` adds (c) as commit C's code runs it, on the same data (what moved since C);
+C's code reads today's ``conf/criteo_deepfm.yaml`` and features, which a commit whose config
+schema or feature files differ refuses.
 Goal: (c) >= 2.5x (a) at an AUC within 0.002.
 
 DeepCTR is installed for this benchmark only, into ``var/bench/deepctr-0.9.4`` (it needs
