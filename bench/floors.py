@@ -9,7 +9,7 @@ trainer's ``trainer.hashing``), no checkpoints, summaries, hooks or input pipeli
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 
 
 def bare_steps(config, first: tuple[dict, object]) -> tuple[Callable, Callable]:
@@ -56,9 +56,3 @@ def run_steps(step: Callable, batches: Iterable[tuple[dict, object]]) -> dict:
         loss = step(features, labels)
         examples += int(labels.shape[0])
     return {"examples": examples, "loss": float(loss) if loss is not None else float("nan")}
-
-
-def chain(first, rest: Iterator) -> Iterator:
-    """``first``, then what ``rest`` yields (a batch taken to build the model, put back)."""
-    yield first
-    yield from rest

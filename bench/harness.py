@@ -18,7 +18,6 @@ file the docs render (``bench.results``)::
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -41,12 +40,13 @@ class Clock:
         ``pids``."""
         import resource
 
-        total = time.process_time()
+        import psutil
+
         children = resource.getrusage(resource.RUSAGE_CHILDREN)
-        total += children.ru_utime + children.ru_stime
+        total = time.process_time() + children.ru_utime + children.ru_stime
         for pid in self.pids:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            times = psutil.Process(pid).cpu_times()
+            total += times.user + times.system
         return total
 
     def measure(self, fn: Callable[[], Figures | None]) -> Figures:
@@ -98,11 +98,6 @@ def _line(figures: Mapping) -> str:
     return ", ".join(f"{k} {v:.4g}" for k, v in figures.items() if isinstance(v, int | float))
 
 
-def median(values: Iterable[float]) -> float:
-    """The median (of an even count, the mean of the middle two)."""
-    return statistics.median(list(values))
-
-
 def summarize(
     runs: Mapping[str, list[Figures]],
     reference: str | None = None,
@@ -114,12 +109,12 @@ def summarize(
     out: dict = {"variants": {}}
     for name, rows in runs.items():
         keys = [k for k, v in rows[0].items() if isinstance(v, int | float) and not isinstance(v, bool)]
-        out["variants"][name] = {k: median(row[k] for row in rows) for k in keys}
+        out["variants"][name] = {k: statistics.median(row[k] for row in rows) for k in keys}
     if reference is not None:
         base = runs[reference]
         out[f"vs_{reference}"] = {
             name: {
-                k: median(row[k] / ref[k] for row, ref in zip(rows, base, strict=True) if ref[k])
+                k: statistics.median(row[k] / ref[k] for row, ref in zip(rows, base, strict=True) if ref[k])
                 for k in ratios
                 if k in rows[0] and k in base[0]
             }

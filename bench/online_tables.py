@@ -162,8 +162,8 @@ def main() -> int:
         for variant, results in runs.items():
             result = results[-1]  # the model the next day fine-tunes from
             user = table_figures(result, "user_id")
-            examples = harness.median(r["examples_per_sec"] for r in results)
-            loop_cpu_s = harness.median(r["cpu_seconds"] for r in results)
+            examples = statistics.median(r["examples_per_sec"] for r in results)
+            loop_cpu_s = statistics.median(r["cpu_seconds"] for r in results)
             cpu_rate = args.rows / max(loop_cpu_s, 1e-9)
             entry = {
                 "ds": ds,
@@ -174,7 +174,7 @@ def main() -> int:
                 "auc": result["eval"]["auc"],
                 # the first step (tracing, Grappler) and later steps, medians over the rounds
                 **{
-                    k: harness.median((r.get("phases") or {}).get(k, 0) for r in results)
+                    k: statistics.median((r.get("phases") or {}).get(k, 0) for r in results)
                     for k in ("first_step_cpu_s", "step_cpu_ms", "step_ops")
                 },
                 **{f"user_{k}": v for k, v in user.items()},

@@ -91,13 +91,15 @@ def floor_train(config, evaluate: bool) -> dict:
     """``bench.floors.bare_steps`` over ``bench.criteo_data.parquet_batches``: the training
     step, or with ``evaluate`` the forward pass over the held-out rows. Returns the examples
     and the loss."""
+    import itertools
+
     from bench.criteo_data import parquet_batches
-    from bench.floors import bare_steps, chain, run_steps
+    from bench.floors import bare_steps, run_steps
 
     batches = parquet_batches(config, DS, holdout=evaluate, batch_size=BATCH)
     first = next(batches)
     train_step, eval_step = bare_steps(config, first)
-    return run_steps(eval_step if evaluate else train_step, chain(first, batches))
+    return run_steps(eval_step if evaluate else train_step, itertools.chain([first], batches))
 
 
 def floor_spark(config, out: Path) -> dict:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -234,7 +235,7 @@ def main() -> None:
             "examples_per_sec": medians["examples_per_sec"],
             "vs_a": vs_a["examples_per_sec"],
             "auc": medians["auc"],
-            "auc_minus_a": harness.median(gaps),
+            "auc_minus_a": statistics.median(gaps),
             "cpu_s": medians["cpu_s"],
             "per_cpu_s": medians["per_cpu_s"],
             "per_cpu_s_vs_a": vs_a["per_cpu_s"],
