@@ -22,7 +22,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import harness  # noqa: E402
-from bench.results import write_results  # noqa: E402
 
 FIGURES = ROOT / "var" / "acceptance"
 
@@ -40,7 +39,7 @@ def main() -> int:
     if not figures:
         print("no figures: every test failed before writing its own", file=sys.stderr)
         return 1
-    print(f"-> {write_results('acceptance', {'passed': passed, 'tests': figures}).relative_to(ROOT)}")
+    harness.finish("acceptance", {"passed": passed, "tests": figures})
     return 0 if passed else 1
 
 

@@ -40,12 +40,10 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     args = parser.parse_args()
 
-    from pyspark.sql import types as T
-
+    from bench.floors import spark_csv_to_parquet
     from dev.data.synth import synth_criteo
     from features import jvm
     from features.prepare import prepare_day
-    from features.schema import SPARK_TYPES
     from features.session import get_spark
     from recpipe.config import load_pipeline_config
     from recpipe.config.data import FeatureType, Normalizer
@@ -64,7 +62,6 @@ def main() -> None:
         ROOT / "conf/criteo_deepfm.yaml",
         {"raw_input_path": str(work / "raw"), "train_input_path": str(work / "features")},
     )
-    dc = config.data_config
     standard = config.model_copy(
         update={
             "train_input_path": str(work / "features_standard"),
@@ -87,11 +84,9 @@ def main() -> None:
     spark = get_spark("recpipe-bench")
     start_s = time.perf_counter() - t0
     clock = harness.Clock(spark.sparkContext._gateway.proc.pid)
-    schema = T.StructType([T.StructField(f.input_name, SPARK_TYPES[f.input_type]) for f in dc.input_fields])
 
     def bare() -> None:
-        df = spark.read.option("header", True).option("sep", dc.separator).schema(schema).csv(str(csv_file))
-        df.write.mode("overwrite").parquet(str(work / "bare"))
+        spark_csv_to_parquet(spark, config.data_config, str(csv_file), str(work / "bare"))
 
     def job() -> None:
         assert prepare_day(spark, config, ds)["rows"] == args.rows

@@ -1,10 +1,14 @@
 """The floors the benches hold recpipe's steps against: what the same work costs with nothing
 of the product around it.
 
-``bare_steps`` is the training floor of ``bench/train_throughput.py`` and
-``bench/production_day.py``: the config's model, loss and first optimizer in one bare
-``tf.function`` step, ids hashed inside the step as a hand-written loop would hash them (the
-trainer's ``trainer.hashing``), no checkpoints, summaries, hooks or input pipeline of its own.
+- ``bare_steps``: training (``bench/train_throughput.py``, ``bench/production_day.py``): the
+  config's model, loss and first optimizer in one bare ``tf.function`` step, ids hashed inside
+  the step as a hand-written loop would hash them (the trainer's ``trainer.hashing``), no
+  checkpoints, summaries, hooks or input pipeline of its own;
+- ``spark_csv_to_parquet``: feature preparation (``bench/feature_prep.py``,
+  ``bench/production_day.py``): Spark reading the CSV with the typed schema and writing it;
+- ``hset_rows``: the push to Redis (``bench/push.py``, ``bench/production_day.py``): a bare
+  pipelined ``HSET`` a row, no lock, fencing or script.
 """
 
 from __future__ import annotations
@@ -56,3 +60,43 @@ def run_steps(step: Callable, batches: Iterable[tuple[dict, object]]) -> dict:
         loss = step(features, labels)
         examples += int(labels.shape[0])
     return {"examples": examples, "loss": float(loss) if loss is not None else float("nan")}
+
+
+def spark_csv_to_parquet(spark, data_config, csv: str, out: str) -> None:
+    """Read ``csv`` (a file or folder, ``data_config``'s separator, header and input fields'
+    Spark types) and write it to ``out`` as Parquet, overwriting."""
+    from pyspark.sql.types import StructField, StructType
+
+    from features.schema import SPARK_TYPES
+
+    fields = [StructField(f.input_name, SPARK_TYPES[f.input_type]) for f in data_config.input_fields]
+    reader = spark.read.option("header", True).option("sep", data_config.separator)
+    reader.schema(StructType(fields)).csv(csv).write.mode("overwrite").parquet(out)
+
+
+def hset_rows(client, exports, row_key: Callable[[str, int], str], batch: int = 1000) -> int:
+    """Every row of ``exports`` (export folders, base then deltas: ``recpipe.exports.files``)
+    written to Redis by ``client`` as one ``HSET`` of its views' float32 bytes at
+    ``row_key(table, id)``, each tombstone deleted, ``batch`` commands a pipelined round trip.
+    Returns the rows written and deleted."""
+    import numpy as np
+
+    from recpipe.exports.files import read_params
+
+    pipe, n = client.pipeline(transaction=False), 0
+    for export in exports:
+        for table, rows in read_params(export).tables.items():
+            views = {k: np.ascontiguousarray(v, "<f4") for k, v in rows.views.items()}
+            for i, key in enumerate(rows.ids.tolist()):
+                pipe.hset(
+                    row_key(table, key),
+                    mapping={"version": "v", **{k: v[i].tobytes() for k, v in views.items()}},
+                )
+                n += 1
+                if n % batch == 0:
+                    pipe.execute()
+            for key in rows.tombstones.tolist():
+                pipe.delete(row_key(table, key))
+                n += 1
+    pipe.execute()
+    return n

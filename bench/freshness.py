@@ -48,7 +48,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import harness  # noqa: E402
-from bench.results import write_results  # noqa: E402
 
 RECPIPE = [sys.executable, "-m", "cli"]
 OUT = ROOT / "var/bench/freshness"
@@ -267,12 +266,14 @@ def warm_pass(pipeline: Path, edits: dict, days: list[str], rows: int) -> dict:
     block = reader.block(pa.concat_tables(tables).slice(0, rows))
     index = np.arange(block.rows)
     out = {}
-    for run in ("first", "warm"):
-        wall, cpu = time.perf_counter(), time.process_time()
+
+    def one_pass():
         scored(trainer, block, index)
         trainer.train_batches(batches(block, index, size, rng), days[0])
-        out[f"{run}_pass_s"] = round(time.perf_counter() - wall, 2)
-        out[f"{run}_pass_cpu_s"] = round(time.process_time() - cpu, 2)
+
+    for run in ("first", "warm"):
+        took = harness.Clock().measure(one_pass)
+        out[f"{run}_pass_s"], out[f"{run}_pass_cpu_s"] = round(took["wall_s"], 2), round(took["cpu_s"], 2)
     out["rows"] = int(block.rows)
     out["examples_per_s"] = round(block.rows / out["warm_pass_s"])
     out["examples_per_cpu_s"] = round(block.rows / max(out["warm_pass_cpu_s"], 1e-9))
@@ -330,7 +331,7 @@ def main() -> None:
                     line += f"  vs {base} {t['diff']:+.4f} [{t['ci95_low']:+.4f}, {t['ci95_high']:+.4f}]"
             print(line)
         print("  cost:", r["cost"])
-    print("->", write_results("freshness", results))
+    harness.finish("freshness", results)
 
 
 if __name__ == "__main__":

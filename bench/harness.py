@@ -111,17 +111,28 @@ def summarize(
         keys = [k for k, v in rows[0].items() if isinstance(v, int | float) and not isinstance(v, bool)]
         out["variants"][name] = {k: statistics.median(row[k] for row in rows) for k in keys}
     if reference is not None:
-        base = runs[reference]
         out[f"vs_{reference}"] = {
             name: {
-                k: statistics.median(row[k] / ref[k] for row, ref in zip(rows, base, strict=True) if ref[k])
-                for k in ratios
-                if k in rows[0] and k in base[0]
+                k: ratio(runs, name, reference, k) for k in ratios if k in rows[0] and k in runs[reference][0]
             }
             for name, rows in runs.items()
             if name != reference
         }
     return out
+
+
+def ratio(runs: Mapping[str, list[Figures]], name: str, reference: str, figure: str) -> float:
+    """The median over rounds of ``name``'s ``figure`` over ``reference``'s in the same round
+    (rounds where the reference's figure is 0 left out)."""
+    pairs = zip(runs[name], runs[reference], strict=True)
+    return statistics.median(row[figure] / ref[figure] for row, ref in pairs if ref[figure])
+
+
+def difference(runs: Mapping[str, list[Figures]], name: str, reference: str, figure: str) -> float:
+    """The median over rounds of ``name``'s ``figure`` minus ``reference``'s in the same round
+    (an AUC's gap, say)."""
+    pairs = zip(runs[name], runs[reference], strict=True)
+    return statistics.median(row[figure] - ref[figure] for row, ref in pairs)
 
 
 def table(rows: Mapping[str, Mapping[str, float]], columns: Mapping[str, str]) -> str:

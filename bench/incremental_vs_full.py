@@ -15,7 +15,7 @@ train`` process; printed per day: each variant's next-day AUC, process wall time
 training loop's CPU-seconds. Goal (issue 17): (a)'s mean AUC within 0.003 of (b)'s at <= 1/10
 of its time.
 
-    python bench/incremental_vs_full.py [--days 30] [--start 1997-09-20] [--out var/bench/incremental]
+    python bench/incremental_vs_full.py [--days 30] [--start 1997-09-20] [--workdir var/bench/incremental]
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import harness  # noqa: E402
-from bench.results import write_results  # noqa: E402
 
 RECPIPE = [sys.executable, "-m", "cli"]
 FIRST = date(1997, 9, 20)
@@ -97,9 +96,8 @@ def compare(xs: list[dict], ys: list[dict]) -> tuple[float, float, float, float,
 
 
 def main() -> int:
-    parser = harness.parser(__doc__, rounds=None)
+    parser = harness.parser(__doc__, rounds=None, workdir="incremental")
     parser.add_argument("--days", type=int, default=30)
-    parser.add_argument("--out", default="var/bench/incremental")
     parser.add_argument(
         "--incremental-lr",
         type=float,
@@ -113,7 +111,7 @@ def main() -> int:
         help="the first day compared; the days from 1997-09-20 before it are history",
     )
     args = parser.parse_args()
-    out = ROOT / args.out
+    out = args.workdir
     if args.start < FIRST:
         parser.error(f"--start {args.start} is before the data's first day {FIRST}")
     days = [(args.start + timedelta(days=k)).isoformat() for k in range(args.days + 1)]
@@ -202,8 +200,7 @@ def main() -> int:
         "time_ratio": {"loop_cpu": cpu_a / cpu_b, "wall": wall_a / wall_b},
     }
     # a results file a start day: the docs quote both runs
-    path = write_results(f"incremental_vs_full_{args.start}", figures)
-    print(f"-> {path.relative_to(ROOT)}")
+    harness.finish(f"incremental_vs_full_{args.start}", figures)
     (out / "results.json").write_text(json.dumps([{"ds": d, "a": a, "b": b} for d, a, b in rows], indent=2))
     return 0
 

@@ -24,18 +24,16 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from bench import harness  # noqa: E402
 from bench.criteo_data import CONFIG, LAZY, START, bench_edits, prepare  # noqa: E402
-from bench.process_tree import run  # noqa: E402
+from bench.process_tree import checked  # noqa: E402
 from bench.production_day import variables_mb  # noqa: E402
-from bench.results import write_results  # noqa: E402  (the commit at the start)
 
 
 def main() -> int:
-    parser = harness.parser(__doc__, rounds=None)
+    parser = harness.parser(__doc__, rounds=None, workdir="memory_sizing")
     parser.add_argument("--rows", type=int, default=50_000)
     parser.add_argument("--buckets", type=int, nargs="+", default=[10_000, 100_000, 300_000])
-    parser.add_argument("--workdir", default=str(ROOT / "var/bench/memory_sizing"))
     args = parser.parse_args()
-    work = Path(args.workdir)
+    work = args.workdir
     prepare(args.rows, 1, work, args.buckets[0], holdout_percent=10)  # the DAG's split
     sizes = {}
     for buckets in args.buckets:
@@ -46,9 +44,7 @@ def main() -> int:
         argv = [sys.executable, "-m", "cli", "train", "--pipeline_config_path", str(CONFIG),
                 "--edit_config_json", json.dumps(edits), "--model_dir", str(model_dir),
                 f"--train_ds={START}", f"--eval_ds={START}", "--skip_eval"]  # fmt: skip
-        m = run(argv, work / "logs" / f"train-{buckets}.log")
-        if m.returncode:
-            raise SystemExit(f"train with {buckets} rows a table failed: {work / 'logs'}")
+        m = checked(argv, work / "logs" / f"train-{buckets}.log", f"train with {buckets} rows a table")
         var = variables_mb(model_dir)
         sizes[str(buckets)] = {
             "variables_mb": var,
@@ -57,8 +53,7 @@ def main() -> int:
             "wall_s": m.wall_s,
         }
         print(f"{buckets:>9,} rows a table: variables {var:8,.0f} MiB, peak {m.peak_rss_mb:8,.0f} MiB")
-    path = write_results("memory_sizing", {"rows": args.rows, "tables": 26, "dim": 16, "sizes": sizes})
-    print(f"-> {path.relative_to(ROOT)}")
+    harness.finish("memory_sizing", {"rows": args.rows, "tables": 26, "dim": 16, "sizes": sizes})
     return 0
 
 

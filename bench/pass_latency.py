@@ -40,7 +40,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import harness  # noqa: E402
-from bench.results import write_results  # noqa: E402
 
 DAY = "1998-01-05"
 POKE_S = 60  # the sensor's own looks: far apart, so the message is what ends a wait
@@ -91,7 +90,7 @@ def write_passes(
 
 
 def main() -> int:
-    parser = harness.parser(__doc__, rounds=None)
+    parser = harness.parser(__doc__, rounds=None, workdir="pass_latency")
     parser.add_argument("--passes", type=int, default=6, help="passes, quiet and busy in turn")
     parser.add_argument("--rows", type=int, default=10_000, help="rows of a busy pass")
     parser.add_argument("--pass_minutes", type=int, default=15)
@@ -107,7 +106,7 @@ def main() -> int:
     from dev import spark_connect
     from dev.env import airflow_env
 
-    root = ROOT / "var" / "bench" / "pass_latency"
+    root = args.workdir
     shutil.rmtree(root, ignore_errors=True)
     variants = []
     env = airflow_env(ROOT, root / "airflow")
@@ -122,7 +121,7 @@ def main() -> int:
     doc = {"variants": variants}
     for v in variants:
         print(v["scheduler_idle_sleep_s"], json.dumps(v["summary"], indent=2))
-    print(f"-> {write_results('pass_latency', doc).relative_to(ROOT)}")
+    harness.finish("pass_latency", doc)
     return 0
 
 

@@ -10,12 +10,12 @@ rows (a label, two dense and three categorical columns), batches of ``--batch_si
   local_quarter  the same on the first quarter of the rows: the peak memory should not move;
   spark        ``recpipe predict --master local[2]``: Spark reads, two Python workers score.
 
-Each command variant runs as its own process; its wall time, the CPU-seconds of it and the
-processes it waited for, and its peak resident memory are recorded (Spark's Python workers
-are the JVM's children: its CPU-seconds hold them only as the JVM reaps them). Figures go to
-``bench/results/predict.json``.
+Each command variant runs as its own process, measured whole (``bench.process_tree``: wall
+time, the CPU-seconds and the peak resident memory of its process tree, Spark's JVM and Python
+workers included). The variants alternate ``--rounds`` times; figures are medians. Figures go
+to ``bench/results/predict.json``.
 
-    python bench/predict.py [--rows 1000000] [--batch_size 4096]
+    python bench/predict.py [--rows 1000000] [--batch_size 4096] [--rounds 1]
 """
 
 from __future__ import annotations
@@ -24,14 +24,13 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import harness  # noqa: E402
-from bench.results import write_results  # noqa: E402
+from bench.process_tree import checked  # noqa: E402
 
 CONFIG = ROOT / "tests" / "config" / "easyrec" / "deepfm_criteo.config"
 
@@ -79,20 +78,13 @@ def _rows(path: Path, rows: int, seed: int = 7) -> None:
             f.write("\n".join("\t".join(r) for r in zip(*part, strict=True)) + "\n")
 
 
-def _command(args: list[str], env: dict) -> dict:
-    """Run ``python -m cli predict args``; its wall, CPU-seconds and peak RSS (MiB)."""
-    start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "cli", "predict", *args], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - start
-    out, err = proc.stdout.read(), proc.stderr.read()
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"predict failed: {err[-2000:]}")
-    rows = __import__("json").loads(out.strip().splitlines()[-1])["rows"]
-    cpu = usage.ru_utime + usage.ru_stime
-    return {"rows": rows, "wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "rows_per_s": round(rows / wall),
-            "rows_per_cpu_s": round(rows / cpu), "peak_rss_mib": round(usage.ru_maxrss / 1024)}  # fmt: skip
+def _command(args: list[str], env: dict, log: Path) -> dict:
+    """``python -m cli predict args``, measured whole (``bench.process_tree``: the JVM and
+    Spark's Python workers included)."""
+    m = checked([sys.executable, "-m", "cli", "predict", *args], log, "predict", env=env, cwd=ROOT)
+    rows = m.result["rows"]
+    return {"rows": rows, "wall_s": m.wall_s, "cpu_s": m.cpu_s, "rows_per_s": rows / m.wall_s,
+            "rows_per_cpu_s": rows / m.cpu_s, "peak_rss_mib": m.peak_rss_mb}  # fmt: skip
 
 
 def _floor(export: Path, path: Path, batch_size: int) -> dict:
@@ -118,17 +110,18 @@ def _floor(export: Path, path: Path, batch_size: int) -> dict:
             "c3": tf.constant(part["c3"].to_numpy(zero_copy_only=False).astype(object)),
         })  # fmt: skip
     fn(**batches[0])  # traced once before timing
-    wall, cpu = time.perf_counter(), time.process_time()
-    for batch in batches:
-        fn(**batch)["probability"].numpy()
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+
+    def score():
+        for batch in batches:
+            fn(**batch)["probability"].numpy()
+
+    took = harness.Clock().measure(score)
     rows = table.num_rows
-    return {"rows": rows, "wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "rows_per_s": round(rows / wall),
-            "rows_per_cpu_s": round(rows / cpu)}  # fmt: skip
+    return {"rows": rows, **took, "rows_per_s": rows / took["wall_s"], "rows_per_cpu_s": rows / took["cpu_s"]}
 
 
 def main() -> int:
-    parser = harness.parser(__doc__, rounds=None)
+    parser = harness.parser(__doc__, rounds=1)
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--batch_size", type=int, default=4096)
     args = parser.parse_args()
@@ -151,35 +144,30 @@ def main() -> int:
             "--output_format",
             "parquet",
         ]
-        results = {"rows": args.rows, "batch_size": args.batch_size}
-        results["local"] = _command(
-            ["--input_path", str(full.parent), "--output_path", str(var / "o1"), *common], env
-        )
-        results["local_quarter"] = _command(
-            ["--input_path", str(quarter.parent), "--output_path", str(var / "o2"), *common], env
-        )
-        results["spark"] = _command(
-            [
-                "--input_path",
-                str(full.parent),
-                "--output_path",
-                str(var / "o3"),
-                "--master",
-                "local[2]",
-                *common,
-            ],
-            env,
-        )
-        results["floor"] = _floor(export, full, args.batch_size)
-    for name in ("floor", "local", "local_quarter", "spark"):
-        r = results[name]
-        rates = f"{r['rows_per_s']:>9,}/s {r['rows_per_cpu_s']:>9,}/CPU-s"
-        print(f"{name:14s} {r['rows']:>10,} rows {r['wall_s']:7.1f} s {r['cpu_s']:7.1f} CPU-s {rates} "
-              f"{r.get('peak_rss_mib', '-'):>6} MiB")  # fmt: skip
-    results["local_vs_floor_per_cpu_s"] = round(
-        results["local"]["rows_per_cpu_s"] / results["floor"]["rows_per_cpu_s"], 2
-    )
-    print(write_results("predict", results))
+        full_in, quarter_in = ["--input_path", str(full.parent)], ["--input_path", str(quarter.parent)]
+        variants = {
+            "floor": lambda: _floor(export, full, args.batch_size),
+            "local": lambda: _command(
+                [*full_in, "--output_path", str(var / "o1"), *common], env, var / "local.log"
+            ),
+            "local_quarter": lambda: _command(
+                [*quarter_in, "--output_path", str(var / "o2"), *common], env, var / "quarter.log"
+            ),
+            "spark": lambda: _command(
+                [*full_in, "--output_path", str(var / "o3"), "--master", "local[2]", *common],
+                env,
+                var / "spark.log",
+            ),
+        }
+        runs = harness.alternate(variants, args.rounds)
+    results = {"rows": args.rows, "batch_size": args.batch_size, "rounds": args.rounds}
+    for name, medians in harness.summarize(runs)["variants"].items():
+        results[name] = {k: round(v) if k in ("rows", "peak_rss_mib") else v for k, v in medians.items()}
+    columns = {"rows": "rows", "wall_s": "wall s", "cpu_s": "CPU s", "rows_per_s": "rows/s",
+               "rows_per_cpu_s": "rows/CPU-s", "peak_rss_mib": "peak MiB"}  # fmt: skip
+    print(harness.table({n: results[n] for n in variants}, columns))
+    results["local_vs_floor_per_cpu_s"] = harness.ratio(runs, "local", "floor", "rows_per_cpu_s")
+    harness.finish("predict", results)
     return 0
 
 

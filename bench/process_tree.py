@@ -103,3 +103,13 @@ def run(argv: list[str], log: Path, env: dict | None = None, interval: float = 0
     cpu = usage.ru_utime + usage.ru_stime + sum(sampler.cpu[p] for p in sampler.alive)
     peak = max(sampler.peak, usage.ru_maxrss * 1024)
     return Measured(wall, cpu, peak / 2**20, proc.returncode, last_json(log.read_text(errors="replace")))
+
+
+def checked(argv: list[str], log: Path, what: str, **kwargs) -> Measured:
+    """``run``; a command that fails ends the bench (``SystemExit``) naming ``what``, its exit
+    code, its log and the log's last 3,000 characters."""
+    measured = run(argv, log, **kwargs)
+    if measured.returncode:
+        tail = log.read_text(errors="replace")[-3000:]
+        raise SystemExit(f"{what} failed ({measured.returncode}), see {log}:\n{tail}")
+    return measured

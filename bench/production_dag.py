@@ -36,7 +36,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import harness  # noqa: E402
-from bench.results import write_results  # noqa: E402  (the commit at the start)
 from dev import spark_connect  # noqa: E402
 from dev.airflow import run_backfill  # noqa: E402
 from dev.env import airflow_env  # noqa: E402
@@ -264,7 +263,7 @@ def main() -> int:
         doc = {"rows": args.rows, "online": args.online, "states": states, "days": by_day}
         doc.update(bench_steps=bench_steps, goals={"dag_adds": 0.10, "landing_to_alias_s": GOAL_S})
         name = f"production_dag_{'online' if args.online else 'hashed'}_{args.rows}"
-        print(f"-> {write_results(name, doc).relative_to(ROOT)}")
+        harness.finish(name, doc)
     return 0 if args.report or all(states.get(ds) == "success" for ds in days) else 1
 
 

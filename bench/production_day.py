@@ -45,8 +45,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from bench import harness  # noqa: E402
 from bench.criteo_data import CONFIG, LAZY, bench_edits  # noqa: E402
-from bench.process_tree import Measured, run  # noqa: E402
-from bench.results import COMMIT, FOLDER, word, write_results  # noqa: E402  (the commit at the start)
+from bench.process_tree import Measured, checked  # noqa: E402
+from bench.results import COMMIT, FOLDER, word  # noqa: E402
 
 DS = "2024-01-01"
 BATCH = 1024
@@ -103,18 +103,12 @@ def floor_train(config, evaluate: bool) -> dict:
 
 
 def floor_spark(config, out: Path) -> dict:
-    """Spark reading the day's CSV with the config's schema and writing it as Parquet."""
-    from pyspark.sql.types import StructField, StructType
-
-    from features.schema import SPARK_TYPES
+    """``bench.floors.spark_csv_to_parquet`` of the day's CSV."""
+    from bench.floors import spark_csv_to_parquet
     from features.session import get_spark
 
-    schema = StructType(
-        [StructField(f.input_name, SPARK_TYPES[f.input_type]) for f in config.data_config.input_fields]
-    )
     spark = get_spark("recpipe-floor")
-    frame = spark.read.csv(str(Path(config.raw_input_path) / f"ds={DS}"), header=True, schema=schema)
-    frame.write.mode("overwrite").parquet(str(out))
+    spark_csv_to_parquet(spark, config.data_config, str(Path(config.raw_input_path) / f"ds={DS}"), str(out))
     rows = spark.read.parquet(str(out)).count()
     spark.stop()
     return {"rows": rows}
@@ -145,25 +139,13 @@ def floor_export(checkpoint: str, out: Path) -> dict:
 
 
 def floor_push(exports: list[Path]) -> dict:
-    """Pipelined HSETs of the exports' rows (their bytes, one hash per row), 1,000 a round
-    trip, into the bench's Redis database (the parent empties it before and after)."""
-    import numpy as np
+    """``bench.floors.hset_rows`` of the exports into the bench's Redis database (the parent
+    empties it before and after)."""
     import redis
 
-    from recpipe.exports.files import read_params
+    from bench.floors import hset_rows
 
-    client = redis.Redis.from_url(REDIS)
-    pipe = client.pipeline(transaction=False)
-    rows = 0
-    for export in exports:
-        for table, params in read_params(export).tables.items():
-            views = {k: np.ascontiguousarray(v, "<f4") for k, v in params.views.items()}
-            for i, key in enumerate(params.ids.tolist()):
-                pipe.hset(f"floor:{table}:{key}", mapping={k: v[i].tobytes() for k, v in views.items()})
-                rows += 1
-                if rows % 1000 == 0:
-                    pipe.execute()
-    pipe.execute()
+    rows = hset_rows(redis.Redis.from_url(REDIS), exports, lambda table, key: f"floor:{table}:{key}")
     return {"rows": rows}
 
 
@@ -191,14 +173,23 @@ def floor_main(argv: list[str]) -> int:
 # --- the bench ----------------------------------------------------------------------------
 
 
+KEPT = ("examples_per_sec", "cpu_seconds", "auc", "memory_mb", "bytes", "rows", "phases", "online_tables")
+
+
+def _figures(m: Measured) -> dict:
+    return {"wall_s": m.wall_s, "cpu_s": m.cpu_s, "peak_rss_mb": m.peak_rss_mb,
+            "result": {k: v for k, v in m.result.items() if k in KEPT}}  # fmt: skip
+
+
 class Day:
-    """One size: its work dir, its steps' and floors' figures."""
+    """One size: its work dir, its steps' and floors' figures (``figures[step]``: ``wall_s``,
+    ``cpu_s``, ``peak_rss_mb``, ``result`` and ``floor``, the same of its floor or None)."""
 
     def __init__(self, rows: int, root: Path, buckets: int, filter_freq: int):
         self.rows, self.work, self.buckets = rows, root / f"rows={rows}", buckets
         self.online = {"filter_freq": filter_freq, "max_capacity": 1 << 24}
         self.train_rows = rows * (100 - HOLDOUT) // 100
-        self.figures: dict[str, tuple[Measured, Measured | None]] = {}
+        self.figures: dict[str, dict] = {}
         self.server_cpu_s: dict[str, float] | None = None  # the push's and its floor's Redis CPU-s
         self.logs = self.work / "logs"
 
@@ -206,34 +197,36 @@ class Day:
         return edits(self.work, self.buckets, self.online if online else None, checkpoint_steps)
 
     def measure(self, name: str, argv: list[str], floor: list[str] | None, between=None) -> None:
-        """Run ``argv``, then ``between()`` (unmeasured), then the floor."""
-        step = run(argv, self.logs / f"{name}.log")
-        if step.returncode:
-            tail = (self.logs / f"{name}.log").read_text(errors="replace")[-3000:]
-            raise SystemExit(f"{name} failed ({step.returncode}), log {self.logs / name}.log:\n{tail}")
-        if between is not None:
-            between()
-        base = None
+        """Run ``argv``, then ``between()`` (unmeasured), then the floor: one harness round."""
+        log = self.logs / f"{name}.log"
+        variants = {name: lambda: _figures(checked(argv, log, name))}
         if floor is not None:
-            base = run([sys.executable, __file__, "floor", *floor], self.logs / f"{name}.floor.log")
-            if base.returncode:
-                tail = (self.logs / f"{name}.floor.log").read_text(errors="replace")[-3000:]
-                raise SystemExit(f"{name}'s floor failed:\n{tail}")
-        self.figures[name] = (step, base)
-        _print_row(self.rows, name, step, base)
+            floor_argv, floor_log = (
+                [sys.executable, __file__, "floor", *floor],
+                self.logs / f"{name}.floor.log",
+            )
+
+            def run_floor():
+                if between is not None:
+                    between()
+                return _figures(checked(floor_argv, floor_log, f"{name}'s floor"))
+
+            variants["floor"] = run_floor
+        runs = harness.alternate(
+            variants, 1, show=lambda line: print(f"{self.rows:,} rows, {line}", flush=True)
+        )
+        self.figures[name] = {**runs[name][0], "floor": runs["floor"][0] if floor is not None else None}
 
     def synth(self) -> None:
         marker = self.work / "raw" / f"ds={DS}"
         if marker.exists():
             return
         shutil.rmtree(self.work, ignore_errors=True)
-        m = run(
+        m = checked(
             [*RECPIPE, "data", "synth", "criteo", "--profile", "kaggle", "--rows", str(self.rows),
              "--days", "1", "--start", DS, "--out", str(self.work / "raw")],
-            self.logs / "synth.log",
+            self.logs / "synth.log", "synth",
         )  # fmt: skip
-        if m.returncode:
-            raise SystemExit((self.logs / "synth.log").read_text()[-3000:])
         print(f"rows={self.rows:,}: synthesised in {m.wall_s:.0f} s", flush=True)
 
     def features(self) -> None:
@@ -338,22 +331,6 @@ def _checkpoints(model_dir: Path) -> list[str]:
     return list(state.all_model_checkpoint_paths)
 
 
-def _print_row(rows: int, name: str, step: Measured, floor: Measured | None) -> None:
-    text = f"{rows:>11,} {name:<14} {step.wall_s:8.1f} {step.cpu_s:8.1f} {step.peak_rss_mb:9,.0f}"
-    if floor is not None:
-        text += (
-            f" | {floor.wall_s:8.1f} {floor.cpu_s:8.1f} {floor.peak_rss_mb:9,.0f}"
-            f" | {step.wall_s / floor.wall_s:5.2f} {step.cpu_s / floor.cpu_s:5.2f}"
-        )
-    print(text, flush=True)
-
-
-HEADER = (
-    f"{'rows':>11} {'step':<14} {'wall s':>8} {'CPU s':>8} {'RSS MiB':>9}"
-    f" | {'floor s':>8} {'CPU s':>8} {'RSS MiB':>9} | {'x wall':>5} {'x CPU':>5}"
-)
-
-
 def variables_mb(model_dir: Path) -> float:
     """The bytes of a checkpoint's variables (weights and slots), MiB."""
     import tensorflow as tf
@@ -370,61 +347,43 @@ def variables_mb(model_dir: Path) -> float:
 
 
 def summary(days: list[Day]) -> dict:
-    """Print each goal beside its figure; returns them by size (``{rows: {goal: ...}}``) and,
+    """Each goal beside its figure, printed; returns them by size (``{rows: {goal: ...}}``) and,
     across sizes, the growth of each step from the smallest size to the largest."""
-    print("\ngoals")
     out: dict = {}
     for day in days:
         goals = out.setdefault(str(day.rows), {"floor": {}, "rss": {}})
-        for name, (step, floor) in day.figures.items():
-            if floor is not None:
-                x = step.cpu_s / floor.cpu_s
+        for name, f in day.figures.items():
+            if f["floor"] is not None:
+                x = f["cpu_s"] / f["floor"]["cpu_s"]
                 goals["floor"][word(name)] = {
                     "cpu_x": x,
-                    "wall_x": step.wall_s / floor.wall_s,
+                    "wall_x": f["wall_s"] / f["floor"]["wall_s"],
                     "met": x <= 1.5,
                 }
-                print(f"  {day.rows:>11,} {name:<14} CPU x floor {x:5.2f} (<= 1.5: {x <= 1.5})")
         hashed, online = day.figures.get("train hashed"), day.figures.get("train online")
         if hashed and online:
-            h, o = hashed[0], online[0]
-            rate_h, rate_o = day.train_rows / h.cpu_s, day.train_rows / o.cpu_s
+            rate_h, rate_o = day.train_rows / hashed["cpu_s"], day.train_rows / online["cpu_s"]
             goals["online_vs_hashed"] = {
                 "per_cpu_s": [rate_o, rate_h],
                 "x": rate_o / rate_h,
                 "met": rate_o / rate_h >= 0.7,
             }
-            print(
-                f"  {day.rows:>11,} online / hashed examples per CPU-s: {rate_o:,.0f} / {rate_h:,.0f}"
-                f" = {rate_o / rate_h:.2f} (>= 0.7: {rate_o / rate_h >= 0.7})"
-            )
-            for variant, m in (("hashed", h), ("online", o)):
+            for variant, f in (("hashed", hashed), ("online", online)):
                 var = variables_mb(day.work / variant)
-                bound = 2 * var + 1024
-                ok = m.peak_rss_mb <= bound
-                res = m.result
                 goals["rss"][variant] = {
-                    "peak_mb": m.peak_rss_mb, "variables_mb": var, "bound_mb": bound, "met": ok,
-                    "memory_mb": res.get("memory_mb"),
+                    "peak_mb": f["peak_rss_mb"], "variables_mb": var, "bound_mb": 2 * var + 1024,
+                    "met": f["peak_rss_mb"] <= 2 * var + 1024, "memory_mb": f["result"].get("memory_mb"),
                 }  # fmt: skip
-                print(
-                    f"  {day.rows:>11,} train {variant}: peak RSS {m.peak_rss_mb:,.0f} MiB, variables and "
-                    f"slots {var:,.0f} MiB, bound 2x + 1 GiB = {bound:,.0f} (ok: {ok}); phases "
-                    f"{res.get('memory_mb')}"
-                )
     if len(days) > 1:
         small, large = days[0], days[-1]
         ratio = large.rows / small.rows
-        growth_all = out["growth"] = {"rows_x": ratio, "steps": {}}
-        for name in small.figures:
-            if name in large.figures:
-                growth = large.figures[name][0].wall_s / small.figures[name][0].wall_s
-                cpu = large.figures[name][0].cpu_s / small.figures[name][0].cpu_s
-                growth_all["steps"][word(name)] = {"wall_x": growth, "cpu_x": cpu, "met": cpu <= 1.1 * ratio}
-                print(
-                    f"  {name:<14} {large.rows:,} / {small.rows:,} rows ({ratio:.0f}x): wall {growth:.1f}x, "
-                    f"CPU {cpu:.1f}x (<= {1.1 * ratio:.0f}x: {growth <= 1.1 * ratio})"
-                )
+        out["growth"] = {"rows_x": ratio, "steps": {}}
+        for name in small.figures.keys() & large.figures.keys():
+            cpu = large.figures[name]["cpu_s"] / small.figures[name]["cpu_s"]
+            wall = large.figures[name]["wall_s"] / small.figures[name]["wall_s"]
+            out["growth"]["steps"][word(name)] = {"wall_x": wall, "cpu_x": cpu, "met": cpu <= 1.1 * ratio}
+    print("goals (floor: CPU x floor <= 1.5; online_vs_hashed: >= 0.7; rss: <= 2x variables + 1 GiB;")
+    print("growth: CPU x <= 1.1x the rows' ratio):", json.dumps(out, indent=1))
     return out
 
 
@@ -450,9 +409,6 @@ def table_summary(tables: dict) -> str:
     )
 
 
-KEPT = ("examples_per_sec", "cpu_seconds", "auc", "memory_mb", "bytes", "rows", "phases")
-
-
 def save(days: list[Day], goals: dict, args) -> Path:
     """Add the days' figures to ``bench/results/production_day.json`` (``sizes``: ``{rows: {step:
     {wall_s, cpu_s, peak_rss_mb, floor, result}, "goals": ..., "commit": ..., "date": ...}}``);
@@ -464,18 +420,13 @@ def save(days: list[Day], goals: dict, args) -> Path:
     today = time.strftime("%Y-%m-%d", time.gmtime())
     for day in days:
         out = sizes.setdefault(str(day.rows), {})
-        for name, (step, floor) in day.figures.items():
+        for name, f in day.figures.items():
+            floor = f["floor"] and {k: round(f["floor"][k], 1) for k in ("wall_s", "cpu_s")}
             out[word(name)] = {
-                "wall_s": round(step.wall_s, 1),
-                "cpu_s": round(step.cpu_s, 1),
-                "peak_rss_mb": round(step.peak_rss_mb),
-                "floor": None
-                if floor is None
-                else {"wall_s": round(floor.wall_s, 1), "cpu_s": round(floor.cpu_s, 1)},
-                "result": {k: v for k, v in step.result.items() if k in KEPT},
-                "commit": COMMIT,
-                "date": today,
-            }
+                **{k: round(f[k], 1) for k in ("wall_s", "cpu_s")}, "peak_rss_mb": round(f["peak_rss_mb"]),
+                "floor": floor, "result": {k: v for k, v in f["result"].items() if k != "online_tables"},
+                "commit": COMMIT, "date": today,
+            }  # fmt: skip
         kept = out.setdefault("goals", {})
         for name, value in goals.get(str(day.rows), {}).items():  # a step run alone keeps the others'
             if isinstance(value, dict) and isinstance(kept.get(name), dict):
@@ -485,44 +436,40 @@ def save(days: list[Day], goals: dict, args) -> Path:
         if day.server_cpu_s:
             out["push"]["server_cpu_s"] = day.server_cpu_s
         out["train_rows"] = day.train_rows
-        tables = day.figures.get("train online")
-        if tables:
-            out["online_tables"] = table_summary(tables[0].result.get("online_tables", {}))
+        if tables := day.figures.get("train online"):
+            out["online_tables"] = table_summary(tables["result"].get("online_tables", {}))
     doc = {"sizes": sizes, "buckets": args.buckets, "filter_freq": args.filter_freq}
     growth = earlier.get("growth", {"steps": {}})
     if "growth" in goals:  # the steps this run measured at both sizes; the others' kept
         growth = {**goals["growth"], "steps": {**growth["steps"], **goals["growth"]["steps"]}}
     if growth["steps"]:
         doc["growth"] = growth
-    return write_results("production_day", doc)
+    return harness.finish("production_day", doc)
 
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "floor":
         return floor_main(sys.argv[2:])
-    parser = harness.parser(__doc__, rounds=None)
+    parser = harness.parser(__doc__, rounds=None, workdir="production")
     parser.add_argument("--rows", type=int, nargs="+", default=[1_000_000, 3_000_000, 10_000_000])
     parser.add_argument("--buckets", type=int, default=100_000, help="rows of each hashed table")
     parser.add_argument("--filter_freq", type=int, default=2)
     parser.add_argument("--only", nargs="+", choices=STEPS, default=list(STEPS))
-    parser.add_argument("--workdir", default=str(ROOT / "var/bench/production"))
     args = parser.parse_args()
-    root = Path(args.workdir)
+    root = args.workdir
     days = []
     start = time.perf_counter()
     for rows in args.rows:
         day = Day(rows, root, args.buckets, args.filter_freq)
         days.append(day)
         day.synth()
-        print(HEADER, flush=True)
         for name in STEPS:
             if name in args.only:
                 getattr(day, name)()
-        stats = day.figures.get("train online")
-        if stats:
-            print(f"{'':>11} online tables: {table_summary(stats[0].result.get('online_tables', {}))}")
-    path = save(days, summary(days), args)
-    print(f"\n{time.perf_counter() - start:.0f} s in all; figures in {path.relative_to(ROOT)}")
+        if stats := day.figures.get("train online"):
+            print(f"online tables: {table_summary(stats['result'].get('online_tables', {}))}")
+    save(days, summary(days), args)
+    print(f"{time.perf_counter() - start:.0f} s in all")
     return 0
 
 

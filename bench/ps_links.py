@@ -10,12 +10,13 @@ examples/s of the training loop in steady state (the chief's logged windows afte
 examples per CPU-second of all the job's processes (start-up included: other tenants of this
 shared machine inflate wall time, not CPU time), the bytes every host sent per example (the
 hosts' links' counters), the job's wall time and final loss. Compare modes and rates inside one
-run: a wall-clock ratio alone swings 2x between runs here.
+run: a wall-clock ratio alone swings 2x between runs here. With ``--rounds`` above 1 the jobs
+alternate; figures are medians, ``slow_vs_fast`` the median of the rounds' ratios.
 
 All hosts share this machine's cores: the rates bind where the network, not the CPU, is the
 bottleneck, which is what a slow link between real machines does.
 
-Usage (root): ``python bench/ps_links.py [--rates 1gbit 100mbit] [--steps 120] [--batch 1024]``
+Usage (root): ``python bench/ps_links.py [--rates 1gbit 100mbit] [--steps 120] [--batch 1024] [--rounds 1]``
 """
 
 from __future__ import annotations
@@ -31,8 +32,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import harness  # noqa: E402
-from bench.results import write_results  # noqa: E402
-from bench.strategies import _children_cpu  # noqa: E402
 
 # mode: (train_config edits, batches per step: sync sums one batch per worker)
 MODES = {
@@ -93,7 +92,8 @@ def run(work: Path, buckets: int, mode: str, rate: str, steps: int, batch: int) 
         for host in HOSTS:
             hosts.limit(host, rate)
         sent_before = sum(_sent(hosts, h) for h in HOSTS)
-        start, cpu_before = time.perf_counter(), _children_cpu()
+        clock = harness.Clock()  # the replicas are this process's waited-for children
+        start, cpu_before = time.perf_counter(), clock.cpu()
         run_ = start_tfjob(hosts, job, PLACEMENT, model_dir / "logs")
         try:
             code = run_.wait(timeout_s=3600)
@@ -101,7 +101,7 @@ def run(work: Path, buckets: int, mode: str, rate: str, steps: int, batch: int) 
             run_.stop()
         wall = time.perf_counter() - start
         sent = sum(_sent(hosts, h) for h in HOSTS) - sent_before
-    cpu = _children_cpu() - cpu_before
+    cpu = clock.cpu() - cpu_before
     chief = run_.replica("Chief").log
     if code != 0:
         raise RuntimeError(f"{mode} at {rate}: the job failed:\n{chief.read_text()[-3000:]}")
@@ -110,49 +110,51 @@ def run(work: Path, buckets: int, mode: str, rate: str, steps: int, batch: int) 
     rates = [json.loads(line)["examples_per_sec"] for line in lines]
     examples = result["global_step"] * batch
     return {
-        "examples_per_sec": round(sum(rates) / len(rates)),
-        "per_cpu_s": round(examples / cpu),
-        "cpu_s": round(cpu, 1),
-        "sent_bytes_per_example": round(sent / examples),
-        "wall_s": round(wall, 1),
-        "loss": round(result["loss"], 4),
+        "examples_per_sec": sum(rates) / len(rates),
+        "per_cpu_s": examples / cpu,
+        "cpu_s": cpu,
+        "sent_bytes_per_example": sent / examples,
+        "wall_s": wall,
+        "loss": result["loss"],
     }
 
 
 def main() -> None:
     if os.geteuid() != 0:
         raise SystemExit("bench/ps_links.py makes network namespaces: run it as root")
-    parser = harness.parser(__doc__, rounds=None)
+    parser = harness.parser(__doc__, rounds=1, workdir="ps_links")
     parser.add_argument("--rates", nargs="+", default=["1gbit", "100mbit"], help="tc rates, fastest first")
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--buckets", type=int, default=12_800)
     parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--batch", type=int, default=1024, help="examples a step")
     parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
-    parser.add_argument("--workdir", default=str(ROOT / "var/bench/ps_links"))
     args = parser.parse_args()
     from bench.criteo_data import prepare
 
-    work = Path(args.workdir)
+    work = args.workdir
     prepare(args.rows, 1, work, args.buckets)
     print(f"data: {args.rows:,} rows, batch {args.batch}, {args.steps} steps; {os.cpu_count()} cores shared")
-    figures: dict = {"rates": args.rates, "steps": args.steps, "batch": args.batch, "modes": {}}
+    names = {f"{mode} {rate}": (mode, rate) for mode in args.modes for rate in args.rates}
+
+    def job(mode, rate):
+        return lambda: run(work, args.buckets, mode, rate, args.steps, args.batch)
+
+    runs = harness.alternate({n: job(*mr) for n, mr in names.items()}, args.rounds)
+    medians = harness.summarize(runs)["variants"]
+    columns = {"examples_per_sec": "examples/s", "per_cpu_s": "ex/CPU-s",
+               "sent_bytes_per_example": "B sent/ex", "wall_s": "wall s", "loss": "loss"}  # fmt: skip
+    print(harness.table(medians, columns))
+    figures: dict = {"rates": args.rates, "steps": args.steps, "batch": args.batch, "rounds": args.rounds}
+    modes = figures["modes"] = {m: {} for m in args.modes}
+    for name, (mode, rate) in names.items():
+        m = medians[name]
+        modes[mode][rate] = {k: round(v) for k, v in m.items() if k != "loss"} | {"loss": round(m["loss"], 4)}
     for mode in args.modes:
-        figures["modes"][mode] = {}
-        for rate in args.rates:
-            r = run(work, args.buckets, mode, rate, args.steps, args.batch)
-            figures["modes"][mode][rate] = r
-            print(
-                f"{mode:10s} {rate:8s} {r['examples_per_sec']:8,d} examples/s  {r['per_cpu_s']:7,d} "
-                f"examples/CPU-s  {r['sent_bytes_per_example']:7,d} B sent/example  "
-                f"wall {r['wall_s']:6.1f} s  "
-                f"loss {r['loss']:.4f}",
-                flush=True,
-            )
-        fast, slow = (figures["modes"][mode][r]["examples_per_sec"] for r in (args.rates[0], args.rates[-1]))
-        figures["modes"][mode]["slow_vs_fast"] = round(slow / fast, 2)
-        print(f"{mode:10s} {args.rates[-1]} / {args.rates[0]}: {slow / fast:.2f}x", flush=True)
-    print("->", write_results("ps_links", figures))
+        fast, slow = (f"{mode} {r}" for r in (args.rates[0], args.rates[-1]))
+        modes[mode]["slow_vs_fast"] = round(harness.ratio(runs, slow, fast, "examples_per_sec"), 2)
+        print(f"{mode:10s} {args.rates[-1]} / {args.rates[0]}: {modes[mode]['slow_vs_fast']:.2f}x")
+    harness.finish("ps_links", figures)
 
 
 if __name__ == "__main__":

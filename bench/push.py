@@ -77,8 +77,9 @@ def main() -> int:
     import numpy as np
     import redis
 
+    from bench.floors import hset_rows
     from recpipe.exports import store
-    from recpipe.exports.files import DELTA_PREFIX, TableRows, read_params
+    from recpipe.exports.files import DELTA_PREFIX, TableRows
 
     client = redis.Redis.from_url(args.redis_url)
     rng = np.random.default_rng(0)
@@ -102,24 +103,8 @@ def main() -> int:
     rows = args.rows + len(moved) + len(gone)
 
     def floor(model: str) -> None:
-        pipe = client.pipeline(transaction=False)
         rows_of = store.EmbeddingStore(client, model)
-        n = 0
-        for export in exports:
-            params = read_params(export)
-            for table, t in params.tables.items():
-                values = np.ascontiguousarray(t.views[view], "<f4")
-                for i, key in enumerate(t.ids.tolist()):
-                    pipe.hset(
-                        rows_of.row_key(table, key, 1),
-                        mapping={"version": "v", view: values[i].tobytes()},
-                    )
-                    n += 1
-                    if n % store.BATCH == 0:
-                        pipe.execute()
-                for key in t.tombstones.tolist():
-                    pipe.delete(rows_of.row_key(table, key, 1))
-        pipe.execute()
+        hset_rows(client, exports, lambda table, key: rows_of.row_key(table, key, 1), store.BATCH)
 
     def push(model: str) -> None:
         for export in exports:

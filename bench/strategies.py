@@ -19,8 +19,11 @@ and writes on the ps, start-up), and, where the distribution counts them, the by
 sent to the ps per example (half_async: the merged gradients; geo: the pushed deltas and ids).
 With ``--eval`` every job is evaluated on a second synthetic day (AUC).
 
+With ``--rounds`` above 1 the jobs alternate, round after round; the figures are medians and
+the ratios the median of each round's ratio.
+
 Usage: ``python bench/strategies.py [--rows 400000] [--steps 300] [--batch 2048] [--eval]
-[--only NAME ...]``
+[--only NAME ...] [--rounds 1]``
 """
 
 from __future__ import annotations
@@ -99,10 +102,10 @@ def run(work: Path, buckets: int, name: str, steps: int, batch: int, evaluate: b
     job = training_job(
         "train", TrainDistribute(strategy), ClusterConfig(), args, cwd=ROOT, workers=workers, ps=ps
     )
-    start, cpu_before, lo_before = time.perf_counter(), _children_cpu(), loopback_bytes()
+    clock = harness.Clock()  # the job's processes are this process's waited-for children
+    start, cpu_before, lo_before = time.perf_counter(), clock.cpu(), loopback_bytes()
     logs = LocalLauncher(model_dir / "logs").run(job)
-    wall = time.perf_counter() - start
-    cpu = _children_cpu() - cpu_before
+    wall, cpu = time.perf_counter() - start, clock.cpu() - cpu_before
     lo = loopback_bytes() - lo_before
     result = job_result(logs[0])
     # steady state: the chief's logged windows after the first (which holds tracing)
@@ -124,22 +127,12 @@ def run(work: Path, buckets: int, name: str, steps: int, batch: int, evaluate: b
     }
 
 
-def _children_cpu() -> float:
-    """CPU-seconds (user + system) of every finished child process and its waited-for
-    descendants so far: the job's processes, start-up included, every thread."""
-    import resource
-
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
 def main() -> None:
-    parser = harness.parser(__doc__, rounds=None)
+    parser = harness.parser(__doc__, rounds=1, workdir="strategies")
     parser.add_argument("--rows", type=int, default=400_000)
     parser.add_argument("--buckets", type=int, default=12_800)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--batch", type=int, default=2048, help="global batch")
-    parser.add_argument("--workdir", default=str(ROOT / "var/bench/strategies"))
     parser.add_argument("--eval", action="store_true", help="AUC of each job on a second day")
     parser.add_argument("--results", default="strategies", help="bench/results/<NAME>.json")
     parser.add_argument(
@@ -147,48 +140,40 @@ def main() -> None:
     )
     args = parser.parse_args()
     from bench.criteo_data import prepare
-    from bench.results import write_results
 
-    work = Path(args.workdir)
+    work = args.workdir
     # with --eval, a second day of as many rows to evaluate on
     prepare(args.rows * 2 if args.eval else args.rows, 2 if args.eval else 1, work, args.buckets)
     print(
         f"data: {args.rows:,} rows, {26 * args.buckets * 16 / 1e6:.1f}M embedding parameters; "
         f"global batch {args.batch}, {args.steps} steps; {os.cpu_count()} cores shared by all processes"
     )
-    base = base_cpu = None
+    names = ["NoStrategy", *(n for n in STRATEGIES if n != "NoStrategy" and n in args.only)]
+
+    def job(name):
+        return lambda: run(work, args.buckets, name, args.steps, args.batch, args.eval)
+
+    runs = harness.alternate({n: job(n) for n in names}, args.rounds)
+    summary = harness.summarize(runs, reference="NoStrategy", ratios=("examples_per_sec", "per_cpu_s"))
     jobs = {}
-    for name, (_, workers, ps, _, _) in STRATEGIES.items():
-        if name != "NoStrategy" and name not in args.only:
-            continue
-        r = run(work, args.buckets, name, args.steps, args.batch, args.eval)
-        base = base or r["examples_per_sec"]
-        base_cpu = base_cpu or r["per_cpu_s"]
-        r.update(
-            workers=workers,
-            ps=ps,
-            vs_none=r["examples_per_sec"] / base,
-            per_cpu_vs_none=r["per_cpu_s"] / base_cpu,
-        )
-        jobs[name] = {"name": name, **r}
-        processes = f"x{workers}{f'+{ps}ps' if ps else ''}"
-        print(
-            f"{name:26s} {processes:6s} {r['examples_per_sec']:9,.0f} examples/s "
-            f"(ratio {r['examples_per_sec'] / base:4.2f})  {r['per_cpu_s']:7,.0f} examples/CPU-s "
-            f"(ratio {r['per_cpu_s'] / base_cpu:4.2f}, {r['cpu_s']:.0f} CPU-s)  wall {r['wall_s']:5.1f} s  "
-            f"final loss {r['loss']:.4f}"
-            + (f"  AUC {r['auc']:.4f}" if r["auc"] is not None else "")
-            + (f"  loopback {r['loopback_per_example']:8,.0f} B/example" if ps else "")
-            + (f"  to ps {r['to_ps_per_example']:8,.0f} B/example" if r["to_ps_per_example"] else ""),
-            flush=True,
-        )
+    for name, medians in summary["variants"].items():
+        vs = summary["vs_NoStrategy"].get(name, {"examples_per_sec": 1.0, "per_cpu_s": 1.0})
+        _, workers, ps, _, _ = STRATEGIES[name]
+        jobs[name] = {
+            "name": name, "workers": workers, "ps": ps, "auc": None, "to_ps_per_example": None,
+            **medians, "vs_none": vs["examples_per_sec"], "per_cpu_vs_none": vs["per_cpu_s"],
+        }  # fmt: skip
+    columns = {"examples_per_sec": "examples/s", "vs_none": "x none", "per_cpu_s": "ex/CPU-s",
+               "per_cpu_vs_none": "x none", "wall_s": "wall s", "loss": "loss", "auc": "AUC",
+               "loopback_per_example": "lo B/ex", "to_ps_per_example": "to ps B/ex"}  # fmt: skip
+    print(harness.table({n: {k: v for k, v in j.items() if v is not None} for n, j in jobs.items()}, columns))
     print(
         "examples/s: the training loop in steady state; examples/CPU-s: the job's steps x global "
         "batch over the CPU-seconds of all its processes (start-up included), which other tenants "
         "of a shared machine do not inflate as they do wall time"
     )
-    figures = {"rows": args.rows, "steps": args.steps, "global_batch": args.batch, "jobs": jobs}
-    print(f"-> {write_results(args.results, figures).relative_to(ROOT)}")
+    figures = {"rows": args.rows, "steps": args.steps, "global_batch": args.batch, "rounds": args.rounds}
+    harness.finish(args.results, {**figures, "jobs": jobs})
 
 
 if __name__ == "__main__":

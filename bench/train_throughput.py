@@ -12,7 +12,9 @@ batch 1024, one epoch, from the Parquet the Spark job writes. Printed:
   the ratio to it: what the input pipeline costs on cores it shares with the step;
 - the trainer loop fed the same pre-loaded batches: its own overhead, without input cost.
 
-Usage: ``python bench/train_throughput.py [--rows 1000000] [--buckets 12800]``
+The five alternate, ``--rounds`` times: rates are medians, ratios the median of each round's.
+
+Usage: ``python bench/train_throughput.py [--rows 1000000] [--buckets 12800] [--rounds 3]``
 (12,800 rows per table x 26 x 16 = 5.3M embedding parameters, as in the issue).
 """
 
@@ -30,7 +32,6 @@ sys.path.insert(0, str(ROOT))
 DS = "2024-01-01"
 
 from bench import harness  # noqa: E402
-from bench.results import write_results  # noqa: E402
 
 
 def prepare(rows: int, work: Path, buckets: int):
@@ -50,10 +51,6 @@ class Rate:
         wall = time.perf_counter() - self.wall
         cpu = time.process_time() - self.cpu
         return self.examples / wall, self.examples / cpu
-
-
-def _fmt(rates: tuple[float, float]) -> str:
-    return f"{rates[0]:,.0f} examples/s, {rates[1]:,.0f} examples per CPU-second"
 
 
 def input_only(config) -> tuple[float, float]:
@@ -112,52 +109,45 @@ def minimal_loop(config, stream: bool = False) -> tuple[float, float]:
     return rate.stop()
 
 
+# (figure, numerator, denominator): ratios of examples/s and examples per CPU-s within a round
+RATIOS = {
+    "loop_vs_minimal": ("trainer_loop", "minimal_loop"),
+    "loop_vs_compute": ("trainer_loop", "minimal_preloaded"),
+    "own_vs_compute": ("trainer_preloaded", "minimal_preloaded"),
+}
+
+
 def main() -> None:
-    parser = harness.parser(__doc__, rounds=None)
+    parser = harness.parser(__doc__, rounds=3, workdir="train_throughput")
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--buckets", type=int, default=12_800)
-    parser.add_argument("--workdir", default=str(ROOT / "var/bench/train_throughput"))
     args = parser.parse_args()
-    work = Path(args.workdir)
-    config = prepare(args.rows, work, args.buckets)
+    config = prepare(args.rows, args.workdir, args.buckets)
     print(f"data: {args.rows} rows, {26 * args.buckets * 16 / 1e6:.1f}M embedding parameters, batch 1024")
-    input_rate = input_only(config)
-    print(f"input pipeline alone: {_fmt(input_rate)}")
-    loop = trainer_loop(config, work / "model")
-    print(f"trainer loop:         {_fmt(loop)}")
-    streaming = minimal_loop(config, stream=True)
-    print(f"minimal loop reading the Parquet files: {_fmt(streaming)}")
-    print(
-        f"ratio loop / minimal (same Parquet files): {loop[0] / streaming[0]:.3f} wall, "
-        f"{loop[1] / streaming[1]:.3f} CPU (goal >= 0.95)"
-    )
-    ceiling = minimal_loop(config)
-    print(f"minimal loop on pre-loaded batches (compute only): {_fmt(ceiling)}")
-    print(
-        f"ratio loop / compute only: {loop[0] / ceiling[0]:.3f} wall, {loop[1] / ceiling[1]:.3f} CPU "
-        "(the input pipeline's share of the cores)"
-    )
-    own = trainer_loop(config, work / "model", preloaded=True)
-    print(
-        f"trainer loop on pre-loaded batches: {_fmt(own)}, ratio {own[0] / ceiling[0]:.3f} wall, "
-        f"{own[1] / ceiling[1]:.3f} CPU (the loop's own overhead)"
-    )
-    rates = {
-        "input_only": input_rate,
-        "trainer_loop": loop,
-        "minimal_loop": streaming,
-        "minimal_preloaded": ceiling,
-        "trainer_preloaded": own,
+
+    def rates(fn):
+        return lambda: dict(zip(("examples_per_sec", "per_cpu_s"), fn(), strict=True))
+
+    model_dir = args.workdir / "model"
+    variants = {
+        "input_only": rates(lambda: input_only(config)),
+        "trainer_loop": rates(lambda: trainer_loop(config, model_dir)),
+        "minimal_loop": rates(lambda: minimal_loop(config, stream=True)),
+        "minimal_preloaded": rates(lambda: minimal_loop(config)),
+        "trainer_preloaded": rates(lambda: trainer_loop(config, model_dir, preloaded=True)),
     }
-    figures = {
-        "rows": args.rows,
-        "rates": {k: {"examples_per_sec": round(w), "per_cpu_s": round(c)} for k, (w, c) in rates.items()},
-        "loop_vs_minimal": {"wall": loop[0] / streaming[0], "cpu": loop[1] / streaming[1]},
-        "loop_vs_compute": {"wall": loop[0] / ceiling[0], "cpu": loop[1] / ceiling[1]},
-        "own_vs_compute": {"wall": own[0] / ceiling[0], "cpu": own[1] / ceiling[1]},
-        "goal_loop_vs_minimal": 0.95,
-    }
-    print(f"-> {write_results('train_throughput', figures).relative_to(ROOT)}")
+    runs = harness.alternate(variants, args.rounds)
+    medians = harness.summarize(runs)["variants"]
+    print(harness.table(medians, {"examples_per_sec": "examples/s", "per_cpu_s": "ex/CPU-s"}))
+    figures = {"rows": args.rows, "rounds": args.rounds, "rates": medians, "goal_loop_vs_minimal": 0.95}
+    for name, (a, b) in RATIOS.items():
+        figures[name] = {
+            "wall": harness.ratio(runs, a, b, "examples_per_sec"),
+            "cpu": harness.ratio(runs, a, b, "per_cpu_s"),
+        }
+        print(f"{name}: {figures[name]['wall']:.3f} wall, {figures[name]['cpu']:.3f} CPU")
+    print("loop / minimal: the goal >= 0.95; / compute only: the input pipeline's share of the cores")
+    harness.finish("train_throughput", figures)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -67,22 +66,9 @@ def _edits(work: Path, buckets: int, variant: str) -> dict:
 
 
 def _install_deepctr() -> None:
-    if (DEEPCTR_DIR / "deepctr").is_dir():
-        return
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--target",
-            str(DEEPCTR_DIR),
-            DEEPCTR,
-        ],
-        check=True,
-    )
+    if not (DEEPCTR_DIR / "deepctr").is_dir():
+        pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(DEEPCTR_DIR)]
+        subprocess.run([*pip, DEEPCTR], check=True)
 
 
 def _arrays(config, day_list: list[str]):
@@ -123,15 +109,8 @@ def run_deepctr(work: Path, buckets: int) -> dict:
         else DenseFeat(f.name, 1)
         for f in config.feature_config.features
     ]
-    model = DeepFM(
-        columns,
-        columns,
-        dnn_hidden_units=(256, 128, 64),
-        l2_reg_linear=0.0,
-        l2_reg_embedding=0.0,
-        l2_reg_dnn=0.0,
-        seed=0,
-    )
+    no_l2 = {"l2_reg_linear": 0.0, "l2_reg_embedding": 0.0, "l2_reg_dnn": 0.0}
+    model = DeepFM(columns, columns, dnn_hidden_units=(256, 128, 64), seed=0, **no_l2)
     model.compile(tf.keras.optimizers.Adam(0.001), "binary_crossentropy")
     start = time.perf_counter()
     model.fit(train_x, train_y, batch_size=1024, epochs=1, verbose=0, shuffle=True)
@@ -146,24 +125,12 @@ def run_train_eval(work: Path, buckets: int, variant: str, checkout: Path = ROOT
     model_dir = work / "models" / variant
     subprocess.run(["rm", "-rf", str(model_dir)], check=True)
     optimizers = "c_lazy_adam" if variant.startswith("c_lazy_adam") else variant
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "trainer.train_eval",
-            "--pipeline_config_path",
-            str(CONFIG),
-            "--edit_config_json",
-            json.dumps(_edits(work, buckets, optimizers)),
-            "--model_dir",
-            str(model_dir),
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-        cwd=checkout,
-        env={**os.environ, "PYTHONPATH": str(checkout)},
-    )
+    argv = [
+        sys.executable, "-m", "trainer.train_eval", "--pipeline_config_path", str(CONFIG),
+        "--edit_config_json", json.dumps(_edits(work, buckets, optimizers)), "--model_dir", str(model_dir),
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    out = subprocess.run(argv, check=True, capture_output=True, text=True, cwd=checkout, env=env)
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     return {"examples_per_sec": summary["examples_per_sec"], "auc": summary["eval"]["auc"]}
 
@@ -229,13 +196,12 @@ def main() -> None:
     means = {}
     for variant, medians in summary["variants"].items():
         vs_a = summary["vs_a_deepctr"].get(variant, {"examples_per_sec": 1.0, "per_cpu_s": 1.0})
-        gaps = [r["auc"] - a["auc"] for r, a in zip(runs[variant], runs["a_deepctr"], strict=True)]
         means[variant] = {
             "label": labels[variant],
             "examples_per_sec": medians["examples_per_sec"],
             "vs_a": vs_a["examples_per_sec"],
             "auc": medians["auc"],
-            "auc_minus_a": statistics.median(gaps),
+            "auc_minus_a": harness.difference(runs, variant, "a_deepctr", "auc"),
             "cpu_s": medians["cpu_s"],
             "per_cpu_s": medians["per_cpu_s"],
             "per_cpu_s_vs_a": vs_a["per_cpu_s"],

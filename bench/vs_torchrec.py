@@ -20,9 +20,10 @@ batch 1024.
 (g) (c) on TensorFlow's stock ops alone (``train_config.fused_kernels: false``): what
     recpipe's kernels (``trainer/kernels``) give.
 
-Each variant runs in its own process, the variants alternate, ``--repeat`` times. Printed:
-examples/s of the training loop, examples per CPU-second of the loop and of the whole
-process, held-out AUC, peak RSS of the process tree, and each ratio to (a) of the same round.
+Each variant runs in its own process, the variants alternate, ``--rounds`` times. Printed:
+the medians over the rounds of examples/s of the training loop, examples per CPU-second of the
+loop and of the whole process, held-out AUC and peak RSS of the process tree, and the median of
+each round's ratio to (a) of the same round.
 Goals: (c) >= 1.2x (a) by wall second and 1.5x by CPU-second of the loop at an AUC no more
 than 0.002 below (a)'s; (b) >= 1.6x (a) by CPU-second of the loop; peak RSS within 1.5x of (a)'s. The figures
 go to ``bench/results/vs_torchrec.json``.
@@ -31,7 +32,7 @@ TorchRec is installed for this benchmark only, in its own virtual environment
 ``var/bench/torchrec-venv`` (``torch==2.13.0`` CPU, ``fbgemm-gpu-cpu==1.8.0``, ``torchrec==1.8.0``
 without its dependencies, which name the CUDA ``fbgemm-gpu``, and the few it imports).
 
-    python bench/vs_torchrec.py [--rows 1000000] [--repeat 2]
+    python bench/vs_torchrec.py [--rows 1000000] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -95,14 +97,14 @@ def install() -> Path:
     return python
 
 
-def vocabularies(features: Path) -> dict[str, int]:
-    """Distinct ids of each field over the training rows (not held out)."""
+def vocabularies(features: Path) -> tuple[dict[str, int], int]:
+    """Distinct ids of each field over the training rows (not held out), and those rows."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     table = pq.read_table(features, columns=[*FIELDS, "_holdout"])
     table = table.filter(pc.invert(table["_holdout"]))
-    return {f: len(pc.unique(table[f].drop_null())) for f in FIELDS}
+    return {f: len(pc.unique(table[f].drop_null())) for f in FIELDS}, table.num_rows
 
 
 def recpipe_edits(work: Path, vocab: dict[str, int], variant: str) -> dict:
@@ -129,27 +131,42 @@ def recpipe_edits(work: Path, vocab: dict[str, int], variant: str) -> dict:
     return edits
 
 
-def run_recpipe(work: Path, vocab: dict[str, int], variant: str, log: Path):
+def variant(name: str, python: Path, work: Path, vocab: dict[str, int], rows: int):
+    """One run of a variant in its own process, measured whole (``bench.process_tree``): the
+    loop's examples per wall second and per CPU-second, the process's per CPU-second, held-out
+    AUC, peak RSS and, for recpipe, the step's phases."""
     from bench.process_tree import run
 
-    model_dir = work / "models" / variant
-    subprocess.run(["rm", "-rf", str(model_dir)], check=True)
-    argv = [
-        sys.executable, "-m", "cli", "train", "--pipeline_config_path", str(CONFIG),
-        "--edit_config_json", json.dumps(recpipe_edits(work, vocab, variant)),
-        "--model_dir", str(model_dir), f"--train_ds={DS}", f"--eval_ds={DS}",
-    ]  # fmt: skip
-    measured = run(argv, log)
-    if measured.returncode:
-        raise SystemExit(f"{variant} failed, see {log}:\n{log.read_text()[-3000:]}")
-    r = measured.result
-    loop = {
-        "examples_per_sec": r["examples_per_sec"],
-        "loop_cpu_s": r["cpu_seconds"],
-        "auc": r["eval"]["auc"],
-        "phases": r.get("phases", {}),
-    }
-    return measured, loop
+    def once() -> dict:
+        log = work / "logs" / f"{name}.log"
+        if name == "a_torchrec":
+            argv = [str(python), __file__, "--torchrec_child", "--workdir", str(work)]
+        else:
+            model_dir = work / "models" / name
+            shutil.rmtree(model_dir, ignore_errors=True)
+            argv = [
+                sys.executable, "-m", "cli", "train", "--pipeline_config_path", str(CONFIG),
+                "--edit_config_json", json.dumps(recpipe_edits(work, vocab, name)),
+                "--model_dir", str(model_dir), f"--train_ds={DS}", f"--eval_ds={DS}",
+            ]  # fmt: skip
+        measured = run(argv, log)
+        if measured.returncode:
+            raise SystemExit(f"{name} failed, see {log}:\n{log.read_text()[-3000:]}")
+        r = measured.result
+        auc = r["auc"] if name == "a_torchrec" else r["eval"]["auc"]
+        loop_cpu_s = r.get("loop_cpu_s") or r["cpu_seconds"]
+        return {
+            "examples_per_sec": r["examples_per_sec"],
+            "per_loop_cpu_s": rows / loop_cpu_s,
+            "per_process_cpu_s": rows / measured.cpu_s,
+            "auc": auc,
+            "peak_rss_mb": measured.peak_rss_mb,
+            "wall_s": measured.wall_s,
+            "cpu_s": measured.cpu_s,
+            "phases": r.get("phases"),
+        }
+
+    return once
 
 
 def input_child(work: Path, edits: str) -> dict:
@@ -170,15 +187,6 @@ def run_input(work: Path, vocab: dict[str, int], log: Path) -> dict:
     if measured.returncode:
         raise SystemExit(f"the input pipeline failed, see {log}:\n{log.read_text()[-3000:]}")
     return measured.result
-
-
-def run_torchrec(python: Path, work: Path, log: Path):
-    from bench.process_tree import run
-
-    measured = run([str(python), __file__, "--torchrec_child", "--workdir", str(work)], log)
-    if measured.returncode:
-        raise SystemExit(f"TorchRec failed, see {log}:\n{log.read_text()[-3000:]}")
-    return measured, measured.result
 
 
 # --- (a), in the TorchRec environment (numpy, pyarrow and torch only) -------------------
@@ -303,16 +311,52 @@ def torchrec_child(work: Path) -> dict:
     }
 
 
+RATIOS = {"examples_per_sec": "wall_vs_a", "per_loop_cpu_s": "loop_cpu_vs_a",
+          "per_process_cpu_s": "process_cpu_vs_a", "peak_rss_mb": "rss_vs_a"}  # fmt: skip
+GOALS = {"c_wall": 1.2, "c_loop_cpu": 1.5, "auc_within": 0.002, "b_loop_cpu": 1.6, "rss": 1.5}
+
+
+def figures(runs: dict[str, list[dict]], rows: int) -> dict[str, dict]:
+    """Each variant's medians over the rounds, the medians of its rounds' ratios to (a), its
+    AUC gap to (a) (the median of the rounds' differences) and the step's phases (last round)."""
+    summary = harness.summarize(runs, reference="a_torchrec", ratios=RATIOS)
+    out = {}
+    for name, medians in summary["variants"].items():
+        vs = summary["vs_a_torchrec"].get(name, dict.fromkeys(RATIOS, 1.0))
+        out[name] = {
+            "label": VARIANTS[name],
+            **medians,
+            **{key: vs[figure] for figure, key in RATIOS.items()},
+            "auc_minus_a": harness.difference(runs, name, "a_torchrec", "auc"),
+            "loop_cores": medians["examples_per_sec"] / medians["per_loop_cpu_s"],
+            "step_cpu_ms": 1e3 * BATCH / medians["per_loop_cpu_s"],
+            "phases": runs[name][-1]["phases"],
+        }
+    return out
+
+
+def goals_met(table: dict[str, dict]) -> dict[str, bool]:
+    """Each goal of the docstring against ``figures``' table."""
+    met = {"rss": all(v["rss_vs_a"] <= GOALS["rss"] for v in table.values())}
+    for v in ("c", "e"):
+        row = table.get({"c": "c_online", "e": "e_online_bf16"}[v])
+        if row:
+            met[f"{v}_wall"] = row["wall_vs_a"] >= GOALS["c_wall"]
+            met[f"{v}_loop_cpu"] = row["loop_cpu_vs_a"] >= GOALS["c_loop_cpu"]
+            met[f"{v}_auc"] = row["auc_minus_a"] >= -GOALS["auc_within"]  # within 0.002 below, or above
+    if "b_hashed" in table:
+        met["b_loop_cpu"] = table["b_hashed"]["loop_cpu_vs_a"] >= GOALS["b_loop_cpu"]
+    return met
+
+
 def main() -> int:
-    parser = harness.parser(__doc__, rounds=None)
+    parser = harness.parser(__doc__, rounds=2, workdir="vs_torchrec")
     parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=sorted(VARIANTS))
-    parser.add_argument("--workdir", default=str(ROOT / "var/bench/vs_torchrec"))
     parser.add_argument("--torchrec_child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--input_child", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    work = Path(args.workdir)
+    work = args.workdir
     if args.input_child:
         print(json.dumps(input_child(work, args.input_child)))
         return 0
@@ -320,116 +364,33 @@ def main() -> int:
         print(json.dumps(torchrec_child(work)))
         return 0
     from bench.criteo_data import prepare
-    from bench.results import write_results
 
     python = install()
     prepare(args.rows, 1, work, 100_000, holdout_percent=10)
-    vocab = vocabularies(work / "features" / f"ds={DS}")
-    train_rows = None
+    vocab, rows = vocabularies(work / "features" / f"ds={DS}")
     print(f"{args.rows:,} rows, 10 % held out; {sum(vocab.values()):,} ids in the training rows", flush=True)
-    rounds: list[dict] = []
-    for attempt in range(args.repeat):
-        figures = {}
-        for variant in args.variants:
-            log = work / "logs" / f"{variant}-{attempt}.log"
-            if variant == "a_torchrec":
-                measured, loop = run_torchrec(python, work, log)
-                train_rows = loop["rows"]
-            else:
-                measured, loop = run_recpipe(work, vocab, variant, log)
-            figures[variant] = (measured, loop)
+    names = ["a_torchrec", *(v for v in args.variants if v != "a_torchrec")]
+    runs = harness.alternate({v: variant(v, python, work, vocab, rows) for v in names}, args.rounds)
+    table = figures(runs, rows)
+    columns = {"examples_per_sec": "ex/s", "wall_vs_a": "x (a)", "per_loop_cpu_s": "ex/CPU-s loop",
+               "loop_cpu_vs_a": "x (a)", "per_process_cpu_s": "ex/CPU-s proc", "auc": "AUC",
+               "auc_minus_a": "- (a)", "peak_rss_mb": "RSS MiB", "rss_vs_a": "x (a)"}  # fmt: skip
+    print(harness.table(table, columns))
+    print(f"medians of {args.rounds} alternating rounds; x (a): the median of the rounds' ratios to (a)")
+    for name, row in table.items():
+        if p := row["phases"]:
             print(
-                f"round {attempt + 1} {VARIANTS[variant]:46s} {loop['examples_per_sec']:8,.0f} ex/s, "
-                f"loop {loop['loop_cpu_s']:6.1f} CPU-s, process {measured.cpu_s:6.1f} CPU-s, "
-                f"AUC {loop['auc']:.4f}, peak RSS {measured.peak_rss_mb:,.0f} MiB",
-                flush=True,
-            )
-        rounds.append(figures)
-    rows = train_rows or int(args.rows * 0.9)
-    print(
-        f"\n{'':48s} {'ex/s':>8s} {'x (a)':>6s} {'ex/CPU-s loop':>13s} {'x (a)':>6s} {'ex/CPU-s proc':>13s}"
-        f" {'x (a)':>6s} {'AUC':>7s} {'- (a)':>7s} {'RSS MiB':>8s} {'x (a)':>6s}"
-    )
-    table = {}
-    for variant in args.variants:
-
-        def mean(fn, v=variant):
-            return sum(fn(r[v]) for r in rounds) / len(rounds)
-
-        def ratio(fn, v=variant):
-            if "a_torchrec" not in args.variants:
-                return float("nan")
-            return sum(fn(r[v]) / fn(r["a_torchrec"]) for r in rounds) / len(rounds)
-
-        wall = lambda f: f[1]["examples_per_sec"]  # noqa: E731
-        loop_cpu = lambda f: rows / f[1]["loop_cpu_s"]  # noqa: E731
-        proc_cpu = lambda f: rows / f[0].cpu_s  # noqa: E731
-        auc = lambda f: f[1]["auc"]  # noqa: E731
-        rss = lambda f: f[0].peak_rss_mb  # noqa: E731
-        gap = mean(auc) - (mean(auc, "a_torchrec") if "a_torchrec" in args.variants else float("nan"))
-        print(
-            f"{VARIANTS[variant]:48s} {mean(wall):8,.0f} {ratio(wall):6.2f} {mean(loop_cpu):13,.0f} "
-            f"{ratio(loop_cpu):6.2f} {mean(proc_cpu):13,.0f} {ratio(proc_cpu):6.2f} {mean(auc):7.4f} "
-            f"{gap:+7.4f} {mean(rss):8,.0f} {ratio(rss):6.2f}"
-        )
-        table[variant] = {
-            "label": VARIANTS[variant],
-            "examples_per_sec": mean(wall),
-            "wall_vs_a": ratio(wall),
-            "per_loop_cpu_s": mean(loop_cpu),
-            "loop_cpu_vs_a": ratio(loop_cpu),
-            "per_process_cpu_s": mean(proc_cpu),
-            "process_cpu_vs_a": ratio(proc_cpu),
-            "auc": mean(auc),
-            "auc_minus_a": gap,
-            "loop_cores": mean(wall) / mean(loop_cpu),  # CPU-s per wall second of the loop
-            "step_cpu_ms": 1e3 * BATCH / mean(loop_cpu),  # a batch's CPU-ms, the loop's mean
-            "peak_rss_mb": mean(rss),
-            "rss_vs_a": ratio(rss),
-            "phases": rounds[-1][variant][1].get("phases") if variant != "a_torchrec" else None,
-        }
-    print("ratios are each round's variant over (a) of the same round, averaged over the rounds")
-    print("\nrecpipe's step by phase (last round): first step (tracing + first run), later steps, graph ops")
-    for variant in args.variants:
-        p = rounds[-1][variant][1].get("phases") if variant != "a_torchrec" else None
-        if p:
-            print(
-                f"{VARIANTS[variant]:48s} first {p['first_step_s']:6.2f} s "
-                f"({p['first_step_cpu_s']:.2f} CPU-s), "
-                f"then {p['step_ms']:6.2f} ms a step ({p['step_cpu_ms']:.2f} CPU-ms), {p['step_ops']:,} ops"
+                f"{name}: first step {p['first_step_s']:.2f} s ({p['first_step_cpu_s']:.2f} CPU-s), "
+                f"then {p['step_ms']:.2f} ms a step ({p['step_cpu_ms']:.2f} CPU-ms), {p['step_ops']:,} ops"
             )
     pipe = run_input(work, vocab, work / "logs" / "input.log")
-    print(
-        f"input pipeline alone (Parquet -> batches, no model): {pipe['examples_per_sec']:,.0f} ex/s, "
-        f"{pipe['examples_per_cpu_s']:,.0f} ex/CPU-s"
-    )
-    goals = {"c_wall": 1.2, "c_loop_cpu": 1.5, "auc_within": 0.002, "b_loop_cpu": 1.6, "rss": 1.5}
-    print(
-        f"goals: (c) >= {goals['c_wall']}x (a) by wall and {goals['c_loop_cpu']}x by loop CPU-s at an AUC "
-        f"within {goals['auc_within']}; (b) >= {goals['b_loop_cpu']}x (a) by loop CPU-s; peak RSS <= "
-        f"{goals['rss']}x (a)"
-    )
-    if {"a_torchrec", "b_hashed", "c_online"} <= set(table):
-        b, c = table["b_hashed"], table["c_online"]
-        goals["met"] = {
-            "c_wall": c["wall_vs_a"] >= goals["c_wall"],
-            "c_loop_cpu": c["loop_cpu_vs_a"] >= goals["c_loop_cpu"],
-            "c_auc": c["auc_minus_a"] >= -goals["auc_within"],  # within 0.002 below, or above
-            "b_loop_cpu": b["loop_cpu_vs_a"] >= goals["b_loop_cpu"],
-            "rss": all(v["rss_vs_a"] <= goals["rss"] for v in table.values()),
-        }
-        if "e_online_bf16" in table:  # (c)'s goals, met with bfloat16 products?
-            e = table["e_online_bf16"]
-            goals["met"] |= {
-                "e_wall": e["wall_vs_a"] >= goals["c_wall"],
-                "e_loop_cpu": e["loop_cpu_vs_a"] >= goals["c_loop_cpu"],
-                "e_auc": e["auc_minus_a"] >= -goals["auc_within"],
-            }
-        print("met:", goals["met"])
-        doc = {"rows": args.rows, "train_rows": rows, "ids": sum(vocab.values()), "rounds": len(rounds)}
-        pipe["cpu_ms_per_batch"] = 1e3 * BATCH / pipe["examples_per_cpu_s"]
-        doc.update(variants=table, input_pipeline=pipe, goals=goals)
-        print(f"-> {write_results('vs_torchrec', doc).relative_to(ROOT)}")
+    pipe["cpu_ms_per_batch"] = 1e3 * BATCH / pipe["examples_per_cpu_s"]
+    print(f"input pipeline alone (Parquet -> batches): {pipe['examples_per_sec']:,.0f} ex/s, "
+          f"{pipe['examples_per_cpu_s']:,.0f} ex/CPU-s")  # fmt: skip
+    goals = {**GOALS, "met": goals_met(table)}
+    print("goals:", goals)
+    doc = {"rows": args.rows, "train_rows": rows, "ids": sum(vocab.values()), "rounds": args.rounds}
+    harness.finish("vs_torchrec", {**doc, "variants": table, "input_pipeline": pipe, "goals": goals})
     return 0
 
 

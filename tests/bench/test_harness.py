@@ -28,6 +28,10 @@ def test_medians_over_rounds_and_ratios_within_each_round():
     assert out["variants"]["new"] == {"wall_s": 1.0, "cpu_s": 2.0}
     # each round's ratio first (0.5, 1.0, 0.5), then their median; not 1.0 / 2.0 of the medians
     assert out["vs_ref"] == {"new": {"wall_s": 0.5, "cpu_s": 1.0}}
+    assert harness.ratio(runs, "new", "ref", "cpu_s") == 1.0
+    # differences as ratios: each round's first (-1, 1, 0), then their median
+    assert harness.difference(runs, "new", "ref", "cpu_s") == 0.0
+    assert harness.difference(runs, "new", "ref", "wall_s") == -0.5
 
 
 # burns 0.6 CPU-s when told to, then says so

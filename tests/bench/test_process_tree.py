@@ -6,7 +6,9 @@ from __future__ import annotations
 import sys
 import textwrap
 
-from bench.process_tree import last_json, run
+import pytest
+
+from bench.process_tree import checked, last_json, run
 
 # a child that allocates 300 MiB and burns 1.5 CPU-s, started and never waited for: it ends
 # before the root, which never reaps it
@@ -42,3 +44,11 @@ def test_cpu_and_memory_of_a_child_the_root_never_waits_for_are_counted(tmp_path
 def test_last_json_takes_the_last_object_line():
     assert last_json('log\n{"a": 1}\nnoise {\n{"b": 2}\ntrailing') == {"b": 2}
     assert last_json("no json here") == {}
+
+
+def test_a_failed_command_ends_the_bench_naming_it_and_its_log(tmp_path):
+    log = tmp_path / "step.log"
+    code = "import sys; print('the reason'); sys.exit(3)"
+    with pytest.raises(SystemExit, match=r"(?s)the step failed \(3\), see .*step.log:\nthe reason"):
+        checked([sys.executable, "-c", code], log, "the step")
+    assert checked([sys.executable, "-c", "print('{\"rows\": 2}')"], log, "ok").result == {"rows": 2}
