@@ -26,7 +26,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import time
 from datetime import date, timedelta
 from pathlib import Path
 
@@ -34,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import harness  # noqa: E402
+from bench.process_tree import checked  # noqa: E402
 
 RECPIPE = [sys.executable, "-m", "cli"]
 FIRST = date(1997, 9, 20)
@@ -70,15 +70,8 @@ def train(
         f"--train_ds={train_ds}", f"--eval_ds={eval_ds}", "--edit_config_json", json.dumps(edits),
     ]  # fmt: skip
     shutil.rmtree(model_dir, ignore_errors=True)
-    model_dir.parent.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
-    with open(model_dir.parent / f"{model_dir.name}.log", "w") as log:
-        proc = subprocess.run(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True)
-    if proc.returncode:
-        raise SystemExit(f"recpipe train {train_ds} failed, see {log.name}")
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    result["wall_s"] = time.perf_counter() - start
-    return result
+    m = checked(argv, model_dir.parent / f"{model_dir.name}.log", f"recpipe train {train_ds}", cwd=ROOT)
+    return {**m.result, "wall_s": m.wall_s}
 
 
 def compare(xs: list[dict], ys: list[dict]) -> tuple[float, float, float, float, str]:

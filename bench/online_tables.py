@@ -25,7 +25,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import time
 from datetime import date, timedelta
 from pathlib import Path
 
@@ -33,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import harness  # noqa: E402
+from bench.process_tree import checked  # noqa: E402
 
 RECPIPE = [sys.executable, "-m", "cli"]
 DIM = 16
@@ -65,46 +65,15 @@ def run_day(
     variant: str, ds: str, next_ds: str, model_dir: Path, previous: Path | None, config: Path
 ) -> dict:
     """One ``recpipe train`` process: train ``ds`` (fine-tuning from ``previous``), evaluate
-    ``next_ds``; return its result line with its peak RSS (MiB)."""
+    ``next_ds``; return its result line with its peak RSS (MiB, ``bench.process_tree``)."""
     extra = {"train_config.fine_tune_checkpoint": str(previous)} if previous else {}
+    edit = json.dumps({**edits(variant), **extra})
     argv = [
-        *RECPIPE,
-        "train",
-        "--pipeline_config_path",
-        str(config),
-        "--model_dir",
-        str(model_dir),
-        f"--train_ds={ds}",
-        f"--eval_ds={next_ds}",
-        "--edit_config_json",
-        json.dumps({**edits(variant), **extra}),
-    ]
-    log = model_dir.parent / f"{model_dir.name}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with (
-        log.open("w") as err,
-        subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True) as proc,
-    ):
-        peak = 0
-        while proc.poll() is None:  # VmHWM: the process's peak RSS so far
-            peak = max(peak, _status_kib(proc.pid, "VmHWM"))
-            time.sleep(0.2)
-        out = proc.stdout.read()
-    if proc.returncode != 0:
-        raise SystemExit(f"{variant} {ds} failed, see {log}")
-    result = json.loads(out.strip().splitlines()[-1])
-    result["peak_rss_mib"] = peak / 1024
-    return result
-
-
-def _status_kib(pid: int, field: str) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
+        *RECPIPE, "train", "--pipeline_config_path", str(config), "--model_dir", str(model_dir),
+        f"--train_ds={ds}", f"--eval_ds={next_ds}", "--edit_config_json", edit,
+    ]  # fmt: skip
+    measured = checked(argv, model_dir.parent / f"{model_dir.name}.log", f"{variant} {ds}", cwd=ROOT)
+    return {**measured.result, "peak_rss_mib": measured.peak_rss_mb}
 
 
 def table_figures(result: dict, table: str) -> dict:

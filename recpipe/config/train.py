@@ -259,9 +259,10 @@ class TrainConfig(Section):
     by default: on 2 cores the step already keeps them busy (docs/benchmarks.md)."""
     fused_kernels: bool = True
     """The embedding tables' row-wise optimizer updates (``lazy_adam_optimizer``,
-    ``adagrad_optimizer``, ``ftrl_optimizer``) and the online tables' training lookups and
-    their gradients in recpipe's C++ kernels (``trainer/kernels``, built by ``make setup``):
-    one op a table and step each, over the intra-op threads, with the stock ops' results.
+    ``adagrad_optimizer``, ``ftrl_optimizer``), the online tables' training lookups and
+    their gradients, and their growth in recpipe's C++ kernels (``trainer/kernels``, built by
+    ``make setup``): one op a table and step each, over the intra-op threads, with the stock
+    ops' results.
     Serving signatures keep the stock ops. False: TensorFlow's stock ops, the reference the
     kernels are tested against."""
     op_determinism: bool = True

@@ -1,7 +1,7 @@
 """trainer.kernels: the C++ row-wise optimizer updates give the stock ops' weights and slots,
 step for step (to the last bits of rounding), on tables that grow between steps; the online
-tables' fused lookup gives the stock ops' rows and gradient, bit for bit; bad indices and a
-missing library are refused with the reason."""
+tables' fused lookup gives the stock ops' rows and gradient, bit for bit, and their growth
+the stock pad's rows; bad indices and a missing library are refused with the reason."""
 
 from __future__ import annotations
 
@@ -169,6 +169,47 @@ def test_a_value_read_before_the_update_keeps_what_it_read():
     kernels.sparse_apply_adam(table, m, v, tf.constant([1], tf.int64), tf.ones((1, 2)), 0.1, 0.9, 0.999, 1e-7)
     np.testing.assert_array_equal(before.numpy(), np.ones((3, 2)))
     assert table.numpy()[1, 0] < 1.0 and table.numpy()[0, 0] == 1.0
+
+
+@settings(max_examples=30)
+@given(
+    rows=st.lists(st.integers(1, 12), min_size=1, max_size=4),
+    dim=st.integers(1, 5),
+    target=st.integers(0, 20),
+    traced=st.booleans(),
+)
+def test_growth_extends_every_variable_at_its_fill_as_the_stock_pad_does(rows, dim, target, traced):
+    # an online table's row variables: float32 weights [rows, dim], int64 state [rows]
+    rng = np.random.default_rng(target)
+    variables, expect = [], []
+    for i, n in enumerate(rows):
+        fill = [-1, 0.5, 0, 3][i % 4]
+        start = rng.normal(size=(n, dim)).astype(np.float32) if i % 2 else rng.integers(0, 9, n)
+        variables.append(tf.Variable(start, shape=tf.TensorShape([None, *start.shape[1:]])))
+        extra = max(0, target - n)
+        pad = np.full((extra, *start.shape[1:]), fill, start.dtype)
+        expect.append((np.concatenate([start, pad]), fill))
+    fills = [f for _, f in expect]
+
+    def grow() -> None:
+        kernels.grow_rows(variables, fills, tf.constant(target, tf.int64))
+
+    before = variables[0].read_value()
+    (tf.function(grow, autograph=False) if traced else grow)()
+    for var, (want, _) in zip(variables, expect, strict=True):
+        assert var.dtype == tf.as_dtype(want.dtype)
+        np.testing.assert_array_equal(var.numpy(), want)  # a longer variable is left as it is
+    assert before.shape[0] == rows[0]  # a value read before keeps its rows
+
+
+def test_growth_refuses_an_unsupported_dtype_or_fills_of_another_length():
+    strings = tf.Variable(["a"], shape=tf.TensorShape([None]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="string rows are not supported"):
+        kernels.grow_rows([strings], [0], 3)
+    table = _table(np.ones((2, 2), np.float32))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="1 variables but 2 fill values"):
+        kernels.ops().recpipe_grow_rows([table.handle], tf.constant(3, tf.int64), fills=[0.0, 1.0])
+    np.testing.assert_array_equal(table.numpy(), np.ones((2, 2)))
 
 
 def test_a_missing_library_is_one_clear_error(tmp_path):

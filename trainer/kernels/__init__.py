@@ -5,8 +5,9 @@
 The row-wise optimizer updates of embedding tables (``trainer.sparse_optimizers``) run in one
 kernel each, in place, over TensorFlow's intra-op threads: LazyAdam, tf-keras' Adagrad and
 FTRL-Proximal; an online table's training lookup and its gradient in one kernel each
-(``gather_rows``). ``train_config.fused_kernels: false`` keeps the stock TensorFlow ops, the
-reference the kernels are tested against (``tests/trainer/test_kernels.py``).
+(``gather_rows``); its growth in one (``grow_rows``). ``train_config.fused_kernels: false``
+keeps the stock TensorFlow ops, the reference the kernels are tested against
+(``tests/trainer/test_kernels.py``).
 """
 
 from __future__ import annotations
@@ -86,6 +87,20 @@ def sparse_apply_ftrl(var, accumulator, linear, indices, grad, lr, l1, l2, l2_sh
         var.handle, accumulator.handle, linear.handle, tf.cast(indices, tf.int64), grad,
         _f32(lr), _f32(l1), _f32(l2), _f32(l2_shrinkage), _f32(lr_power),
     )  # fmt: skip
+
+
+def grow_rows(variables: list, fills: list, rows) -> tf.Operation:
+    """An online table's growth: each of ``variables`` (resource variables with one entry a
+    row: float32, int64 or int32 ``[rows_now, ...]``) extended in place to ``rows`` (``int64
+    []``) rows, the new rows at its entry of ``fills``; a variable already that long is left
+    as it is. One variable at a time: the transient is one variable's old and new buffer.
+
+    Raises:
+        tf.errors.InvalidArgumentError: another dtype, a scalar variable, or ``fills`` of
+            another length.
+    """
+    handles = [v.handle for v in variables]
+    return ops().recpipe_grow_rows(handles, tf.cast(rows, tf.int64), fills=[float(f) for f in fills])
 
 
 def gather_rows(weights, slots, index) -> tf.Tensor:

@@ -382,12 +382,14 @@ class EmbeddingVariable:
         self.free_top.assign_sub(m)
         return targets, victims
 
-    @staticmethod
-    def _padded(variables: list[tuple[tf.Variable, object]], rows: tf.Tensor) -> list:
+    def _padded(self, variables: list[tuple[tf.Variable, object]], rows: tf.Tensor) -> list:
         """Extend each of ``variables`` (``(variable, fill)``) to ``rows`` rows at its fill,
         one variable at a time: the old and new buffers of all of them at once would be a
         transient of 3x the rows' memory (the job's peak RSS), one at a time it is one
-        variable's. Returns the last assignment (for control dependencies)."""
+        variable's. With ``fused_kernels`` in one op (``trainer.kernels.grow_rows``). Returns
+        the last assignment (for control dependencies)."""
+        if self.clock.fused_kernels:
+            return [kernels.grow_rows([v for v, _ in variables], [f for _, f in variables], rows)]
         done: list = []
         for var, fill in variables:
             with tf.control_dependencies(done):
@@ -402,6 +404,9 @@ class EmbeddingVariable:
         """Extend the weights and optimizer slots to the rows the state has (``capacity``),
         when ``_grow_state`` extended it."""
         cap = self.capacity()
+        if self.clock.fused_kernels:  # the kernel leaves variables that long as they are
+            self._padded(self._weights_grown, cap)
+            return tf.no_op()
         first = self._weights_grown[0][0]
         tf.cond(rows_of(first) < cap, lambda: self._padded(self._weights_grown, cap) and tf.no_op(), tf.no_op)
         return tf.no_op()

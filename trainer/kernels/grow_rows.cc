@@ -1,0 +1,99 @@
+// An online table's growth in one kernel: every variable with one entry per row (the rows'
+// state, weights and optimizer slots) extended in place to `rows` rows, the new rows at each
+// variable's fill value. The stock path pads and assigns each variable (a pad, an assignment
+// and their shape ops apiece, in a branch the traced step carries); this kernel is one op.
+// Variables are extended one at a time, so the transient is one variable's old and new buffer.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/resource_var.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace recpipe {
+namespace {
+
+using tensorflow::DEVICE_CPU;
+using tensorflow::OpKernel;
+using tensorflow::OpKernelConstruction;
+using tensorflow::OpKernelContext;
+using tensorflow::Tensor;
+using tensorflow::TensorShape;
+using tensorflow::Var;
+using tensorflow::errors::FailedPrecondition;
+using tensorflow::errors::InvalidArgument;
+
+template <typename T>
+void Extend(const Tensor& old, Tensor* grown, double fill) {
+  const int64_t kept = old.NumElements();
+  T* out = grown->flat<T>().data();
+  if (kept > 0) std::memcpy(out, old.flat<T>().data(), kept * sizeof(T));
+  std::fill(out + kept, out + grown->NumElements(), static_cast<T>(fill));
+}
+
+class GrowRows : public OpKernel {
+ public:
+  explicit GrowRows(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("fills", &fills_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const int n = ctx->num_inputs() - 1;
+    OP_REQUIRES(ctx, static_cast<int>(fills_.size()) == n,
+                InvalidArgument(n, " variables but ", fills_.size(), " fill values"));
+    const Tensor& rows_in = ctx->input(n);
+    OP_REQUIRES(ctx, rows_in.dims() == 0, InvalidArgument("rows must be a scalar"));
+    const int64_t rows = rows_in.scalar<int64_t>()();
+    for (int i = 0; i < n; ++i) {
+      Var* var = nullptr;
+      OP_REQUIRES_OK(ctx, tensorflow::LookupResource(ctx, tensorflow::HandleFromInput(ctx, i), &var));
+      tensorflow::core::ScopedUnref unref(var);
+      tensorflow::mutex_lock lock(*var->mu());
+      OP_REQUIRES(ctx, var->is_initialized, FailedPrecondition("variable ", i, " is not initialized"));
+      const Tensor old = *var->tensor();
+      OP_REQUIRES(ctx, old.dims() >= 1, InvalidArgument("variable ", i, " has no rows: ", old.shape().DebugString()));
+      if (old.dim_size(0) >= rows) continue;
+      TensorShape shape = old.shape();
+      shape.set_dim(0, rows);
+      Tensor grown;
+      OP_REQUIRES_OK(ctx, ctx->allocate_temp(old.dtype(), shape, &grown));
+      switch (old.dtype()) {
+        case tensorflow::DT_FLOAT:
+          Extend<float>(old, &grown, fills_[i]);
+          break;
+        case tensorflow::DT_INT64:
+          Extend<int64_t>(old, &grown, fills_[i]);
+          break;
+        case tensorflow::DT_INT32:
+          Extend<int32_t>(old, &grown, fills_[i]);
+          break;
+        default:
+          ctx->CtxFailure(__FILE__, __LINE__,
+                          InvalidArgument("variable ", i, ": ", tensorflow::DataTypeString(old.dtype()),
+                                          " rows are not supported (float32, int64, int32)"));
+          return;
+      }
+      *var->tensor() = grown;
+    }
+  }
+
+ private:
+  std::vector<float> fills_;
+};
+
+}  // namespace
+
+REGISTER_OP("RecpipeGrowRows")
+    .Input("variables: N * resource")
+    .Input("rows: int64")
+    .Attr("N: int >= 1")
+    .Attr("fills: list(float)")
+    .SetIsStateful()
+    .SetShapeFn(tensorflow::shape_inference::NoOutputs)
+    .Doc("Extend each variable in place to `rows` rows (none shorter), new rows at its fill value.");
+REGISTER_KERNEL_BUILDER(Name("RecpipeGrowRows").Device(DEVICE_CPU), GrowRows);
+
+}  // namespace recpipe
