@@ -16,63 +16,55 @@
 namespace recpipe {
 namespace {
 
-using tensorflow::DEVICE_CPU;
-using tensorflow::OpKernel;
-using tensorflow::OpKernelConstruction;
-using tensorflow::OpKernelContext;
-using tensorflow::Tensor;
-using tensorflow::TensorShape;
-using tensorflow::Var;
-using tensorflow::errors::FailedPrecondition;
-using tensorflow::errors::InvalidArgument;
+namespace tf = ::tensorflow;
 
 template <typename T>
-void Extend(const Tensor& old, Tensor* grown, double fill) {
+void Extend(const tf::Tensor& old, tf::Tensor* grown, double fill) {
   const int64_t kept = old.NumElements();
   T* out = grown->flat<T>().data();
   if (kept > 0) std::memcpy(out, old.flat<T>().data(), kept * sizeof(T));
   std::fill(out + kept, out + grown->NumElements(), static_cast<T>(fill));
 }
 
-class GrowRows : public OpKernel {
+class GrowRows : public tf::OpKernel {
  public:
-  explicit GrowRows(OpKernelConstruction* ctx) : OpKernel(ctx) {
+  explicit GrowRows(tf::OpKernelConstruction* ctx) : tf::OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("fills", &fills_));
   }
 
-  void Compute(OpKernelContext* ctx) override {
+  void Compute(tf::OpKernelContext* ctx) override {
     const int n = ctx->num_inputs() - 1;
     OP_REQUIRES(ctx, static_cast<int>(fills_.size()) == n,
-                InvalidArgument(n, " variables but ", fills_.size(), " fill values"));
-    const Tensor& rows_in = ctx->input(n);
-    OP_REQUIRES(ctx, rows_in.dims() == 0, InvalidArgument("rows must be a scalar"));
+                tf::errors::InvalidArgument(n, " variables but ", fills_.size(), " fill values"));
+    const tf::Tensor& rows_in = ctx->input(n);
+    OP_REQUIRES(ctx, rows_in.dims() == 0, tf::errors::InvalidArgument("rows must be a scalar"));
     const int64_t rows = rows_in.scalar<int64_t>()();
     for (int i = 0; i < n; ++i) {
-      Var* var = nullptr;
-      OP_REQUIRES_OK(ctx, tensorflow::LookupResource(ctx, tensorflow::HandleFromInput(ctx, i), &var));
-      tensorflow::core::ScopedUnref unref(var);
-      tensorflow::mutex_lock lock(*var->mu());
-      OP_REQUIRES(ctx, var->is_initialized, FailedPrecondition("variable ", i, " is not initialized"));
-      const Tensor old = *var->tensor();
-      OP_REQUIRES(ctx, old.dims() >= 1, InvalidArgument("variable ", i, " has no rows: ", old.shape().DebugString()));
+      tf::Var* var = nullptr;
+      OP_REQUIRES_OK(ctx, tf::LookupResource(ctx, tf::HandleFromInput(ctx, i), &var));
+      tf::core::ScopedUnref unref(var);
+      tf::mutex_lock lock(*var->mu());
+      OP_REQUIRES(ctx, var->is_initialized, tf::errors::FailedPrecondition("variable ", i, " is not initialized"));
+      const tf::Tensor old = *var->tensor();
+      OP_REQUIRES(ctx, old.dims() >= 1, tf::errors::InvalidArgument("variable ", i, " has no rows: ", old.shape().DebugString()));
       if (old.dim_size(0) >= rows) continue;
-      TensorShape shape = old.shape();
+      tf::TensorShape shape = old.shape();
       shape.set_dim(0, rows);
-      Tensor grown;
+      tf::Tensor grown;
       OP_REQUIRES_OK(ctx, ctx->allocate_temp(old.dtype(), shape, &grown));
       switch (old.dtype()) {
-        case tensorflow::DT_FLOAT:
+        case tf::DT_FLOAT:
           Extend<float>(old, &grown, fills_[i]);
           break;
-        case tensorflow::DT_INT64:
+        case tf::DT_INT64:
           Extend<int64_t>(old, &grown, fills_[i]);
           break;
-        case tensorflow::DT_INT32:
+        case tf::DT_INT32:
           Extend<int32_t>(old, &grown, fills_[i]);
           break;
         default:
           ctx->CtxFailure(__FILE__, __LINE__,
-                          InvalidArgument("variable ", i, ": ", tensorflow::DataTypeString(old.dtype()),
+                          tf::errors::InvalidArgument("variable ", i, ": ", tf::DataTypeString(old.dtype()),
                                           " rows are not supported (float32, int64, int32)"));
           return;
       }
@@ -92,8 +84,8 @@ REGISTER_OP("RecpipeGrowRows")
     .Attr("N: int >= 1")
     .Attr("fills: list(float)")
     .SetIsStateful()
-    .SetShapeFn(tensorflow::shape_inference::NoOutputs)
+    .SetShapeFn(tf::shape_inference::NoOutputs)
     .Doc("Extend each variable in place to `rows` rows (none shorter), new rows at its fill value.");
-REGISTER_KERNEL_BUILDER(Name("RecpipeGrowRows").Device(DEVICE_CPU), GrowRows);
+REGISTER_KERNEL_BUILDER(Name("RecpipeGrowRows").Device(tf::DEVICE_CPU), GrowRows);
 
 }  // namespace recpipe
