@@ -135,7 +135,7 @@ def variant(name: str, python: Path, work: Path, vocab: dict[str, int], rows: in
     """One run of a variant in its own process, measured whole (``bench.process_tree``): the
     loop's examples per wall second and per CPU-second, the process's per CPU-second, held-out
     AUC, peak RSS and, for recpipe, the step's phases."""
-    from bench.process_tree import run
+    from bench.process_tree import checked
 
     def once() -> dict:
         log = work / "logs" / f"{name}.log"
@@ -149,9 +149,7 @@ def variant(name: str, python: Path, work: Path, vocab: dict[str, int], rows: in
                 "--edit_config_json", json.dumps(recpipe_edits(work, vocab, name)),
                 "--model_dir", str(model_dir), f"--train_ds={DS}", f"--eval_ds={DS}",
             ]  # fmt: skip
-        measured = run(argv, log)
-        if measured.returncode:
-            raise SystemExit(f"{name} failed, see {log}:\n{log.read_text()[-3000:]}")
+        measured = checked(argv, log, name)
         r = measured.result
         auc = r["auc"] if name == "a_torchrec" else r["eval"]["auc"]
         loop_cpu_s = r.get("loop_cpu_s") or r["cpu_seconds"]
@@ -180,13 +178,11 @@ def input_child(work: Path, edits: str) -> dict:
 
 
 def run_input(work: Path, vocab: dict[str, int], log: Path) -> dict:
-    from bench.process_tree import run
+    from bench.process_tree import checked
 
     edits = json.dumps(recpipe_edits(work, vocab, "c_online"))
-    measured = run([sys.executable, __file__, "--input_child", edits, "--workdir", str(work)], log)
-    if measured.returncode:
-        raise SystemExit(f"the input pipeline failed, see {log}:\n{log.read_text()[-3000:]}")
-    return measured.result
+    argv = [sys.executable, __file__, "--input_child", edits, "--workdir", str(work)]
+    return checked(argv, log, "the input pipeline").result
 
 
 # --- (a), in the TorchRec environment (numpy, pyarrow and torch only) -------------------
