@@ -17,9 +17,7 @@ variant gave bit-identical loss and AUC; written to ``bench/results/determinism.
 
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -28,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench import harness  # noqa: E402
 from bench.criteo_data import CONFIG, bench_edits, days, prepare  # noqa: E402
+from bench.process_tree import checked, recpipe  # noqa: E402
 
 VARIANTS = {"(a) op_determinism off": False, "(b) op_determinism on": True}
 KEYS = {"(a) op_determinism off": "off", "(b) op_determinism on": "on"}  # in the results file
@@ -38,13 +37,9 @@ def run(work: Path, buckets: int, model_dir: Path, deterministic: bool) -> dict:
     first, second = days(2)
     edits = {**bench_edits(work, buckets), "train_config.op_determinism": deterministic}
     shutil.rmtree(model_dir, ignore_errors=True)
-    argv = [sys.executable, "-m", "cli", "train", "--pipeline_config_path", str(CONFIG)]
-    argv += ["--model_dir", str(model_dir), f"--train_ds={first}", f"--eval_ds={second}"]
-    argv += ["--edit_config_json", json.dumps(edits)]
-    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"recpipe train failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    argv = recpipe("train", "--model_dir", str(model_dir), f"--train_ds={first}", f"--eval_ds={second}",
+                   config=CONFIG, edits=edits)  # fmt: skip
+    return checked(argv, model_dir.parent / "train.log", "recpipe train").result
 
 
 def main() -> int:

@@ -8,7 +8,9 @@ of the product around it.
 - ``spark_csv_to_parquet``: feature preparation (``bench/feature_prep.py``,
   ``bench/production_day.py``): Spark reading the CSV with the typed schema and writing it;
 - ``hset_rows``: the push to Redis (``bench/push.py``, ``bench/production_day.py``): a bare
-  pipelined ``HSET`` a row, no lock, fencing or script.
+  pipelined ``HSET`` a row, no lock, fencing or script;
+- ``parquet_rows``: the export (``bench/production_day.py``): pyarrow writing a checkpoint's
+  tables as Parquet.
 """
 
 from __future__ import annotations
@@ -100,3 +102,37 @@ def hset_rows(client, exports, row_key: Callable[[str, int], str], batch: int = 
                 n += 1
     pipe.execute()
     return n
+
+
+def redis_cpu_s(client) -> float:
+    """The Redis server's CPU-seconds so far (``INFO cpu``: user + system): its share of a push,
+    which the pushing process's tree does not hold."""
+    info = client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def parquet_rows(checkpoint: str, out) -> int:
+    """pyarrow writing a checkpoint's tables to ``out`` (a folder, replaced): every tensor of
+    more than 1,000 rows that is not an optimizer slot, as Parquet with its row index and the
+    rows as a fixed-size list column. Returns the bytes of the tensors written."""
+    import shutil
+    from pathlib import Path
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import tensorflow as tf
+
+    reader, out = tf.train.load_checkpoint(checkpoint), Path(out)
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    written = 0
+    for i, (name, shape) in enumerate(sorted(reader.get_variable_to_shape_map().items())):
+        if "OPTIMIZER_SLOT" in name or len(shape) != 2 or shape[0] <= 1000:
+            continue
+        values = reader.get_tensor(name)
+        column = pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1), pa.float32()), shape[1])
+        table = pa.table({"id": np.arange(shape[0], dtype=np.int64), "row": column})
+        pq.write_table(table, out / f"{i}.parquet", compression="none")
+        written += values.nbytes
+    return written

@@ -18,12 +18,13 @@ file the docs render (``bench.results``)::
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-from bench.results import ROOT, write_results
+from bench.results import FOLDER, ROOT, write_results
 
 Figures = dict[str, float]
 
@@ -151,8 +152,23 @@ def _cell(value: float) -> str:
     return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
 
 
-def finish(name: str, doc: dict) -> Path:
-    """Write ``bench/results/<name>.json`` (``bench.results.write_results``) and say where."""
+def finish(name: str, doc: dict, keep_earlier: bool = False) -> Path:
+    """Write ``bench/results/<name>.json`` (``bench.results.write_results``) and say where;
+    with ``keep_earlier``, ``doc`` merged into the file's earlier figures (``merged``: a run of
+    one size or step keeps the others')."""
+    path = FOLDER / f"{name}.json"
+    if keep_earlier and path.exists():
+        doc = merged(json.loads(path.read_text()), doc)
     path = write_results(name, doc)
     print(f"-> {path.relative_to(ROOT)}")
     return path
+
+
+def merged(earlier: dict, new: dict) -> dict:
+    """``earlier`` updated by ``new``, dict by dict at every depth (a value that is not a dict
+    replaces the earlier one; keys ``new`` lacks are kept)."""
+    out = dict(earlier)
+    for key, value in new.items():
+        old = out.get(key)
+        out[key] = merged(old, value) if isinstance(value, dict) and isinstance(old, dict) else value
+    return out

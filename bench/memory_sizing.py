@@ -12,7 +12,6 @@ section renders it.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -24,7 +23,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from bench import harness  # noqa: E402
 from bench.criteo_data import CONFIG, LAZY, START, bench_edits, prepare  # noqa: E402
-from bench.process_tree import checked  # noqa: E402
+from bench.process_tree import checked, recpipe  # noqa: E402
 from bench.production_day import variables_mb  # noqa: E402
 
 
@@ -41,9 +40,8 @@ def main() -> int:
         shutil.rmtree(model_dir, ignore_errors=True)
         edits = {**bench_edits(work, buckets), "train_config.optimizer_config": [LAZY]}
         edits["data_config.holdout_percent"] = 10
-        argv = [sys.executable, "-m", "cli", "train", "--pipeline_config_path", str(CONFIG),
-                "--edit_config_json", json.dumps(edits), "--model_dir", str(model_dir),
-                f"--train_ds={START}", f"--eval_ds={START}", "--skip_eval"]  # fmt: skip
+        argv = recpipe("train", "--model_dir", str(model_dir), f"--train_ds={START}", f"--eval_ds={START}",
+                       "--skip_eval", config=CONFIG, edits=edits)  # fmt: skip
         m = checked(argv, work / "logs" / f"train-{buckets}.log", f"train with {buckets} rows a table")
         var = variables_mb(model_dir)
         sizes[str(buckets)] = {

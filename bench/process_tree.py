@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -69,6 +70,17 @@ class _Sampler(threading.Thread):
                 continue
         self.alive = alive
         self.peak = max(self.peak, rss)
+
+
+def recpipe(verb: str, *args: str, config: Path | None = None, edits: dict | None = None) -> list[str]:
+    """The argv of ``recpipe <verb>`` run by this Python (``python -m cli``): ``config`` as
+    ``--pipeline_config_path``, ``edits`` as ``--edit_config_json``, then ``args``."""
+    argv = [sys.executable, "-m", "cli", *verb.split()]
+    if config is not None:
+        argv += ["--pipeline_config_path", str(config)]
+    if edits is not None:
+        argv += ["--edit_config_json", json.dumps(edits)]
+    return [*argv, *args]
 
 
 def last_json(text: str) -> dict:

@@ -69,3 +69,16 @@ def test_the_clock_counts_a_process_beside_this_one():
         assert beside["cpu_s"] >= 0.6
     finally:
         child.communicate("")
+
+
+def test_a_run_of_one_size_keeps_the_earlier_sizes_and_replaces_what_it_measured():
+    earlier = {"sizes": {"1": {"train": {"cpu_s": 5.0, "floor": {"cpu_s": 4.0}}, "goals": {"a": 1}}}, "x": 1}
+    new = {"sizes": {"1": {"train": {"cpu_s": 6.0, "floor": None}, "goals": {"b": 2}}, "10": {"train": {}}}}
+    assert harness.merged(earlier, new) == {
+        "sizes": {
+            "1": {"train": {"cpu_s": 6.0, "floor": None}, "goals": {"a": 1, "b": 2}},
+            "10": {"train": {}},
+        },
+        "x": 1,
+    }
+    assert earlier["sizes"]["1"]["goals"] == {"a": 1}  # the earlier document is left as it was
