@@ -37,6 +37,31 @@ def bench_edits(work: Path, buckets: int) -> dict:
     return edits
 
 
+def job_edits(work: Path, buckets: int, strategy: str, batch: int, steps: int, train: dict) -> dict:
+    """``bench_edits`` for a distributed job of ``steps`` steps on day 1: ``train_distribute``
+    ``strategy``, ``batch`` rows a replica's batch, lazy Adam for the tables and Adam for the
+    rest, ``train`` as further ``train_config`` fields."""
+    return {
+        **bench_edits(work, buckets),
+        "train_ds": days(1)[0],
+        "data_config.batch_size": batch,
+        "train_config.num_steps": steps,
+        "data_config.num_epochs": 1000,  # num_steps ends the job, over as many epochs as it takes
+        "train_config.train_distribute": strategy,
+        **{f"train_config.{k}": v for k, v in train.items()},
+        "train_config.optimizer_config": [{"lazy_adam_optimizer": {}}, {"adam_optimizer": {}}],
+    }
+
+
+def steady_rate(model_dir: Path) -> float:
+    """The chief's examples per second in steady state: the mean of its logged windows
+    (``train_metrics.jsonl``) after the first, which holds tracing."""
+    import json
+
+    lines = (model_dir / "train_metrics.jsonl").read_text().splitlines()[1:]
+    return sum(json.loads(line)["examples_per_sec"] for line in lines) / len(lines)
+
+
 def prepare(rows: int, n_days: int, work: Path, buckets: int, holdout_percent: int = 0):
     """Draw ``rows`` rows over ``n_days`` days and run the Spark job on each (once; kept in
     ``work`` while ``rows``, ``n_days`` and ``holdout_percent`` stay the same). Returns the

@@ -33,13 +33,11 @@ a pass costs without the process starts, tracing and restores of a pass under Ai
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import subprocess
 import sys
 import time
-from datetime import date, timedelta
+from datetime import date
 from pathlib import Path
 
 import numpy as np
@@ -48,8 +46,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import harness  # noqa: E402
+from bench.days import day_range, features_once  # noqa: E402
+from bench.process_tree import checked, recpipe  # noqa: E402
 
-RECPIPE = [sys.executable, "-m", "cli"]
 OUT = ROOT / "var/bench/freshness"
 PASS_MINUTES = 15
 # the stream's served model synced every day, hour, pass (minutes)
@@ -67,21 +66,11 @@ def retrain_edits(name: str) -> tuple[dict, int]:
     return edits, retrain.training_window_days
 
 
-def days_from(first: str, n: int) -> list[str]:
-    start = date.fromisoformat(first)
-    return [(start + timedelta(days=i)).isoformat() for i in range(n)]
-
-
 def prepare(pipeline: Path, raw: Path, features: Path, days: list[str], extra: dict) -> dict:
-    """One ``recpipe features`` range job over ``days`` with the event time kept as a label
-    column; the effective edits."""
+    """One ``recpipe features`` job over ``days`` with the event time kept as a label column;
+    the effective edits."""
     edits = {"raw_input_path": str(raw), "train_input_path": str(features), **extra}
-    if not all((features / f"ds={d}" / "_SUCCESS").exists() for d in days):
-        argv = [
-            *RECPIPE, "features", "--pipeline_config_path", str(pipeline), *(f"--ds={d}" for d in days),
-            "--edit_config_json", json.dumps(edits), "--app_name", "bench-freshness",
-        ]  # fmt: skip
-        subprocess.run(argv, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    features_once(pipeline, days, features.parent / "features.log", edits, each_day=True)
     return edits
 
 
@@ -89,10 +78,9 @@ def movielens(n_days: int) -> tuple[Path, dict, list[str]]:
     """MovieLens-100K replayed by day from 1997-09-20: (pipeline config, edits, days)."""
     raw = OUT / "movielens/raw"
     if not (raw / "events").exists():
-        subprocess.run([*RECPIPE, "data", "fetch", "movielens-100k"], cwd=ROOT, check=True)
-        subprocess.run(
-            [*RECPIPE, "data", "replay", "movielens-100k", "--out", str(raw)], cwd=ROOT, check=True
-        )
+        checked(recpipe("data fetch", "movielens-100k"), OUT / "fetch.log", "recpipe data fetch", cwd=ROOT)
+        argv = recpipe("data replay", "movielens-100k", "--out", str(raw))
+        checked(argv, OUT / "replay.log", "recpipe data replay", cwd=ROOT)
     pipeline = ROOT / "conf/movielens_deepfm.yaml"
     # the first n_days days with ratings (a few days of the data have none)
     days = sorted(d.name[3:] for d in (raw / "events").glob("ds=*") if (d / "_SUCCESS").exists())[:n_days]
@@ -106,7 +94,7 @@ def drift(n_days: int, rows: int) -> tuple[Path, dict, list[str]]:
     from recpipe.config.loader import read_yaml
 
     raw = OUT / f"drift-{rows}/raw"
-    days = days_from("2024-01-01", n_days)
+    days = day_range("2024-01-01", n_days)
     if not all((raw / f"ds={d}" / "_SUCCESS").exists() for d in days):
         synth_drift(rows, n_days, raw, slices=1440 // PASS_MINUTES)
     pipeline = ROOT / "conf/drift_deepfm.yaml"

@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import statistics
-import subprocess
 import sys
 from datetime import date, timedelta
 from pathlib import Path
@@ -33,9 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import harness  # noqa: E402
-from bench.process_tree import checked  # noqa: E402
+from bench.days import config_copy, day_range, features_once, train_day  # noqa: E402
 
-RECPIPE = [sys.executable, "-m", "cli"]
 FIRST = date(1997, 9, 20)
 EDITS = {
     "data_config.batch_size": 64,
@@ -52,25 +49,10 @@ def constant_lr(rate: float) -> dict:
 
 
 def train(
-    config: Path,
-    model_dir: Path,
-    train_ds: str,
-    eval_ds: str,
-    previous: Path | None,
-    extra: dict | None = None,
+    config: Path, model_dir: Path, train_ds: str, eval_ds: str, previous: Path | None, extra=None
 ) -> dict:
     """One ``recpipe train`` process; its result line with the process's wall seconds."""
-    edits = {
-        **EDITS,
-        **(extra or {}),
-        **({"train_config.fine_tune_checkpoint": str(previous)} if previous else {}),
-    }
-    argv = [
-        *RECPIPE, "train", "--pipeline_config_path", str(config), "--model_dir", str(model_dir),
-        f"--train_ds={train_ds}", f"--eval_ds={eval_ds}", "--edit_config_json", json.dumps(edits),
-    ]  # fmt: skip
-    shutil.rmtree(model_dir, ignore_errors=True)
-    m = checked(argv, model_dir.parent / f"{model_dir.name}.log", f"recpipe train {train_ds}", cwd=ROOT)
+    m = train_day(config, model_dir, train_ds, eval_ds, {**EDITS, **(extra or {})}, previous)
     return {**m.result, "wall_s": m.wall_s}
 
 
@@ -107,25 +89,13 @@ def main() -> int:
     out = args.workdir
     if args.start < FIRST:
         parser.error(f"--start {args.start} is before the data's first day {FIRST}")
-    days = [(args.start + timedelta(days=k)).isoformat() for k in range(args.days + 1)]
-    import yaml
-
-    config = yaml.safe_load((ROOT / "conf/movielens_deepfm.yaml").read_text())
-    config.update(
-        raw_input_path=str(ROOT / "data/raw/movielens/events"),
-        train_input_path=str(out / "features"),
-        model_dir=str(out / "model"),
-    )
-    path = out / "pipeline.yaml"
-    out.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(config))
-    if not (out / "features" / f"ds={days[-1]}" / "_SUCCESS").exists():
-        subprocess.run(
-            [*RECPIPE, "features", "--pipeline_config_path", str(path), f"--ds={FIRST}:{days[-1]}"],
-            cwd=ROOT,
-            check=True,
-            capture_output=True,
-        )
+    days = day_range(args.start, args.days + 1)
+    path = config_copy("conf/movielens_deepfm.yaml", out / "pipeline.yaml", {
+        "raw_input_path": str(ROOT / "data/raw/movielens/events"),
+        "train_input_path": str(out / "features"),
+        "model_dir": str(out / "model"),
+    })  # fmt: skip
+    features_once(path, day_range(FIRST, (args.start - FIRST).days + len(days)), out / "features.log")
     side = f"{'AUC':>8s} {'wall s':>7s} {'loop CPU-s':>10s}"
     print(f"{'day':10s} (a) {side}   (b) {side}")
     base = None

@@ -21,20 +21,16 @@ mean next-day AUC of (b) >= (a) - 0.002.
 from __future__ import annotations
 
 import json
-import shutil
 import statistics
-import subprocess
 import sys
-from datetime import date, timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import harness  # noqa: E402
-from bench.process_tree import checked  # noqa: E402
+from bench.days import config_copy, day_range, features_once, train_day  # noqa: E402
 
-RECPIPE = [sys.executable, "-m", "cli"]
 DIM = 16
 CAPACITY = {"user_id": 8192, "item_id": 4096}
 EV = {"filter_freq": 2, "delete_after_unseen_days": 3}
@@ -66,13 +62,7 @@ def run_day(
 ) -> dict:
     """One ``recpipe train`` process: train ``ds`` (fine-tuning from ``previous``), evaluate
     ``next_ds``; return its result line with its peak RSS (MiB, ``bench.process_tree``)."""
-    extra = {"train_config.fine_tune_checkpoint": str(previous)} if previous else {}
-    edit = json.dumps({**edits(variant), **extra})
-    argv = [
-        *RECPIPE, "train", "--pipeline_config_path", str(config), "--model_dir", str(model_dir),
-        f"--train_ds={ds}", f"--eval_ds={next_ds}", "--edit_config_json", edit,
-    ]  # fmt: skip
-    measured = checked(argv, model_dir.parent / f"{model_dir.name}.log", f"{variant} {ds}", cwd=ROOT)
+    measured = train_day(config, model_dir, ds, next_ds, edits(variant), previous)
     return {**measured.result, "peak_rss_mib": measured.peak_rss_mb}
 
 
@@ -90,25 +80,19 @@ def main() -> int:
     args = parser.parse_args()
     out = args.workdir
     raw, features = out / "raw", out / "features"
-    days = [(date(2024, 1, 1) + timedelta(days=d)).isoformat() for d in range(args.days + 1)]
+    days = day_range("2024-01-01", args.days + 1)
     if not (raw / f"ds={days[-1]}").exists():
         from dev.data.drift import synth_drift
 
         synth_drift(args.rows, len(days), raw)
-    config = out / "pipeline.yaml"
-    import yaml
-
-    base = yaml.safe_load((ROOT / "conf/drift_deepfm.yaml").read_text())
-    base.update(raw_input_path=str(raw), train_input_path=str(features), model_dir=str(out / "models"))
-    base["data_config"]["batch_size"] = args.batch_size
-    config.write_text(yaml.safe_dump(base))
-    if not (features / f"ds={days[-1]}" / "_SUCCESS").exists():
-        subprocess.run(
-            [*RECPIPE, "features", "--pipeline_config_path", str(config), f"--ds={days[0]}:{days[-1]}"],
-            cwd=ROOT,
-            check=True,
-            capture_output=True,
-        )
+    changes = {
+        "raw_input_path": str(raw),
+        "train_input_path": str(features),
+        "model_dir": str(out / "models"),
+    }
+    config = config_copy("conf/drift_deepfm.yaml", out / "pipeline.yaml",
+                         {**changes, "data_config": {"batch_size": args.batch_size}})  # fmt: skip
+    features_once(config, days, out / "features.log")
     print(
         f"{args.days} days of {args.rows} rows, batch {args.batch_size}; (a) hashed tables of equal memory:",
         edits("hashed"),
@@ -120,10 +104,8 @@ def main() -> int:
 
         def day(variant: str, i: int = i, ds: str = ds):
             def once() -> dict:
-                model_dir = out / "models" / variant / ds
                 previous = out / "models" / variant / days[i - 1] if i else None
-                shutil.rmtree(model_dir, ignore_errors=True)
-                return run_day(variant, ds, days[i + 1], model_dir, previous, config)
+                return run_day(variant, ds, days[i + 1], out / "models" / variant / ds, previous, config)
 
             return once
 

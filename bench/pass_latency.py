@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import harness  # noqa: E402
+from bench.days import config_copy  # noqa: E402
 
 DAY = "1998-01-05"
 POKE_S = 60  # the sensor's own looks: far apart, so the message is what ends a wait
@@ -128,8 +129,6 @@ def main() -> int:
 def run_variant(base: Path, idle_sleep_s: float, args) -> list[dict] | None:
     """The passes under a deployment whose scheduler sleeps ``idle_sleep_s`` between idle
     loops; each pass's figures, or None when a run failed."""
-    import yaml
-
     from dev.airflow import land_when_waited_for, run_backfill
     from dev.env import airflow_env
     from recpipe.launch.topology import free_ports
@@ -139,22 +138,15 @@ def run_variant(base: Path, idle_sleep_s: float, args) -> list[dict] | None:
     rows = [0 if i % 2 == 0 else args.rows for i in range(args.passes)]
     written = write_passes(base, starts, rows, args.pass_minutes)
     partitions = [p for p, _ in written]
-    dag_id = "bench_pass_latency"
-    config = yaml.safe_load((ROOT / "conf/retrain/movielens_stream.yaml").read_text())
-    config.update(
-        model_name=f"bench_passes_{uuid.uuid4().hex[:6]}",
-        dag_id=dag_id,
-        start_date=DAY,
-        runs_dir=str(base / "runs"),
-        export_dir=str(base / "exports"),
-        sensor={**config["sensor"], "poke_interval_s": POKE_S, "timeout_s": args.timeout},
-        tracking={"retries": 0},
-    )
-    config["stream"]["pass_minutes"] = args.pass_minutes
-    config["edit_config_json"].update(
-        raw_input_path=str(base / "raw" / "events"), train_input_path=str(base / "features")
-    )
-    (base / "stream.yaml").write_text(yaml.safe_dump(config))
+    raw = base / "raw" / "events"
+    dag_id, model_name = "bench_pass_latency", f"bench_passes_{uuid.uuid4().hex[:6]}"
+    config_copy("conf/retrain/movielens_stream.yaml", base / "stream.yaml", {
+        "model_name": model_name, "dag_id": dag_id, "start_date": DAY,
+        "runs_dir": str(base / "runs"), "export_dir": str(base / "exports"),
+        "sensor": {"poke_interval_s": POKE_S, "timeout_s": args.timeout}, "tracking": {"retries": 0},
+        "stream": {"pass_minutes": args.pass_minutes},
+        "edit_config_json": {"raw_input_path": str(raw), "train_input_path": str(base / "features")},
+    })  # fmt: skip
     env = {
         **os.environ,
         **airflow_env(ROOT, base / "airflow"),
@@ -192,7 +184,7 @@ def run_variant(base: Path, idle_sleep_s: float, args) -> list[dict] | None:
     if any(s != "success" for s in states.values()):
         print(f"runs failed: {states}")
         return None
-    runs = base / "runs" / config["model_name"]
+    runs = base / "runs" / model_name
     return [
         {**summarize(lg, n, landed[lg], tis[lg], lag), **served_auc(runs, lg)}
         for lg, n, (_, lag) in zip(logicals, rows, written, strict=True)

@@ -26,16 +26,17 @@ import os
 import re
 import shutil
 import sqlite3
-import subprocess
 import sys
 import time
-from datetime import date, datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import harness  # noqa: E402
+from bench.days import config_copy, day_range  # noqa: E402
+from bench.process_tree import checked, recpipe  # noqa: E402
 from dev import spark_connect  # noqa: E402
 from dev.airflow import run_backfill  # noqa: E402
 from dev.env import airflow_env  # noqa: E402
@@ -65,19 +66,14 @@ GOAL_S = 600  # from the partition landing to the champion's alias moved
 
 def synth(rows: int, days: int) -> None:
     stamp = WORK / "rows"
-    wanted = f"{rows} {days}"
-    if stamp.exists() and stamp.read_text() == wanted:
+    if stamp.exists() and stamp.read_text() == f"{rows} {days}":
         return
     shutil.rmtree(WORK, ignore_errors=True)
-    WORK.mkdir(parents=True)
-    start = time.perf_counter()
-    subprocess.run(
-        [sys.executable, "-m", "cli", "data", "synth", "criteo", "--profile", "kaggle",
-         "--rows", str(rows * days), "--days", str(days), "--start", FIRST, "--out", str(WORK / "raw")],
-        check=True,
-    )  # fmt: skip
-    stamp.write_text(wanted)
-    print(f"{days} days of {rows:,} rows synthesised in {time.perf_counter() - start:.0f} s", flush=True)
+    size = ("--rows", str(rows * days), "--days", str(days), "--start", FIRST)
+    argv = recpipe("data synth criteo", "--profile", "kaggle", *size, "--out", str(WORK / "raw"))
+    m = checked(argv, WORK / "synth.log", "recpipe data synth")
+    stamp.write_text(f"{rows} {days}")
+    print(f"{days} days of {rows:,} rows synthesised in {m.wall_s:.0f} s", flush=True)
 
 
 JOB_LINE = re.compile(r"recpipe job \S+ ran ([0-9.]+) s")
@@ -146,12 +142,9 @@ def retrain_config(online: bool) -> str:
     under the bench's folder whose model trains online tables."""
     if not online:
         return RETRAIN
-    import yaml
-
-    doc = yaml.safe_load((ROOT / RETRAIN).read_text())
-    doc["edit_config_json"]["model_config.ev_params"] = ONLINE
-    path = WORK / "criteo_daily_online.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    path = config_copy(
+        RETRAIN, WORK / "criteo_daily_online.yaml", {"edit_config_json": {"model_config.ev_params": ONLINE}}
+    )
     return str(path.relative_to(ROOT))
 
 
@@ -200,7 +193,7 @@ def main() -> int:
     parser.add_argument("--bench", default=str(ROOT / "bench/results/production_day.json"))
     parser.add_argument("--report", action="store_true", help="only report the last run's figures")
     args = parser.parse_args()
-    days = [(date.fromisoformat(FIRST) + timedelta(days=k)).isoformat() for k in range(args.days)]
+    days = day_range(FIRST, args.days)
     airflow_home = WORK / "airflow"
     states = {}
     if not args.report:
@@ -214,56 +207,40 @@ def main() -> int:
     if not bench:
         print(f"no figures for {args.rows:,} rows in {args.bench}: run bench/production_day.py first")
     instances = task_instances(airflow_home / "airflow.db")
-    runs = dag_runs(instances)
+    runs, landed = dag_runs(instances), landing_to_alias(instances)
     durations = {(ds, task): took or 0.0 for ds, task, _, _, took in instances}
     tasks = list(dict.fromkeys(task for _, task in durations))
-    logs = airflow_home / "logs"
-    jobs = {(ds, t): job_seconds(logs, ds, t) for ds in days for t in tasks}
-    print("\ntask s (the job's own s) by day; the bench's figure for the same command")
-    print(f"{'task':<22}" + "".join(f"{ds:>20}" for ds in days) + f"{'bench step':>16}{'bench s':>9}")
-    for task in tasks:
-        line = f"{task:<22}"
-        for ds in days:
-            job = jobs[(ds, task)]
-            took = durations.get((ds, task), float("nan"))
-            line += f"{took:12.1f}" + (f" ({job:5.1f})" if job else " " * 8)
-        step = jobs_of.get(task)
-        if step and step in bench:
-            line += f"{step:>16}{bench[step]['wall_s']:9.1f}"
-        print(line)
-    print(f"{'the run':<22}" + "".join(f"{runs.get(ds, float('nan')):12.1f}        " for ds in days))
-    landed = landing_to_alias(instances)
     by_day = {}
     for k, ds in enumerate(days):
-        own = sum(v for (d, _), v in jobs.items() if d == ds and v)
-        print(
-            f"ds={ds}: the run {runs[ds]:.1f} s, its jobs {own:.1f} s: the DAG adds {runs[ds] - own:.1f} s, "
-            f"+{100 * (runs[ds] / own - 1):.1f} % (goal <= +10 %); from the partition landing to the "
-            f"alias moved {landed.get(ds, float('nan')):.1f} s (goal <= {GOAL_S} s)"
-        )
-        by_day[ds] = {
-            "run_s": runs[ds],
-            "jobs_s": own,
-            "dag_adds": runs[ds] / own - 1,
-            "landing_to_alias_s": landed.get(ds),
-            "tasks": {
-                t: {"s": durations.get((ds, t)), "job_s": jobs[(ds, t)], "bench_step": jobs_of.get(t)}
-                for t in tasks
-            },
+        jobs = {t: job_seconds(airflow_home / "logs", ds, t) for t in tasks}
+        own = sum(v for v in jobs.values() if v)
+        tasks_of = {
+            t: {"s": durations.get((ds, t)), "job_s": jobs[t], "bench_step": jobs_of.get(t)} for t in tasks
         }
+        by_day[ds] = {"run_s": runs[ds], "jobs_s": own, "dag_adds": runs[ds] / own - 1,
+                      "landing_to_alias_s": landed.get(ds), "tasks": tasks_of}  # fmt: skip
         # the first day has no champion to score: evaluate_champion runs no job
         ran = [t for t in jobs_of if not (k == 0 and t == "evaluate_champion")]
         if all(jobs_of[t] in bench for t in ran):
-            bench_s = sum(bench[jobs_of[t]]["wall_s"] for t in ran)
-            extra = 100 * (runs[ds] / bench_s - 1)
-            print(f"{'':>14}against the bench's jobs ({bench_s:.0f} s, run apart): +{extra:.0f} %")
-            by_day[ds]["bench_jobs_s"] = bench_s
+            by_day[ds]["bench_jobs_s"] = sum(bench[jobs_of[t]]["wall_s"] for t in ran)
+    print("\ntask s (the job's own s) by day, and the bench's figure for the same command (production_day)")
+    rows = {t: {ds: by_day[ds]["tasks"][t]["s"] for ds in days} for t in tasks}
+    for t in tasks:
+        rows[t].update({f"{ds} job": by_day[ds]["tasks"][t]["job_s"] for ds in days})
+        if jobs_of.get(t) in bench:
+            rows[t]["bench"] = bench[jobs_of[t]]["wall_s"]
+    rows = {t: {k: v for k, v in r.items() if v is not None} for t, r in rows.items()}
+    print(harness.table(rows, {**{c: c for ds in days for c in (ds, f"{ds} job")}, "bench": "bench s"}))
+    for ds, day in by_day.items():
+        print(f"ds={ds}: the run {day['run_s']:.1f} s, its jobs {day['jobs_s']:.1f} s: the DAG adds "
+              f"+{100 * day['dag_adds']:.1f} % (goal <= +10 %); from the landing to the alias moved "
+              f"{day['landing_to_alias_s'] or float('nan'):.1f} s (goal <= {GOAL_S} s); the bench's jobs, "
+              f"run apart: {day.get('bench_jobs_s', float('nan')):.0f} s")  # fmt: skip
     if not args.report:
         bench_steps = {step: bench[step]["wall_s"] for step in set(jobs_of.values()) if step in bench}
         doc = {"rows": args.rows, "online": args.online, "states": states, "days": by_day}
         doc.update(bench_steps=bench_steps, goals={"dag_adds": 0.10, "landing_to_alias_s": GOAL_S})
-        name = f"production_dag_{'online' if args.online else 'hashed'}_{args.rows}"
-        harness.finish(name, doc)
+        harness.finish(f"production_dag_{'online' if args.online else 'hashed'}_{args.rows}", doc)
     return 0 if args.report or all(states.get(ds) == "success" for ds in days) else 1
 
 

@@ -59,7 +59,7 @@ def run(work: Path, buckets: int, mode: str, rate: str, steps: int, batch: int) 
     """One mode's job across the hosts at ``rate``: its figures."""
     import shutil
 
-    from bench.criteo_data import CONFIG, bench_edits, days
+    from bench.criteo_data import CONFIG, job_edits, steady_rate
     from dev.hosts import Hosts
     from dev.training_operator import start_tfjob
     from recpipe.config import ClusterConfig
@@ -68,18 +68,8 @@ def run(work: Path, buckets: int, mode: str, rate: str, steps: int, batch: int) 
     from recpipe.launch.kubeflow import render
 
     train_edits, per_step = MODES[mode]
-    edits = {
-        **bench_edits(work, buckets),
-        "train_ds": days(1)[0],
-        "data_config.batch_size": batch // per_step,
-        "train_config.num_steps": steps,
-        "data_config.num_epochs": 1000,  # num_steps ends the job
-        "train_config.train_distribute": "PSStrategy",
-        **{f"train_config.{k}": v for k, v in train_edits.items()},
-        "train_config.log_step_count_steps": 20,
-        "train_config.save_checkpoints_steps": steps,
-        "train_config.optimizer_config": [{"lazy_adam_optimizer": {}}, {"adam_optimizer": {}}],
-    }
+    train_edits = {**train_edits, "log_step_count_steps": 20, "save_checkpoints_steps": steps}
+    edits = job_edits(work, buckets, "PSStrategy", batch // per_step, steps, train_edits)
     model_dir = work / "models" / f"{mode}-{rate}"
     shutil.rmtree(model_dir, ignore_errors=True)
     args = ["--pipeline_config_path", str(CONFIG), "--model_dir", str(model_dir), "--skip_eval"]
@@ -106,11 +96,9 @@ def run(work: Path, buckets: int, mode: str, rate: str, steps: int, batch: int) 
     if code != 0:
         raise RuntimeError(f"{mode} at {rate}: the job failed:\n{chief.read_text()[-3000:]}")
     result = job_result(chief)
-    lines = (model_dir / "train_metrics.jsonl").read_text().splitlines()[1:]
-    rates = [json.loads(line)["examples_per_sec"] for line in lines]
     examples = result["global_step"] * batch
     return {
-        "examples_per_sec": sum(rates) / len(rates),
+        "examples_per_sec": steady_rate(model_dir),
         "per_cpu_s": examples / cpu,
         "cpu_s": cpu,
         "sent_bytes_per_example": sent / examples,

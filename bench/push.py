@@ -44,44 +44,26 @@ def _export(day_dir: Path, name: str, sequence: int, previous, tables) -> dict:
     return write_export(day_dir, name, sequence, previous, params, 10 * sequence, 100 + sequence)
 
 
-def _server_cpu(client) -> float:
-    info = client.info("cpu")
-    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
-
-
-def _drop(client, model: str) -> None:
-    for batch in _chunks(client.scan_iter(match=f"recpipe:{model}:*", count=10_000), 10_000):
-        client.delete(*batch)
-
-
-def _chunks(items, n):
-    batch = []
-    for item in items:
-        batch.append(item)
-        if len(batch) >= n:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
-
-
 def main() -> int:
     parser = harness.parser(__doc__, rounds=3)
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--dim", type=int, default=16)
     parser.add_argument("--touched", type=float, default=0.1)
     parser.add_argument("--evicted", type=float, default=0.01)
-    parser.add_argument("--redis_url", default="redis://127.0.0.1:6379/0")
+    parser.add_argument(
+        "--redis_url", default="redis://127.0.0.1:6379/13", help="a database of its own: emptied"
+    )
     args = parser.parse_args()
 
     import numpy as np
     import redis
 
-    from bench.floors import hset_rows
+    from bench.floors import hset_rows, redis_cpu_s
     from recpipe.exports import store
     from recpipe.exports.files import DELTA_PREFIX, TableRows
 
     client = redis.Redis.from_url(args.redis_url)
+    client.flushdb()
     rng = np.random.default_rng(0)
     view = "item_id/embedding_weights"
     work = Path(tempfile.mkdtemp(prefix="bench-push-"))
@@ -113,15 +95,15 @@ def main() -> int:
     def measured(fn):
         def once() -> dict:
             model = f"bench-push-{uuid.uuid4().hex[:6]}"
-            wall, cpu, server = time.perf_counter(), time.process_time(), _server_cpu(client)
+            wall, cpu, server = time.perf_counter(), time.process_time(), redis_cpu_s(client)
             fn(model)
             figures = {
                 "wall_s": time.perf_counter() - wall,
                 "client_cpu_s": time.process_time() - cpu,
-                "server_cpu_s": _server_cpu(client) - server,
+                "server_cpu_s": redis_cpu_s(client) - server,
             }
             figures["cpu_s"] = figures["client_cpu_s"] + figures["server_cpu_s"]
-            _drop(client, model)
+            client.flushdb()
             return figures
 
         return once

@@ -76,25 +76,20 @@ def run(work: Path, buckets: int, name: str, steps: int, batch: int, evaluate: b
     """One job; its chief's result line, the job's examples/s and its wall time."""
     import shutil
 
-    from bench.criteo_data import CONFIG, bench_edits, days
+    from bench.criteo_data import CONFIG, days, job_edits, steady_rate
     from recpipe.config import ClusterConfig
     from recpipe.config.train import TrainDistribute
     from recpipe.launch import LocalLauncher, job_result, training_job
 
     strategy, workers, ps, replicas, train_edits = STRATEGIES[name]
-    edits = {
-        **bench_edits(work, buckets),
-        "train_ds": days(1)[0],
-        **({"eval_ds": days(2)[1]} if evaluate else {}),
-        "data_config.batch_size": batch // replicas,
-        "train_config.num_steps": steps,
-        "data_config.num_epochs": 1000,  # num_steps ends the job, over as many epochs as it takes
-        "train_config.train_distribute": strategy,
-        **{f"train_config.{k}": v for k, v in train_edits.items()},
-        "train_config.num_gpus_per_worker": replicas if strategy == "MirroredStrategy" else 1,
-        "train_config.log_step_count_steps": 50,
-        "train_config.optimizer_config": [{"lazy_adam_optimizer": {}}, {"adam_optimizer": {}}],
+    train_edits = {
+        **train_edits,
+        "num_gpus_per_worker": replicas if strategy == "MirroredStrategy" else 1,
+        "log_step_count_steps": 50,
     }
+    edits = job_edits(work, buckets, strategy, batch // replicas, steps, train_edits)
+    if evaluate:
+        edits["eval_ds"] = days(2)[1]
     model_dir = work / "models" / name
     shutil.rmtree(model_dir, ignore_errors=True)
     args = ["--pipeline_config_path", str(CONFIG), "--model_dir", str(model_dir)]
@@ -108,11 +103,8 @@ def run(work: Path, buckets: int, name: str, steps: int, batch: int, evaluate: b
     wall, cpu = time.perf_counter() - start, clock.cpu() - cpu_before
     lo = loopback_bytes() - lo_before
     result = job_result(logs[0])
-    # steady state: the chief's logged windows after the first (which holds tracing)
-    lines = (model_dir / "train_metrics.jsonl").read_text().splitlines()[1:]
-    rates = [json.loads(line)["examples_per_sec"] for line in lines]
     # the chief logs its own examples/s; a parameter-server chief feeds the whole job
-    rate = sum(rates) / len(rates) * (1 if ps else workers)
+    rate = steady_rate(model_dir) * (1 if ps else workers)
     examples = result["global_step"] * batch  # every strategy's step is one global batch
     to_ps = result.get("distribution", {}).get("bytes_to_ps")
     return {
