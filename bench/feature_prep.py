@@ -46,7 +46,7 @@ def main() -> None:
     from features.prepare import prepare_day
     from features.session import get_spark
     from recpipe.config import load_pipeline_config
-    from recpipe.config.data import FeatureType, Normalizer
+    from recpipe.config.data import FeatureType
 
     work = args.workdir
     shutil.rmtree(work, ignore_errors=True)
@@ -58,24 +58,13 @@ def main() -> None:
         f"synth: {args.rows} rows, {csv_file.stat().st_size / 2**20:.0f} MiB CSV "
         f"in {time.perf_counter() - t0:.1f}s"
     )
-    config = load_pipeline_config(
+    paths = {"raw_input_path": str(work / "raw"), "train_input_path": str(work / "features")}
+    config = load_pipeline_config(ROOT / "conf/criteo_deepfm.yaml", paths)
+    dense = [f.name for f in config.feature_config.features if f.feature_type == FeatureType.RawFeature]
+    standard = load_pipeline_config(
         ROOT / "conf/criteo_deepfm.yaml",
-        {"raw_input_path": str(work / "raw"), "train_input_path": str(work / "features")},
-    )
-    standard = config.model_copy(
-        update={
-            "train_input_path": str(work / "features_standard"),
-            "feature_config": config.feature_config.model_copy(
-                update={
-                    "features": [
-                        f.model_copy(update={"normalizer": Normalizer.standard})
-                        if f.feature_type == FeatureType.RawFeature
-                        else f
-                        for f in config.feature_config.features
-                    ]
-                }
-            ),
-        }
+        {**paths, "train_input_path": str(work / "features_standard")}
+        | {f"feature_config.features[input_names={name}].normalizer": "standard" for name in dense},
     )
 
     floor = harness.Clock().measure(lambda: pacsv.read_csv(csv_file) and None)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -39,6 +40,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from bench import harness  # noqa: E402
 from bench.criteo_data import ADAM, CONFIG, LAZY, bench_edits, days, prepare  # noqa: E402
+from bench.process_tree import checked  # noqa: E402
 
 DEEPCTR = "deepctr==0.9.4"
 DEEPCTR_DIR = ROOT / "var/bench/deepctr-0.9.4"
@@ -123,15 +125,15 @@ def run_train_eval(work: Path, buckets: int, variant: str, checkout: Path = ROOT
     """(b) / (c): ``python -m trainer.train_eval`` of ``checkout`` in a child process; its
     summary line."""
     model_dir = work / "models" / variant
-    subprocess.run(["rm", "-rf", str(model_dir)], check=True)
+    shutil.rmtree(model_dir, ignore_errors=True)
     optimizers = "c_lazy_adam" if variant.startswith("c_lazy_adam") else variant
-    argv = [
-        sys.executable, "-m", "trainer.train_eval", "--pipeline_config_path", str(CONFIG),
-        "--edit_config_json", json.dumps(_edits(work, buckets, optimizers)), "--model_dir", str(model_dir),
-    ]  # fmt: skip
+    edits = json.dumps(_edits(work, buckets, optimizers))
+    argv = [sys.executable, "-m", "trainer.train_eval", "--pipeline_config_path", str(CONFIG)]
+    argv += ["--edit_config_json", edits, "--model_dir", str(model_dir)]
     env = {**os.environ, "PYTHONPATH": str(checkout)}
-    out = subprocess.run(argv, check=True, capture_output=True, text=True, cwd=checkout, env=env)
-    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    summary = checked(
+        argv, work / "logs" / f"{variant}.train_eval.log", variant, cwd=checkout, env=env
+    ).result
     return {"examples_per_sec": summary["examples_per_sec"], "auc": summary["eval"]["auc"]}
 
 
@@ -181,8 +183,7 @@ def main() -> None:
         def once() -> dict:
             cmd = [sys.executable, __file__, "--variant", variant, "--workdir", str(work)]
             cmd += ["--buckets", str(args.buckets), "--checkout", str(checkouts[variant])]
-            out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
-            return json.loads(out.stdout.strip().splitlines()[-1])
+            return checked(cmd, work / "logs" / f"{variant}.log", variant, env=env).result
 
         return once
 
