@@ -34,16 +34,6 @@ def _size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def _exported(paths: dict, key: str, fn):
-    """A variant for the harness: ``fn()`` exports and returns the export's path, kept in
-    ``paths[key]`` (its size is measured once, after the rounds)."""
-
-    def once() -> None:
-        paths[key] = fn()
-
-    return once
-
-
 def main() -> int:
     parser = harness.parser(__doc__, rounds=3)
     parser.add_argument("--rows", type=int, default=200_000, help="admitted ids per id table")
@@ -100,10 +90,10 @@ def main() -> int:
         quiet = {"show": lambda line: None}
         first = harness.alternate(
             {
-                "full": _exported(
-                    paths, "full", lambda: export_saved_model(config, model, work / "m", work / "full", 1)
+                "full": lambda: paths.update(
+                    full=export_saved_model(config, model, work / "m", work / "full", 1)
                 ),
-                "base": _exported(paths, "base", lambda: export_base(config, model, {}, exports, day, 1)),
+                "base": lambda: paths.update(base=export_base(config, model, {}, exports, day, 1)),
             },
             args.rounds,
             **quiet,
@@ -124,8 +114,8 @@ def main() -> int:
             ev.keys.assign(keys)
         model.ev_clock.step.assign(100)
         online.refresh(model)
-        delta = _exported(paths, "delta", lambda: export_delta(config, model, {}, exports, "09", 2))
-        second = harness.alternate({"delta": delta}, args.rounds, **quiet)
+        delta = {"delta": lambda: paths.update(delta=export_delta(config, model, {}, exports, "09", 2))}
+        second = harness.alternate(delta, args.rounds, **quiet)
         figures = harness.summarize({**first, **second})["variants"]
         for key, medians in figures.items():
             medians["mib"] = _size(paths[key]) / 2**20

@@ -27,7 +27,6 @@ import json
 import os
 import resource
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -37,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import harness  # noqa: E402
+from bench.process_tree import checked  # noqa: E402
 
 MODELS = {
     "DeepFM": "conf/movielens_deepfm.yaml",
@@ -63,6 +63,8 @@ def prepare(work: Path, days: int) -> tuple[list[str], dict | None]:
     """The first ``days`` raw days prepared with the DIN config, in one Spark job (the range's
     histories included); the days and the job's wall and CPU seconds (None when every day
     was prepared before)."""
+    import psutil
+
     from features.prepare import prepare_days
     from features.session import get_spark
     from recpipe.config import load_pipeline_config
@@ -74,26 +76,18 @@ def prepare(work: Path, days: int) -> tuple[list[str], dict | None]:
     config = load_pipeline_config(ROOT / MODELS["DIN"], _paths(work))
     if any(not (work / "features" / f"ds={d}" / "_SUCCESS").exists() for d in all_days):
         shutil.rmtree(work / "features", ignore_errors=True)  # the whole range, timed
+
+        def jvm_cpu() -> float:  # this process's children: the Spark JVM and its workers
+            return sum(sum(c.cpu_times()[:2]) for c in psutil.Process().children(recursive=True))
+
         wall = time.perf_counter()
         spark = get_spark("bench-models", master="local[2]")
-        cpu = _jvm_cpu()
+        cpu = jvm_cpu()
         prepare_days(spark, config, all_days)
-        timed = {
-            "days": len(all_days),
-            "wall_s": time.perf_counter() - wall,
-            "jvm_cpu_s": _jvm_cpu() - cpu,
-        }
+        timed = {"days": len(all_days), "wall_s": time.perf_counter() - wall, "jvm_cpu_s": jvm_cpu() - cpu}
         spark.stop()
         return all_days, timed
     return all_days, None
-
-
-def _jvm_cpu() -> float:
-    """CPU seconds so far of this process's children: the Spark JVM a session started."""
-    import psutil
-
-    children = psutil.Process().children(recursive=True)
-    return sum(c.cpu_times().user + c.cpu_times().system for c in children)
 
 
 def train_one(name: str, work: Path, days: list[str]) -> dict:
@@ -139,8 +133,7 @@ def main() -> None:
     def model(name: str):
         def once() -> dict:
             cmd = [sys.executable, __file__, "--only", name, "--work", str(args.work)]
-            out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
-            r = json.loads(out.stdout.strip().splitlines()[-1])
+            r = checked(cmd, args.work / "logs" / f"{name}.log", name, env=env).result
             phases = r.pop("phases")
             r |= {k: phases[k] for k in ("first_step_cpu_s", "step_cpu_ms", "step_ops")}
             return r | {"per_s": r["rows"] / r["wall_s"], "per_cpu_s": r["rows"] / r["cpu_s"]}

@@ -117,7 +117,7 @@ def main() -> int:
             per_pass = run_variant(root / str(i), idle, args)
             if per_pass is None:
                 return 1
-            print_table(per_pass)
+            print(harness.table({p["pass"]: p for p in per_pass}, COLUMNS))
             variants.append({"scheduler_idle_sleep_s": idle, **results(args, per_pass)})
     doc = {"variants": variants}
     for v in variants:
@@ -238,13 +238,8 @@ def summarize(logical: str, rows: int, landed: dict, tis: dict, lag_s: float) ->
     }
 
 
-def print_table(per_pass: list[dict]) -> None:
-    head = ("pass", "rows", "wait end", "job start", "run end", "tasks", "jobs", "Airflow", "CPU-s")
-    keys = ("wait_end_s", "first_job_start_s", "run_end_s", "tasks_s", "jobs_s", "scheduling_s", "cpu_s")
-    fmt = "{:<17} {:>6} {:>9} {:>9} {:>8} {:>6} {:>6} {:>8} {:>6}"
-    print(fmt.format(*head))
-    for p in per_pass:
-        print(fmt.format(p["pass"], p["rows"], *(f"{p[k]:.1f}" for k in keys)))
+COLUMNS = {"rows": "rows", "wait_end_s": "wait end", "first_job_start_s": "job start", "run_end_s": "run end",
+           "tasks_s": "tasks", "jobs_s": "jobs", "scheduling_s": "Airflow", "cpu_s": "CPU-s"}  # fmt: skip
 
 
 def _p95(values: list[float]) -> float:
@@ -252,48 +247,50 @@ def _p95(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
 
 
+STATISTICS = {"median": statistics.median, "p50": statistics.median, "p95": _p95, "max": max}
+# (passes, figure, statistics): the summary's key is <passes>_<figure>_<statistic>, over the
+# quiet passes, the busy ones, or every pass with the figure ("")
+SUMMARY = (
+    ("", "wait_end_s", ("p95", "max")),
+    ("", "first_job_start_s", ("p95",)),
+    ("quiet", "run_end_s", ("median", "max")),
+    ("busy", "run_end_s", ("median", "max")),
+    ("quiet", "scheduling_s", ("median",)),
+    ("busy", "scheduling_s", ("median",)),
+    ("busy", "jobs_s", ("median",)),
+    # where a busy pass's jobs go: the feature job (a quiet pass's is Spark's planning alone),
+    # the train job (it scores and exports too when it is one process), and the two tasks
+    # that report its score and export
+    ("quiet", "prepare_s", ("median",)),
+    ("busy", "prepare_s", ("median",)),
+    ("busy", "train_s", ("median",)),
+    ("busy", "reports_s", ("median",)),
+    ("busy", "cpu_s", ("median",)),
+    ("busy", "applied_s", ("p95",)),
+    ("", "freshness_s", ("p50", "p95", "max")),  # busy passes only: a quiet one serves no rows
+    ("busy", "examples_per_s", ("median",)),
+    ("busy", "examples_per_cpu_s", ("median",)),
+)
+TASKS = {"prepare_s": ["prepare_features"], "train_s": ["train"], "reports_s": ["evaluate_pass", "export"]}
+
+
 def results(args, per_pass: list[dict]) -> dict:
-    quiet = [p for p in per_pass if p["rows"] == 0]
-    busy = [p for p in per_pass if p["rows"] > 0]
-
-    def median(key, group):
-        return statistics.median(p[key] for p in group) if group else None
-
-    def task_median(tasks, group):  # the tasks' own seconds summed, per pass
-        return statistics.median(sum(p["task_s"].get(t, 0) for t in tasks) for p in group) if group else None
-
-    return {
-        "summary": {
-            "passes": len(per_pass),
-            "busy_rows": args.rows,
-            "wait_end_s_p95": _p95([p["wait_end_s"] for p in per_pass]),
-            "wait_end_s_max": max(p["wait_end_s"] for p in per_pass),
-            "first_job_start_s_p95": _p95([p["first_job_start_s"] for p in per_pass]),
-            "quiet_run_end_s_median": median("run_end_s", quiet),
-            "quiet_run_end_s_max": max((p["run_end_s"] for p in quiet), default=None),
-            "busy_run_end_s_median": median("run_end_s", busy),
-            "busy_run_end_s_max": max((p["run_end_s"] for p in busy), default=None),
-            "quiet_scheduling_s_median": median("scheduling_s", quiet),
-            "busy_scheduling_s_median": median("scheduling_s", busy),
-            "busy_jobs_s_median": median("jobs_s", busy),
-            # where a busy pass's jobs go: the feature job (a quiet pass's is Spark's planning
-            # alone), the train job (it scores and exports too when it is one process), and
-            # the two tasks that report its score and export
-            "quiet_prepare_s_median": task_median(["prepare_features"], quiet),
-            "busy_prepare_s_median": task_median(["prepare_features"], busy),
-            "busy_train_s_median": task_median(["train"], busy),
-            "busy_reports_s_median": task_median(["evaluate_pass", "export"], busy),
-            "busy_cpu_s_median": median("cpu_s", busy),
-            "busy_applied_s_p95": _p95([p["applied_s"] for p in busy]) if busy else None,
-            "freshness_s_p50": median("freshness_s", busy),
-            "freshness_s_p95": _p95([p["freshness_s"] for p in busy]) if busy else None,
-            "freshness_s_max": max((p["freshness_s"] for p in busy), default=None),
-            "pass_minutes": args.pass_minutes,
-            "busy_examples_per_s_median": median("examples_per_s", busy),
-            "busy_examples_per_cpu_s_median": median("examples_per_cpu_s", busy),
-        },
-        "passes": per_pass,
+    """The variant's summary (``SUMMARY``'s statistics, None over no pass) and its passes."""
+    groups = {
+        "": per_pass,
+        "quiet": [p for p in per_pass if not p["rows"]],
+        "busy": [p for p in per_pass if p["rows"]],
     }
+    for p in per_pass:  # the tasks' own seconds summed, per pass
+        p.update({k: sum(p["task_s"].get(t, 0) for t in tasks) for k, tasks in TASKS.items()})
+    summary = {"passes": len(per_pass), "busy_rows": args.rows, "pass_minutes": args.pass_minutes}
+    for group, figure, names in SUMMARY:
+        values = [p[figure] for p in groups[group] if p[figure] is not None]
+        for name in names:
+            summary["_".join(filter(None, (group, figure, name)))] = (
+                STATISTICS[name](values) if values else None
+            )
+    return {"summary": summary, "passes": per_pass}
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ to ``bench/results/predict.json``.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -131,33 +130,23 @@ def main() -> int:
         # in a process of its own: a command forked from this one after TensorFlow loaded
         # would report this process's size as its own peak (ru_maxrss survives exec)
         code = f"from bench.predict import _export; _export({str(var)!r})"
-        subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, check=True, capture_output=True)
+        checked([sys.executable, "-c", code], var / "export.log", "the export", cwd=ROOT, env=env)
         export = var / "export" / "1"
         full, quarter = var / "in" / "full" / "part-0.tsv", var / "in" / "quarter" / "part-0.tsv"
         _rows(full, args.rows)
         _rows(quarter, args.rows // 4)
-        common = [
-            "--saved_model_dir",
-            str(export),
-            "--batch_size",
-            str(args.batch_size),
-            "--output_format",
-            "parquet",
-        ]
-        full_in, quarter_in = ["--input_path", str(full.parent)], ["--input_path", str(quarter.parent)]
+        common = ["--saved_model_dir", str(export), "--batch_size", str(args.batch_size)]
+        common += ["--output_format", "parquet"]
+
+        def predict(name: str, rows: Path, *extra: str):
+            out = ["--input_path", str(rows.parent), "--output_path", str(var / name)]
+            return lambda: _command([*out, *extra, *common], env, var / f"{name}.log")
+
         variants = {
             "floor": lambda: _floor(export, full, args.batch_size),
-            "local": lambda: _command(
-                [*full_in, "--output_path", str(var / "o1"), *common], env, var / "local.log"
-            ),
-            "local_quarter": lambda: _command(
-                [*quarter_in, "--output_path", str(var / "o2"), *common], env, var / "quarter.log"
-            ),
-            "spark": lambda: _command(
-                [*full_in, "--output_path", str(var / "o3"), "--master", "local[2]", *common],
-                env,
-                var / "spark.log",
-            ),
+            "local": predict("local", full),
+            "local_quarter": predict("local_quarter", quarter),
+            "spark": predict("spark", full, "--master", "local[2]"),
         }
         runs = harness.alternate(variants, args.rounds)
     results = {"rows": args.rows, "batch_size": args.batch_size, "rounds": args.rounds}
