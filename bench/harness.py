@@ -122,6 +122,16 @@ def summarize(
     return out
 
 
+def versus(runs: Mapping[str, list[Figures]], reference: str, ratios: Mapping[str, str]) -> dict[str, dict]:
+    """Each variant's medians (``summarize``) with, for each ``figure: key`` of ``ratios``,
+    ``key``: the median of its rounds' ratios to ``reference`` (1.0 for the reference)."""
+    out = {}
+    for name, medians in summarize(runs)["variants"].items():
+        vs = {key: 1.0 if name == reference else ratio(runs, name, reference, f) for f, key in ratios.items()}
+        out[name] = {**medians, **vs}
+    return out
+
+
 def ratio(runs: Mapping[str, list[Figures]], name: str, reference: str, figure: str) -> float:
     """The median over rounds of ``name``'s ``figure`` over ``reference``'s in the same round
     (rounds where the reference's figure is 0 left out)."""

@@ -109,16 +109,9 @@ def main() -> int:
         return once
 
     runs = harness.alternate({"floor": measured(floor), "push": measured(push)}, args.rounds)
-    summary = harness.summarize(runs, reference="floor")
-    best = summary["variants"]
-    for name, f in best.items():
-        vs = summary["vs_floor"].get(name, {"wall_s": 1.0, "cpu_s": 1.0})
-        f |= {
-            "rows_per_s": rows / f["wall_s"],
-            "rows_per_cpu_s": rows / f["cpu_s"],
-            "wall_vs_floor": vs["wall_s"],
-            "cpu_vs_floor": vs["cpu_s"],
-        }
+    best = harness.versus(runs, "floor", {"wall_s": "wall_vs_floor", "cpu_s": "cpu_vs_floor"})
+    for f in best.values():
+        f |= {"rows_per_s": rows / f["wall_s"], "rows_per_cpu_s": rows / f["cpu_s"]}
     print(
         f"{rows:,} row writes and deletes (base {args.rows:,} rows of {args.dim} floats, delta "
         f"{len(moved):,} moved and {len(gone):,} deleted), medians of {args.rounds} alternating rounds"

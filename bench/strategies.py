@@ -146,15 +146,12 @@ def main() -> None:
         return lambda: run(work, args.buckets, name, args.steps, args.batch, args.eval)
 
     runs = harness.alternate({n: job(n) for n in names}, args.rounds)
-    summary = harness.summarize(runs, reference="NoStrategy", ratios=("examples_per_sec", "per_cpu_s"))
+    ratios = {"examples_per_sec": "vs_none", "per_cpu_s": "per_cpu_vs_none"}
     jobs = {}
-    for name, medians in summary["variants"].items():
-        vs = summary["vs_NoStrategy"].get(name, {"examples_per_sec": 1.0, "per_cpu_s": 1.0})
+    for name, figures in harness.versus(runs, "NoStrategy", ratios).items():
         _, workers, ps, _, _ = STRATEGIES[name]
-        jobs[name] = {
-            "name": name, "workers": workers, "ps": ps, "auc": None, "to_ps_per_example": None,
-            **medians, "vs_none": vs["examples_per_sec"], "per_cpu_vs_none": vs["per_cpu_s"],
-        }  # fmt: skip
+        jobs[name] = {"name": name, "workers": workers, "ps": ps, "auc": None, "to_ps_per_example": None,
+                      **figures}  # fmt: skip
     columns = {"examples_per_sec": "examples/s", "vs_none": "x none", "per_cpu_s": "ex/CPU-s",
                "per_cpu_vs_none": "x none", "wall_s": "wall s", "loss": "loss", "auc": "AUC",
                "loopback_per_example": "lo B/ex", "to_ps_per_example": "to ps B/ex"}  # fmt: skip

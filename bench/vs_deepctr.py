@@ -193,19 +193,14 @@ def main() -> None:
     for rows in runs.values():
         for r in rows:
             r["per_cpu_s"] = train_rows / r["cpu_s"]
-    summary = harness.summarize(runs, reference="a_deepctr", ratios=("examples_per_sec", "per_cpu_s"))
+    ratios = {"examples_per_sec": "vs_a", "per_cpu_s": "per_cpu_s_vs_a"}
+    kept = ("examples_per_sec", "vs_a", "auc", "cpu_s", "per_cpu_s", "per_cpu_s_vs_a")
     means = {}
-    for variant, medians in summary["variants"].items():
-        vs_a = summary["vs_a_deepctr"].get(variant, {"examples_per_sec": 1.0, "per_cpu_s": 1.0})
+    for variant, medians in harness.versus(runs, "a_deepctr", ratios).items():
         means[variant] = {
             "label": labels[variant],
-            "examples_per_sec": medians["examples_per_sec"],
-            "vs_a": vs_a["examples_per_sec"],
-            "auc": medians["auc"],
+            **{k: medians[k] for k in kept},
             "auc_minus_a": harness.difference(runs, variant, "a_deepctr", "auc"),
-            "cpu_s": medians["cpu_s"],
-            "per_cpu_s": medians["per_cpu_s"],
-            "per_cpu_s_vs_a": vs_a["per_cpu_s"],
             "runs": runs[variant],
         }
     columns = {"examples_per_sec": "examples/s", "vs_a": "x (a)", "auc": "AUC", "auc_minus_a": "- (a)"}

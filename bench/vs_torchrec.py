@@ -152,14 +152,11 @@ GOALS = {"c_wall": 1.2, "c_loop_cpu": 1.5, "auc_within": 0.002, "b_loop_cpu": 1.
 def figures(runs: dict[str, list[dict]], rows: int) -> dict[str, dict]:
     """Each variant's medians over the rounds, the medians of its rounds' ratios to (a), its
     AUC gap to (a) (the median of the rounds' differences) and the step's phases (last round)."""
-    summary = harness.summarize(runs, reference="a_torchrec", ratios=RATIOS)
     out = {}
-    for name, medians in summary["variants"].items():
-        vs = summary["vs_a_torchrec"].get(name, dict.fromkeys(RATIOS, 1.0))
+    for name, medians in harness.versus(runs, "a_torchrec", RATIOS).items():
         out[name] = {
             "label": VARIANTS[name],
             **medians,
-            **{key: vs[figure] for figure, key in RATIOS.items()},
             "auc_minus_a": harness.difference(runs, name, "a_torchrec", "auc"),
             "loop_cores": medians["examples_per_sec"] / medians["per_loop_cpu_s"],
             "step_cpu_ms": 1e3 * BATCH / medians["per_loop_cpu_s"],

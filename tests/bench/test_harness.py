@@ -82,3 +82,13 @@ def test_a_run_of_one_size_keeps_the_earlier_sizes_and_replaces_what_it_measured
         "x": 1,
     }
     assert earlier["sizes"]["1"]["goals"] == {"a": 1}  # the earlier document is left as it was
+
+
+def test_versus_gives_each_variant_its_medians_and_its_rounds_ratios_to_the_reference():
+    runs = {
+        "ref": [{"wall_s": 1.0, "rate": 10.0}, {"wall_s": 4.0, "rate": 10.0}, {"wall_s": 2.0, "rate": 10.0}],
+        "new": [{"wall_s": 0.5, "rate": 30.0}, {"wall_s": 4.0, "rate": 10.0}, {"wall_s": 1.0, "rate": 20.0}],
+    }
+    out = harness.versus(runs, "ref", {"wall_s": "wall_vs_ref", "rate": "rate_vs_ref"})
+    assert out["ref"] == {"wall_s": 2.0, "rate": 10.0, "wall_vs_ref": 1.0, "rate_vs_ref": 1.0}
+    assert out["new"] == {"wall_s": 1.0, "rate": 20.0, "wall_vs_ref": 0.5, "rate_vs_ref": 2.0}
