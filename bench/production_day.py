@@ -106,7 +106,8 @@ def floor_main(which: str, edit: str, *args: str) -> int:
         import redis
 
         client = redis.Redis.from_url(REDIS)
-        result = {"rows": floors.hset_rows(client, args, lambda table, key: f"floor:{table}:{key}")}
+        exports = [Path(a) for a in args]
+        result = {"rows": floors.hset_rows(client, exports, lambda table, key: f"floor:{table}:{key}")}
     print(json.dumps(result))
     return 0
 
