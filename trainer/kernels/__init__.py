@@ -6,8 +6,9 @@ The row-wise optimizer updates of embedding tables (``trainer.sparse_optimizers`
 kernel each, in place, over TensorFlow's intra-op threads: LazyAdam, tf-keras' Adagrad and
 FTRL-Proximal; an online table's training lookup and its gradient in one kernel each
 (``gather_rows``); its growth in one (``grow_rows``). ``train_config.fused_kernels: false``
-keeps the stock TensorFlow ops, the reference the kernels are tested against
-(``tests/trainer/test_kernels.py``).
+keeps the stock TensorFlow ops, the reference the kernels are tested against, op by op
+(``tests/trainer/test_kernels.py``) and through a model's steps, saves and restores
+(``tests/trainer/test_fused_against_stock.py``).
 """
 
 from __future__ import annotations
