@@ -56,10 +56,12 @@ def job_edits(work: Path, buckets: int, strategy: str, batch: int, steps: int, t
 def steady_rate(model_dir: Path) -> float:
     """The chief's examples per second in steady state: the mean of its logged windows
     (``train_metrics.jsonl``) after the first, which holds tracing."""
-    import json
+    from recpipe import jsonl
 
-    lines = (model_dir / "train_metrics.jsonl").read_text().splitlines()[1:]
-    return sum(json.loads(line)["examples_per_sec"] for line in lines) / len(lines)
+    windows = jsonl.read(model_dir / "train_metrics.jsonl")[1:]
+    if not windows:
+        raise SystemExit(f"{model_dir}/train_metrics.jsonl: no logged window after the first")
+    return sum(w["examples_per_sec"] for w in windows) / len(windows)
 
 
 def prepare(rows: int, n_days: int, work: Path, buckets: int, holdout_percent: int = 0):

@@ -87,7 +87,8 @@ class FusedAgainstStock(RuleBasedStateMachine):
         reader, flat = self.fused.reader, list(self.batches[i])
         at = len(reader.labels)  # the ids' place in a flat batch (FeatureReader.signature)
         ids = flat[at].numpy()
-        rows = [reader._ids.index(name) for name in TABLES]
+        id_features = [f.name for f in reader.features if f.kind == "id"]  # the ids' rows, in order
+        rows = [id_features.index(name) for name in TABLES]
         ids[rows] = np.random.default_rng(seed).integers(1, pool + 1, (len(rows), ids.shape[1])) * 1_000_003
         flat[at] = tf.constant(ids, tf.int64)
         self.train(tuple(flat))
