@@ -45,7 +45,7 @@ ENV PATH=/opt/venv/bin:$PATH
 COPY scripts/build_jvm.sh scripts/build_kernels.sh scripts/
 COPY features/jvm/ features/jvm/
 RUN scripts/build_jvm.sh
-COPY trainer/kernels/CMakeLists.txt trainer/kernels/*.cc trainer/kernels/
+COPY trainer/kernels/CMakeLists.txt trainer/kernels/*.cc trainer/kernels/*.h trainer/kernels/
 RUN PYTHON=/opt/venv/bin/python scripts/build_kernels.sh
 LABEL org.recpipe.stage=native
 

@@ -1,10 +1,11 @@
 """The online tables on recpipe's kernels (``train_config.fused_kernels``, the default) against
-the stock TensorFlow ops, the reference: on the MovieLens model with three online tables (one
-evicted by steps, one full and evicted least recently used first, one admitting at the second
-sighting), each starting at 8 rows so that it grows, any sequence of steps (over the day's
-batches, or over random ids from small or large pools), day boundaries, checkpoints and
-restores leaves both with the same rows, admitted ids, counts, weights and optimizer slots,
-the same losses and the same delta rows, step for step (a Hypothesis stateful test)."""
+the stock TensorFlow ops, the reference: on the MovieLens model with four online tables (one
+evicted by steps, one full and evicted least recently used first, two of the same params
+admitting at the second sighting, and so grouped), each starting at 8 rows so that it grows,
+any sequence of steps (over the day's batches, or over random ids from small or large pools),
+day boundaries, checkpoints and restores leaves both with the same rows, admitted ids, counts,
+weights and optimizer slots, the same losses and the same delta rows, step for step (a
+Hypothesis stateful test)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ TABLES = {
     "user_id": {"steps_to_live": 4, "init_capacity": 8},
     "item_id": {"max_capacity": 48, "init_capacity": 8},
     "zip_code": {"filter_freq": 2, "init_capacity": 8},
+    # zip_code's params: the two form a group (keys tagged by table, one admission for both)
+    "occupation": {"filter_freq": 2, "init_capacity": 8},
 }
 
 

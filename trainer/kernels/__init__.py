@@ -4,8 +4,9 @@
 
 The row-wise optimizer updates of embedding tables (``trainer.sparse_optimizers``) run in one
 kernel each, in place, over TensorFlow's intra-op threads: LazyAdam, tf-keras' Adagrad and
-FTRL-Proximal; an online table's training lookup and its gradient in one kernel each
-(``gather_rows``); its growth in one (``grow_rows``). ``train_config.fused_kernels: false``
+FTRL-Proximal; an online table's admission in two (``admit_find``, ``admit_rows``); its
+training lookup and its gradient in one kernel each (``gather_rows``); its growth in one
+(``grow_rows``). ``train_config.fused_kernels: false``
 keeps the stock TensorFlow ops, the reference the kernels are tested against, op by op
 (``tests/trainer/test_kernels.py``) and through a model's steps, saves and restores
 (``tests/trainer/test_fused_against_stock.py``).
@@ -102,6 +103,52 @@ def grow_rows(variables: list, fills: list, rows) -> tf.Operation:
     """
     handles = [v.handle for v in variables]
     return ops().recpipe_grow_rows(handles, tf.cast(rows, tf.int64), fills=[float(f) for f in fills])
+
+
+def admit_find(table, keys, occurrences, step, day) -> tuple[tf.Tensor, ...]:
+    """An online table's step, first half (``trainer.online.table.EmbeddingVariable.admit``):
+    the rows of ``keys`` (``int64 [U]``, distinct) in ``table``'s id -> row map; the rows found
+    get their sightings (``occurrences``, ``int64 [U]``) added to ``ev_freqs`` and ``step``,
+    ``day`` (``int64 []``) as their version and day. Returns ``(slots int64 [U]`` (-1 without a
+    row), ``miss int64 [M]`` (the positions of the ids without one), ``count float32 [M]``
+    (their sightings plus, with ``filter_freq > 1``, the count-min sketch's estimate: DeepRec's
+    ``CounterFilter``), ``ready int64 []`` (how many counts reach ``filter_freq``)).
+
+    Raises:
+        tf.errors.InvalidArgumentError: mismatched lengths, or state variables of other dtypes
+            or lengths.
+    """
+    return ops().recpipe_admit_find(
+        table.map.resource_handle, table.freqs.handle, table.versions.handle, table.days.handle,
+        table.sketch.handle, keys, occurrences, tf.cast(step, tf.int64), tf.cast(day, tf.int64),
+        filter_freq=int(table.params.filter_freq),
+    )  # fmt: skip
+
+
+def admit_rows(table, keys, occurrences, members, slots, miss, count, victims, evicted, step, day):
+    """An online table's step, second half, after ``admit_find`` (``slots``, ``miss``,
+    ``count``) and the stock ops' eviction by steps (``evicted``, ``int64 [members]``) and of
+    least recently used rows (``victims``, ``int64 [V]``, still tagged): the first ids ready
+    take rows from the top of the free stack, the map and the rows' state record them, the
+    sketch's counters of the ids left out rise to their counts (conservative update), and the
+    step's ``STATS`` are added per member (``members``, ``int64 [U]``; None for a table alone).
+    Returns ``(rows int64 [U]`` (``slots`` with the admitted ids' rows), ``targets int64 [A]``
+    (the rows given), ``new_keys int64 [A]`` (their ids)).
+
+    Raises:
+        tf.errors.InvalidArgumentError: mismatched lengths, an index outside its range, or
+            state variables of other dtypes or lengths.
+    """
+    tags = [table.row_tags.handle] if table.grouped else []
+    if members is None:
+        members = tf.zeros([0], tf.int64)
+    return ops().recpipe_admit_rows(
+        table.map.resource_handle, table.keys.handle, table.freqs.handle, table.versions.handle,
+        table.days.handle, table.free.handle, table.free_top.handle, table.sketch.handle,
+        table.sketch_used.handle, table.stats.handle, tags, keys, occurrences, members, slots,
+        miss, count, tf.cast(victims, tf.int64), evicted, tf.cast(step, tf.int64),
+        tf.cast(day, tf.int64), filter_freq=int(table.params.filter_freq), tags=list(table.tags),
+    )  # fmt: skip
 
 
 def gather_rows(weights, slots, index) -> tf.Tensor:

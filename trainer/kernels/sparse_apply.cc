@@ -14,6 +14,7 @@
 #include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/util/work_sharder.h"
+#include "variables.h"
 
 namespace recpipe {
 namespace {
@@ -24,77 +25,8 @@ using tensorflow::OpKernelConstruction;
 using tensorflow::OpKernelContext;
 using tensorflow::Status;
 using tensorflow::Tensor;
-using tensorflow::Var;
-using tensorflow::errors::FailedPrecondition;
 using tensorflow::errors::InvalidArgument;
 using tensorflow::shape_inference::InferenceContext;
-
-// The variables an update writes, looked up from its resource inputs and locked in address
-// order (two updates of overlapping variables never wait on each other). Each variable's
-// buffer is made its own before it is written in place, as TensorFlow's scatter kernels do:
-// a value read earlier in the step keeps what it read.
-class Variables {
- public:
-  Variables(OpKernelContext* ctx, int count) : ctx_(ctx) {
-    for (int i = 0; i < count; ++i) {
-      Var* var = nullptr;
-      Status s = tensorflow::LookupResource(ctx, tensorflow::HandleFromInput(ctx, i), &var);
-      if (!s.ok()) {
-        ctx->CtxFailure(__FILE__, __LINE__, s);
-        return;
-      }
-      vars_.push_back(var);
-    }
-    std::vector<Var*> order(vars_);
-    std::sort(order.begin(), order.end());
-    order.erase(std::unique(order.begin(), order.end()), order.end());
-    for (Var* var : order) {
-      var->mu()->lock();
-      locked_.push_back(var);
-    }
-  }
-
-  ~Variables() {
-    for (Var* var : locked_) var->mu()->unlock();
-    for (Var* var : vars_) var->Unref();
-  }
-
-  bool ok() const { return ctx_->status().ok(); }
-
-  // input i's float32 [rows, dim] value, writable in place; null after a failure
-  Tensor* matrix(int i) {
-    Var* var = vars_[i];
-    if (!var->is_initialized) {
-      ctx_->CtxFailure(__FILE__, __LINE__, FailedPrecondition("variable ", i, " is not initialized"));
-      return nullptr;
-    }
-    Tensor* t = var->tensor();
-    if (t->dtype() != tensorflow::DT_FLOAT || t->dims() != 2) {
-      ctx_->CtxFailure(__FILE__, __LINE__,
-                       InvalidArgument("variable ", i, " must be float32 [rows, dim], is ",
-                                       tensorflow::DataTypeString(t->dtype()), " ",
-                                       t->shape().DebugString()));
-      return nullptr;
-    }
-    var->copy_on_read_mode.store(true);
-    if (!t->RefCountIsOne()) {
-      Tensor own;
-      Status s = ctx_->allocate_temp(t->dtype(), t->shape(), &own);
-      if (!s.ok()) {
-        ctx_->CtxFailure(__FILE__, __LINE__, s);
-        return nullptr;
-      }
-      own.flat<float>() = t->flat<float>();
-      *t = own;
-    }
-    return t;
-  }
-
- private:
-  OpKernelContext* ctx_;
-  std::vector<Var*> vars_;
-  std::vector<Var*> locked_;
-};
 
 // The update's operands: ``count`` variables (the weights, then their slots), then int64 [n] row indices
 // (distinct) and float32 [n, dim] gradient rows. Returns false (the context failed) where a
@@ -106,13 +38,13 @@ struct Rows {
   int64_t n = 0, dim = 0;
 };
 
-bool Prepare(OpKernelContext* ctx, Variables* vars, int count, Rows* rows) {
+bool Prepare(OpKernelContext* ctx, LockedVariables* vars, int count, Rows* rows) {
   if (!vars->ok()) return false;
   const Tensor& index = ctx->input(count);
   const Tensor& grad = ctx->input(count + 1);
   int64_t nrows = -1;
   for (int i = 0; i < count; ++i) {
-    Tensor* t = vars->matrix(i);
+    Tensor* t = vars->Writable(i, tensorflow::DT_FLOAT, 2, i == 0 ? "var" : "a slot");
     if (t == nullptr) return false;
     if (i == 0) {
       nrows = t->dim_size(0);
@@ -173,7 +105,7 @@ class SparseApplyAdam : public OpKernel {
  public:
   using OpKernel::OpKernel;
   void Compute(OpKernelContext* ctx) override {
-    Variables vars(ctx, 3);
+    LockedVariables vars(ctx, LockedVariables::First(3));
     Rows rows;
     if (!Prepare(ctx, &vars, 3, &rows)) return;
     const float alpha = Scalar(ctx, 5), b1 = Scalar(ctx, 6), b2 = Scalar(ctx, 7), eps = Scalar(ctx, 8);
@@ -196,7 +128,7 @@ class SparseApplyAdagrad : public OpKernel {
  public:
   using OpKernel::OpKernel;
   void Compute(OpKernelContext* ctx) override {
-    Variables vars(ctx, 2);
+    LockedVariables vars(ctx, LockedVariables::First(2));
     Rows rows;
     if (!Prepare(ctx, &vars, 2, &rows)) return;
     const float neg_lr = -Scalar(ctx, 4), eps = Scalar(ctx, 5);
@@ -219,7 +151,7 @@ class SparseApplyFtrl : public OpKernel {
  public:
   using OpKernel::OpKernel;
   void Compute(OpKernelContext* ctx) override {
-    Variables vars(ctx, 3);
+    LockedVariables vars(ctx, LockedVariables::First(3));
     Rows rows;
     if (!Prepare(ctx, &vars, 3, &rows)) return;
     const float lr = Scalar(ctx, 5), l1 = Scalar(ctx, 6), l2 = Scalar(ctx, 7), l2s = Scalar(ctx, 8),

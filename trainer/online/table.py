@@ -274,6 +274,8 @@ class EmbeddingVariable(RowIO):
         member index; None alone): count, evict, admit (module docstring).
         Returns their rows now (``int64 [U]``, -1 for ids left without one): the rows they
         had (eviction spares the rows used in this step) and the ones admission gave them."""
+        if self.clock.fused_kernels:
+            return self._admit_fused(keys, occurrences, member)
         p = self.params
         step, day = self.clock.stamp(), tf.convert_to_tensor(self.clock.day)
         slots = self.map.lookup(keys)
@@ -286,25 +288,13 @@ class EmbeddingVariable(RowIO):
         tf.raw_ops.ResourceScatterAdd(resource=self.freqs.handle, indices=hit_slots, updates=hit_occ)
         _set(self.versions, hit_slots, step)
         _set(self.days, hit_slots, day)
-        evicted = tf.zeros([len(self.members)], tf.int64)
-        cleared = tf.zeros([0], tf.int64)  # rows evicted: their weights are cleared last
-        if p.steps_to_live:
-            # an O(rows) scan, every steps_to_live / 8 steps (exact up to 15 steps to live)
-            period = max(1, p.steps_to_live // 8)
-
-            def stale():
-                slots = eviction.stale_by_steps(self.keys, self.versions, step, p.steps_to_live)
-                return self._evict_state(slots), slots
-
-            freed, cleared = tf.cond(
-                step % period == 0, stale, lambda: (tf.zeros([len(self.members)], tf.int64), cleared)
-            )
-            evicted += freed
+        evicted, cleared = self._evict_stale(step)
         ready_ids, count, index = ready(self.counter, miss, miss_occ, p.filter_freq)
         flags = tf.cast(ready_ids, tf.int64)
         order = tf.cumsum(flags)  # 1-based rank among the ready ids
         n_ready = tf.reduce_sum(flags, 0)
-        targets, victims = self._free_rows(n_ready, step)
+        victims = self._make_room(n_ready, step)
+        targets = self._pop_rows(n_ready)
         m = tf.size(targets, out_type=tf.int64)
         admitted = ready_ids & (order <= m)
         admitted_at = tf.reshape(tf.where(admitted), [-1])
@@ -336,6 +326,42 @@ class EmbeddingVariable(RowIO):
         placed = tf.gather(tf.where(slots < 0), admitted_at)
         return tf.tensor_scatter_nd_update(slots, placed, targets)
 
+    def _admit_fused(self, keys: tf.Tensor, occurrences: tf.Tensor, member: tf.Tensor | None) -> tf.Tensor:
+        """``admit`` in recpipe's kernels (``trainer.kernels.admit_find`` and ``admit_rows``),
+        the eviction by steps, the growth and the eviction of least recently used rows between
+        them in stock ops (branches a step seldom takes)."""
+        p = self.params
+        step, day = self.clock.stamp(), tf.convert_to_tensor(self.clock.day)
+        slots, miss, count, n_ready = kernels.admit_find(self, keys, occurrences, step, day)
+        evicted, cleared = self._evict_stale(step)
+        victims = self._make_room(n_ready, step)
+        rows, targets, new_keys = kernels.admit_rows(
+            self, keys, occurrences, member, slots, miss, count, victims, evicted, step, day
+        )
+        if p.filter_freq > 1 and self.sketch_follows:
+            with tf.control_dependencies([targets]):  # not while the rows grow (peak RSS)
+                self._widen_sketch()
+        self._write_rows(tf.concat([cleared, victims], 0), targets, new_keys)
+        return rows
+
+    def _evict_stale(self, step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        """With ``steps_to_live``, evict the rows not looked up for that many steps: an O(rows)
+        scan every ``steps_to_live // 8`` steps (exact up to 15 steps to live). Returns the rows
+        freed per member (``int64 [members]``) and the rows (``int64 [n]``), whose weights the
+        caller clears last (``_write_rows``)."""
+        p = self.params
+        evicted = tf.zeros([len(self.members)], tf.int64)
+        cleared = tf.zeros([0], tf.int64)
+        if not p.steps_to_live:
+            return evicted, cleared
+        period = max(1, p.steps_to_live // 8)
+
+        def stale():
+            slots = eviction.stale_by_steps(self.keys, self.versions, step, p.steps_to_live)
+            return self._evict_state(slots), slots
+
+        return tf.cond(step % period == 0, stale, lambda: (evicted, cleared))
+
     def _widen_sketch(self) -> None:
         """Double the sketch's width until at most half its counters are in use (recounted
         exactly first: ``sketch_used`` over-counts), up to ``sketch_most`` counters a hash."""
@@ -351,12 +377,13 @@ class EmbeddingVariable(RowIO):
         full = 2 * tf.convert_to_tensor(self.sketch_used) > SKETCH_DEPTH * self.counter.width()
         tf.cond(full & (self.counter.width() < self.sketch_most), widen, tf.no_op)
 
-    def _free_rows(self, n: tf.Tensor, step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        """Rows for ``n`` new ids, popped from the free stack. When too few are free the table
-        grows (``grow``); at ``max_capacity`` the least recently used rows not looked up at
-        ``step`` are evicted first (returned as ``victims``): as many as missing, and at least
-        1/64 of the table, so that the O(rows) search runs once per many admissions
-        (``eviction.least_recently_used``). Fewer rows when the table holds no more."""
+    def _make_room(self, n: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
+        """Make ``n`` rows free for new ids. When too few are free the table grows (``grow``);
+        at ``max_capacity`` the least recently used rows not looked up at ``step`` are evicted
+        first and returned (``victims``, their tags kept: ``admit`` counts them per member):
+        as many as missing, and at least 1/64 of the table, so that the O(rows) search runs
+        once per many admissions (``eviction.least_recently_used``). Fewer rows are free when
+        the table holds no more."""
         short = n - tf.convert_to_tensor(self.free_top)
         cap = self.capacity()
         tf.cond(
@@ -368,15 +395,18 @@ class EmbeddingVariable(RowIO):
 
         def lru():
             victims = eviction.least_recently_used(self.keys, self.versions, step, need)
-            self._evict_state(victims)  # keeps their tags: admit counts them per member
+            self._evict_state(victims)
             return victims
 
-        victims = tf.cond(need > 0, lru, lambda: tf.zeros([0], tf.int64))
+        return tf.cond(need > 0, lru, lambda: tf.zeros([0], tf.int64))
+
+    def _pop_rows(self, n: tf.Tensor) -> tf.Tensor:
+        """Up to ``n`` rows popped from the free stack (``int64 [m]``, the lowest first)."""
         top = tf.convert_to_tensor(self.free_top)
         m = tf.minimum(n, top)
-        targets = tf.gather(self.free, tf.range(top - 1, top - m - 1, -1))  # lowest rows first
+        targets = tf.gather(self.free, tf.range(top - 1, top - m - 1, -1))
         self.free_top.assign_sub(m)
-        return targets, victims
+        return targets
 
     def _padded(self, variables: list[tuple[tf.Variable, object]], rows: tf.Tensor) -> list:
         """Extend each of ``variables`` (``(variable, fill)``) to ``rows`` rows at its fill,
