@@ -67,6 +67,18 @@ def _deltas(trainer: Trainer, since: int) -> dict:
     return out
 
 
+def _with_random_ids(trainer: Trainer, batch: tuple, seed: int, pool: int) -> tuple:
+    """``batch`` with the online tables' ids drawn from ``pool`` values."""
+    reader, flat = trainer.reader, list(batch)
+    at = len(reader.labels)  # the ids' place in a flat batch (FeatureReader.signature)
+    ids = flat[at].numpy()
+    id_features = [f.name for f in reader.features if f.kind == "id"]  # the ids' rows, in order
+    rows = [id_features.index(name) for name in TABLES]
+    ids[rows] = np.random.default_rng(seed).integers(1, pool + 1, (len(rows), ids.shape[1])) * 1_000_003
+    flat[at] = tf.constant(ids, tf.int64)
+    return tuple(flat)
+
+
 class FusedAgainstStock(RuleBasedStateMachine):
     """Steps, day boundaries, saves and restores in any order, on both paths at once."""
 
@@ -87,14 +99,7 @@ class FusedAgainstStock(RuleBasedStateMachine):
     def step_on_random_ids(self, i, seed, pool):
         # batch i's rows with the online tables' ids drawn from ``pool`` values: admissions,
         # refusals and evictions the day's own ids would not reach
-        reader, flat = self.fused.reader, list(self.batches[i])
-        at = len(reader.labels)  # the ids' place in a flat batch (FeatureReader.signature)
-        ids = flat[at].numpy()
-        id_features = [f.name for f in reader.features if f.kind == "id"]  # the ids' rows, in order
-        rows = [id_features.index(name) for name in TABLES]
-        ids[rows] = np.random.default_rng(seed).integers(1, pool + 1, (len(rows), ids.shape[1])) * 1_000_003
-        flat[at] = tf.constant(ids, tf.int64)
-        self.train(tuple(flat))
+        self.train(_with_random_ids(self.fused, self.batches[i], seed, pool))
 
     def train(self, flat: tuple) -> None:
         losses = [float(step(*flat)) for step in self.steps]
@@ -151,3 +156,21 @@ def test_any_sequence_of_steps_days_saves_and_restores_gives_the_same_tables(pat
     assert FusedAgainstStock.seen["evicted"] > 0 and FusedAgainstStock.seen["filtered"] > 0, (
         FusedAgainstStock.seen
     )
+
+
+def test_the_admission_sketch_widens_on_both_paths_alike(paths):
+    # new ids every step until the group's sketch (4,096 counters a hash at least) is half full
+    (fused, stock), steps, batches, _, start = paths
+    for trainer, path in zip((fused, stock), start, strict=True):
+        trainer.dist.restore(trainer.state, path)
+        online.refresh(trainer.model)
+    group = next(ev for ev in online.tables(fused.model) if ev.grouped)
+    width = int(group.counter.width())
+    for seed in range(40):
+        flat = _with_random_ids(fused, batches[seed % BATCHES], seed, 10**9)
+        losses = [float(step(*flat)) for step in steps]
+        assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+        _assert_same(_state_of(stock), _state_of(fused))
+        if int(group.counter.width()) > width:
+            break
+    assert int(group.counter.width()) > width, "the sketch never widened"

@@ -4,7 +4,7 @@
 
 The row-wise optimizer updates of embedding tables (``trainer.sparse_optimizers``) run in one
 kernel each, in place, over TensorFlow's intra-op threads: LazyAdam, tf-keras' Adagrad and
-FTRL-Proximal; an online table's admission in two (``admit_find``, ``admit_rows``); its
+FTRL-Proximal; an online table's admission in one (``admit``); its
 training lookup and its gradient in one kernel each (``gather_rows``); its growth in one
 (``grow_rows``). ``train_config.fused_kernels: false``
 keeps the stock TensorFlow ops, the reference the kernels are tested against, op by op
@@ -105,49 +105,37 @@ def grow_rows(variables: list, fills: list, rows) -> tf.Operation:
     return ops().recpipe_grow_rows(handles, tf.cast(rows, tf.int64), fills=[float(f) for f in fills])
 
 
-def admit_find(table, keys, occurrences, step, day) -> tuple[tf.Tensor, ...]:
-    """An online table's step, first half (``trainer.online.table.EmbeddingVariable.admit``):
-    the rows of ``keys`` (``int64 [U]``, distinct) in ``table``'s id -> row map; the rows found
-    get their sightings (``occurrences``, ``int64 [U]``) added to ``ev_freqs`` and ``step``,
-    ``day`` (``int64 []``) as their version and day. Returns ``(slots int64 [U]`` (-1 without a
-    row), ``miss int64 [M]`` (the positions of the ids without one), ``count float32 [M]``
-    (their sightings plus, with ``filter_freq > 1``, the count-min sketch's estimate: DeepRec's
-    ``CounterFilter``), ``ready int64 []`` (how many counts reach ``filter_freq``)).
+def admit(table, keys, occurrences, members, step, day) -> tuple[tf.Tensor, ...]:
+    """An online table's training admission for one step, in one kernel
+    (``trainer.online.table.EmbeddingVariable.admit`` has the stock ops): the rows of ``keys``
+    (``int64 [U]``, distinct; ``members`` ``int64 [U]``, each key's table in a group, None for a
+    table alone) in ``table``'s id -> row map; the rows found get their sightings
+    (``occurrences``, ``int64 [U]``) added and ``step``, ``day`` (``int64 []``) as version and
+    day; with ``steps_to_live`` the stale rows are evicted every ``steps_to_live // 8`` steps;
+    the others are counted (their sightings plus the count-min sketch's estimate: DeepRec's
+    ``CounterFilter``), and those reaching ``filter_freq`` take free rows, the table's state
+    growing up to its ``max_capacity`` or its least recently used rows evicted first; the ids
+    left out raise their sketch counters (conservative update), the sketch widens when half
+    full, and the step's ``STATS`` are added per table. Returns ``(rows int64 [U]`` (-1 for ids
+    left without one), ``targets int64 [A]`` (the rows given), ``new_keys int64 [A]`` (their
+    ids), ``cleared int64 [C]`` (the rows evicted)): the weights and optimizer slots of
+    ``targets`` and ``cleared`` are the caller's to write.
 
     Raises:
-        tf.errors.InvalidArgumentError: mismatched lengths, or state variables of other dtypes
-            or lengths.
-    """
-    return ops().recpipe_admit_find(
-        table.map.resource_handle, table.freqs.handle, table.versions.handle, table.days.handle,
-        table.sketch.handle, keys, occurrences, tf.cast(step, tf.int64), tf.cast(day, tf.int64),
-        filter_freq=int(table.params.filter_freq),
-    )  # fmt: skip
-
-
-def admit_rows(table, keys, occurrences, members, slots, miss, count, victims, evicted, step, day):
-    """An online table's step, second half, after ``admit_find`` (``slots``, ``miss``,
-    ``count``) and the stock ops' eviction by steps (``evicted``, ``int64 [members]``) and of
-    least recently used rows (``victims``, ``int64 [V]``, still tagged): the first ids ready
-    take rows from the top of the free stack, the map and the rows' state record them, the
-    sketch's counters of the ids left out rise to their counts (conservative update), and the
-    step's ``STATS`` are added per member (``members``, ``int64 [U]``; None for a table alone).
-    Returns ``(rows int64 [U]`` (``slots`` with the admitted ids' rows), ``targets int64 [A]``
-    (the rows given), ``new_keys int64 [A]`` (their ids)).
-
-    Raises:
-        tf.errors.InvalidArgumentError: mismatched lengths, an index outside its range, or
+        tf.errors.InvalidArgumentError: mismatched lengths, a member outside the group, or
             state variables of other dtypes or lengths.
     """
     tags = [table.row_tags.handle] if table.grouped else []
     if members is None:
         members = tf.zeros([0], tf.int64)
-    return ops().recpipe_admit_rows(
+    return ops().recpipe_admit(
         table.map.resource_handle, table.keys.handle, table.freqs.handle, table.versions.handle,
         table.days.handle, table.free.handle, table.free_top.handle, table.sketch.handle,
-        table.sketch_used.handle, table.stats.handle, tags, keys, occurrences, members, slots,
-        miss, count, tf.cast(victims, tf.int64), evicted, tf.cast(step, tf.int64),
-        tf.cast(day, tf.int64), filter_freq=int(table.params.filter_freq), tags=list(table.tags),
+        table.sketch_used.handle, table.stats.handle, tags, keys, occurrences, members,
+        tf.cast(step, tf.int64), tf.cast(day, tf.int64),
+        filter_freq=int(table.params.filter_freq), tags=list(table.tags),
+        steps_to_live=int(table.params.steps_to_live or 0), max_rows=int(table.max_rows),
+        sketch_most=int(table.sketch_most) if table.sketch_follows else 0,
     )  # fmt: skip
 
 

@@ -1,14 +1,10 @@
-// An online table's admission (trainer/online/table.py, EmbeddingVariable.admit) in two kernels,
-// where the stock path takes about sixty ops a table and step:
-// - RecpipeAdmitFind maps a step's distinct ids to their rows, updates the rows found (count,
-//   version, day) and counts the others: their sightings plus the count-min sketch's estimate
-//   (DeepRec's CounterFilter; Cormode and Muthukrishnan 2005);
-// - RecpipeAdmitRows gives the ids whose count reaches filter_freq rows from the free stack,
-//   records them (the id -> row map, the rows' state), raises the sketch's counters of the ids
-//   left without a row to their counts (conservative update) and adds the step's statistics.
-// Between the two, stock ops evict stale rows and, when too few rows are free, grow the table or
-// evict the least recently used rows: branches a step seldom takes. The kernels compute the stock
-// ops' values in the same order (tests/trainer/test_fused_against_stock.py).
+// An online table's admission for one step (trainer/online/table.py, EmbeddingVariable.admit) in
+// one kernel, where the stock path takes about 300 ops a table, a third of them in the branches
+// of its conditions (eviction by steps, growth, eviction of the least recently used rows, the
+// sketch's widening), which a traced step carries and Grappler optimises whether or not a step
+// takes them. The count-min sketch is DeepRec's CounterFilter (Cormode and Muthukrishnan 2005).
+// The kernel computes the stock ops' values in their order
+// (tests/trainer/test_fused_against_stock.py).
 #include <algorithm>
 #include <cstdint>
 #include <vector>
@@ -72,228 +68,193 @@ bool SameRows(tf::OpKernelContext* ctx, const std::vector<tf::Tensor*>& vars, in
   return true;
 }
 
-// Inputs: map, freqs, versions, days, sketch (resources); keys, occurrences (int64 [U]), step,
-// day (int64 []). Outputs: slots (int64 [U], -1 without a row), miss (int64 [M], the positions of
-// the ids without a row), count (float32 [M], their sightings plus the sketch's estimate with
-// filter_freq > 1), ready (int64 [], how many counts reach filter_freq).
-class AdmitFind : public tf::OpKernel {
- public:
-  explicit AdmitFind(tf::OpKernelConstruction* ctx) : tf::OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("filter_freq", &filter_freq_));
+// The rows' state of one table, writable in place: the pointers follow a growth.
+struct State {
+  tf::Tensor *ids, *freqs, *versions, *days, *free, *free_top, *tags;
+  int64_t rows = 0;
+  int64_t *id, *f, *v, *d, *stack, *tag;
+
+  void Bind() {
+    rows = ids->dim_size(0);
+    id = ids->flat<int64_t>().data();
+    f = freqs->flat<int64_t>().data();
+    v = versions->flat<int64_t>().data();
+    d = days->flat<int64_t>().data();
+    stack = free->flat<int64_t>().data();
+    tag = tags ? tags->flat<int64_t>().data() : nullptr;
   }
-
-  void Compute(tf::OpKernelContext* ctx) override {
-    if (!Vector(ctx, 5, "keys")) return;
-    const int64_t n = ctx->input(5).dim_size(0);
-    if (!Vector(ctx, 6, "occurrences", n)) return;
-    const tf::Tensor& keys = ctx->input(5);
-    const int64_t* key = keys.flat<int64_t>().data();
-    const int64_t* occ = ctx->input(6).flat<int64_t>().data();
-    const int64_t step = ctx->input(7).scalar<int64_t>()(), day = ctx->input(8).scalar<int64_t>()();
-
-    tf::lookup::LookupInterface* map = nullptr;
-    OP_REQUIRES_OK(ctx, MapAt(ctx, 0, &map));
-    tf::core::ScopedUnref unref(map);
-    tf::Tensor* slots = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({n}), &slots));
-    tf::Tensor none(tf::DT_INT64, tf::TensorShape({}));
-    none.scalar<int64_t>()() = -1;
-    OP_REQUIRES_OK(ctx, map->Find(ctx, keys, slots, none));
-    const int64_t* slot = slots->flat<int64_t>().data();
-
-    LockedVariables vars(ctx, {1, 2, 3, 4});
-    if (!vars.ok()) return;
-    tf::Tensor* freqs = vars.Writable(0, tf::DT_INT64, 1, "ev_freqs");
-    tf::Tensor* versions = freqs ? vars.Writable(1, tf::DT_INT64, 1, "ev_versions") : nullptr;
-    tf::Tensor* days = versions ? vars.Writable(2, tf::DT_INT64, 1, "ev_days") : nullptr;
-    if (days == nullptr) return;
-    const int64_t rows = freqs->dim_size(0);
-    if (!SameRows(ctx, {versions, days}, rows)) return;
-    std::vector<int64_t> miss;
-    for (int64_t i = 0; i < n; ++i) {
-      OP_REQUIRES(ctx, slot[i] < rows, InvalidArgument("the map gives id ", key[i], " row ", slot[i], " of ", rows));
-      if (slot[i] < 0) miss.push_back(i);
-    }
-    int64_t *f = freqs->flat<int64_t>().data(), *v = versions->flat<int64_t>().data();
-    int64_t* d = days->flat<int64_t>().data();
-    for (int64_t i = 0; i < n; ++i) {
-      if (slot[i] < 0) continue;
-      f[slot[i]] += occ[i];
-      v[slot[i]] = step;
-      d[slot[i]] = day;
-    }
-
-    const int64_t m = miss.size();
-    tf::Tensor *miss_out = nullptr, *count_out = nullptr, *ready_out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, tf::TensorShape({m}), &miss_out));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, tf::TensorShape({m}), &count_out));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, tf::TensorShape({}), &ready_out));
-    std::copy(miss.begin(), miss.end(), miss_out->flat<int64_t>().data());
-    float* count = count_out->flat<float>().data();
-    const float* sketch = nullptr;
-    int64_t width = 0;
-    if (filter_freq_ > 1) {
-      const tf::Tensor* s = vars.Readable(3, tf::DT_FLOAT, 1, "ev_filter_counts");
-      if (s == nullptr) return;
-      width = s->dim_size(0) / kDepth;
-      OP_REQUIRES(ctx, width > 0, InvalidArgument("the sketch has no counters"));
-      sketch = s->flat<float>().data();
-    }
-    int64_t ready = 0;
-    int64_t at[kDepth];
-    for (int64_t j = 0; j < m; ++j) {
-      float c = static_cast<float>(occ[miss[j]]);
-      if (sketch != nullptr) {
-        SketchIndex(key[miss[j]], width, at);
-        float estimate = sketch[at[0]];
-        for (int k = 1; k < kDepth; ++k) estimate = std::min(estimate, sketch[at[k]]);
-        c += estimate;
-      }
-      count[j] = c;
-      ready += filter_freq_ <= 1 || c >= static_cast<float>(filter_freq_);
-    }
-    ready_out->scalar<int64_t>()() = ready;
-  }
-
- private:
-  int64_t filter_freq_;
+  int64_t& top() { return free_top->scalar<int64_t>()(); }
 };
 
-// Resources: map, ev_keys, freqs, versions, days, free (the free stack), free_top, sketch,
-// sketch_used, stats, then ev_tables in a group (N = 1). Then: keys, occurrences, members (int64
-// [U]; members empty alone), slots, miss, count (AdmitFind's), victims (int64 [V], rows the stock
-// ops evicted as least recently used, still tagged), evicted (int64 [members], rows evicted by
-// steps), step, day. Outputs: rows (int64 [U], slots with the admitted ids' rows), targets (int64
-// [A], the rows given) and new_keys (int64 [A], their ids).
-class AdmitRows : public tf::OpKernel {
- public:
-  explicit AdmitRows(tf::OpKernelConstruction* ctx) : tf::OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("filter_freq", &filter_freq_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("tags", &tags_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &grouped_));
-    OP_REQUIRES(ctx, !tags_.empty(), InvalidArgument("tags must name at least one table"));
-  }
+// `t` (int64 or float32 [n]) extended to `rows` entries at `fill`, in a new buffer.
+template <typename T>
+tf::Status Extend(tf::OpKernelContext* ctx, tf::Tensor* t, int64_t rows, T fill) {
+  tf::Tensor grown;
+  TF_RETURN_IF_ERROR(ctx->allocate_temp(t->dtype(), tf::TensorShape({rows}), &grown));
+  const int64_t kept = t->dim_size(0);
+  T* out = grown.flat<T>().data();
+  std::copy_n(t->flat<T>().data(), kept, out);
+  std::fill(out + kept, out + rows, fill);
+  *t = grown;
+  return absl::OkStatus();
+}
 
-  void Compute(tf::OpKernelContext* ctx) override {
+// An online table's whole training admission for a step's distinct ids (EmbeddingVariable.admit,
+// in the stock ops' order): find their rows; count, version and day the rows found; with
+// steps_to_live, evict the stale rows every steps_to_live / 8 steps; count the others (their
+// sightings plus the sketch's estimate); when fewer rows are free than ids are ready, grow the
+// rows' state (up to max_rows) or evict the least recently used rows not used in this step; give
+// the first ready ids rows from the top of the free stack; raise the sketch's counters of the ids
+// left out to their counts and widen it when half full (up to sketch_most counters a hash; 0: a
+// fixed width); add the step's statistics per table of the group.
+// Resources: map, ev_keys, freqs, versions, days, free, free_top, sketch, sketch_used, stats, then
+// ev_tables in a group (N = 1). Then keys, occurrences, members (int64 [U]; members empty alone),
+// step, day. Outputs: rows (int64 [U], -1 for ids left without one), targets (int64 [A], the rows
+// given), new_keys (int64 [A], their ids), cleared (int64 [C], the rows evicted, whose weights the
+// caller clears). The weights and optimizer slots are the caller's (their growth, clearing and
+// initial values).
+struct AdmitAttrs {
+  int64_t filter_freq, steps_to_live, max_rows, sketch_most;
+  std::vector<int64_t> tags;
+  int grouped;
+};
+
+// One run of the kernel: its context, map and the variables' tensors, apart from the kernel,
+// whose Compute may run for two steps at once.
+class AdmitStep {
+ public:
+  AdmitStep(tf::OpKernelContext* ctx, const AdmitAttrs& a)
+      : filter_freq_(a.filter_freq),
+        steps_to_live_(a.steps_to_live),
+        max_rows_(a.max_rows),
+        sketch_most_(a.sketch_most),
+        tags_(a.tags),
+        grouped_(a.grouped),
+        ctx_(ctx) {}
+
+  void Run() {
+    tf::OpKernelContext* ctx = ctx_;
     const int base = 10 + grouped_;
-    const int64_t members = tags_.size();
+    members_ = tags_.size();
     if (!Vector(ctx, base, "keys")) return;
-    const int64_t n = ctx->input(base).dim_size(0);
-    if (!Vector(ctx, base + 1, "occurrences", n) || !Vector(ctx, base + 2, "members", grouped_ ? n : 0) ||
-        !Vector(ctx, base + 3, "slots", n) || !Vector(ctx, base + 4, "miss") ||
-        !Vector(ctx, base + 5, "count", ctx->input(base + 4).dim_size(0)) || !Vector(ctx, base + 6, "victims") ||
-        !Vector(ctx, base + 7, "evicted", members))
-      return;
-    const int64_t* key = ctx->input(base).flat<int64_t>().data();
+    const tf::Tensor& keys = ctx->input(base);
+    const int64_t n = keys.dim_size(0);
+    if (!Vector(ctx, base + 1, "occurrences", n) || !Vector(ctx, base + 2, "members", grouped_ ? n : 0)) return;
+    const int64_t* key = keys.flat<int64_t>().data();
     const int64_t* occ = ctx->input(base + 1).flat<int64_t>().data();
     const int64_t* member = grouped_ ? ctx->input(base + 2).flat<int64_t>().data() : nullptr;
-    const tf::Tensor& slots = ctx->input(base + 3);
-    const int64_t* miss = ctx->input(base + 4).flat<int64_t>().data();
-    const float* count = ctx->input(base + 5).flat<float>().data();
-    const int64_t m = ctx->input(base + 4).dim_size(0);
-    const tf::Tensor& victims = ctx->input(base + 6);
-    const int64_t* evicted = ctx->input(base + 7).flat<int64_t>().data();
-    const int64_t step = ctx->input(base + 8).scalar<int64_t>()();
-    const int64_t day = ctx->input(base + 9).scalar<int64_t>()();
-    for (int64_t j = 0; j < m; ++j)
-      OP_REQUIRES(ctx, miss[j] >= 0 && miss[j] < n, InvalidArgument("miss[", j, "] = ", miss[j], " is not a key"));
+    const int64_t step = ctx->input(base + 3).scalar<int64_t>()();
+    const int64_t day = ctx->input(base + 4).scalar<int64_t>()();
     for (int64_t i = 0; grouped_ && i < n; ++i)
-      OP_REQUIRES(ctx, member[i] >= 0 && member[i] < members,
-                  InvalidArgument("members[", i, "] = ", member[i], " is not in [0, ", members, ")"));
+      OP_REQUIRES(ctx, member[i] >= 0 && member[i] < members_,
+                  InvalidArgument("members[", i, "] = ", member[i], " is not in [0, ", members_, ")"));
     auto member_of = [&](int64_t i) { return grouped_ ? member[i] : 0; };
+
+    OP_REQUIRES_OK(ctx, MapAt(ctx, 0, &map_));
+    tf::core::ScopedUnref unref(map_);
+    tf::Tensor* rows_out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({n}), &rows_out));
+    tf::Tensor none(tf::DT_INT64, tf::TensorShape({}));
+    none.scalar<int64_t>()() = -1;
+    OP_REQUIRES_OK(ctx, map_->Find(ctx, keys, rows_out, none));
+    int64_t* row = rows_out->flat<int64_t>().data();
 
     std::vector<int> inputs = {1, 2, 3, 4, 5, 6, 7, 8, 9};
     if (grouped_) inputs.push_back(10);
     LockedVariables vars(ctx, inputs);
-    if (!vars.ok()) return;
-    tf::Tensor* ids = vars.Writable(0, tf::DT_INT64, 1, "ev_keys");
-    tf::Tensor* freqs = ids ? vars.Writable(1, tf::DT_INT64, 1, "ev_freqs") : nullptr;
-    tf::Tensor* versions = freqs ? vars.Writable(2, tf::DT_INT64, 1, "ev_versions") : nullptr;
-    tf::Tensor* days = versions ? vars.Writable(3, tf::DT_INT64, 1, "ev_days") : nullptr;
-    tf::Tensor* free = days ? vars.Writable(4, tf::DT_INT64, 1, "ev_free_rows") : nullptr;
-    tf::Tensor* free_top = free ? vars.Writable(5, tf::DT_INT64, 0, "ev_free_top") : nullptr;
-    tf::Tensor* used = free_top ? vars.Writable(7, tf::DT_INT64, 0, "ev_filter_used") : nullptr;
-    tf::Tensor* stats = used ? vars.Writable(8, tf::DT_INT64, 1, "ev_stats") : nullptr;
-    tf::Tensor* row_tags = nullptr;
-    if (stats == nullptr) return;
-    const int64_t rows = ids->dim_size(0);
-    std::vector<tf::Tensor*> state = {freqs, versions, days, free};
-    if (grouped_) {
-      row_tags = vars.Writable(9, tf::DT_INT64, 1, "ev_tables");
-      if (row_tags == nullptr) return;
-      state.push_back(row_tags);
-    }
-    if (!SameRows(ctx, state, rows)) return;
-    OP_REQUIRES(ctx, stats->dim_size(0) == kStats * members,
-                InvalidArgument("ev_stats has ", stats->dim_size(0), " counts, not ", kStats * members));
-    const int64_t top = free_top->scalar<int64_t>()();
-    OP_REQUIRES(ctx, top >= 0 && top <= rows, InvalidArgument("ev_free_top ", top, " is not in [0, ", rows, "]"));
-    const int64_t* stack = free->flat<int64_t>().data();
-    for (int64_t i = 0; i < top; ++i)
-      OP_REQUIRES(ctx, stack[i] >= 0 && stack[i] < rows, InvalidArgument("free row ", stack[i], " is not a row"));
-    const int64_t* victim = victims.flat<int64_t>().data();
-    for (int64_t i = 0; i < victims.dim_size(0); ++i)
-      OP_REQUIRES(ctx, victim[i] >= 0 && victim[i] < rows, InvalidArgument("victim ", victim[i], " is not a row"));
+    if (!vars.ok() || !Bind(&vars)) return;
+    State& s = state_;
 
-    // the victims' tables, before their rows take new ids (the first tag that matches, as argmax)
-    int64_t* stat = stats->flat<int64_t>().data();
-    for (int64_t t = 0; t < members; ++t) stat[t * kStats + 1] += evicted[t];
-    for (int64_t i = 0; i < victims.dim_size(0); ++i) {
-      int64_t t = 0;
-      if (grouped_) {
-        const int64_t tag = row_tags->flat<int64_t>()(victim[i]);
-        t = std::find(tags_.begin(), tags_.end(), tag) - tags_.begin();
-        if (t == members) t = 0;
+    // the ids with a row: counted, versioned, dated
+    std::vector<int64_t> miss;
+    for (int64_t i = 0; i < n; ++i) {
+      OP_REQUIRES(ctx, row[i] < s.rows, InvalidArgument("the map gives id ", key[i], " row ", row[i], " of ", s.rows));
+      if (row[i] < 0) miss.push_back(i);
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      if (row[i] < 0) continue;
+      s.f[row[i]] += occ[i];
+      s.v[row[i]] = step;
+      s.d[row[i]] = day;
+    }
+    int64_t* stat = stats_->flat<int64_t>().data();
+    std::vector<int64_t> cleared;
+    if (steps_to_live_ > 0 && step % std::max<int64_t>(1, steps_to_live_ / 8) == 0) {
+      std::vector<int64_t> stale;
+      for (int64_t r = 0; r < s.rows; ++r)
+        if (s.id[r] >= 0 && s.v[r] < step - steps_to_live_) stale.push_back(r);
+      if (!Evict(stale, stat)) return;
+      cleared = stale;
+    }
+
+    // the others' counts: their sightings, plus the sketch's estimate
+    const int64_t m = miss.size();
+    std::vector<float> count(m);
+    std::vector<int64_t> at;
+    const int64_t width = sketch_->dim_size(0) / kDepth;
+    if (filter_freq_ > 1) {
+      OP_REQUIRES(ctx, width > 0, InvalidArgument("the sketch has no counters"));
+      const float* sketch = sketch_->flat<float>().data();
+      at.resize(m * kDepth);
+      for (int64_t j = 0; j < m; ++j) {
+        SketchIndex(key[miss[j]], width, &at[j * kDepth]);
+        float estimate = sketch[at[j * kDepth]];
+        for (int k = 1; k < kDepth; ++k) estimate = std::min(estimate, sketch[at[j * kDepth + k]]);
+        count[j] = static_cast<float>(occ[miss[j]]) + estimate;
       }
-      stat[t * kStats + 1] += 1;
+    } else {
+      for (int64_t j = 0; j < m; ++j) count[j] = static_cast<float>(occ[miss[j]]);
+    }
+    int64_t ready = 0;
+    for (int64_t j = 0; j < m; ++j) ready += Ready(count[j]);
+
+    // room for them: the state grows, or at max_rows the least recently used rows go
+    const int64_t cap = s.rows;
+    const int64_t short_by = ready - s.top();
+    if (short_by > 0 && cap < max_rows_) {
+      if (!Grow(std::min(std::max(2 * cap, cap + short_by), max_rows_))) return;
+    }
+    const int64_t need = ready - s.top();
+    if (need > 0) {
+      std::vector<int64_t> victims = LeastRecentlyUsed(step, need);
+      if (!Evict(victims, stat)) return;
+      cleared.insert(cleared.end(), victims.begin(), victims.end());
     }
 
     // the first ids ready take the rows on top of the free stack, lowest first
-    std::vector<char> admitted(m, 0);
-    int64_t ready = 0;
-    for (int64_t j = 0; j < m; ++j) ready += Ready(count[j]);
+    const int64_t top = s.top();
     const int64_t given = std::min(ready, top);
-    tf::Tensor *rows_out = nullptr, *targets = nullptr, *new_keys = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, slots.shape(), &rows_out));
+    tf::Tensor *targets = nullptr, *new_keys = nullptr, *cleared_out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, tf::TensorShape({given}), &targets));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, tf::TensorShape({given}), &new_keys));
-    int64_t* row = rows_out->flat<int64_t>().data();
-    std::copy_n(slots.flat<int64_t>().data(), n, row);
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, tf::TensorShape({static_cast<int64_t>(cleared.size())}), &cleared_out));
+    std::copy(cleared.begin(), cleared.end(), cleared_out->flat<int64_t>().data());
     int64_t* target = targets->flat<int64_t>().data();
     int64_t* new_key = new_keys->flat<int64_t>().data();
-    int64_t* id = ids->flat<int64_t>().data();
-    int64_t *f = freqs->flat<int64_t>().data(), *v = versions->flat<int64_t>().data();
-    int64_t* d = days->flat<int64_t>().data();
+    std::vector<char> admitted(m, 0);
     for (int64_t j = 0, a = 0; j < m && a < given; ++j) {
       if (!Ready(count[j])) continue;
       admitted[j] = 1;
-      const int64_t r = stack[top - 1 - a], i = miss[j];
+      const int64_t r = s.stack[top - 1 - a], i = miss[j];
+      OP_REQUIRES(ctx, r >= 0 && r < s.rows, InvalidArgument("free row ", r, " is not a row"));
       target[a] = r;
       new_key[a] = key[i];
       row[i] = r;
-      id[r] = key[i];
-      f[r] = static_cast<int64_t>(count[j]);
-      v[r] = step;
-      d[r] = day;
-      if (grouped_) row_tags->flat<int64_t>()(r) = tags_[member[i]];
+      s.id[r] = key[i];
+      s.f[r] = static_cast<int64_t>(count[j]);
+      s.v[r] = step;
+      s.d[r] = day;
+      if (grouped_) s.tag[r] = tags_[member[i]];
       ++a;
     }
-    free_top->scalar<int64_t>()() = top - given;
-    tf::lookup::LookupInterface* map = nullptr;
-    OP_REQUIRES_OK(ctx, MapAt(ctx, 0, &map));
-    tf::core::ScopedUnref unref(map);
-    OP_REQUIRES_OK(ctx, map->Insert(ctx, *new_keys, *targets));
+    s.top() = top - given;
+    OP_REQUIRES_OK(ctx, map_->Insert(ctx, *new_keys, *targets));
 
+    // the ids left without a row keep their counts (conservative update)
     if (filter_freq_ > 1) {
-      tf::Tensor* s = vars.Writable(6, tf::DT_FLOAT, 1, "ev_filter_counts");
-      if (s == nullptr) return;
-      const int64_t width = s->dim_size(0) / kDepth;
-      OP_REQUIRES(ctx, width > 0, InvalidArgument("the sketch has no counters"));
-      float* sketch = s->flat<float>().data();
-      std::vector<int64_t> at(m * kDepth);
+      float* sketch = sketch_->flat<float>().data();
       int64_t started = 0;  // counted before any update: a counter two ids share counts twice
       for (int64_t j = 0; j < m; ++j) {
-        SketchIndex(key[miss[j]], width, &at[j * kDepth]);
         const float c = admitted[j] ? 0.0f : count[j];
         for (int k = 0; k < kDepth; ++k) started += sketch[at[j * kDepth + k]] == 0.0f && c > 0.0f;
       }
@@ -301,7 +262,8 @@ class AdmitRows : public tf::OpKernel {
         const float c = admitted[j] ? 0.0f : count[j];
         for (int k = 0; k < kDepth; ++k) sketch[at[j * kDepth + k]] = std::max(sketch[at[j * kDepth + k]], c);
       }
-      used->scalar<int64_t>()() += started;
+      used_->scalar<int64_t>()() += started;
+      if (sketch_most_ > 0 && !Widen()) return;
     }
 
     for (int64_t i = 0; i < n; ++i) stat[member_of(i) * kStats + 3] += occ[i];
@@ -319,51 +281,172 @@ class AdmitRows : public tf::OpKernel {
  private:
   bool Ready(float count) const { return filter_freq_ <= 1 || count >= static_cast<float>(filter_freq_); }
 
-  int64_t filter_freq_;
-  std::vector<int64_t> tags_;
-  int grouped_;
+  bool Bind(LockedVariables* vars) {
+    State& s = state_;
+    s.ids = vars->Writable(0, tf::DT_INT64, 1, "ev_keys");
+    s.freqs = s.ids ? vars->Writable(1, tf::DT_INT64, 1, "ev_freqs") : nullptr;
+    s.versions = s.freqs ? vars->Writable(2, tf::DT_INT64, 1, "ev_versions") : nullptr;
+    s.days = s.versions ? vars->Writable(3, tf::DT_INT64, 1, "ev_days") : nullptr;
+    s.free = s.days ? vars->Writable(4, tf::DT_INT64, 1, "ev_free_rows") : nullptr;
+    s.free_top = s.free ? vars->Writable(5, tf::DT_INT64, 0, "ev_free_top") : nullptr;
+    sketch_ = s.free_top ? vars->Writable(6, tf::DT_FLOAT, 1, "ev_filter_counts") : nullptr;
+    used_ = sketch_ ? vars->Writable(7, tf::DT_INT64, 0, "ev_filter_used") : nullptr;
+    stats_ = used_ ? vars->Writable(8, tf::DT_INT64, 1, "ev_stats") : nullptr;
+    if (stats_ == nullptr) return false;
+    s.tags = nullptr;
+    std::vector<tf::Tensor*> rows = {s.freqs, s.versions, s.days, s.free};
+    if (grouped_) {
+      s.tags = vars->Writable(9, tf::DT_INT64, 1, "ev_tables");
+      if (s.tags == nullptr) return false;
+      rows.push_back(s.tags);
+    }
+    if (!SameRows(ctx_, rows, s.ids->dim_size(0))) return false;
+    if (stats_->dim_size(0) != kStats * members_) {
+      ctx_->CtxFailure(__FILE__, __LINE__,
+                       InvalidArgument("ev_stats has ", stats_->dim_size(0), " counts, not ", kStats * members_));
+      return false;
+    }
+    s.Bind();
+    if (s.top() < 0 || s.top() > s.rows) {
+      ctx_->CtxFailure(__FILE__, __LINE__, InvalidArgument("ev_free_top ", s.top(), " is not in [0, ", s.rows, "]"));
+      return false;
+    }
+    return true;
+  }
+
+  // Free `rows`: count them per table, drop their ids from the map, clear their state, push
+  // them on the free stack (EmbeddingVariable._evict_state).
+  bool Evict(const std::vector<int64_t>& rows, int64_t* stat) {
+    if (rows.empty()) return true;
+    State& s = state_;
+    const int64_t k = rows.size();
+    tf::Tensor gone(tf::DT_INT64, tf::TensorShape({k}));
+    int64_t* g = gone.flat<int64_t>().data();
+    for (int64_t i = 0; i < k; ++i) {
+      const int64_t r = rows[i];
+      int64_t t = 0;
+      if (grouped_) {  // the first tag that matches, as the stock ops' argmax
+        t = std::find(tags_.begin(), tags_.end(), s.tag[r]) - tags_.begin();
+        if (t == members_) t = 0;
+      }
+      stat[t * kStats + 1] += 1;
+      g[i] = s.id[r];
+    }
+    tf::Status status = map_->Remove(ctx_, gone);
+    if (!status.ok()) {
+      ctx_->CtxFailure(__FILE__, __LINE__, status);
+      return false;
+    }
+    int64_t& top = s.top();
+    for (int64_t i = 0; i < k; ++i) {
+      const int64_t r = rows[i];
+      s.id[r] = -1;
+      s.f[r] = s.v[r] = s.d[r] = 0;
+      s.stack[top + i] = rows[k - 1 - i];
+    }
+    top += k;
+    return true;
+  }
+
+  // The state's variables extended to `rows` (ids free, counts 0), the new rows pushed on the
+  // free stack, the lowest on top (EmbeddingVariable._grow_state).
+  bool Grow(int64_t rows) {
+    State& s = state_;
+    const int64_t cap = s.rows, top = s.top();
+    tf::Status status = Extend<int64_t>(ctx_, s.ids, rows, -1);
+    for (tf::Tensor* t : {s.freqs, s.versions, s.days, s.free})
+      if (status.ok()) status = Extend<int64_t>(ctx_, t, rows, 0);
+    if (status.ok() && grouped_) status = Extend<int64_t>(ctx_, s.tags, rows, 0);
+    if (!status.ok()) {
+      ctx_->CtxFailure(__FILE__, __LINE__, status);
+      return false;
+    }
+    s.Bind();
+    for (int64_t i = 0; i < rows - cap; ++i) s.stack[top + i] = rows - 1 - i;
+    s.top() = top + rows - cap;
+    return true;
+  }
+
+  // The max(need, rows / 64) least recently looked-up rows not used at `step`, oldest first,
+  // ties by row (eviction.least_recently_used: top_k keeps the lower index first).
+  std::vector<int64_t> LeastRecentlyUsed(int64_t step, int64_t need) {
+    State& s = state_;
+    std::vector<int64_t> old;
+    for (int64_t r = 0; r < s.rows; ++r)
+      if (s.id[r] >= 0 && s.v[r] < step) old.push_back(r);
+    const int64_t k = std::min<int64_t>(std::max(need, s.rows / 64), old.size());
+    auto older = [&](int64_t a, int64_t b) { return s.v[a] < s.v[b] || (s.v[a] == s.v[b] && a < b); };
+    std::partial_sort(old.begin(), old.begin() + k, old.end(), older);
+    old.resize(k);
+    return old;
+  }
+
+  // With at least half its counters in use (sketch_used, an upper bound), the sketch's counters
+  // recounted and its width doubled until at most half are, up to sketch_most
+  // (EmbeddingVariable._widen_sketch); each hash's counts keep their positions.
+  bool Widen() {
+    const int64_t width = sketch_->dim_size(0) / kDepth;
+    int64_t& used = used_->scalar<int64_t>()();
+    if (!(2 * used > kDepth * width && width < sketch_most_)) return true;
+    const float* old = sketch_->flat<float>().data();
+    used = std::count_if(old, old + kDepth * width, [](float c) { return c != 0.0f; });
+    int64_t target = width;
+    while (2 * used > kDepth * target && 2 * target <= sketch_most_) target *= 2;
+    if (target <= width) return true;
+    tf::Tensor wider;
+    tf::Status status = ctx_->allocate_temp(tf::DT_FLOAT, tf::TensorShape({kDepth * target}), &wider);
+    if (!status.ok()) {
+      ctx_->CtxFailure(__FILE__, __LINE__, status);
+      return false;
+    }
+    float* out = wider.flat<float>().data();
+    for (int k = 0; k < kDepth; ++k) {
+      std::copy_n(old + k * width, width, out + k * target);
+      std::fill(out + k * target + width, out + (k + 1) * target, 0.0f);
+    }
+    *sketch_ = wider;
+    return true;
+  }
+
+  const int64_t filter_freq_, steps_to_live_, max_rows_, sketch_most_;
+  const std::vector<int64_t>& tags_;
+  const int grouped_;
+  tf::OpKernelContext* ctx_;
+  tf::lookup::LookupInterface* map_ = nullptr;
+  State state_{};
+  tf::Tensor *sketch_ = nullptr, *used_ = nullptr, *stats_ = nullptr;
+  int64_t members_ = 1;
 };
 
-tf::Status FindShape(tf::shape_inference::InferenceContext* c) {
-  c->set_output(0, c->input(5));
-  c->set_output(1, c->Vector(c->UnknownDim()));
-  c->set_output(2, c->Vector(c->UnknownDim()));
-  c->set_output(3, c->Scalar());
-  return absl::OkStatus();
-}
+class Admit : public tf::OpKernel {
+ public:
+  explicit Admit(tf::OpKernelConstruction* ctx) : tf::OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("filter_freq", &attrs_.filter_freq));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("tags", &attrs_.tags));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &attrs_.grouped));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("steps_to_live", &attrs_.steps_to_live));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("max_rows", &attrs_.max_rows));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("sketch_most", &attrs_.sketch_most));
+    OP_REQUIRES(ctx, !attrs_.tags.empty(), InvalidArgument("tags must name at least one table"));
+  }
 
-tf::Status RowsShape(tf::shape_inference::InferenceContext* c) {
+  void Compute(tf::OpKernelContext* ctx) override { AdmitStep(ctx, attrs_).Run(); }
+
+ private:
+  AdmitAttrs attrs_;
+};
+
+tf::Status AdmitShape(tf::shape_inference::InferenceContext* c) {
   int grouped = 0;
   TF_RETURN_IF_ERROR(c->GetAttr("N", &grouped));
   c->set_output(0, c->input(10 + grouped));
-  c->set_output(1, c->Vector(c->UnknownDim()));
-  c->set_output(2, c->Vector(c->UnknownDim()));
+  for (int i = 1; i < 4; ++i) c->set_output(i, c->Vector(c->UnknownDim()));
   return absl::OkStatus();
 }
 
 }  // namespace
 
-REGISTER_OP("RecpipeAdmitFind")
-    .Input("map: resource")
-    .Input("freqs: resource")
-    .Input("versions: resource")
-    .Input("days: resource")
-    .Input("sketch: resource")
-    .Input("keys: int64")
-    .Input("occurrences: int64")
-    .Input("step: int64")
-    .Input("day: int64")
-    .Output("slots: int64")
-    .Output("miss: int64")
-    .Output("count: float")
-    .Output("ready: int64")
-    .Attr("filter_freq: int")
-    .SetIsStateful()
-    .SetShapeFn(FindShape)
-    .Doc("An online table's step: the ids' rows, the rows found updated, the others counted.");
-REGISTER_KERNEL_BUILDER(Name("RecpipeAdmitFind").Device(tf::DEVICE_CPU), AdmitFind);
-
-REGISTER_OP("RecpipeAdmitRows")
+REGISTER_OP("RecpipeAdmit")
     .Input("map: resource")
     .Input("ids: resource")
     .Input("freqs: resource")
@@ -378,22 +461,21 @@ REGISTER_OP("RecpipeAdmitRows")
     .Input("keys: int64")
     .Input("occurrences: int64")
     .Input("members: int64")
-    .Input("slots: int64")
-    .Input("miss: int64")
-    .Input("count: float")
-    .Input("victims: int64")
-    .Input("evicted: int64")
     .Input("step: int64")
     .Input("day: int64")
     .Output("rows: int64")
     .Output("targets: int64")
     .Output("new_keys: int64")
+    .Output("cleared: int64")
     .Attr("N: int >= 0 = 0")
     .Attr("filter_freq: int")
     .Attr("tags: list(int)")
+    .Attr("steps_to_live: int")
+    .Attr("max_rows: int")
+    .Attr("sketch_most: int")
     .SetIsStateful()
-    .SetShapeFn(RowsShape)
-    .Doc("An online table's step: the ready ids take free rows, the others keep their counts.");
-REGISTER_KERNEL_BUILDER(Name("RecpipeAdmitRows").Device(tf::DEVICE_CPU), AdmitRows);
+    .SetShapeFn(AdmitShape)
+    .Doc("An online table's admission for one step's distinct ids: rows found, counted, evicted, grown, given.");
+REGISTER_KERNEL_BUILDER(Name("RecpipeAdmit").Device(tf::DEVICE_CPU), Admit);
 
 }  // namespace recpipe

@@ -327,21 +327,11 @@ class EmbeddingVariable(RowIO):
         return tf.tensor_scatter_nd_update(slots, placed, targets)
 
     def _admit_fused(self, keys: tf.Tensor, occurrences: tf.Tensor, member: tf.Tensor | None) -> tf.Tensor:
-        """``admit`` in recpipe's kernels (``trainer.kernels.admit_find`` and ``admit_rows``),
-        the eviction by steps, the growth and the eviction of least recently used rows between
-        them in stock ops (branches a step seldom takes)."""
-        p = self.params
+        """``admit`` in recpipe's kernel (``trainer.kernels.admit``): every step of it on the
+        rows' state in one op, no branch traced; the weights and slots written as here."""
         step, day = self.clock.stamp(), tf.convert_to_tensor(self.clock.day)
-        slots, miss, count, n_ready = kernels.admit_find(self, keys, occurrences, step, day)
-        evicted, cleared = self._evict_stale(step)
-        victims = self._make_room(n_ready, step)
-        rows, targets, new_keys = kernels.admit_rows(
-            self, keys, occurrences, member, slots, miss, count, victims, evicted, step, day
-        )
-        if p.filter_freq > 1 and self.sketch_follows:
-            with tf.control_dependencies([targets]):  # not while the rows grow (peak RSS)
-                self._widen_sketch()
-        self._write_rows(tf.concat([cleared, victims], 0), targets, new_keys)
+        rows, targets, new_keys, cleared = kernels.admit(self, keys, occurrences, member, step, day)
+        self._write_rows(cleared, targets, new_keys)
         return rows
 
     def _evict_stale(self, step: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
