@@ -2,8 +2,10 @@
 eviction by steps, by days and by capacity, and the clock they run on.
 
 The package's parts, each with one job: ``table`` (the id -> row map and each row's state),
-``admission`` (the count-min sketch), ``eviction`` (which rows go), ``initializer`` (a new
-row's values), ``clock`` (steps and days). What the rest of the trainer calls is here:
+``admit`` (a step's admission of its ids, on the stock ops or in the kernel), ``row_io`` (rows
+in and out: restores, deltas, summaries), ``admission`` (the count-min sketch), ``eviction``
+(which rows go), ``initializer`` (a new row's values), ``clock`` (steps and days). What the
+rest of the trainer calls is here:
 
 - building: ``table_specs`` (which features get an online table), ``EVClock``,
   ``EmbeddingVariable`` (made by ``trainer.layers.embedding``);
