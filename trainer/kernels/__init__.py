@@ -107,7 +107,7 @@ def grow_rows(variables: list, fills: list, rows) -> tf.Operation:
 
 def admit(table, keys, occurrences, members, step, day) -> tuple[tf.Tensor, ...]:
     """An online table's training admission for one step, in one kernel
-    (``trainer.online.table.EmbeddingVariable.admit`` has the stock ops): the rows of ``keys``
+    (``trainer.online.admit.StepAdmission.admit`` has the stock ops): the rows of ``keys``
     (``int64 [U]``, distinct; ``members`` ``int64 [U]``, each key's table in a group, None for a
     table alone) in ``table``'s id -> row map; the rows found get their sightings
     (``occurrences``, ``int64 [U]``) added and ``step``, ``day`` (``int64 []``) as version and

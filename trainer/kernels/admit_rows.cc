@@ -1,5 +1,5 @@
-// An online table's admission for one step (trainer/online/table.py, EmbeddingVariable.admit) in
-// one kernel, where the stock path takes about 300 ops a table, a third of them in the branches
+// An online table's admission for one step (trainer/online/admit.py: StepAdmission.admit) in one
+// kernel, where the stock path takes about 330 ops a table, nearly half of them in the branches
 // of its conditions (eviction by steps, growth, eviction of the least recently used rows, the
 // sketch's widening), which a traced step carries and Grappler optimises whether or not a step
 // takes them. The count-min sketch is DeepRec's CounterFilter (Cormode and Muthukrishnan 2005).
