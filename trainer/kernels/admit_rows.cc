@@ -86,15 +86,11 @@ struct State {
   int64_t& top() { return free_top->scalar<int64_t>()(); }
 };
 
-// `t` (int64 or float32 [n]) extended to `rows` entries at `fill`, in a new buffer.
-template <typename T>
-tf::Status Extend(tf::OpKernelContext* ctx, tf::Tensor* t, int64_t rows, T fill) {
+// `t` (int64 [n]) extended to `rows` entries at `fill`, in a new buffer.
+tf::Status Extend(tf::OpKernelContext* ctx, tf::Tensor* t, int64_t rows, int64_t fill) {
   tf::Tensor grown;
   TF_RETURN_IF_ERROR(ctx->allocate_temp(t->dtype(), tf::TensorShape({rows}), &grown));
-  const int64_t kept = t->dim_size(0);
-  T* out = grown.flat<T>().data();
-  std::copy_n(t->flat<T>().data(), kept, out);
-  std::fill(out + kept, out + rows, fill);
+  CopyAndFill<int64_t>(*t, &grown, fill);
   *t = grown;
   return absl::OkStatus();
 }
@@ -353,10 +349,10 @@ class AdmitStep {
   bool Grow(int64_t rows) {
     State& s = state_;
     const int64_t cap = s.rows, top = s.top();
-    tf::Status status = Extend<int64_t>(ctx_, s.ids, rows, -1);
+    tf::Status status = Extend(ctx_, s.ids, rows, -1);
     for (tf::Tensor* t : {s.freqs, s.versions, s.days, s.free})
-      if (status.ok()) status = Extend<int64_t>(ctx_, t, rows, 0);
-    if (status.ok() && grouped_) status = Extend<int64_t>(ctx_, s.tags, rows, 0);
+      if (status.ok()) status = Extend(ctx_, t, rows, 0);
+    if (status.ok() && grouped_) status = Extend(ctx_, s.tags, rows, 0);
     if (!status.ok()) {
       ctx_->CtxFailure(__FILE__, __LINE__, status);
       return false;

@@ -12,19 +12,12 @@
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/framework/shape_inference.h"
+#include "variables.h"
 
 namespace recpipe {
 namespace {
 
 namespace tf = ::tensorflow;
-
-template <typename T>
-void Extend(const tf::Tensor& old, tf::Tensor* grown, double fill) {
-  const int64_t kept = old.NumElements();
-  T* out = grown->flat<T>().data();
-  if (kept > 0) std::memcpy(out, old.flat<T>().data(), kept * sizeof(T));
-  std::fill(out + kept, out + grown->NumElements(), static_cast<T>(fill));
-}
 
 class GrowRows : public tf::OpKernel {
  public:
@@ -54,13 +47,13 @@ class GrowRows : public tf::OpKernel {
       OP_REQUIRES_OK(ctx, ctx->allocate_temp(old.dtype(), shape, &grown));
       switch (old.dtype()) {
         case tf::DT_FLOAT:
-          Extend<float>(old, &grown, fills_[i]);
+          CopyAndFill<float>(old, &grown, fills_[i]);
           break;
         case tf::DT_INT64:
-          Extend<int64_t>(old, &grown, fills_[i]);
+          CopyAndFill<int64_t>(old, &grown, fills_[i]);
           break;
         case tf::DT_INT32:
-          Extend<int32_t>(old, &grown, fills_[i]);
+          CopyAndFill<int32_t>(old, &grown, fills_[i]);
           break;
         default:
           ctx->CtxFailure(__FILE__, __LINE__,

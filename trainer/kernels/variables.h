@@ -102,6 +102,16 @@ class LockedVariables {
   std::vector<tensorflow::Var*> locked_;
 };
 
+// A variable's growth: `old`'s entries (dtype T), then `fill` up to `grown`'s size (allocated,
+// of old's dtype and as many or more entries).
+template <typename T>
+void CopyAndFill(const tensorflow::Tensor& old, tensorflow::Tensor* grown, double fill) {
+  const int64_t kept = old.NumElements();
+  T* out = grown->flat<T>().data();
+  if (kept > 0) std::memcpy(out, old.flat<T>().data(), kept * sizeof(T));
+  std::fill(out + kept, out + grown->NumElements(), static_cast<T>(fill));
+}
+
 }  // namespace recpipe
 
 #endif  // RECPIPE_KERNELS_VARIABLES_H_
