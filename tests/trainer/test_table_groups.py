@@ -15,7 +15,7 @@ from recpipe.config import load_pipeline_config
 from tests.support import ROOT, with_edits
 from trainer.checkpoints import list_online_tables, restore_embedding_variables, saved_online_tables
 from trainer.input.specs import feature_spec
-from trainer.online import snapshot, table_tag
+from trainer.online import StepRows, snapshot, table_tag
 from trainer.state import build_state
 
 ID_FEATURES = ("user_id", "item_id", "gender", "occupation", "zip_code")
@@ -174,3 +174,46 @@ def test_checkpoints_restore_between_groups_and_tables_alone(configs, tmp_path):
     assert _members(back) == {
         t: (ids, {**s, **{k: 0 for k in s if k != "rows_used"}}) for t, (ids, s) in _members(alone).items()
     }
+
+
+def _op_counts(fn) -> dict[str, int]:
+    """Op type -> how many a traced function holds, its nested functions included."""
+    graph = fn.get_concrete_function().graph.as_graph_def()
+    counts: dict[str, int] = {}
+    for node in [*graph.node, *(n for f in graph.library.function for n in f.node_def)]:
+        counts[node.op] = counts.get(node.op, 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_the_wide_embedding_takes_the_deep_embeddings_rows_each_step(configs, fused):
+    """The deep and wide views of a group are two layers; the model hands the deep one's rows to
+    the wide one in the call (``StepRows``): one admission and one map lookup a step, in every
+    trace of the model, and the wide view's rows are those of the ids admitted in that step."""
+    state = build_state(with_edits(configs[0], {"train_config.fused_kernels": fused}))
+    model = state.model
+    batch = _batch([[3, 4, 5, 6, 7]] * 2)
+    wanted = {"RecpipeAdmit": 1, "LookupTableFindV2": 0} if fused else {"LookupTableFindV2": 1}
+    for _ in range(2):  # a second trace gets its own hand-over, nothing from the first
+        counts = _op_counts(tf.function(lambda: model(batch, training=True)))
+        assert {op: counts.get(op, 0) for op in wanted} == wanted
+    # the wide layer alone, with no deep rows handed over, looks the ids up itself
+    counts = _op_counts(tf.function(lambda: model.wide(batch, training=True)))
+    assert counts.get("LookupTableFindV2", 0) == 1 and counts.get("RecpipeAdmit", 0) == 0
+    # ids seen twice are admitted in the step: the wide view reads their new rows, not zeros
+    (ev,) = state.evs
+
+    @tf.function
+    def wide_rows():
+        step_rows = StepRows()
+        model.looked_up(batch, True, True, step_rows)
+        return model.wide.embedding(batch, stacked=True, training=True, step_rows=step_rows)
+
+    rows = wide_rows().numpy()[0, :5, 0]  # example 0's rows of the five id features
+    keys = tf.constant(
+        [i ^ table_tag(t) for i, t in zip((3, 4, 5, 6, 7), ID_FEATURES, strict=True)], tf.int64
+    )
+    found = ev.map.lookup(keys).numpy()
+    assert (found >= 0).all()
+    np.testing.assert_array_equal(rows, tf.gather(ev.views[1].weights, found).numpy()[:, 0])
+    assert np.abs(rows).min() > 0

@@ -25,15 +25,15 @@ from tensorflow.python.distribute.sharded_variable import ShardedVariable
 
 from recpipe.config.data import FeatureSpec, FeatureType
 from trainer.embedding_tables import EmbeddingConfigError, TableSlice, table_shapes
-from trainer.online import EmbeddingVariable, EVClock, EVView, table_specs
+from trainer.online import EmbeddingVariable, EVView, OnlineTables, StepRows, table_specs
 
 
 class _Index:
-    def __init__(self, clock, key_union):
+    def __init__(self, online: OnlineTables | None, key_union):
         self.tables: dict[str, TableSlice] = {}
         self.fused: dict[int, tf.Variable] = {}
         self.evs: dict[str, EVView] = {}
-        self.clock, self.key_union = clock, key_union
+        self.online, self.key_union = online, key_union
 
 
 class FeatureEmbedding(keras.layers.Layer):
@@ -46,6 +46,8 @@ class FeatureEmbedding(keras.layers.Layer):
         sharding: a ``trainer.distribute.embedding_parallel.Sharding``: hold this rank's
             rows only (global row ``g`` at local row ``g div W``) and look ids up across
             ranks (every rank must call the layer at the same point of its step).
+        online: the model's ``OnlineTables`` (needed with ``ev_params`` features): the
+            layers of one model share each online table through it.
 
     Call:
         inputs: dict with ``int64 [B]`` per id feature and ``RaggedTensor int64 [B, (n)]``
@@ -56,6 +58,9 @@ class FeatureEmbedding(keras.layers.Layer):
             instead of the dict (needs one ``width``). The id features' rows are then the
             fused lookup's output as it is: no per-feature tensors to split and stack again,
             forward or backward.
+        step_rows: the model call's ``trainer.online.StepRows``: the online tables' rows
+            this layer admits are put there, and rows another layer admitted for the same ids
+            taken from it (the wide embedding after the deep one).
 
     Returns:
         dict feature name -> ``float32 [B, dim]``; tags combined by ``combiner``
@@ -63,7 +68,7 @@ class FeatureEmbedding(keras.layers.Layer):
 
     Raises:
         EmbeddingConfigError: ``stacked`` with features of different widths; ``ev_params``
-            features without a ``clock``.
+            features without ``online`` tables.
 
     Attributes:
         tables: table name -> ``TableSlice`` (after build).
@@ -78,7 +83,7 @@ class FeatureEmbedding(keras.layers.Layer):
         features: list[FeatureSpec],
         dim: int | None = None,
         sharding=None,
-        clock: EVClock | None = None,
+        online: OnlineTables | None = None,
         key_union=None,
         **kwargs,
     ):
@@ -90,12 +95,12 @@ class FeatureEmbedding(keras.layers.Layer):
         self.sequences = [f for f in features if _attended(f)]
         self.shapes = table_shapes(self.features + self.sequences, dim)
         self.ev_params = table_specs(self.features + self.sequences, dim)
-        if self.ev_params and clock is None:
-            raise EmbeddingConfigError(f"{self.name}: ev_params tables need the model's EVClock")
+        if self.ev_params and online is None:
+            raise EmbeddingConfigError(f"{self.name}: ev_params tables need the model's OnlineTables")
         widths = {width for _, width in self.shapes.values()} | {w for _, w in self.ev_params.values()}
         self.width = widths.pop() if len(widths) == 1 else None
         # a plain holder: Keras would track dicts of variables / slices as SavedModel children
-        self._index = _Index(clock, key_union)
+        self._index = _Index(online, key_union)
 
     @property
     def evs(self) -> dict[str, EVView]:
@@ -129,8 +134,8 @@ class FeatureEmbedding(keras.layers.Layer):
                 self.tables[table] = TableSlice(fused, offset, rows, table, shard)
                 offset += rows
         maps = {}
-        clock, key_union = self._index.clock, self._index.key_union
-        groups = clock.groups(table_specs(self.features + self.sequences)) if self.ev_params else {}
+        online, key_union = self._index.online, self._index.key_union
+        groups = online.groups(table_specs(self.features + self.sequences)) if self.ev_params else {}
         views: dict[str, EVView] = {}
         for table, (params, width) in self.ev_params.items():
             group, members = groups[table]
@@ -142,10 +147,20 @@ class FeatureEmbedding(keras.layers.Layer):
                 start = max(1, share(params.start_capacity))
 
                 def create(group=group, members=members, params=params, rows=rows, start=start):
-                    return EmbeddingVariable(self, group, params, clock, rows, key_union, start, members)
+                    return EmbeddingVariable(
+                        self,
+                        group,
+                        params,
+                        online.clock,
+                        rows,
+                        key_union,
+                        start,
+                        members,
+                        online.fused_kernels,
+                    )
 
                 # the deep and wide lookups of a feature share its table (ids, map, admission)
-                views[group] = clock.table(group, create).view(self, width)
+                views[group] = online.table(group, create).view(self, width)
                 maps[group] = views[group].ev.map
             self.evs[table] = views[group]
         # tracked, so that a SavedModel holds each id -> row map
@@ -179,20 +194,29 @@ class FeatureEmbedding(keras.layers.Layer):
         table = self.tables[name]
         return values + table.offset, table.fused
 
-    def _gather(self, fused, ids: tf.Tensor, training: bool = False) -> tf.Tensor:
+    def _gather(
+        self, fused, ids: tf.Tensor, training: bool = False, step_rows: StepRows | None = None
+    ) -> tf.Tensor:
         if isinstance(fused, EVView):
             if self.sharding:
                 return self.sharding.lookup_keys(fused, ids, training)
-            return fused.lookup(ids, training=training)
+            return fused.lookup(ids, training=training, step_rows=step_rows)
         if self.sharding:
             return self.sharding.lookup(fused, ids)
         if isinstance(fused, ShardedVariable):  # partitioned across ps: one gather per part
             return tf.nn.embedding_lookup(fused, ids)
         return tf.gather(fused, ids)
 
-    def _pooled(self, f: FeatureSpec, fused, ids: tf.RaggedTensor, training: bool = False) -> tf.Tensor:
+    def _pooled(
+        self,
+        f: FeatureSpec,
+        fused,
+        ids: tf.RaggedTensor,
+        training: bool = False,
+        step_rows: StepRows | None = None,
+    ) -> tf.Tensor:
         """A tag feature's rows combined per example: ``float32 [B, width]``."""
-        return self._combined(f, self._gather(fused, ids.flat_values, training), ids)
+        return self._combined(f, self._gather(fused, ids.flat_values, training, step_rows), ids)
 
     def _combined(self, f: FeatureSpec, rows: tf.Tensor, ids: tf.RaggedTensor) -> tf.Tensor:
         """A tag feature's rows (``float32 [n, width]`` of ``ids.flat_values``) combined per
@@ -269,10 +293,10 @@ class FeatureEmbedding(keras.layers.Layer):
     def _training(self, training) -> bool:
         """Lookups in training, or in an admission pass of the next batch (``trainer.online.ahead``:
         the model is called with ``training=False`` there, the tables admit as in training)."""
-        clock = self._index.clock
-        return bool(training) or (clock is not None and clock.ahead.recording)
+        online = self._index.online
+        return bool(training) or (online is not None and online.clock.ahead.recording)
 
-    def call(self, inputs: dict, stacked: bool = False, training=None):
+    def call(self, inputs: dict, stacked: bool = False, training=None, step_rows: StepRows | None = None):
         training = self._training(training)
         if stacked and self.width is None:
             raise EmbeddingConfigError(
@@ -288,15 +312,15 @@ class FeatureEmbedding(keras.layers.Layer):
             elif isinstance(fused, EVView) and fused.ev.grouped:
                 groups.setdefault(id(fused), []).append((f, ids, fused))
             elif f.feature_type == FeatureType.TagFeature:
-                pooled[f.name] = self._pooled(f, fused, ids, training)
+                pooled[f.name] = self._pooled(f, fused, ids, training, step_rows)
             elif isinstance(fused, EVView):  # one lookup per online table
-                pooled[f.name] = self._gather(fused, ids, training)
+                pooled[f.name] = self._gather(fused, ids, training, step_rows)
             else:
                 by_width.setdefault(fused.shape[1], []).append((f.name, ids))
         # blocks: (feature names, float32 [B, F, width]) of rows already side by side
         blocks: list[tuple[list[str], tf.Tensor]] = []
         for named in groups.values():
-            block, tags = self._group_rows(named, training)
+            block, tags = self._group_rows(named, training, step_rows)
             pooled.update(tags)
             if block is not None:
                 blocks.append(block)
@@ -316,7 +340,9 @@ class FeatureEmbedding(keras.layers.Layer):
             out.update(zip([n for n, _ in named], tf.unstack(rows), strict=True))
         return {f.name: out[f.name] for f in self.features}
 
-    def _group_rows(self, named: list, training: bool) -> tuple[tuple | None, dict[str, tf.Tensor]]:
+    def _group_rows(
+        self, named: list, training: bool, step_rows: StepRows | None = None
+    ) -> tuple[tuple | None, dict[str, tf.Tensor]]:
         """One lookup of a group's ids of every feature in ``named`` (``(feature, ids, view)``).
         Returns the id features' rows as a block ``(names, float32 [B, F, width])`` (their ids
         go batch-major, ``EVView.member_keys``, so the rows come side by side) or None, and
@@ -328,11 +354,12 @@ class FeatureEmbedding(keras.layers.Layer):
         keys, members = view.member_keys(
             [(index[f.name], ids) for f, ids in columns],
             [(index[f.name], ids.flat_values) for f, ids in tails],
+            step_rows,
         )
         if self.sharding:
             rows = self.sharding.lookup_keys(view, keys, training, members)
         else:
-            rows = view.lookup(keys, training=training, members=members)
+            rows = view.lookup(keys, training=training, members=members, step_rows=step_rows)
         tags = {}
         if tails:
             sizes = [tf.size(keys) - sum(tf.size(ids.flat_values) for _, ids in tails)]
@@ -386,4 +413,3 @@ def _attended(f: FeatureSpec) -> bool:
     """A SequenceFeature attended over (a group's ``sequence_features``), not pooled by a
     ``sequence_combiner``."""
     return f.feature_type == FeatureType.SequenceFeature and f.sequence_combiner is None
-

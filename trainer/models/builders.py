@@ -21,7 +21,7 @@ from trainer.models.multitask import MultiTaskModel
 from trainer.models.ranking import RankingModel, WideLogit
 from trainer.models.sequences import SequenceAttention, TargetAttention
 from trainer.models.towers import ConcatMLPTower, DCNTower, DeepFMTower, DLRMTower, MultiTowerDINTower
-from trainer.online import EVClock
+from trainer.online import EVClock, OnlineTables
 
 
 class ModelConfigError(ConfigError):
@@ -167,21 +167,22 @@ def _target_attention(
     )
 
 
-def _clock(config: PipelineConfig, features) -> EVClock | None:
-    """The model's ``EVClock`` when any of ``features`` has an online table, else None; its
-    tables look rows up in recpipe's kernels with ``train_config.fused_kernels``."""
+def _online_tables(config: PipelineConfig, features) -> OnlineTables | None:
+    """The model's ``OnlineTables`` (with its ``EVClock``) when any of ``features`` has an
+    online table, else None; the tables admit and look rows up in recpipe's kernels with
+    ``train_config.fused_kernels``."""
     if not any(f.ev_params is not None for f in features):
         return None
-    clock = EVClock(name="ev_clock", fused_kernels=config.train_config.fused_kernels)
+    clock = EVClock(name="ev_clock")
     clock.build(None)
-    return clock
+    return OnlineTables(clock, fused_kernels=config.train_config.fused_kernels)
 
 
 def build_model(config: PipelineConfig, sharding=None, key_union=None) -> RankingModel:
     """Build the model named by ``model_config.model_class``; with a ``sharding``
     (``trainer.distribute.embedding_parallel.Sharding``) its embedding tables hold this
     rank's rows only. With ``ev_params`` features the model gets an ``EVClock`` and online
-    tables (``key_union``: the distribution's, see ``EmbeddingVariable``);
+    tables (``OnlineTables``; ``key_union``: the distribution's, see ``EmbeddingVariable``);
     ``model_config.variational_dropout`` puts a learned feature dropout over its deep inputs.
 
     Raises:
@@ -241,7 +242,7 @@ def _build_model(config: PipelineConfig, sharding=None, key_union=None) -> Ranki
         sub = mc.dcn or DCNModel()
         tower = DCNTower(sub.cross_num, sub.deep_tower, sub.final_dnn, name="tower")
         wide = []
-    parts = {"sharding": sharding, "clock": _clock(config, deep + wide), "key_union": key_union}
+    parts = {"sharding": sharding, "online": _online_tables(config, deep + wide), "key_union": key_union}
     wide_part = WideLogit(wide, wide_dim, name="wide", **parts) if wide else None
     attention = _attentions(config)
     return RankingModel(
@@ -300,7 +301,7 @@ def _multi_tower_din(config: PipelineConfig, sharding, key_union) -> RankingMode
     # the dense inputs in the order the towers index them
     deep = [f for f in deep if f.kind != "dense"] + [fc.feature(n) for n in raw]
     tower = MultiTowerDINTower(towers, din, multi.final_dnn, name="tower")
-    parts = {"sharding": sharding, "clock": _clock(config, deep), "key_union": key_union}
+    parts = {"sharding": sharding, "online": _online_tables(config, deep), "key_union": key_union}
     return RankingModel(deep, tower, None, name=mc.model_class.value.lower(), **parts)
 
 
@@ -316,7 +317,7 @@ def _multi_task(config: PipelineConfig, sharding, key_union) -> MultiTaskModel:
         raise ModelConfigError("model_config.feature_groups: a DEEP group is needed")
     if _group_features(config, WideDeep.WIDE):
         raise ModelConfigError(f"model_config.feature_groups: {mc.model_class.value} has no WIDE part")
-    parts = {"sharding": sharding, "clock": _clock(config, deep), "key_union": key_union}
+    parts = {"sharding": sharding, "online": _online_tables(config, deep), "key_union": key_union}
     groups = []
     if mc.model_class == ModelClass.ESMM and mc.esmm is not None and mc.esmm.groups:
         members = {g.group_name: g.feature_names for g in mc.feature_groups}

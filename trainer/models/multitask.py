@@ -18,7 +18,7 @@ from trainer.layers.mlp import MLP
 from trainer.layers.mmoe import MMoE
 from trainer.models.ranking import EmbeddedModel
 from trainer.models.towers import _concat
-from trainer.online import EVClock
+from trainer.online import OnlineTables
 
 # log p_ctcvr is kept below this, so that log(1 - p) stays finite
 _LOG_ONE = -1e-7
@@ -37,7 +37,7 @@ class MultiTaskModel(EmbeddedModel):
     Args:
         deep_features: the DEEP groups' features (id / tag embedded, raw as dense inputs).
         model_config: ``model_config`` with ``model_class`` MMoE, ESMM or DBMTL.
-        sharding, clock, key_union, attention: as ``RankingModel``'s.
+        sharding, online, key_union, attention: as ``RankingModel``'s.
         groups: ESMM's ``groups``: (a feature group's name, its member names, its MLP config)
             each; an MLP reads its group's features and ``sequence_features`` outputs, and the
             MLPs' outputs side by side are the towers' input. Empty: the features concatenated.
@@ -48,13 +48,13 @@ class MultiTaskModel(EmbeddedModel):
         deep_features: list[FeatureSpec],
         model_config: ModelConfig,
         sharding=None,
-        clock: EVClock | None = None,
+        online: OnlineTables | None = None,
         key_union=None,
         attention=None,
         groups: list | None = None,
         **kw,
     ):
-        super().__init__(deep_features, sharding, clock, key_union, attention, **kw)
+        super().__init__(deep_features, sharding, online, key_union, attention, **kw)
         embedded = {f.name for f in self.embedding.features}
         self.groups = []
         for group, names, _ in groups or []:

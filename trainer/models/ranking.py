@@ -17,7 +17,7 @@ from trainer.layers.embedding import FeatureEmbedding
 from trainer.layers.feature_dropout import VariationalDropout
 from trainer.layers.mlp import MLP
 from trainer.models.sequences import SequenceAttention
-from trainer.online import EVClock
+from trainer.online import OnlineTables, StepRows
 
 
 class WideLogit(keras.layers.Layer):
@@ -29,7 +29,7 @@ class WideLogit(keras.layers.Layer):
         features: list[FeatureSpec],
         wide_output_dim: int = 1,
         sharding=None,
-        clock: EVClock | None = None,
+        online: OnlineTables | None = None,
         key_union=None,
         **kwargs,
     ):
@@ -39,18 +39,20 @@ class WideLogit(keras.layers.Layer):
             features,
             dim=wide_output_dim,
             sharding=sharding,
-            clock=clock,
+            online=online,
             key_union=key_union,
             name="wide_embedding",
         )
         self.linear = keras.layers.Dense(1, use_bias=False, name="linear") if self.raw else None
 
-    def call(self, inputs, training=None, vector: bool = False):
+    def call(self, inputs, training=None, vector: bool = False, step_rows: StepRows | None = None):
         """``float32 [B, 1]``; with ``vector``, the rows summed over the features only,
-        ``float32 [B, wide_output_dim]`` (the raw features' linear term added to each)."""
+        ``float32 [B, wide_output_dim]`` (the raw features' linear term added to each).
+        ``step_rows``: the call's rows of the online tables, which the deep embedding admitted
+        (``FeatureEmbedding``)."""
         parts = []
         if self.embedding.features:  # every wide table has one width: one [B, F, dim] lookup
-            rows = self.embedding(inputs, stacked=True, training=training)
+            rows = self.embedding(inputs, stacked=True, training=training, step_rows=step_rows)
             parts.append(tf.reduce_sum(rows, axis=1) if vector else tf.reduce_sum(rows, axis=[1, 2])[:, None])
         if self.linear is not None:
             parts.append(self.linear(tf.stack([inputs[n] for n in self.raw], axis=1)))
@@ -60,24 +62,25 @@ class WideLogit(keras.layers.Layer):
 class EmbeddedModel(keras.Model):
     """What every recpipe model shares: the deep features' embedding layer (``embedding``,
     named ``input_layer``), their raw features as dense inputs (``dense_names``), the online
-    tables' ``EVClock`` (tracked as ``ev_clock``) and the split of the variables for EasyRec's
-    multi-optimizer. ``wide`` is None unless a subclass sets it. Args as ``RankingModel``'s."""
+    tables' ``EVClock`` (``online.clock``, tracked as ``ev_clock``) and the split of the
+    variables for EasyRec's multi-optimizer. ``wide`` is None unless a subclass sets it. Args
+    as ``RankingModel``'s."""
 
     def __init__(
         self,
         deep_features: list[FeatureSpec],
         sharding=None,
-        clock: EVClock | None = None,
+        online: OnlineTables | None = None,
         key_union=None,
         attention: SequenceAttention | None = None,
         **kw,
     ):
         super().__init__(**kw)
-        if clock is not None:
-            self.ev_clock = clock
+        if online is not None:
+            self.ev_clock = online.clock
         self.dense_names = [f.name for f in deep_features if f.kind == "dense"]
         self.embedding = FeatureEmbedding(
-            deep_features, sharding=sharding, clock=clock, key_union=key_union, name="input_layer"
+            deep_features, sharding=sharding, online=online, key_union=key_union, name="input_layer"
         )
         self.wide = None
         self.attention = attention
@@ -108,15 +111,16 @@ class EmbeddedModel(keras.Model):
         split = tf.split(kept, [int(e.shape[-1]) for e in parts[: len(self.embedding.features)]], axis=1)
         return dict(zip([f.name for f in self.embedding.features], split, strict=True)), dense
 
-    def looked_up(self, inputs, stacked: bool, training) -> tuple:
+    def looked_up(self, inputs, stacked: bool, training, step_rows: StepRows | None = None) -> tuple:
         """(embeddings, dense, sequences): the deep features' rows (``float32 [B, F, D]`` when
         ``stacked`` and there are no SequenceFeatures, else a dict name -> ``float32 [B, D_i]``);
         the raw features ``float32 [B, n]`` followed by the groups' ``sequence_features``
         outputs (``attention``), or None; the histories (name -> ``float32 [B, L, D]`` rows,
-        ``bool [B, L]`` mask), or None without SequenceFeatures."""
+        ``bool [B, L]`` mask), or None without SequenceFeatures. ``step_rows`` gets the online
+        tables' rows the deep embedding admits, for the wide embedding after it."""
         dense = self.dense_inputs(inputs)
         stacked = stacked and not self.embedding.sequences
-        embeddings = self.embedding(inputs, stacked=stacked, training=training)
+        embeddings = self.embedding(inputs, stacked=stacked, training=training, step_rows=step_rows)
         if self.feature_dropout is not None:
             embeddings, dense = self._dropped(embeddings, dense, training)
         if not self.embedding.sequences:
@@ -157,8 +161,8 @@ class RankingModel(EmbeddedModel):
         tower: a ``trainer.models.towers`` layer.
         wide: a ``WideLogit`` or None.
         sharding: embedding rows sharded across ranks (``EmbeddingParallelStrategy``), or None.
-        clock: the ``EVClock`` of the online tables (``ev_params``) of this model and of
-            ``wide``, or None when there are none; tracked here as ``ev_clock``.
+        online: the ``OnlineTables`` (``ev_params``) of this model and of ``wide``, or None
+            when there are none; their clock is tracked here as ``ev_clock``.
         key_union: see ``EmbeddingVariable``.
         attention: the feature groups' ``sequence_features``, or None; its outputs reach the
             tower after the raw features.
@@ -173,14 +177,14 @@ class RankingModel(EmbeddedModel):
         tower: keras.layers.Layer,
         wide: WideLogit | None,
         sharding=None,
-        clock: EVClock | None = None,
+        online: OnlineTables | None = None,
         key_union=None,
         attention: SequenceAttention | None = None,
         final: DNN | None = None,
         wide_vector: bool = False,
         **kw,
     ):
-        super().__init__(deep_features, sharding, clock, key_union, attention, **kw)
+        super().__init__(deep_features, sharding, online, key_union, attention, **kw)
         self.tower = tower
         self.wide = wide
         self.final = MLP(final, name="final_dnn") if final is not None else None
@@ -190,13 +194,17 @@ class RankingModel(EmbeddedModel):
     def call(self, inputs, training=False):
         # tables of one width: a tower that takes the fused lookup's [B, F, D] gets it as it is
         stacked = self.embedding.width is not None and getattr(self.tower, "takes_stacked", True)
-        embeddings, dense, sequences = self.looked_up(inputs, stacked, training)
+        # the deep embedding admits a feature's ids, the wide one takes their rows from it
+        step_rows = StepRows()
+        embeddings, dense, sequences = self.looked_up(inputs, stacked, training, step_rows)
         if getattr(self.tower, "takes_sequences", False):  # DIN towers attend themselves
             hidden, extra = self.tower(embeddings, dense, training=training, sequences=sequences)
         else:
             hidden, extra = self.tower(embeddings, dense, training=training)
         if self.final is not None:
-            parts = [self.wide(inputs, training=training, vector=self.wide_vector)] if self.wide else []
+            parts, wide = [], self.wide
+            if wide is not None:
+                parts.append(wide(inputs, training=training, vector=self.wide_vector, step_rows=step_rows))
             parts += [extra] if extra is not None else []
             hidden = self.final(tf.concat([*parts, hidden], axis=1), training=training)
             return tf.squeeze(self.head(hidden), axis=1)
@@ -204,5 +212,5 @@ class RankingModel(EmbeddedModel):
         if extra is not None:
             logit += extra
         if self.wide is not None:
-            logit += self.wide(inputs, training=training)
+            logit += self.wide(inputs, training=training, step_rows=step_rows)
         return tf.squeeze(logit, axis=1)

@@ -4,11 +4,13 @@ eviction by steps, by days and by capacity, and the clock they run on.
 The package's parts, each with one job: ``table`` (the id -> row map and each row's state),
 ``admit`` (a step's admission of its ids, on the stock ops or in the kernel), ``row_io`` (rows
 in and out: restores, deltas, summaries), ``admission`` (the count-min sketch), ``eviction``
-(which rows go), ``initializer`` (a new row's values), ``clock`` (steps and days). What the
-rest of the trainer calls is here:
+(which rows go), ``initializer`` (a new row's values), ``clock`` (steps and days),
+``registry`` (a model's tables by name, shared by its layers), ``step_rows`` (a step's rows
+handed from the admitting view to the others). What the rest of the trainer calls is here:
 
 - building: ``table_specs`` (which features get an online table), ``EVClock``,
-  ``EmbeddingVariable`` (made by ``trainer.layers.embedding``);
+  ``OnlineTables``, ``EmbeddingVariable`` (made by ``trainer.layers.embedding``), ``StepRows``
+  (made by the model for each call);
 - the loop: ``start_day`` (the day boundary), ``refresh`` (after a restore or a broadcast),
   ``summaries``, ``AheadSteps`` (``ahead``: each batch admitted in the step before its own);
 - exports and checkpoints: ``snapshot``, ``load_rows``, ``variable_names``, ``row_names``,
@@ -24,7 +26,9 @@ from trainer.embedding_tables import EmbeddingConfigError, variable_name
 from trainer.online.admission import SKETCH_DEPTH, SKETCH_NAME, widened
 from trainer.online.ahead import AheadSteps
 from trainer.online.clock import EVClock, day_number
+from trainer.online.registry import OnlineTables
 from trainer.online.served import ProvidedRows, RecordIds, row_inputs
+from trainer.online.step_rows import StepRows
 from trainer.online.table import FREE, STATS, EmbeddingVariable, EVView, table_tag
 
 __all__ = [
@@ -35,9 +39,11 @@ __all__ = [
     "SKETCH_DEPTH",
     "SKETCH_NAME",
     "STATS",
+    "StepRows",
     "EVClock",
     "EVView",
     "EmbeddingVariable",
+    "OnlineTables",
     "TableRows",
     "clock",
     "day_number",

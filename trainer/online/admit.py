@@ -62,7 +62,7 @@ class StepAdmission:
         member index; None alone): count, evict, admit (module docstring).
         Returns their rows now (``int64 [U]``, -1 for ids left without one): the rows they
         had (eviction spares the rows used in this step) and the ones admission gave them."""
-        if self.clock.fused_kernels:
+        if self.fused_kernels:
             return self._admit_fused(keys, occurrences, member)
         p = self.params
         step, day = self.clock.stamp(), tf.convert_to_tensor(self.clock.day)

@@ -68,6 +68,7 @@ from trainer.online.admit import StepAdmission, set_rows
 from trainer.online.clock import EVClock
 from trainer.online.initializer import initial_rows
 from trainer.online.row_io import FREE, STATS, RowIO
+from trainer.online.step_rows import StepRows
 
 
 def table_tag(table: str) -> int:
@@ -90,6 +91,8 @@ class EmbeddingVariable(RowIO, StepAdmission):
         table: the table's name (a group's: ``ev_group_dim<dim>``).
         params: the features' ``ev_params``.
         clock: the model's ``EVClock``.
+        fused_kernels: admission and training lookups in recpipe's kernels
+            (``OnlineTables.fused_kernels``).
         rows: rows this process holds (``max_capacity``, or its share under
             embedding-parallel sharding).
         key_union: ``(keys, counts, members) -> (keys, counts, members)`` over every
@@ -124,8 +127,10 @@ class EmbeddingVariable(RowIO, StepAdmission):
         key_union=None,
         start_rows: int | None = None,
         members: list[str] | None = None,
+        fused_kernels: bool = False,
     ):
         self.table, self.params, self.clock, self.max_rows = table, params, clock, rows
+        self.fused_kernels = fused_kernels
         self.members = list(members or [table])
         self.grouped = len(self.members) > 1
         self.tags = [table_tag(t) for t in self.members] if self.grouped else [0]
@@ -156,10 +161,6 @@ class EmbeddingVariable(RowIO, StepAdmission):
         self.free_top = state("ev_free_top", (), tf.int64, self.start_rows)
         self.map = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, default_value=FREE)
         self.views: list[EVView] = []
-        # (ids, their (where, rows)) of the admitting view's last training lookup
-        self.step_rows: tuple | None = None
-        # (the parts, (keys, members)) of the step's group keys (EVView.member_keys)
-        self.step_keys: tuple | None = None
         # while a serving signature traces: rows a client read from the store (trainer.online.served)
         self.served = None
         self.optimizer_slots: list[tuple[tf.Variable, float]] = []
@@ -245,7 +246,7 @@ class EmbeddingVariable(RowIO, StepAdmission):
         transient of 3x the rows' memory (the job's peak RSS), one at a time it is one
         variable's. With ``fused_kernels`` in one op (``trainer.kernels.grow_rows``). Returns
         the last assignment (for control dependencies)."""
-        if self.clock.fused_kernels:
+        if self.fused_kernels:
             return [kernels.grow_rows([v for v, _ in variables], [f for _, f in variables], rows)]
         done: list = []
         for var, fill in variables:
@@ -261,7 +262,7 @@ class EmbeddingVariable(RowIO, StepAdmission):
         """Extend the weights and optimizer slots to the rows the state has (``capacity``),
         when ``_grow_state`` extended it."""
         cap = self.capacity()
-        if self.clock.fused_kernels:  # the kernel leaves variables that long as they are
+        if self.fused_kernels:  # the kernel leaves variables that long as they are
             self._padded(self._weights_grown, cap)
             return tf.no_op()
         first = self._weights_grown[0][0]
@@ -406,7 +407,7 @@ class EVView:
         ``keys``; in one kernel with ``fused_kernels`` (``trainer.kernels.gather_rows``)."""
         if slots is None:
             return gather_found(self.weights, _found(self.ev.map.lookup(keys)))
-        if self.ev.clock.fused_kernels:
+        if self.ev.fused_kernels:
             return kernels.gather_rows(self.weights, *slots)
         return gather_found(self.weights, _found(*slots))
 
@@ -416,11 +417,14 @@ class EVView:
         counts: tf.Tensor | None = None,
         training: bool = False,
         members: tf.Tensor | None = None,
+        step_rows: StepRows | None = None,
     ) -> tf.Tensor:
         """Rows of ``keys`` (``int64`` of shape ``S``) -> ``float32 [*S, dim]``; in training the
         admitting view first updates the table (``EmbeddingVariable.count``). ``counts``
         (``int64``, shape ``S``) are the sightings each key stands for (default 1 each);
-        ``members`` (``int64 [N]``, flat keys only) each key's member in a group."""
+        ``members`` (``int64 [N]``, flat keys only) each key's member in a group. ``step_rows``:
+        the model call's ``StepRows``; the admitting view puts its rows there and a later view
+        given the same ``keys`` tensor takes them (one admission and one lookup a step)."""
         if self.ev.served is not None and not training:
             return self.ev.served.lookup(self, keys, members)
         flat = keys.shape.rank == 1  # an id feature's batch: no reshapes to trace
@@ -435,30 +439,34 @@ class EVView:
             return tf.zeros(tf.concat([tf.shape(keys), [self.dim]], axis=0), self.weights.dtype)
         if training and self.admits:
             slots = ahead.take() if ahead.replaying else self.ev.count(ids, counts, members)
-            # the step's other views (the wide embedding of the feature) look the same ids
-            # up after this one: they take these rows instead of the map's (one lookup a step)
-            self.ev.step_rows = None if slots is None else (keys, slots)
-        elif training and not tf.executing_eagerly() and self.ev.step_rows and self.ev.step_rows[0] is keys:
-            slots = self.ev.step_rows[1]
+            if step_rows is not None:
+                step_rows.put(self.ev, keys, slots)
+        elif training and step_rows is not None:
+            slots = step_rows.get(self.ev, keys)
         if flat:
             return self.rows_of(keys, slots)
         rows = self.rows_of(ids, slots)
         return tf.reshape(rows, tf.concat([tf.shape(keys), [self.dim]], axis=0))
 
     def member_keys(
-        self, columns: list[tuple[int, tf.Tensor]], tails: list[tuple[int, tf.Tensor]]
+        self,
+        columns: list[tuple[int, tf.Tensor]],
+        tails: list[tuple[int, tf.Tensor]],
+        step_rows: StepRows | None = None,
     ) -> tuple[tf.Tensor, tf.Tensor]:
         """A group's keys for one step, each id XOR its member's tag: ``columns`` (member index,
         an id feature's ``int64 [B]``), batch-major (``[B, len(columns)]`` flattened, so that
         their rows reshape to ``[B, F, dim]`` with no copy), then ``tails`` (member index, a tag
         feature's ``int64 [n_i]``) in turn. Returns ``(keys int64 [N], members int64 [N])``. The
-        layers of one step that pass the same ids get the same tensors, so that a later view
-        takes the admitting view's rows (``step_rows``) instead of looking them up again."""
-        ev = self.ev
+        layers given one ``step_rows`` that pass the same ids get the same tensors, so that a
+        later view takes the admitting view's rows instead of looking them up again."""
+        if step_rows is None:
+            return self._member_keys(columns, tails)
         sig = tuple((i, ids.ref()) for i, ids in columns), tuple((i, ids.ref()) for i, ids in tails)
-        cached = ev.step_keys
-        if not tf.executing_eagerly() and cached is not None and cached[0] == sig:
-            return cached[1]
+        return step_rows.member_keys(self.ev, sig, lambda: self._member_keys(columns, tails))
+
+    def _member_keys(self, columns: list, tails: list) -> tuple[tf.Tensor, tf.Tensor]:
+        ev = self.ev
         keys, members = [], []
         if columns:
             block = tf.stack([ids for _, ids in columns], axis=1)
@@ -469,9 +477,7 @@ class EVView:
         for i, ids in tails:
             keys.append(tf.bitwise.bitwise_xor(ids, tf.constant(ev.tags[i], tf.int64)))
             members.append(tf.fill(tf.shape(ids, out_type=tf.int64), tf.constant(i, tf.int64)))
-        out = (keys[0], members[0]) if len(keys) == 1 else (tf.concat(keys, 0), tf.concat(members, 0))
-        ev.step_keys = (sig, out)
-        return out
+        return (keys[0], members[0]) if len(keys) == 1 else (tf.concat(keys, 0), tf.concat(members, 0))
 
 
 def gather_found(weights: tf.Variable, found: tuple) -> tf.Tensor:
