@@ -25,6 +25,10 @@ from trainer.models.builders import build_model
 from trainer.models.ranking import RankingModel
 
 log = logging.getLogger(__name__)
+# rows a scoring batch holds at least: a row's prediction does not depend on its batch (no
+# admission, dropout or batch statistics in inference), and a stream pass's training batch of
+# 32 rows would make its scoring one call per 32 rows (10k rows: 0.70 s against 0.23 s here)
+SCORE_BATCH_ROWS = 1024
 
 
 def load_model(config: PipelineConfig, checkpoint: str | Path) -> tuple[RankingModel, int]:
@@ -109,14 +113,22 @@ def score(
     """``evaluate`` of a model already in this process (``checkpoint``: where its variables
     came from, recorded with ``step``): a stream pass's train job scores the pass with the
     model it starts from before training on it (PaddleRec's progressive validation), with no
-    process, restore or config load of its own. Writes and returns what ``evaluate`` does."""
+    process, restore or config load of its own. Writes and returns what ``evaluate`` does.
+    Rows are scored ``max(data_config.batch_size, SCORE_BATCH_ROWS)`` at a time."""
     model_dir = Path(model_dir)
     path = checkpoint
     partitions, holdout = holdout_split(config, eval_days, "eval")
     metrics_sets = [config.eval_config.metrics_set] + [t.metrics_set for t in config.model.tasks]
     groups = list(dict.fromkeys(m.group_field for ms in metrics_sets for m in ms if m.group_field))
     # GAUC groups by the raw ids: hashed ones could merge users that share a bucket
-    reader = FeatureReader(config, partitions, shuffle=False, holdout=holdout, raw_columns=tuple(groups))
+    reader = FeatureReader(
+        config,
+        partitions,
+        batch_size=max(config.data_config.batch_size, SCORE_BATCH_ROWS),
+        shuffle=False,
+        holdout=holdout,
+        raw_columns=tuple(groups),
+    )
     labels, probs, kept = predict(model, reader, config.eval_config.num_examples)
     columns = {}
     if probs.ndim == 2:  # a multi-task model: each task's metrics as <task>/<metric>
