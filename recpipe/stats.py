@@ -175,16 +175,47 @@ def stratified_paired_auc_test(
     return _tested(auc_a, auc_b, var, confidence, positives, negatives, len(parts))
 
 
+def group_aucs(labels: np.ndarray, scores: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Each group's ROC AUC at once, as ``auc`` takes it within the group (Mann-Whitney U,
+    average ranks for ties): ``labels``, ``scores``, ``groups`` ``[N]`` (values > 0.5 count as
+    positive). Returns ``(auc float64 [G], rows int64 [G], positives int64 [G])`` in the
+    groups' sorted order; a group with one class only has a NaN AUC. One sort of the rows by
+    (group, score), not one rank per group: thousands of users' gAUC in milliseconds."""
+    y, s, g = np.asarray(labels) > 0.5, np.asarray(scores), np.asarray(groups)
+    if y.size == 0:
+        empty = np.zeros(0, np.int64)
+        return np.zeros(0), empty, empty
+    g = np.unique(g, return_inverse=True)[1].reshape(-1)  # raw ids (bytes objects) as codes
+    order = np.lexsort((s, g))
+    y, s, g = y[order], s[order], g[order]
+    n = y.size
+    new_group = np.ones(n, bool)
+    new_group[1:] = g[1:] != g[:-1]
+    starts = np.flatnonzero(new_group)
+    # rank within the group, 1-based, then ties (same group and score) given their mean rank
+    rank = np.arange(n) - starts[np.cumsum(new_group) - 1] + 1.0
+    new_run = new_group.copy()
+    new_run[1:] |= s[1:] != s[:-1]
+    runs = np.flatnonzero(new_run)
+    ends = np.append(runs[1:], n)
+    mean_rank = (rank[runs] + rank[ends - 1]) / 2
+    rank = np.repeat(mean_rank, ends - runs)
+    rows = np.diff(np.append(starts, n))
+    positives = np.add.reduceat(y.astype(np.int64), starts)
+    ranked = np.add.reduceat(np.where(y, rank, 0.0), starts)
+    negatives = rows - positives
+    with np.errstate(divide="ignore", invalid="ignore"):
+        aucs = (ranked - positives * (positives + 1) / 2) / (positives * negatives)
+    aucs[(positives == 0) | (negatives == 0)] = np.nan
+    return aucs, rows, positives
+
+
 def grouped_auc(labels: np.ndarray, scores: np.ndarray, groups: np.ndarray) -> float:
     """The row-weighted mean of each group's AUC (``[N]`` each), over the groups holding both
     classes; NaN when none does. A stream day's ``pass_auc``: rows ranked against rows scored
     by the same model."""
-    y, s, g = np.asarray(labels) > 0.5, np.asarray(scores), np.asarray(groups)
-    found = []
-    for group in np.unique(g):
-        rows = g == group
-        if 0 < int(y[rows].sum()) < int(rows.sum()):
-            found.append((int(rows.sum()), auc(y[rows], s[rows])))
-    if not found:
+    aucs, rows, _ = group_aucs(labels, scores, groups)
+    both = ~np.isnan(aucs)
+    if not both.any():
         return float("nan")
-    return sum(n * v for n, v in found) / sum(n for n, _ in found)
+    return float((aucs[both] * rows[both]).sum() / rows[both].sum())

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 
 from recpipe import atomic
 from recpipe.config.model import Metric
-from recpipe.stats import auc, grouped_auc
+from recpipe.stats import auc, group_aucs, grouped_auc
 
 
 def gauc(
@@ -32,17 +32,13 @@ def gauc(
         raise ValueError(
             f"gauc reduction: mean, mean_by_sample_num or mean_by_positive_num, got {reduction!r}"
         )
-    order = np.argsort(groups, kind="stable")
-    g, y, s = np.asarray(groups)[order], np.asarray(labels)[order], np.asarray(scores)[order]
-    bounds = np.flatnonzero(g[1:] != g[:-1]) + 1
-    total, weight = 0.0, 0.0
-    for ys, ss in zip(np.split(y, bounds), np.split(s, bounds), strict=True):
-        value = auc(ys, ss)
-        if not np.isnan(value):
-            w = {"mean": 1.0, "mean_by_sample_num": ys.size, "mean_by_positive_num": float((ys > 0.5).sum())}
-            total += value * w[reduction]
-            weight += w[reduction]
-    return total / weight if weight else float("nan")
+    aucs, rows, positives = group_aucs(labels, scores, groups)
+    both = ~np.isnan(aucs)
+    weights = {"mean": np.ones(len(aucs)), "mean_by_sample_num": rows, "mean_by_positive_num": positives}[
+        reduction
+    ]
+    weight = float(weights[both].sum())
+    return float((aucs[both] * weights[both]).sum() / weight) if weight else float("nan")
 
 
 def max_f1(labels: np.ndarray, probs: np.ndarray) -> float:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sklearn.metrics import log_loss, roc_auc_score
 
 from recpipe.config.model import Loss, Metric, ModelConfig
@@ -180,3 +182,32 @@ def test_a_sample_weight_weighs_each_rows_loss_from_the_feature_job_to_the_step(
         with_edits(ml_early, {**edits, "model_config.loss_type": "PAIR_WISE_LOSS"})
     with pytest.raises(ConfigError, match="sample_weight: 'gender' is not a numeric input field"):
         with_edits(ml_early, {**edits, "data_config.sample_weight": "gender"})
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(
+    rows=st.lists(
+        st.tuples(st.integers(0, 1), st.integers(0, 4), st.sampled_from([b"u1", b"u2", b"u3", b"u10"])),
+        max_size=40,
+    ),
+    reduction=st.sampled_from(["mean", "mean_by_sample_num", "mean_by_positive_num"]),
+)
+def test_gauc_of_all_groups_at_once_is_each_groups_auc_reduced(rows, reduction):
+    """gAUC ranks every group in one sort (``recpipe.stats.group_aucs``): the same as ranking
+    each group's rows alone with ``auc`` (ties in scores, one-class groups, raw-id groups)."""
+    y = np.array([r[0] for r in rows], np.float32)
+    s = np.array([r[1] / 4 for r in rows], np.float32)
+    g = np.array([r[2] for r in rows], dtype=object)
+    total = weight = 0.0
+    for group in set(g.tolist()):
+        mine = g == group
+        value = auc(y[mine], s[mine])
+        if not np.isnan(value):
+            weights = {"mean": 1.0, "mean_by_sample_num": mine.sum(), "mean_by_positive_num": y[mine].sum()}
+            w = weights[reduction]
+            total, weight = total + value * w, weight + w
+    got = gauc(y, s, g, reduction)
+    if weight:
+        assert got == pytest.approx(total / weight, abs=1e-12)
+    else:
+        assert np.isnan(got)
