@@ -33,6 +33,10 @@ def tail(path: Path, lines: int = TAIL_LINES) -> str:
 
 # restarts of a restartable process (a parameter-server worker) before the job fails
 MAX_RESTARTS = 3
+# seconds between the logs' forwarding and the checks of the job; a process's exit is seen
+# within EXIT_CHECK_S (a stream pass's job waits for nothing after its last process ends)
+POLL_S = 0.5
+EXIT_CHECK_S = 0.02
 # the job's start (unix seconds) in every process's environment: a restarted evaluator tells
 # this job's end-of-training marker from an earlier job's by it
 JOB_STARTED_ENV = "RECPIPE_JOB_STARTED"
@@ -122,7 +126,7 @@ class LocalLauncher:
                         f"{', '.join(running)} (a hung collective or a stuck input?). Log of "
                         f"{job.role(0)} ({logs[0]}), last lines:\n{tail(logs[0])}"
                     )
-                time.sleep(0.5)
+                self._until_an_exit(POLL_S)
         except BaseException:
             self.kill()  # Airflow's AirflowTaskTimeout or a KeyboardInterrupt: no orphans
             raise
@@ -130,6 +134,13 @@ class LocalLauncher:
             self._procs = []
             self._network.close()
             self._reaper.close()
+
+    def _until_an_exit(self, seconds: float) -> None:
+        """Sleep ``seconds``, or until one of the job's running processes exits."""
+        deadline = time.monotonic() + seconds
+        running = [p for p in self._procs if p.poll() is None]
+        while time.monotonic() < deadline and all(p.poll() is None for p in running):
+            time.sleep(EXIT_CHECK_S)
 
     def _restart_or_drop(
         self, job: JobSpec, codes: list, logs: list[Path], restarts: dict, given_up: set
