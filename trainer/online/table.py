@@ -91,8 +91,6 @@ class EmbeddingVariable(RowIO, StepAdmission):
         table: the table's name (a group's: ``ev_group_dim<dim>``).
         params: the features' ``ev_params``.
         clock: the model's ``EVClock``.
-        fused_kernels: admission and training lookups in recpipe's kernels
-            (``OnlineTables.fused_kernels``).
         rows: rows this process holds (``max_capacity``, or its share under
             embedding-parallel sharding).
         key_union: ``(keys, counts, members) -> (keys, counts, members)`` over every
@@ -100,6 +98,8 @@ class EmbeddingVariable(RowIO, StepAdmission):
             same ids), or None.
         start_rows: rows allocated at first (default ``init_capacity``).
         members: the tables of a group (default ``[table]``: a table alone).
+        fused_kernels: admission and training lookups in recpipe's kernels
+            (``OnlineTables.fused_kernels``).
 
     Attributes:
         members: the group's tables; ``grouped``: more than one; ``tags``: each member's
