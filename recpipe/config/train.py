@@ -268,6 +268,16 @@ class TrainConfig(Section):
     op_determinism: bool = True
     """TensorFlow's op determinism: ops that would add in thread order take a fixed order
     (little cost on CPU, more on GPU; process-wide once on)."""
+    inter_op_parallelism_threads: int = Field(0, ge=0)
+    """Threads a training process runs independent ops on at once (EasyRec's field of the name;
+    TensorFlow's ``tf.config.threading``). 0: TensorFlow's choice, or this machine's cores
+    split between the job's processes on it. 1 with ``intra_op_parallelism_threads: 1`` runs
+    the step on one thread: less CPU a step where its ops are small (batches of a few hundred
+    rows), at the cost of the second core (docs/training.md). Parameter servers keep
+    TensorFlow's choice."""
+    intra_op_parallelism_threads: int = Field(0, ge=0)
+    """Threads one op splits its work over (a matrix product, recpipe's kernels' rows; EasyRec's
+    field of the name). 0: as ``inter_op_parallelism_threads``."""
 
     @model_validator(mode="after")
     def _checkpoint_cadence(self) -> TrainConfig:

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import tensorflow as tf
 
 from recpipe.config.train import TrainConfig
+from tests.support import ROOT
 from trainer.distribute import Distribution, StrategyError, distribution_for
 from trainer.distribute.parameter_server import cluster_from_tf_config
 
@@ -95,3 +99,50 @@ def test_a_parameter_server_loss_lost_with_its_worker_is_stood_in_for_by_a_later
     dist._recent = values[:3]
     with pytest.raises(tf.errors.CancelledError):  # no later step's loss either
         dist.fetch(values[1])
+
+
+_THREADS = """
+import json, sys
+import tensorflow as tf
+from recpipe.config.train import TrainConfig
+from trainer.distribute import distribution_for
+distribution_for(TrainConfig(**json.loads(sys.argv[1])))
+tf.constant(1.0) + 1.0  # the runtime starts with the pools as sized
+threading = tf.config.threading
+print(threading.get_inter_op_parallelism_threads(), threading.get_intra_op_parallelism_threads())
+"""
+
+
+@pytest.mark.parametrize(
+    ("fields", "local_processes", "wanted"),
+    [
+        ({}, "1", (0, 0)),  # TensorFlow's choice
+        ({"inter_op_parallelism_threads": 1, "intra_op_parallelism_threads": 1}, "1", (1, 1)),
+        # a Horovod process of two on one machine: the config's pool keeps its size, the other
+        # gets the process's share of the cores
+        ({"train_distribute": "HorovodStrategy", "intra_op_parallelism_threads": 3}, "2", ("share", 3)),
+    ],
+)
+def test_the_configs_thread_pools_size_a_training_process(fields, local_processes, wanted):
+    """EasyRec's ``inter_op_parallelism_threads`` / ``intra_op_parallelism_threads``, set in a
+    fresh process before TensorFlow's runtime starts (``distribution_for``)."""
+    env = {**os.environ, "RECPIPE_LOCAL_PROCESSES": local_processes, "RECPIPE_FORKSERVER": "off"}
+    env.pop("TF_CONFIG", None)
+    done = subprocess.run(
+        [sys.executable, "-c", _THREADS, json.dumps(fields)],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    share = max(1, (os.cpu_count() or 1) // 2)
+    assert tuple(int(n) for n in done.stdout.split()[-2:]) == tuple(
+        share if w == "share" else w for w in wanted
+    )
+
+
+def test_thread_pools_of_negative_size_are_a_config_error():
+    with pytest.raises(ValueError, match="intra_op_parallelism_threads"):
+        TrainConfig(intra_op_parallelism_threads=-1)

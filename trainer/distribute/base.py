@@ -281,9 +281,23 @@ class Distribution:
 
 def share_cores() -> None:
     """Split this machine's cores between the job's processes on it (``RECPIPE_LOCAL_PROCESSES``,
-    set by the local launcher): oversubscribed thread pools cost more than they give."""
+    set by the local launcher): oversubscribed thread pools cost more than they give. A pool
+    the config sized (``set_threads``) keeps its size."""
     processes = int(os.environ.get(LOCAL_PROCESSES, "1"))
     if processes > 1:
         threads = max(1, (os.cpu_count() or 1) // processes)
-        tf.config.threading.set_intra_op_parallelism_threads(threads)
-        tf.config.threading.set_inter_op_parallelism_threads(threads)
+        if not tf.config.threading.get_intra_op_parallelism_threads():
+            tf.config.threading.set_intra_op_parallelism_threads(threads)
+        if not tf.config.threading.get_inter_op_parallelism_threads():
+            tf.config.threading.set_inter_op_parallelism_threads(threads)
+
+
+def set_threads(inter_op: int, intra_op: int) -> None:
+    """Size TensorFlow's thread pools for this process (``train_config``'s
+    ``inter_op_parallelism_threads`` / ``intra_op_parallelism_threads``, EasyRec's fields); 0
+    leaves a pool to TensorFlow (or ``share_cores``). Must run before TensorFlow's runtime
+    starts: ``distribution_for`` calls it before any distribution is made."""
+    if intra_op:
+        tf.config.threading.set_intra_op_parallelism_threads(intra_op)
+    if inter_op:
+        tf.config.threading.set_inter_op_parallelism_threads(inter_op)

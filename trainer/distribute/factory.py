@@ -10,7 +10,7 @@ import json
 import os
 
 from recpipe.config.train import SyncMode, TrainConfig, TrainDistribute
-from trainer.distribute.base import Distribution, StrategyError, online_tables_refused
+from trainer.distribute.base import Distribution, StrategyError, online_tables_refused, set_threads
 
 
 def distribution_for(train_config: TrainConfig, online_tables: list[str] = ()) -> Distribution:
@@ -27,6 +27,7 @@ def distribution_for(train_config: TrainConfig, online_tables: list[str] = ()) -
     cls = make.func if isinstance(make, functools.partial) else make
     if online_tables and not cls.holds_online_tables:
         raise online_tables_refused(kind.value, list(online_tables))
+    set_threads(train_config.inter_op_parallelism_threads, train_config.intra_op_parallelism_threads)
     return make()
 
 
