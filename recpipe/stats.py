@@ -210,12 +210,18 @@ def group_aucs(labels: np.ndarray, scores: np.ndarray, groups: np.ndarray) -> tu
     return aucs, rows, positives
 
 
-def grouped_auc(labels: np.ndarray, scores: np.ndarray, groups: np.ndarray) -> float:
-    """The row-weighted mean of each group's AUC (``[N]`` each), over the groups holding both
-    classes; NaN when none does. A stream day's ``pass_auc``: rows ranked against rows scored
-    by the same model."""
-    aucs, rows, _ = group_aucs(labels, scores, groups)
+def grouped_auc(
+    labels: np.ndarray, scores: np.ndarray, groups: np.ndarray, reduction: str = "mean_by_sample_num"
+) -> float:
+    """The mean of each group's AUC (``[N]`` each, ``group_aucs``) over the groups holding both
+    classes, weighted by ``reduction``: ``mean_by_sample_num`` (a group's rows), ``mean`` (each
+    group alike) or ``mean_by_positive_num`` (its positives); NaN when no group holds both. A
+    stream day's ``pass_auc`` (rows ranked against rows scored by the same model) and EasyRec's
+    ``gauc`` / ``session_auc`` (``trainer.metrics.gauc``)."""
+    aucs, rows, positives = group_aucs(labels, scores, groups)
+    weights = {"mean": np.ones_like(rows), "mean_by_sample_num": rows, "mean_by_positive_num": positives}
     both = ~np.isnan(aucs)
-    if not both.any():
+    weight = weights[reduction][both]
+    if not weight.sum():
         return float("nan")
-    return float((aucs[both] * rows[both]).sum() / rows[both].sum())
+    return float((aucs[both] * weight).sum() / weight.sum())

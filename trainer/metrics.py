@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 
 from recpipe import atomic
 from recpipe.config.model import Metric
-from recpipe.stats import auc, group_aucs, grouped_auc
+from recpipe.stats import auc, grouped_auc
 
 
 def gauc(
@@ -32,13 +32,7 @@ def gauc(
         raise ValueError(
             f"gauc reduction: mean, mean_by_sample_num or mean_by_positive_num, got {reduction!r}"
         )
-    aucs, rows, positives = group_aucs(labels, scores, groups)
-    both = ~np.isnan(aucs)
-    weights = {"mean": np.ones(len(aucs)), "mean_by_sample_num": rows, "mean_by_positive_num": positives}[
-        reduction
-    ]
-    weight = float(weights[both].sum())
-    return float((aucs[both] * weights[both]).sum() / weight) if weight else float("nan")
+    return grouped_auc(labels, scores, groups, reduction)
 
 
 def max_f1(labels: np.ndarray, probs: np.ndarray) -> float:
