@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -195,8 +196,10 @@ class DistributedTrainOperator(JobOperator):
 
         job = job_of(args)
         if (self.score_first or self.export_dir) and len(job.argv) == 1 and not job.manifests:
-            # one process: it scores, trains and exports the pass with one start and restore
+            # one process: it scores, trains and exports the pass with one start and restore,
+            # in the fork server's process kept for the model (trainer.warm)
             job = job_of([*args, *self._one_pass_args()])
+            job = dataclasses.replace(job, resident=f"{self.dag_id}.{self.task_id}")
         log.info("%s with %s on %s", distribute.value, job.roles or "manifests", cluster.launcher)
         summary = self.run(job, out.logs)
         if not summary or "checkpoint" not in summary:

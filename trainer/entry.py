@@ -108,6 +108,7 @@ def _train_eval(args, extra) -> int:
     train_days = _days(config.train_ds, "train_ds")
     if bool(args.export_dir) != bool(args.base or args.delta):
         raise UsageError("--export_dir and --base / --delta go together: where, and which export")
+    from trainer import warm
     from trainer.distribute import distribution_for
     from trainer.loop import Trainer, TrainJob
     from trainer.scoring import evaluate
@@ -134,7 +135,9 @@ def _train_eval(args, extra) -> int:
             servers = {kind: cluster[kind] for kind in ("ps", "worker") if cluster.get(kind)}
             held.enter_context(watching_servers(servers, config.train_config.server_timeout_secs))
         try:
-            trainer = Trainer(job, dist)
+            one_process = dist.world_size == 1 and not getattr(dist, "cluster", None)
+            kept = warm.take(config, args.continue_train) if warm.enabled() and one_process else None
+            trainer = Trainer(job, dist, warm=kept)
             on_start = args.score_first and _score_first(config, model_dir, train_days, args.score_first)
             result = trainer.train(on_log=_metrics_log(model_dir), on_start=on_start)
         except Exception as raised:
@@ -148,6 +151,27 @@ def _train_eval(args, extra) -> int:
     if not dist.is_chief:
         return 0  # the chief writes the config, evaluates and prints the result
     atomic.write_text(ModelDir(model_dir).pipeline_config, _yaml(config))
+    summary = _summary(result)
+    if args.export_dir:
+        # a delta's rows come from the model in memory, the checkpoint just saved; a base's
+        # SavedModel from a model restored from it: the trained model's traced functions hold
+        # table variables that growth replaced, which tf.saved_model.save cannot reach
+        model = trainer.model
+        if args.base:
+            from trainer.scoring import load_model
+
+            model, _ = load_model(config, result.checkpoint)
+        summary["export"] = _export_online(config, model, model_dir, result.global_step, args)
+    if config.eval_ds and not args.skip_eval:
+        summary["eval"] = evaluate(config, model_dir, _days(config.eval_ds, "eval_ds"), result.checkpoint)
+    if one_process:  # in a resident (trainer.warm): the next pass may start from here
+        warm.keep(trainer, result.checkpoint)
+    print(json.dumps(summary))
+    return 0
+
+
+def _summary(result) -> dict:
+    """The result line's figures of a ``trainer.loop.TrainResult``."""
     summary = {
         "global_step": result.global_step,
         "checkpoint": result.checkpoint,
@@ -165,20 +189,7 @@ def _train_eval(args, extra) -> int:
         summary["distribution"] = result.distribution
     if result.online_tables:  # the day's rows used, admitted, evicted, filtered share per table
         summary["online_tables"] = result.online_tables
-    if args.export_dir:
-        # a delta's rows come from the model in memory, the checkpoint just saved; a base's
-        # SavedModel from a model restored from it: the trained model's traced functions hold
-        # table variables that growth replaced, which tf.saved_model.save cannot reach
-        model = trainer.model
-        if args.base:
-            from trainer.scoring import load_model
-
-            model, _ = load_model(config, result.checkpoint)
-        summary["export"] = _export_online(config, model, model_dir, result.global_step, args)
-    if config.eval_ds and not args.skip_eval:
-        summary["eval"] = evaluate(config, model_dir, _days(config.eval_ds, "eval_ds"), result.checkpoint)
-    print(json.dumps(summary))
-    return 0
+    return summary
 
 
 def _score_first(config, model_dir: Path, days: list[str], result_name: str):

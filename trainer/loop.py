@@ -123,13 +123,15 @@ def _l2_on_rows(grads: list, variables: list, tables: set, reg: float) -> tuple[
 
 
 class Trainer:
-    """Builds model, optimizers and checkpoint for a job, then runs ``train()``."""
+    """Builds model, optimizers and checkpoint for a job, then runs ``train()``. With
+    ``warm`` (``trainer.warm.take``), the last job's model, optimizers, distribution and traced
+    step are taken instead of built, their step counters set back to their start."""
 
-    def __init__(self, job: TrainJob, distribution: Distribution | None = None):
+    def __init__(self, job: TrainJob, distribution: Distribution | None = None, warm=None):
         self.job = job
         self.files = ModelDir(job.model_dir)
         self.config = job.config
-        self.dist = distribution or Distribution()
+        self.dist = warm.dist if warm is not None else distribution or Distribution()
         features = self.config.feature_config.online_features
         if features and not self.dist.holds_online_tables:
             raise online_tables_refused(self.config.train_config.train_distribute.value, features)
@@ -147,7 +149,14 @@ class Trainer:
         keras.utils.set_random_seed(tc.random_seed)
         if tc.op_determinism:
             tf.config.experimental.enable_op_determinism()
-        self.state = build_state(self.config, self.dist.sharding, self.strategy, self.dist.key_union)
+        if warm is not None:
+            self.state = warm.state
+            for counter in (self.state.global_step, self.state.epoch, self.state.batch_in_epoch):
+                counter.assign(0)
+            for opt in self.state.optimizers:  # a slot-less optimizer's count is not restored
+                opt.iterations.assign(0)
+        else:
+            self.state = build_state(self.config, self.dist.sharding, self.strategy, self.dist.key_union)
         st = self.state
         for line in placement(st.model):
             log.info("%s", line)
@@ -155,7 +164,11 @@ class Trainer:
         self.global_step, self.epoch, self.batch_in_epoch = st.global_step, st.epoch, st.batch_in_epoch
         self.variables, self.checkpoint = st.variables, st.checkpoint
         # what this process's checkpoint manager saves (an unsharded copy, for some)
-        self.saved = self.dist.saved_state(st, lambda: build_state(self.config))
+        if warm is not None:
+            self.saved = warm.saved
+            self.saved.checkpoint.save_counter.assign(0)  # as a new checkpoint's
+        else:
+            self.saved = self.dist.saved_state(st, lambda: build_state(self.config))
         self.manager = tf.train.CheckpointManager(
             self.saved.checkpoint,
             str(job.model_dir),
@@ -164,6 +177,8 @@ class Trainer:
         )
         self.loss_fn = build_loss(self.config.model, self.config.task_labels())
         self.train_step: Callable | None = None
+        # (input signature, train step, AheadSteps or None): a warm job's, reused if it fits
+        self.traced: tuple | None = warm.traced if warm is not None else None
         self._predict: Callable | None = None
         self.resumed = False  # set by _restore: the job resumed its own latest checkpoint
 
@@ -394,8 +409,11 @@ class Trainer:
             data = epoch_data(int(self.epoch.numpy()), int(self.batch_in_epoch.numpy()))
             if train_step is None:  # one trace per job (pinned signature, short last batch included)
                 signature = dist.input_signature(data, self.reader.signature())
-                self.train_step = train_step = self._train_step_fn(signature)
-                ahead = self._ahead_steps(signature)
+                if self.traced is not None and self.traced[0] == signature:
+                    _, train_step, ahead = self.traced
+                else:
+                    train_step, ahead = self._train_step_fn(signature), self._ahead_steps(signature)
+                self.train_step, self.traced = train_step, (signature, train_step, ahead)
             for element, loss_t in self._steps(data, train_step, ahead, drain_next, started):
                 step += 1
                 drained = ahead is None or ahead.pending is None  # no batch admitted ahead

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import weakref
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +50,22 @@ def load_model(config: PipelineConfig, checkpoint: str | Path) -> tuple[RankingM
     return model, int(step)
 
 
+_traced: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> spec -> function
+
+
+def _probabilities(model: RankingModel, spec: dict) -> Callable:
+    """``model``'s probabilities as a function traced once per model and input spec (a
+    process that scores again, a warm trainer's next pass, reuses the trace)."""
+    by_spec = _traced.setdefault(model, {})
+    key = repr(sorted(spec.items()))
+    if key not in by_spec:
+        held = weakref.ref(model)  # the function must not keep its key alive
+        by_spec[key] = tf.function(
+            lambda f: tf.sigmoid(held()(f, training=False)), input_signature=[spec], autograph=False
+        )
+    return by_spec[key]
+
+
 def predict(
     model: RankingModel, reader: FeatureReader, limit: int | None = None
 ) -> tuple[np.ndarray, np.ndarray, dict]:
@@ -55,8 +73,7 @@ def predict(
     of bytes) of the reader's ``raw_columns`` over the reader; a multi-task model's labels are
     ``float32 [N, L]`` (every label field) and probabilities ``float32 [N, T]``. With
     ``limit`` (EasyRec's ``eval_config.num_examples``), only the first ``limit`` rows."""
-    spec = [reader.feature_spec()]
-    call = tf.function(lambda f: tf.sigmoid(model(f, training=False)), input_signature=spec, autograph=False)
+    call = _probabilities(model, reader.feature_spec())
     labels, probs, kept = [], [], {k: [] for k in reader.raw_columns}
     seen = 0
     for features, y, raw in reader.dataset():

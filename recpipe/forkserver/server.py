@@ -6,6 +6,12 @@ client's standard streams, working directory and environment, and runs its modul
 ``python -m`` would. The server reports its exit status to the client, and kills it when the
 client goes away first (a client killed with SIGKILL leaves no orphan). The server ends with
 its parent (``PR_SET_PDEATHSIG``), killing what it forked.
+
+A request whose environment names a resident (``RECPIPE_RESIDENT``, ``recpipe.forkserver.
+resident``) runs in the process kept for that name, its module, working directory,
+``PYTHONPATH`` and namespaces: one request at a time (a second one meanwhile gets a process of
+its own), killed with its client as any other, and ended by the server after ``RESIDENT_IDLE_S``
+without a request.
 """
 
 from __future__ import annotations
@@ -16,8 +22,11 @@ import selectors
 import signal
 import socket
 import sys
+import threading
+import time
+from dataclasses import dataclass, field
 
-from recpipe.forkserver import protocol
+from recpipe.forkserver import protocol, resident
 
 # what trainer processes import: trainer's package first (it sets TensorFlow's variables), then
 # the libraries (scipy.stats for the AUC's ranks, mlflow for an export's MLflow model)
@@ -50,11 +59,26 @@ CLONE_NEWNS = 0x00020000
 NAMESPACES = (("net", CLONE_NEWNET), ("mnt", CLONE_NEWNS))
 PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
+# seconds a resident waits for its next request before the server ends it (and its memory)
+RESIDENT_IDLE_S = float(os.environ.get("RECPIPE_RESIDENT_IDLE_S", 7200))
 
 
 def import_time(env: dict[str, str]) -> dict[str, str]:
     """The variables of ``env`` that the preloaded modules may have read at import."""
     return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME) and k not in RUNTIME | UNREAD}
+
+
+@dataclass
+class Resident:
+    """A process kept for one resident key: its pid, its end of the request channel, the
+    client it is serving (None: idle) and since when it idles (``time.monotonic``)."""
+
+    pid: int
+    pidfd: int
+    channel: socket.socket
+    client: socket.socket | None = None
+    idle_since: float = field(default_factory=time.monotonic)
+    ending: bool = False  # killed for idling: takes no more requests
 
 
 class Server:
@@ -76,6 +100,7 @@ class Server:
         self.selector = selectors.DefaultSelector()
         self.selector.register(self.listener, selectors.EVENT_READ, ("accept", None))
         self.children: dict[int, socket.socket] = {}  # pid -> its client's connection
+        self.residents: dict[tuple, Resident] = {}
 
     def refusal(self, request: dict, peer_ns: dict[str, str]) -> str | None:
         argv = request.get("argv")
@@ -112,6 +137,9 @@ class Server:
             for kind, flag in NAMESPACES:
                 if peer_ns[kind] != self.namespaces[kind]:
                     joins.append((os.open(f"/proc/{peer}/ns/{kind}", os.O_RDONLY), flag))
+            key = resident.key_of(request, peer_ns)
+            if key is not None and self.hand_over(key, request, fds, joins, conn):
+                return
             pid = os.fork()
             if pid == 0:
                 self.close_inherited(conn)
@@ -132,6 +160,90 @@ class Server:
         self.children[pid] = conn
         self.selector.register(pidfd, selectors.EVENT_READ, ("exited", pid))
         self.selector.register(conn, selectors.EVENT_READ, ("client", pid))
+
+    def hand_over(self, key: tuple, request: dict, fds: list[int], joins: list, conn: socket.socket) -> bool:
+        """Send the request to ``key``'s resident, forking it first when there is none; False
+        when it is busy (the request gets a process of its own)."""
+        kept = self.residents.get(key)
+        if kept is not None and (kept.client is not None or kept.ending):
+            return False
+        if kept is None:
+            ours, theirs = socket.socketpair()
+            pid = os.fork()
+            if pid == 0:
+                ours.close()
+                self.close_inherited(conn)
+                for fd in fds:  # this request's streams come over the channel, as every one's
+                    os.close(fd)
+                _resident(theirs, joins, self.defaults)  # never returns
+            theirs.close()
+            kept = Resident(pid, os.pidfd_open(pid), ours)
+            self.residents[key] = kept
+            self.selector.register(kept.pidfd, selectors.EVENT_READ, ("resident_exited", key))
+            self.selector.register(ours, selectors.EVENT_READ, ("resident_done", key))
+        try:
+            protocol.send(kept.channel, request, fds)
+        except OSError:  # it is exiting: its exit is handled; this request gets a fork
+            return False
+        protocol.send(conn, {"pid": kept.pid})
+        conn.settimeout(None)
+        kept.client = conn
+        self.selector.register(conn, selectors.EVENT_READ, ("resident_client", key))
+        return True
+
+    def resident_done(self, key: tuple) -> None:
+        """The resident's reply to its request: the exit status, passed on to the client."""
+        kept = self.residents[key]
+        try:
+            reply, _ = protocol.receive(kept.channel)
+        except (OSError, ValueError):
+            reply = None
+        if reply is None:  # it is ending: resident_exited reports it
+            self.selector.unregister(kept.channel)
+            return
+        self._release(kept, reply)
+
+    def _release(self, kept: Resident, reply: dict) -> None:
+        if kept.client is None:
+            return
+        self.selector.unregister(kept.client)
+        try:
+            protocol.send(kept.client, reply)
+        except OSError:
+            pass
+        kept.client.close()
+        kept.client, kept.idle_since = None, time.monotonic()
+
+    def resident_exited(self, key: tuple) -> None:
+        kept = self.residents.pop(key)
+        self.selector.unregister(kept.pidfd)
+        os.close(kept.pidfd)
+        _, status = os.waitpid(kept.pid, 0)
+        self._release(kept, {"returncode": os.waitstatus_to_exitcode(status)})
+        if kept.channel in {k.fileobj for k in self.selector.get_map().values()}:
+            self.selector.unregister(kept.channel)
+        kept.channel.close()
+
+    def resident_client_gone(self, key: tuple) -> None:
+        # its client only ever reads: anything readable is its end; the request's work ends too
+        kept = self.residents[key]
+        self.selector.unregister(kept.client)
+        kept.client.close()
+        kept.client = None
+        _kill(kept.pid, signal.SIGKILL)
+
+    def end_idle_residents(self) -> float | None:
+        """End the residents idle for ``RESIDENT_IDLE_S``; seconds to the next one's end."""
+        now, next_end = time.monotonic(), None
+        for kept in self.residents.values():
+            if kept.client is None and not kept.ending:
+                end = kept.idle_since + RESIDENT_IDLE_S
+                if end <= now:
+                    kept.ending = True
+                    _kill(kept.pid, signal.SIGKILL)  # its exit is handled as any other
+                else:
+                    next_end = min(next_end or end, end)
+        return None if next_end is None else next_end - now
 
     def close_inherited(self, conn: socket.socket) -> None:
         """In a forked process: close the server's sockets and descriptors (the server keeps
@@ -165,18 +277,31 @@ class Server:
         _kill(pid, signal.SIGKILL)
 
     def serve(self) -> None:
+        handlers = {
+            "exited": lambda key, pid: self.exited(key.fd, pid),
+            "client": lambda key, pid: self.client_gone(key.fileobj, pid),
+            "resident_done": lambda key, name: self.resident_done(name),
+            "resident_exited": lambda key, name: self.resident_exited(name),
+            "resident_client": lambda key, name: self.resident_client_gone(name),
+        }
         while True:
-            for key, _ in self.selector.select():
-                what, pid = key.data
+            for key, _ in self.selector.select(self.end_idle_residents()):
+                what, arg = key.data
                 if what == "accept":
                     self.accept()
-                elif what == "exited":
-                    self.exited(key.fd, pid)
-                else:
-                    self.client_gone(key.fileobj, pid)
+                elif self.current(key):
+                    handlers[what](key, arg)
+
+    def current(self, key: selectors.SelectorKey) -> bool:
+        """``key`` is still registered: an event of the same batch may have closed it (a
+        resident's exit and its reply come together)."""
+        try:
+            return self.selector.get_key(key.fileobj) is key
+        except (KeyError, ValueError):
+            return False
 
     def stop(self) -> None:
-        for pid in list(self.children):
+        for pid in [*self.children, *(r.pid for r in self.residents.values())]:
             _kill(pid, signal.SIGKILL)
 
 
@@ -197,19 +322,8 @@ def _child(request: dict, fds: list[int], joins: list[tuple[int, int]], env: dic
     """The forked process: become the client's command, run it, exit with its status."""
     code = 1
     try:
-        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGPIPE):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        os.setsid()
-        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the server's end is this process's end
-        for fd, flag in joins:  # one thread after fork, as joining a mount namespace requires
-            if _libc.setns(fd, flag) != 0:
-                raise OSError(ctypes.get_errno(), f"setns into the client's namespace ({flag:#x})")
-        for target, fd in enumerate(fds):
-            os.dup2(fd, target)
-        os.chdir(request["cwd"])
-        os.environ.clear()
-        os.environ.update(env)
+        _detach(joins)
+        _take_streams(request, fds, env)
         _run(request["argv"], request["cwd"])
         code = 0
     except SystemExit as e:
@@ -219,7 +333,6 @@ def _child(request: dict, fds: list[int], joins: list[tuple[int, int]], env: dic
     finally:
         try:
             import atexit
-            import threading
 
             threading._shutdown()  # as the interpreter's own exit: wait for non-daemon threads
             atexit._run_exitfuncs()
@@ -229,7 +342,77 @@ def _child(request: dict, fds: list[int], joins: list[tuple[int, int]], env: dic
             os._exit(code)
 
 
-def _run(argv: list[str], cwd: str) -> None:
+def _detach(joins: list[tuple[int, int]]) -> None:
+    """A forked process's own signals, session and end (the server's), in the client's
+    namespaces."""
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.setsid()
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the server's end is this process's end
+    for fd, flag in joins:  # one thread after fork, as joining a mount namespace requires
+        if _libc.setns(fd, flag) != 0:
+            raise OSError(ctypes.get_errno(), f"setns into the client's namespace ({flag:#x})")
+
+
+def _take_streams(request: dict, fds: list[int], env: dict[str, str]) -> None:
+    """The client's standard streams, working directory and environment."""
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(env)
+
+
+def _resident(channel: socket.socket, joins: list[tuple[int, int]], defaults: dict[str, str]) -> None:
+    """A resident: run each request that comes over ``channel`` in this process, reply its
+    exit status; exit after one that failed (its state is not to be trusted) or when the
+    server closes the channel."""
+    code = 1
+    try:
+        _detach(joins)
+        for request, fds in resident.requests(channel):
+            code = _serve_one(request, fds, {**defaults, **request["env"]})
+            protocol.send(channel, {"returncode": code})
+            if code != 0:
+                break
+        else:
+            code = 0
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+    finally:
+        os._exit(code)
+
+
+def _serve_one(request: dict, fds: list[int], env: dict[str, str]) -> int:
+    """One request in a resident: its streams, its command run here, its streams given back
+    (the client's pipes see their end); its non-daemon threads waited for, as at an exit."""
+    code = 1
+    before = set(threading.enumerate())
+    try:
+        _take_streams(request, fds, env)
+        _run(request["argv"], request["cwd"], reimport=resident.first_request())
+        code = 0
+    except SystemExit as e:
+        code = _exit_code(e.code)
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+    finally:
+        for thread in set(threading.enumerate()) - before:
+            if not thread.daemon:
+                thread.join()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        null = os.open(os.devnull, os.O_RDWR)
+        for target in range(3):
+            os.dup2(null, target)
+        for fd in [null, *fds]:
+            os.close(fd)
+        resident.served()
+    return code
+
+
+def _run(argv: list[str], cwd: str, reimport: bool = True) -> None:
     import random
     import runpy
 
@@ -244,7 +427,7 @@ def _run(argv: list[str], cwd: str) -> None:
     inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     base = [p for p in sys.path[1:] if p not in _SERVER_PYTHONPATH]
     sys.path[:] = [cwd, *inherited, *[p for p in base if p not in inherited]]
-    for name in [m for m in sys.modules if m.split(".", 1)[0] in PROJECT]:
+    for name in [m for m in sys.modules if reimport and m.split(".", 1)[0] in PROJECT]:
         del sys.modules[name]
     sys.argv = [argv[2], *argv[3:]]
     runpy.run_module(argv[2], run_name="__main__", alter_sys=True)

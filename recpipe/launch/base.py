@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Protocol
 
 from recpipe.errors import PipelineError
+from recpipe.forkserver.resident import ENV as RESIDENT_ENV
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,10 @@ class JobSpec:
         optional: indices of processes whose failure (after their restarts) does not fail
             the job: it is logged and reported in ``Launcher.degraded`` (the separate
             evaluator: a crashed evaluator must not throw away a healthy training job).
+        resident: a one-process job's resident name (``recpipe.forkserver.resident``): its
+            process runs in the fork server's process kept for that name, which outlives
+            the job; so it runs in the launcher's network, not a namespace of the job's own
+            (one process: it starts no TensorFlow server).
     """
 
     name: str
@@ -41,12 +46,14 @@ class JobSpec:
     servers: set[int] = field(default_factory=set)
     restart: set[int] = field(default_factory=set)
     optional: set[int] = field(default_factory=set)
+    resident: str | None = None
 
     def role(self, i: int) -> str:
         return self.roles[i] if self.roles else f"process {i}"
 
     def process_env(self, i: int) -> dict[str, str]:
-        return {**self.env, **(self.envs[i] if self.envs else {})}
+        resident = {RESIDENT_ENV: self.resident} if self.resident else {}
+        return {**self.env, **(self.envs[i] if self.envs else {}), **resident}
 
 
 class JobFailedError(PipelineError):

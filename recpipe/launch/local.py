@@ -92,7 +92,8 @@ class LocalLauncher:
         restarts = dict.fromkeys(job.restart, 0)
         given_up: set[int] = set()  # optional processes that failed for good
         try:
-            self._network = PrivateNetwork().open()
+            # a resident outlives the job: it cannot live in a namespace that ends with it
+            self._network = PrivateNetwork() if job.resident else PrivateNetwork().open()
             if self._network.holder is not None:
                 self._reaper.watch(self._network.holder.pid)
             for i, path in enumerate(logs):

@@ -176,3 +176,99 @@ def test_a_client_in_its_own_mounts_has_its_process_forked_there(server, tmp_pat
     seen = _wait_for(report)
     assert seen["warm"] is True and seen["mntns"] != os.readlink("/proc/self/ns/mnt")
     assert seen["hosts"] == hosts.read_text() and seen["cwd"] == str(ROOT)
+
+
+RESIDENT_PROBE = [sys.executable, "-m", "tests.launch.resident_probe"]
+
+
+def _resident_run(server, tmp_path: Path, name: str, *probe_args: str, resident: str = "probe") -> tuple:
+    """One request for the resident ``resident``: (its report, its stdout, its exit code)."""
+    report = tmp_path / f"{name}.json"
+    env = job_environment({forkserver.ENV: server.path, "RECPIPE_RESIDENT": resident})
+    client = [sys.executable, "-m", forkserver.CLIENT, *RESIDENT_PROBE, str(report), *probe_args]
+    out = subprocess.run(client, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert "not forked" not in out.stderr, out.stderr
+    return _wait_for(report), out.stdout, out.returncode
+
+
+def _gone(pid: int, timeout: float = 10) -> bool:
+    deadline = time.monotonic() + timeout
+    while psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie":
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_a_resident_runs_its_requests_in_one_process_each_with_its_own_streams_and_status(server, tmp_path):
+    first, out1, code1 = _resident_run(server, tmp_path, "a1", resident="streams")
+    second, out2, code2 = _resident_run(server, tmp_path, "a2", resident="streams")
+    assert (code1, code2) == (0, 0)
+    assert second["pid"] == first["pid"] and (first["runs"], second["runs"]) == (1, 2)
+    # each client's stdout holds its own request's line only, and reached its end
+    assert out1 == f"run 1 of process {first['pid']}\n" and out2 == f"run 2 of process {first['pid']}\n"
+    other, _, _ = _resident_run(server, tmp_path, "b1", resident="another")
+    assert other["pid"] != first["pid"] and other["runs"] == 1
+    failed, _, code = _resident_run(server, tmp_path, "a3", "3", resident="streams")
+    assert code == 3 and failed["pid"] == first["pid"] and failed["runs"] == 3
+    # a failed request ends its resident: the next one starts a new process
+    assert _gone(first["pid"])
+    after, _, code = _resident_run(server, tmp_path, "a4", resident="streams")
+    assert code == 0 and after["pid"] != first["pid"] and after["runs"] == 1
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_a_signal_to_a_residents_client_ends_the_resident(server, tmp_path, sig):
+    name = f"signal-{sig}"
+    kept, _, _ = _resident_run(server, tmp_path, "warm", resident=name)
+    report = tmp_path / "sleeping.json"
+    env = job_environment({forkserver.ENV: server.path, "RECPIPE_RESIDENT": name})
+    client = subprocess.Popen(
+        [sys.executable, "-m", forkserver.CLIENT, *RESIDENT_PROBE, str(report), "sleep"],
+        cwd=ROOT,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        busy = _wait_for(report)
+        assert busy["pid"] == kept["pid"] and busy["runs"] == 2
+        os.killpg(client.pid, sig)
+        assert client.wait(30) == -sig
+        assert _gone(kept["pid"]), "the resident outlived its request's client"
+    finally:
+        client.kill()
+    after, _, _ = _resident_run(server, tmp_path, "after", resident=name)
+    assert after["pid"] != kept["pid"] and after["runs"] == 1
+
+
+def test_a_request_while_the_resident_is_busy_gets_a_process_of_its_own(server, tmp_path):
+    kept, _, _ = _resident_run(server, tmp_path, "warm", resident="busy")
+    report = tmp_path / "sleeping.json"
+    env = job_environment({forkserver.ENV: server.path, "RECPIPE_RESIDENT": "busy"})
+    client = subprocess.Popen(
+        [sys.executable, "-m", forkserver.CLIENT, *RESIDENT_PROBE, str(report), "sleep"], cwd=ROOT, env=env
+    )
+    try:
+        assert _wait_for(report)["pid"] == kept["pid"]
+        meanwhile, _, code = _resident_run(server, tmp_path, "meanwhile", resident="busy")
+        assert code == 0 and meanwhile["pid"] != kept["pid"] and meanwhile["runs"] == 1
+    finally:
+        client.terminate()
+        client.wait(30)
+
+
+def test_a_resident_job_runs_in_the_launchers_network_and_ends_when_idle(tmp_path, monkeypatch):
+    """A launcher's resident job has no namespace of its own (it would end with the job); the
+    server ends a resident idle for ``RECPIPE_RESIDENT_IDLE_S``."""
+    server = forkserver.start({**os.environ, "RECPIPE_RESIDENT_IDLE_S": "2"}, wait=True)
+    try:
+        monkeypatch.setenv(forkserver.ENV, server.path)
+        report = tmp_path / "report.json"
+        job = JobSpec(name="probe", argv=[[*RESIDENT_PROBE, str(report)]], cwd=ROOT, resident="launched")
+        LocalLauncher(tmp_path / "logs").run(job)
+        seen = _wait_for(report)
+        assert seen["netns"] == os.readlink("/proc/self/ns/net") and psutil.pid_exists(seen["pid"])
+        assert "run 1 of process" in (tmp_path / "logs" / "probe-0.log").read_text()
+        assert _gone(seen["pid"], timeout=30), "an idle resident was not ended"
+    finally:
+        server.stop()

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.support import with_edits
+from tests.support import ROOT, with_edits
 
 DAY = "1997-09-20"
 # online tables everywhere; rows unused for 3 steps are evicted, so deltas carry tombstones;
@@ -338,3 +338,61 @@ def test_a_client_scores_with_the_stores_rows_as_the_saved_model_does(chain, sto
     assert set(got) == set(expected)
     np.testing.assert_allclose(got["probability"], expected["probability"].numpy(), atol=1e-6)
     assert got["probability"].std() > 0.01
+
+
+@pytest.mark.slow
+def test_a_resident_trains_the_next_pass_warm_as_a_new_process_would(chain, tmp_path):
+    """The stream DAG's one-process pass in a fork server's resident (``RECPIPE_RESIDENT``,
+    ``trainer.warm``): pass B, then pass C from B's checkpoint with B's model and traced step,
+    ends with the variables of the chain's C (each pass built afresh); a pass that starts from
+    a checkpoint other than the one the resident saved builds afresh, with the same result."""
+    import subprocess
+    import sys
+
+    from recpipe import forkserver
+    from recpipe.launch.isolation import job_environment
+    from trainer.checkpoints import resolve
+
+    runs = chain["root"] / "runs"
+    server = forkserver.start(wait=True)
+    env = job_environment({forkserver.ENV: server.path, "RECPIPE_RESIDENT": f"warm-{uuid.uuid4().hex}"})
+
+    def one_pass(name: str, train_ds: str, start: Path) -> tuple[dict, str]:
+        edits = {"train_ds": train_ds, "train_config.fine_tune_checkpoint": str(start)}
+        config_file = tmp_path / f"{name}.json"
+        config_file.write_text(json.dumps(with_edits(chain["config"], edits).to_dict()))
+        args = ["--pipeline_config_path", str(config_file), "--model_dir", str(tmp_path / name)]
+        args += ["--skip_eval", "--score_first", "pass_eval_result.json"]
+        client = [sys.executable, "-m", forkserver.CLIENT, sys.executable, "-m", "trainer.train_eval", *args]
+        out = subprocess.run(client, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0 and "not forked" not in out.stderr, out.stderr[-3000:]
+        return json.loads(out.stdout.strip().splitlines()[-1]), out.stderr
+
+    def assert_same_checkpoint(got: Path, want: Path) -> None:
+        got, want = tf.train.load_checkpoint(resolve(got)), tf.train.load_checkpoint(resolve(want))
+        names = want.get_variable_to_shape_map()
+        assert got.get_variable_to_shape_map().keys() == names.keys()
+        for name in set(names) - {"_CHECKPOINTABLE_OBJECT_GRAPH"}:
+            value = want.get_tensor(name)
+            if np.asarray(value).dtype.kind == "f":
+                np.testing.assert_allclose(got.get_tensor(name), value, atol=1e-6, err_msg=name)
+            else:
+                np.testing.assert_array_equal(got.get_tensor(name), value, err_msg=name)
+
+    try:
+        b, b_log = one_pass("B", f"{DAY}/19", runs / "A")
+        c, c_log = one_pass("C", f"{DAY}/20", tmp_path / "B")
+        again, again_log = one_pass("C-again", f"{DAY}/20", runs / "B")
+    finally:
+        server.stop()
+    assert "warm trainer" not in b_log  # the resident's first job builds
+    assert f"warm trainer: reusing the model and traced step that saved {b['checkpoint']}" in c_log
+    refused = f"it starts from {resolve(runs / 'B')}, not {c['checkpoint']}"
+    assert f"warm trainer: building afresh ({refused})" in again_log
+    assert_same_checkpoint(tmp_path / "B", runs / "B")
+    assert_same_checkpoint(tmp_path / "C", runs / "C")
+    assert_same_checkpoint(tmp_path / "C-again", runs / "C")
+    assert c["loss"] == pytest.approx(again["loss"], abs=1e-6)
+    assert c["global_step"] == again["global_step"] > 0
+    scored = [json.loads((tmp_path / n / "pass_eval_result.json").read_text()) for n in ("C", "C-again")]
+    assert scored[0]["auc"] == pytest.approx(scored[1]["auc"], abs=1e-9)

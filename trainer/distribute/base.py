@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Callable
@@ -11,6 +12,8 @@ import tensorflow as tf
 
 from recpipe.config.errors import ConfigError
 from trainer.server_watch import probe
+
+log = logging.getLogger(__name__)
 
 LOCAL_PROCESSES = "RECPIPE_LOCAL_PROCESSES"
 
@@ -296,8 +299,20 @@ def set_threads(inter_op: int, intra_op: int) -> None:
     """Size TensorFlow's thread pools for this process (``train_config``'s
     ``inter_op_parallelism_threads`` / ``intra_op_parallelism_threads``, EasyRec's fields); 0
     leaves a pool to TensorFlow (or ``share_cores``). Must run before TensorFlow's runtime
-    starts: ``distribution_for`` calls it before any distribution is made."""
-    if intra_op:
-        tf.config.threading.set_intra_op_parallelism_threads(intra_op)
-    if inter_op:
-        tf.config.threading.set_inter_op_parallelism_threads(inter_op)
+    starts: ``distribution_for`` calls it before any distribution is made. In a process whose
+    runtime an earlier job started (a fork server's resident, ``trainer.warm``) pools of
+    another size are kept, with a warning."""
+    for size, name in ((intra_op, "intra_op"), (inter_op, "inter_op")):
+        if not size:
+            continue
+        try:
+            getattr(tf.config.threading, f"set_{name}_parallelism_threads")(size)
+        except RuntimeError:
+            now = getattr(tf.config.threading, f"get_{name}_parallelism_threads")()
+            log.warning(
+                "train_config.%s_parallelism_threads %d: this process's runtime started with %s "
+                "before this job (a resident); it keeps them",
+                name,
+                size,
+                now or "TensorFlow's choice",
+            )
