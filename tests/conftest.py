@@ -137,7 +137,9 @@ def _start_forkserver(config) -> None:
 
     if os.environ.get(forkserver.ENV):
         return
-    config._forkserver = forkserver.start(wait=False)
+    # the stream DAGs' residents (one per pass's train task) need not outlive their tests
+    environ = {"RECPIPE_RESIDENT_IDLE_S": "300", **os.environ}
+    config._forkserver = forkserver.start(environ, wait=False)
     os.environ[forkserver.ENV] = config._forkserver.path
 
 

@@ -30,10 +30,10 @@ class JobSpec:
         optional: indices of processes whose failure (after their restarts) does not fail
             the job: it is logged and reported in ``Launcher.degraded`` (the separate
             evaluator: a crashed evaluator must not throw away a healthy training job).
-        resident: a one-process job's resident name (``recpipe.forkserver.resident``): its
-            process runs in the fork server's process kept for that name, which outlives
-            the job; so it runs in the launcher's network, not a namespace of the job's own
-            (one process: it starts no TensorFlow server).
+        resident: a one-process job's resident name (``recpipe.forkserver.resident``): with
+            a fork server, its process runs in the server's process kept for that name,
+            which outlives the job; so it runs in the launcher's network, not a namespace of
+            the job's own (one process: it starts no TensorFlow server).
     """
 
     name: str

@@ -11,7 +11,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from recpipe.forkserver import forked
+from recpipe.forkserver import forked, socket_path
 from recpipe.launch.base import JobFailedError, JobSpec, JobTimeoutError
 from recpipe.launch.isolation import PrivateNetwork, job_environment
 from recpipe.launch.reaper import Reaper
@@ -93,7 +93,8 @@ class LocalLauncher:
         given_up: set[int] = set()  # optional processes that failed for good
         try:
             # a resident outlives the job: it cannot live in a namespace that ends with it
-            self._network = PrivateNetwork() if job.resident else PrivateNetwork().open()
+            resident = job.resident and socket_path() is not None
+            self._network = PrivateNetwork() if resident else PrivateNetwork().open()
             if self._network.holder is not None:
                 self._reaper.watch(self._network.holder.pid)
             for i, path in enumerate(logs):
