@@ -323,12 +323,8 @@ def _child(request: dict, fds: list[int], joins: list[tuple[int, int]], env: dic
     code = 1
     try:
         _detach(joins)
-        _take_streams(request, fds, env)
-        _run(request["argv"], request["cwd"])
-        code = 0
-    except SystemExit as e:
-        code = _exit_code(e.code)
-    except BaseException:
+        code = _command(request, fds, env, reimport=True)
+    except BaseException:  # before the command: the server's log has it
         sys.excepthook(*sys.exc_info())
     finally:
         try:
@@ -340,6 +336,20 @@ def _child(request: dict, fds: list[int], joins: list[tuple[int, int]], env: dic
             sys.stderr.flush()
         finally:
             os._exit(code)
+
+
+def _command(request: dict, fds: list[int], env: dict[str, str], reimport: bool) -> int:
+    """Run the request's command here with its streams, directory and environment; its exit
+    status (an exception's traceback goes to its stderr)."""
+    try:
+        _take_streams(request, fds, env)
+        _run(request["argv"], request["cwd"], reimport)
+        return 0
+    except SystemExit as e:
+        return _exit_code(e.code)
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        return 1
 
 
 def _detach(joins: list[tuple[int, int]]) -> None:
@@ -390,13 +400,7 @@ def _serve_one(request: dict, fds: list[int], env: dict[str, str]) -> int:
     code = 1
     before = set(threading.enumerate())
     try:
-        _take_streams(request, fds, env)
-        _run(request["argv"], request["cwd"], reimport=resident.first_request())
-        code = 0
-    except SystemExit as e:
-        code = _exit_code(e.code)
-    except BaseException:
-        sys.excepthook(*sys.exc_info())
+        code = _command(request, fds, env, reimport=resident.first_request())
     finally:
         for thread in set(threading.enumerate()) - before:
             if not thread.daemon:

@@ -40,6 +40,29 @@ def _wait_for(path: Path, timeout: float = 60) -> dict:
     return json.loads(path.read_text())
 
 
+def _gone(pid: int, timeout: float = 10) -> bool:
+    """``pid`` ended (a zombie counts: only its parent can reap it) within ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _sleeping(server, probe: list[str], report: Path, **env: str) -> subprocess.Popen:
+    """A client, in a session of its own, whose probe writes ``report`` and sleeps."""
+    return subprocess.Popen(
+        [sys.executable, "-m", forkserver.CLIENT, *probe, str(report), "sleep"],
+        cwd=ROOT,
+        env=job_environment({forkserver.ENV: server.path, **env}),
+        start_new_session=True,
+    )
+
+
 def test_a_job_process_is_forked_warm_and_sees_its_own_argv_env_and_namespace(server, tmp_path, monkeypatch):
     monkeypatch.setenv(forkserver.ENV, server.path)
     monkeypatch.setenv("AIRFLOW__CORE__FERNET_KEY", "fernet-s3cret")
@@ -90,22 +113,13 @@ def test_a_launcher_that_imported_scikit_learn_is_still_forked(server, tmp_path)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 def test_a_signal_to_the_client_ends_the_forked_process(server, tmp_path, sig):
     report = tmp_path / "report.json"
-    env = job_environment({forkserver.ENV: server.path})
-    client = subprocess.Popen(
-        [sys.executable, "-m", forkserver.CLIENT, *PROBE, str(report), "sleep"],
-        cwd=ROOT,
-        env=env,
-        start_new_session=True,
-    )
+    client = _sleeping(server, PROBE, report)
     try:
         forked = _wait_for(report)
         assert forked["warm"] is True and psutil.pid_exists(forked["pid"])
         os.killpg(client.pid, sig)
         assert client.wait(30) == -sig  # the client ends as the forked process did
-        deadline = time.monotonic() + 10
-        while psutil.pid_exists(forked["pid"]) and psutil.Process(forked["pid"]).status() != "zombie":
-            assert time.monotonic() < deadline, "the forked process outlived its client"
-            time.sleep(0.05)
+        assert _gone(forked["pid"]), "the forked process outlived its client"
     finally:
         client.kill()
 
@@ -191,15 +205,6 @@ def _resident_run(server, tmp_path: Path, name: str, *probe_args: str, resident:
     return _wait_for(report), out.stdout, out.returncode
 
 
-def _gone(pid: int, timeout: float = 10) -> bool:
-    deadline = time.monotonic() + timeout
-    while psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie":
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
 def test_a_resident_runs_its_requests_in_one_process_each_with_its_own_streams_and_status(server, tmp_path):
     first, out1, code1 = _resident_run(server, tmp_path, "a1", resident="streams")
     second, out2, code2 = _resident_run(server, tmp_path, "a2", resident="streams")
@@ -222,13 +227,7 @@ def test_a_signal_to_a_residents_client_ends_the_resident(server, tmp_path, sig)
     name = f"signal-{sig}"
     kept, _, _ = _resident_run(server, tmp_path, "warm", resident=name)
     report = tmp_path / "sleeping.json"
-    env = job_environment({forkserver.ENV: server.path, "RECPIPE_RESIDENT": name})
-    client = subprocess.Popen(
-        [sys.executable, "-m", forkserver.CLIENT, *RESIDENT_PROBE, str(report), "sleep"],
-        cwd=ROOT,
-        env=env,
-        start_new_session=True,
-    )
+    client = _sleeping(server, RESIDENT_PROBE, report, RECPIPE_RESIDENT=name)
     try:
         busy = _wait_for(report)
         assert busy["pid"] == kept["pid"] and busy["runs"] == 2
@@ -244,10 +243,7 @@ def test_a_signal_to_a_residents_client_ends_the_resident(server, tmp_path, sig)
 def test_a_request_while_the_resident_is_busy_gets_a_process_of_its_own(server, tmp_path):
     kept, _, _ = _resident_run(server, tmp_path, "warm", resident="busy")
     report = tmp_path / "sleeping.json"
-    env = job_environment({forkserver.ENV: server.path, "RECPIPE_RESIDENT": "busy"})
-    client = subprocess.Popen(
-        [sys.executable, "-m", forkserver.CLIENT, *RESIDENT_PROBE, str(report), "sleep"], cwd=ROOT, env=env
-    )
+    client = _sleeping(server, RESIDENT_PROBE, report, RECPIPE_RESIDENT="busy")
     try:
         assert _wait_for(report)["pid"] == kept["pid"]
         meanwhile, _, code = _resident_run(server, tmp_path, "meanwhile", resident="busy")
