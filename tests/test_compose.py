@@ -189,6 +189,8 @@ def test_the_deployment_runs_days_and_a_rollback(deployment):
     approves it on the task's Required Actions page. Every task ran on the Celery worker's
     container. A rollback from ``recpipe_champion``'s form moves the alias back, and so does
     docs/rollback.md's command in the worker container; MLflow's UI shows the day's run."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
+
     from dev.airflow import _create_backfill
     from tests.browser import Browser
 
@@ -241,11 +243,21 @@ def test_the_deployment_runs_days_and_a_rollback(deployment):
         login = {"username": "admin", "password": secrets["MLFLOW_ADMIN_PASSWORD"]}
         page = browser.page(http_credentials=login)
         experiment_id, run_name = experiment["experiment_id"], train["info"]["run_name"]
-        page.goto(f"{deployment['mlflow']}/#/experiments/{experiment_id}/runs/{train['info']['run_id']}")
-        # a visible one: the page may hold the name hidden too (a collapsed list), which the
-        # first match in the document's order can be when a slow server answers in another order
         try:
-            page.get_by_text(run_name).filter(visible=True).first.wait_for()
+            for attempt in range(2):
+                page.goto(
+                    f"{deployment['mlflow']}/#/experiments/{experiment_id}/runs/{train['info']['run_id']}"
+                )
+                # a visible one: the page may hold the name hidden too (a collapsed list), which the
+                # first match in the document's order can be when a slow server answers in another order
+                try:
+                    page.get_by_text(run_name).filter(visible=True).first.wait_for(timeout=90_000)
+                    break
+                except PlaywrightTimeoutError:
+                    # MLflow's page shows "Something went wrong" when one of its own requests
+                    # failed (seen once, on a loaded machine): a user loads it again
+                    if attempt or not page.get_by_text("Something went wrong").is_visible():
+                        raise
         finally:
             shot = browser.screenshot(page, "compose_mlflow_run")
         assert shot.stat().st_size > 20_000
