@@ -48,6 +48,18 @@ def _words(value):
     return value
 
 
+def cpu_model() -> str | None:
+    """The CPU's model name (``/proc/cpuinfo``), or None where it does not say: two machines
+    of one kind can differ in it, and with it in every figure per CPU-second."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return None
+
+
 def write_results(name: str, figures: dict) -> Path:
     """Write ``figures`` (JSON-able) with their provenance to ``bench/results/<name>.json``
     (atomically: a reader never sees half a file; every key made a ``word``); the path."""
@@ -59,6 +71,7 @@ def write_results(name: str, figures: dict) -> Path:
         "command": " ".join(["python", str(where), *sys.argv[1:]]),
         "commit": COMMIT,
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+        "cpu_model": cpu_model(),
         "date": datetime.now(UTC).date().isoformat(),
         **_words(figures),
     }

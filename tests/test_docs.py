@@ -157,3 +157,22 @@ def test_every_shell_block_says_how_its_commands_are_checked():
     check(
         "<!-- commands: synopsis -->\n```bash\nrecpipe train [--flag]\n```\n```python\nx = 1\n```\n", "p.md"
     )
+
+
+def test_a_results_file_names_its_cpu_and_the_source_line_says_it(tmp_path, monkeypatch):
+    """Two machines of one kind can differ in their CPU, and with it every figure per
+    CPU-second: a bench's results file records the CPU's model, which the page's source line
+    quotes."""
+    import json
+
+    sys.path.insert(0, str(ROOT / "docs" / "hooks"))
+    import figures
+
+    from bench import results
+
+    monkeypatch.setattr(results, "FOLDER", tmp_path)
+    monkeypatch.setattr(figures, "RESULTS", tmp_path)
+    doc = json.loads(results.write_results("probe", {"x": 1}).read_text())
+    assert doc["cpu_model"] == results.cpu_model() and doc["cpu_model"]
+    text = figures.render('<span data-source="probe"></span>', "a.md")
+    assert f", {doc['machine']}, {doc['cpu_model']}, {doc['date']}</span>" in text

@@ -55,7 +55,8 @@ def value(kind: str, args: str, page: str) -> str:
     name, dotted, spec = parsed.groups()
     doc = _load(name, page)
     if kind == "source":
-        return f"`{doc['command']}`, commit {doc['commit']}, {doc['machine']}, {doc['date']}"
+        machine = ", ".join(filter(None, [doc["machine"], doc.get("cpu_model")]))
+        return f"`{doc['command']}`, commit {doc['commit']}, {machine}, {doc['date']}"
     if dotted is None:
         raise PluginError(f"{page}: data-fig={args!r} names no figure")
     found = _value(doc, dotted, name, page)
