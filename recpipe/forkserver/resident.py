@@ -19,8 +19,6 @@ from recpipe.forkserver import protocol
 
 ENV = "RECPIPE_RESIDENT"
 
-_served = 0  # requests this process has run
-
 
 def key_of(request: dict, namespaces: dict[str, str]) -> tuple | None:
     """The resident a request asks for, as the server keys it: ``(name, module, cwd,
@@ -41,15 +39,3 @@ def requests(channel: socket.socket) -> Iterator[tuple[dict, list[int]]]:
         if request is None:
             return
         yield request, fds
-
-
-def first_request() -> bool:
-    """No request ran in this process yet: the first imports the project's modules afresh
-    (as a forked process does); later ones keep them, and what they hold."""
-    return _served == 0
-
-
-def served() -> None:
-    """One more request ran."""
-    global _served
-    _served += 1

@@ -220,8 +220,10 @@ class Server:
         os.close(kept.pidfd)
         _, status = os.waitpid(kept.pid, 0)
         self._release(kept, {"returncode": os.waitstatus_to_exitcode(status)})
-        if kept.channel in {k.fileobj for k in self.selector.get_map().values()}:
+        try:
             self.selector.unregister(kept.channel)
+        except KeyError:
+            pass  # resident_done saw the channel end first
         kept.channel.close()
 
     def resident_client_gone(self, key: tuple) -> None:
@@ -381,8 +383,10 @@ def _resident(channel: socket.socket, joins: list[tuple[int, int]], defaults: di
     code = 1
     try:
         _detach(joins)
-        for request, fds in resident.requests(channel):
-            code = _serve_one(request, fds, {**defaults, **request["env"]})
+        for served, (request, fds) in enumerate(resident.requests(channel)):
+            # the first request imports the project's modules afresh, as a forked process
+            # does; later ones keep them, and what they hold
+            code = _serve_one(request, fds, {**defaults, **request["env"]}, reimport=served == 0)
             protocol.send(channel, {"returncode": code})
             if code != 0:
                 break
@@ -394,13 +398,13 @@ def _resident(channel: socket.socket, joins: list[tuple[int, int]], defaults: di
         os._exit(code)
 
 
-def _serve_one(request: dict, fds: list[int], env: dict[str, str]) -> int:
+def _serve_one(request: dict, fds: list[int], env: dict[str, str], reimport: bool) -> int:
     """One request in a resident: its streams, its command run here, its streams given back
     (the client's pipes see their end); its non-daemon threads waited for, as at an exit."""
     code = 1
     before = set(threading.enumerate())
     try:
-        code = _command(request, fds, env, reimport=resident.first_request())
+        code = _command(request, fds, env, reimport)
     finally:
         for thread in set(threading.enumerate()) - before:
             if not thread.daemon:
@@ -412,7 +416,6 @@ def _serve_one(request: dict, fds: list[int], env: dict[str, str]) -> int:
             os.dup2(null, target)
         for fd in [null, *fds]:
             os.close(fd)
-        resident.served()
     return code
 
 
