@@ -36,7 +36,15 @@ from pyspark.sql import types as T
 from features import figures
 from features.schema import BAD, SOURCE, check_header, data_files
 from features.sequence import ROW, add_range_histories, sequence_length_columns, state_root
-from features.steps import feature_rows, quarantine, read_raw, window_moments, window_normalization
+from features.steps import (
+    check_partition_output,
+    feature_rows,
+    partition_output,
+    quarantine,
+    read_raw,
+    window_moments,
+    window_normalization,
+)
 from recpipe import atomic
 from recpipe.config.data import FeatureType
 from recpipe.config.pipeline import PipelineConfig
@@ -65,6 +73,8 @@ def prepare_range(spark: SparkSession, config: PipelineConfig, days: list[str]) 
     ):
         return None  # a day's pass states order before its own: day by day, as prepare_day orders them
     files = {d: data_files(ds_partition(config.raw_input_path, d)) for d in days}
+    for d in days:
+        check_partition_output(config, d)
     if dc.input_format != "parquet" and dc.with_header:
         for path in (p for day in days for p in files[day]):
             check_header(path, dc.input_fields, dc.separator)
@@ -210,7 +220,7 @@ def _publish(
         stats["sequence"] = sequence
     quarantine(None, 0, Path(config.effective_quarantine_path), ds)  # a re-run leaves no old rows
     final = ds_partition(config.train_input_path, ds)
-    with atomic.directory(final) as tmp:
+    with partition_output(config, ds) as tmp:
         for part in (staging / f"{DAY}={ds}").iterdir():
             part.rename(tmp / part.name)
         written = FeaturePartition(tmp)

@@ -30,7 +30,7 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from features import figures
+from features import REMOTE_ENV, figures
 from features.backfill import prepare_range
 from features.schema import (
     BAD,
@@ -42,7 +42,9 @@ from features.schema import (
 from features.sequence import add_histories, sequence_length_columns, state_root, write_state
 from features.session import get_spark
 from features.steps import (
+    check_partition_output,
     feature_rows,
+    partition_output,
     quarantine,
     read_day,
     window_moments,
@@ -54,7 +56,7 @@ from recpipe.arguments import ArgumentParser
 from recpipe.config.args import add_config_args, config_from_args
 from recpipe.config.errors import ConfigError
 from recpipe.config.pipeline import PipelineConfig
-from recpipe.errors import PipelineError, run_command
+from recpipe.errors import PipelineError, UsageError, run_command
 from recpipe.layout import FeaturePartition, ds_partition, parse_ds_range, split_pass
 from recpipe.paths import confine_config
 
@@ -113,6 +115,7 @@ def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
     """
     dc = config.data_config
     split_pass(ds)  # a malformed ds fails before any work
+    check_partition_output(config, ds)
     rows, files = read_day(spark, config, ds)
     first_pass = needs_statistics(config.feature_config.features)
     try:
@@ -137,7 +140,7 @@ def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
         if seq is not None
         else contextlib.nullcontext()
     )
-    with state_dir as state_tmp, atomic.directory(final) as tmp:
+    with state_dir as state_tmp, partition_output(config, ds) as tmp:
         _, normalization = window_normalization(config, earlier, every_row)
         gathering, day_figures = figures.gathering(rows, config, moments=not first_pass)
         try:
@@ -265,7 +268,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--remote",
         default=None,
-        help="a Spark Connect server (sc://host:port) to run on instead of a JVM of this job's own",
+        help="a Spark Connect server (sc://host:port) to run on instead of a JVM of this job's own; "
+        f"a URL with a token goes in ${REMOTE_ENV} (a command line is every user's to read)",
     )
     parser.add_argument("--app_name", default="recpipe-features", help="the Spark application's name")
     parser.add_argument(
@@ -274,6 +278,21 @@ def _parser() -> argparse.ArgumentParser:
         help="refuse a config whose paths leave the project's conf/, data/, var/ (the DAGs pass it)",
     )
     return parser
+
+
+def spark_remote(given: str | None) -> str | None:
+    """The Spark Connect server: ``--remote`` (``given``), else ``$RECPIPE_SPARK_REMOTE``, else None
+    (a JVM of the job's own).
+
+    Raises:
+        UsageError: ``given`` holds a token (``;token=``): a command line is every user's to read.
+    """
+    if given is not None and "token=" in given.lower():
+        raise UsageError(
+            f"--remote holds a token, which any user of this host can read from the process list: "
+            f"give the URL in ${REMOTE_ENV}"
+        )
+    return given or os.environ.get(REMOTE_ENV) or None
 
 
 def run(args: argparse.Namespace, extra: list[str]) -> list[dict]:
@@ -294,7 +313,8 @@ def run(args: argparse.Namespace, extra: list[str]) -> list[dict]:
     if args.confine_paths:  # a DAG run's edit_config_json may name any path
         confine_config(config)
 
-    spark = get_spark(args.app_name, master=args.master, remote=args.remote)
+    remote = spark_remote(args.remote)
+    spark = get_spark(args.app_name, master=args.master, remote=remote)
     out = []
 
     def work() -> None:
@@ -303,7 +323,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> list[dict]:
             out.append(stats)
             print(json.dumps({k: stats[k] for k in ("ds", "rows", "rows_quarantined", "positive_rate")}))
 
-    if args.remote is None:
+    if remote is None:
         work()
         return out
     try:

@@ -23,7 +23,7 @@ from features.schema import (
     read_strings,
 )
 from features.transform import feature_columns, normalization_params
-from recpipe import atomic
+from recpipe import atomic, outputs
 from recpipe.config.data import FeatureType
 from recpipe.config.pipeline import PipelineConfig
 from recpipe.ids import HOLDOUT
@@ -115,6 +115,45 @@ def window_moments(
     if start is not None:
         stored_passes(day, start)
     return names, moments
+
+
+COMMAND = "features"  # the writer named in a partition's marker (recpipe.outputs)
+
+
+def _adopted(config: PipelineConfig, raw: Path):
+    def earlier_output(partition: Path) -> bool:
+        # a partition written before markers: its _stats.json names raw files of this partition
+        try:
+            files = json.loads(FeaturePartition(partition).stats.read_text()).get("raw_files") or []
+        except (OSError, ValueError, AttributeError):
+            return False
+        return bool(files) and all(Path(f).resolve().is_relative_to(raw.resolve()) for f in files)
+
+    return earlier_output
+
+
+def partition_output(config: PipelineConfig, ds: str):
+    """The day's feature partition ``train_input_path/ds=<ds>`` as an output the feature job owns
+    (``recpipe.outputs.directory``: a new directory, or this job's earlier output of the same raw
+    partition; never the raw partition or a directory holding it).
+
+    Raises:
+        recpipe.outputs.OutputNotOwnedError: the partition holds what the job did not write.
+    """
+    raw = ds_partition(config.raw_input_path, ds)
+    final = ds_partition(config.train_input_path, ds)
+    return outputs.directory(final, COMMAND, [raw], "train_input_path", _adopted(config, raw))
+
+
+def check_partition_output(config: PipelineConfig, ds: str) -> None:
+    """``partition_output``'s check alone, before the day's work starts.
+
+    Raises:
+        recpipe.outputs.OutputNotOwnedError: as ``partition_output``.
+    """
+    raw = ds_partition(config.raw_input_path, ds)
+    final = ds_partition(config.train_input_path, ds)
+    outputs.check(final, COMMAND, [raw], "train_input_path", _adopted(config, raw))
 
 
 def quarantine(bad: DataFrame, bad_count: int, root: Path, ds: str) -> None:

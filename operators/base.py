@@ -13,12 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowFailException
 
 from operators.hooks.mlflow import MLflowHook, git_commit
 from operators.paths import confine, confine_config, project_home
 from operators.tracking import run_name
 from recpipe.config import load_cluster_config, load_pipeline_config
-from recpipe.launch import JobSpec, LocalLauncher, command_job, launcher_for, run_job
+from recpipe.errors import EXIT_USAGE
+from recpipe.launch import JobFailedError, JobSpec, LocalLauncher, command_job, launcher_for, run_job
 
 
 def job_timeout_s(execution_timeout: timedelta | None) -> float | None:
@@ -174,6 +176,8 @@ class JobOperator(RecpipeOperator):
         failed (the separate evaluator) is logged and kept in ``self.degraded``.
 
         Raises:
+            AirflowFailException: the job exited 2 (its config or arguments refused): the task
+                fails without its retries, the message the job's own line naming the field.
             JobFailedError: the job failed; the message names the role and has its log's tail.
             JobTimeoutError: the job ran out of the task's time; every process was stopped.
         """
@@ -186,6 +190,11 @@ class JobOperator(RecpipeOperator):
             result = run_job(self._launcher, job)
             self.degraded = dict(getattr(self._launcher, "degraded", {}))
             return result
+        except JobFailedError as err:
+            self._launcher.kill()
+            if err.exit_code == EXIT_USAGE:  # a bad config or flag: every retry would fail alike
+                raise AirflowFailException(f"{job.name}: {err.last_line or err}") from err
+            raise
         except BaseException:
             self._launcher.kill()  # Airflow's own timeout lands here too: stop the whole tree
             raise

@@ -14,10 +14,12 @@ from datetime import timedelta
 from pathlib import Path
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from features import REMOTE_ENV
 from features.jvm import session_conf
 from operators.sensors import RawPartitionSensor
+from recpipe.errors import EXIT_USAGE
 
 
 def raw_partition_sensor(task_id: str, marker: str, retrain) -> RawPartitionSensor:
@@ -58,8 +60,9 @@ class SparkConnectFeatureOperator(BaseOperator):
     ``SparkConnectHook``): a Python process of Spark Connect's client
     (``spark_client_python``) run by Airflow's ``SubprocessHook``; no JVM starts for it.
 
-    Raises (in ``execute``): ``AirflowException`` with the job's last line (its error: the
-    field, file or row) when it exits non-zero.
+    Raises (in ``execute``): ``AirflowFailException`` (no retry) with the job's last line when
+    it exits 2 (its config or flags refused: the field is named); ``AirflowException`` with
+    that line for any other non-zero exit.
     """
 
     template_fields = ("application_args", "name")
@@ -79,23 +82,30 @@ class SparkConnectFeatureOperator(BaseOperator):
         url = SparkConnectHook(self.conn_id).get_connection_url()
         command = [
             spark_client_python(self.home), "-m", "features.prepare", *self.application_args,
-            "--remote", url, "--app_name", self.name,
+            "--app_name", self.name,
         ]  # fmt: skip
         self.log.info("prepare_features on Spark Connect %s", url.split(";")[0])
-        env = {
-            **os.environ,
-            "PYTHONPATH": str(self.home),
-            "RECPIPE_HOME": str(self.home),
-        }
+        # the URL may carry a token: in the job's environment, never on its command line; and
+        # the job gets the allowlisted variables only, none of the worker's secrets
+        env = feature_job_environment(self.home, {REMOTE_ENV: url})
         self._hook = SubprocessHook()
-        # the URL may carry a token: the command is not logged whole
         result = self._hook.run_command(command, env=env, cwd=str(self.home))
+        if result.exit_code == EXIT_USAGE:  # a bad config or flag: every retry would fail alike
+            raise AirflowFailException(f"prepare_features: {result.output}")
         if result.exit_code != 0:
             raise AirflowException(f"prepare_features exited {result.exit_code}: {result.output}")
 
     def on_kill(self) -> None:
         if self._hook is not None:
             self._hook.send_sigterm()
+
+
+def feature_job_environment(home: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The feature job's environment: ``recpipe.launch.isolation.job_environment`` (the
+    allowlisted variables, no secret's name among them) with the project's paths and ``extra``."""
+    from recpipe.launch.isolation import job_environment
+
+    return job_environment({"PYTHONPATH": str(home), "RECPIPE_HOME": str(home), **(extra or {})})
 
 
 def feature_job(home: Path, retrain, ds: str, edits_arg: str, name: str) -> BaseOperator:
@@ -130,12 +140,11 @@ def feature_job(home: Path, retrain, ds: str, edits_arg: str, name: str) -> Base
         application=str(home / "features" / "prepare.py"),
         application_args=args,
         name=name,
-        env_vars={
-            "PYSPARK_PYTHON": sys.executable,
-            "PYSPARK_DRIVER_PYTHON": sys.executable,
-            "PYTHONPATH": str(home),
-            "RECPIPE_HOME": str(home),
-        },
+        # the job's own variables; the provider's hook lays them over the worker's environment
+        # in client mode (docs/reliability.md says what that leaves)
+        env_vars=feature_job_environment(
+            home, {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+        ),
         # recpipe's JVM functions load with the driver's JVM, before the job's Python starts;
         # the driver's address is the task host's SPARK_LOCAL_IP (features/session.py), read
         # where the task runs, not where this DAG file is parsed

@@ -14,6 +14,8 @@ import codecs
 import json
 import os
 
+from predict.files import COMMAND
+from recpipe import outputs as owned
 from recpipe.arguments import ArgumentParser, at_least
 from recpipe.errors import UsageError
 from recpipe.paths import confine
@@ -48,7 +50,11 @@ def parser() -> ArgumentParser:
     p.add_argument(
         "--input_path", required=True, help="a file or a partition directory of CSV or Parquet files"
     )
-    p.add_argument("--output_path", required=True, help="the output directory (replaced whole)")
+    p.add_argument(
+        "--output_path", required=True,
+        help="the output directory: a new one, or this command's earlier output of the same input "
+        "(replaced whole); never a data root, the input or a directory holding it",
+    )  # fmt: skip
     model = p.add_mutually_exclusive_group(required=True)
     model.add_argument(
         "--saved_model_dir", help="an export version, or an export directory (its newest version)"
@@ -98,10 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     """Run ``recpipe predict``; print one JSON line ``{"rows", "files", "columns",
     "saved_model", "output_path"}``."""
     args = parser().parse_args(argv)
-    from predict.local import PredictOptions  # TensorFlow: after the flags are checked
-
     input_path = confine(args.input_path, "--input_path")
     output_path = confine(args.output_path, "--output_path")
+    owned.check(output_path, COMMAND, [input_path])  # before TensorFlow's import: refused in a second
+    from predict.local import PredictOptions  # TensorFlow: after the flags are checked
+
     if args.saved_model_dir is not None:
         saved = confine(args.saved_model_dir, "--saved_model_dir")
     else:

@@ -10,6 +10,8 @@ import pyarrow.parquet as pq
 
 from recpipe.errors import UsageError
 
+COMMAND = "recpipe predict"  # the writer named in an output's marker (recpipe.outputs)
+
 
 class BadInputError(UsageError):
     """A row, column or path of the input cannot be scored: the message names the file, the
@@ -17,8 +19,9 @@ class BadInputError(UsageError):
 
 
 def data_files(path: str | os.PathLike, flag: str = "--input_path") -> list[Path]:
-    """A file, or the data files below a partition directory (sorted; names starting with
-    ``_`` or ``.`` left out, as Spark and Hive leave them).
+    """A file, or the non-empty data files below a partition directory (sorted; names starting
+    with ``_`` or ``.`` left out, as Spark and Hive leave them; an empty part file holds no rows
+    and is left out too).
 
     Raises:
         BadInputError: nothing to read there (``flag`` names it).
@@ -28,7 +31,8 @@ def data_files(path: str | os.PathLike, flag: str = "--input_path") -> list[Path
         return [path]
     files = sorted(
         p for p in path.rglob("*")
-        if p.is_file() and not any(part.startswith(("_", ".")) for part in p.relative_to(path).parts)
+        if p.is_file() and p.stat().st_size > 0
+        and not any(part.startswith(("_", ".")) for part in p.relative_to(path).parts)
     ) if path.is_dir() else []  # fmt: skip
     if not files:
         raise BadInputError(f"{flag}={path}: no data files there")
@@ -41,8 +45,9 @@ def file_format(files: list[Path], given: str | None = None) -> str:
 
 
 def count_rows(path: str | os.PathLike, fmt: str | None = None, with_header: bool = False) -> int:
-    """Rows under ``path`` (``data_files``): Parquet from the files' footers, CSV as lines
-    (less a header line per file with ``with_header``).
+    """Rows under ``path`` (``data_files``): Parquet from the files' footers, CSV as its non-blank
+    lines (a blank line is no row: pyarrow's reader skips it as ``recpipe predict`` reads), less
+    a header line per file with ``with_header``.
 
     Raises:
         BadInputError: nothing there.
@@ -52,11 +57,7 @@ def count_rows(path: str | os.PathLike, fmt: str | None = None, with_header: boo
         return sum(pq.ParquetFile(f).metadata.num_rows for f in files)
     total = 0
     for f in files:
-        lines, last = 0, b"\n"
         with open(f, "rb") as handle:
-            while block := handle.read(1 << 20):
-                lines += block.count(b"\n")
-                last = block[-1:]
-        lines += last != b"\n"  # a last line without its newline
+            lines = sum(1 for line in handle if line.rstrip(b"\r\n"))
         total += max(lines - with_header, 0)
     return total

@@ -14,9 +14,9 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from predict.columns import output_columns, reserved_columns, selected_columns
-from predict.files import BadInputError, data_files, file_format
+from predict.files import COMMAND, BadInputError, data_files, file_format
 from predict.model import ScoringModel, output_schema, scored
-from recpipe import atomic
+from recpipe import outputs as owned
 
 CSV_BLOCK_BYTES = 4 << 20
 
@@ -106,7 +106,8 @@ def _writer(path: Path, fmt: str, schema: pa.Schema, sep: str):
 def predict_files(model: ScoringModel, input_path: str | os.PathLike, output_path: str | os.PathLike,
                   options: PredictOptions) -> dict:  # fmt: skip
     """Score every row under ``input_path`` into ``output_path`` (a directory of part files, one
-    per input file, and ``_SUCCESS``), replacing it whole.
+    per input file, and ``_SUCCESS``): a new directory, or this command's earlier output from the
+    same input, replaced whole (``recpipe.outputs``).
 
     Returns:
         ``{"rows", "files", "columns", "saved_model"}``: rows written (= rows read).
@@ -114,7 +115,10 @@ def predict_files(model: ScoringModel, input_path: str | os.PathLike, output_pat
     Raises:
         BadInputError: no input, a missing column, a value of the wrong type, a bad flag for
             this input (nothing is written then).
+        recpipe.outputs.OutputNotOwnedError: ``output_path`` is a root, holds or lies in the
+            input, or holds what this command did not write from this input.
     """
+    owned.check(output_path, COMMAND, [input_path])
     files = data_files(input_path)
     fmt = file_format(files, options.input_format)
     out_fmt = options.output_format or fmt
@@ -122,7 +126,7 @@ def predict_files(model: ScoringModel, input_path: str | os.PathLike, output_pat
     header = model.with_header if options.with_header is None else options.with_header
     rows = 0
     columns: list[str] = []
-    with atomic.directory(output_path) as tmp:
+    with owned.directory(output_path, COMMAND, [input_path]) as tmp:
         for i, file in enumerate(files):
             names = csv_names(file, sep, header, model) if fmt == "csv" else pq.read_schema(file).names
             selected = selected_columns(options.selected_cols, names)

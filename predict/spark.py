@@ -14,10 +14,10 @@ from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
 from predict.columns import output_columns, reserved_columns, selected_columns
-from predict.files import BadInputError, data_files, file_format
+from predict.files import COMMAND, BadInputError, data_files, file_format
 from predict.local import PredictOptions, csv_names, rebatch
 from predict.model import ScoringModel, cached, scored
-from recpipe import atomic
+from recpipe import outputs as owned
 
 _SPARK_TYPES = {"double": T.DoubleType(), "float": T.FloatType()}
 
@@ -31,6 +31,7 @@ def predict_on_spark(spark: SparkSession, saved_model: str | os.PathLike, input_
         BadInputError: no input, a missing column, a value of the wrong type (the first a worker
             met), a bad flag for this input; nothing is written then.
     """
+    owned.check(output_path, COMMAND, [input_path])
     model = ScoringModel(saved_model)  # the driver's copy: inputs, outputs, data_config
     files = data_files(input_path)
     fmt = file_format(files, options.input_format)
@@ -60,7 +61,7 @@ def predict_on_spark(spark: SparkSession, saved_model: str | os.PathLike, input_
             yield scored(worker_model, batch, reserved, outputs, where)
 
     out = rows.mapInArrow(score, schema)
-    with atomic.directory(output_path) as tmp:
+    with owned.directory(output_path, COMMAND, [input_path]) as tmp:
         try:
             if out_fmt == "parquet":
                 out.write.mode("overwrite").parquet(str(tmp))

@@ -276,7 +276,7 @@ def _check_model(client, args) -> None:
 
     if registered_model(client, args.model_name) is None:
         names = sorted(m.name for m in client.search_registered_models(max_results=100))
-        where = tracking.tracking_uri(args.tracking_uri)
+        where = tracking.redacted(tracking.tracking_uri(args.tracking_uri))
         raise UsageError(
             f"--model_name: no such registered model {args.model_name!r} at {where} "
             f"(registered: {', '.join(names) or 'none'})"

@@ -231,8 +231,11 @@ def move_alias(
     expected = None if expect in (None, "") else int(expect)
     with registry_lock(model, alias):
         found = holder(client, model, alias)
+        moves = history(client, model, alias)
         # a retry of this very move whose alias was set before its record: finish the record
-        finishing = move_id is not None and found == int(version) and found != expected
+        # (not when another move has since recorded this version as its own)
+        unrecorded = not moves or moves[-1]["version"] != found
+        finishing = move_id is not None and found == int(version) and found != expected and unrecorded
         if finishing:
             found = expected
         elif found != expected:
@@ -257,9 +260,22 @@ def move_alias(
             client.set_registered_model_alias(model, alias, str(version))
         for tag, value in ((SET_BY, by), (SET_REASON, reason), (SET_AT, record["at"])):
             client.set_model_version_tag(model, str(version), tag, value)
-        moves = [*history(client, model, alias), record]
+        moves = [*moves, *_unrecorded_plan(client, model, alias, found, moves, record["id"]), record]
         client.set_registered_model_tag(model, _key(HISTORY, alias), json.dumps(moves[-HISTORY_KEEP:]))
     return record
+
+
+def _unrecorded_plan(client, model: str, alias: str, found, moves: list, move_id: str) -> list[dict]:
+    """The pending plan's history entry when its alias move happened and its record did not
+    (its process was cut off) and another move now follows it: the chain stays whole."""
+    plan = pending(client, model, alias)
+    if plan is None or plan.get("id") == move_id or plan.get("version") != found:
+        return []
+    if any(m.get("id") == plan["id"] for m in moves):
+        return []
+    at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    keys = ("version", "previous", "by", "reason", "action", "id")
+    return [{**{k: plan.get(k) for k in keys}, "at": at}]
 
 
 def pending(client, model: str, alias: str = ALIAS) -> dict[str, Any] | None:
@@ -286,17 +302,24 @@ def resume(client, model: str, plan: dict[str, Any], alias: str = ALIAS) -> dict
     (its history entry is returned), the move when ``plan["previous"]`` still holds it.
 
     Raises:
-        ChampionMovedError: a third version holds the alias (the plan no longer applies).
+        ChampionMovedError: a third version holds the alias (the plan no longer applies); the
+            plan is cleared first, so the next move starts from the alias as it is.
     """
     found = holder(client, model, alias)
     if found == plan["version"]:
         done = [m for m in history(client, model, alias) if m.get("id") == plan["id"]]
         if done:
             return done[-1]
-    return move_alias(
-        client, model, plan["version"], plan["previous"], by=plan["by"], reason=plan["reason"],
-        action=plan["action"], alias=alias, move_id=plan["id"],
-    )  # fmt: skip
+    try:
+        return move_alias(
+            client, model, plan["version"], plan["previous"], by=plan["by"], reason=plan["reason"],
+            action=plan["action"], alias=alias, move_id=plan["id"],
+        )  # fmt: skip
+    except ChampionMovedError:
+        # refused: the alias never moved for this plan and never will, so nothing is left
+        # pending for a later move to resume (and be refused again)
+        finish(client, model, plan["id"], alias)
+        raise
 
 
 def missing_files(version) -> list[str]:

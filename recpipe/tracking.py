@@ -56,9 +56,32 @@ def _from_connection(value: str) -> str | None:
     return f"{scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else "")
 
 
-def tracking_uri(given: str | None = None) -> str:
-    """The tracking URI, in the order of the module docstring."""
+def redacted(uri: str) -> str:
+    """``uri`` without the user part of its address (``user:password@``), for messages."""
+    parts = urlsplit(uri)
+    if "@" not in parts.netloc:
+        return uri
+    return parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1]).geturl()
+
+
+def tracking_uri(given: str | None = None, flag: str = "--tracking_uri") -> str:
+    """The tracking URI, in the order of the module docstring.
+
+    Raises:
+        UsageError: ``given`` (a command line's) holds a password, which any user of the host
+            can read from the process list (the message does not repeat it).
+    """
     if given:
+        try:
+            password = urlsplit(given).password
+        except ValueError:
+            raise UsageError(f"{flag}={redacted(given)}: not a URI") from None
+        if password is not None:
+            raise UsageError(
+                f"{flag} holds a password, which any user of this host can read from the process list: "
+                "give the URI in $MLFLOW_TRACKING_URI (a database's) or the password in "
+                "$MLFLOW_TRACKING_PASSWORD (a server's)"
+            )
         return given
     if os.environ.get("MLFLOW_TRACKING_URI"):
         return os.environ["MLFLOW_TRACKING_URI"]
@@ -83,8 +106,35 @@ def probe(uri: str, timeout_s: float = 5.0) -> None:
     except (urllib.error.URLError, OSError) as err:
         reason = f"{type(err).__name__}: {getattr(err, 'reason', err)}"
         raise TrackingUnavailableError(
-            f"MLflow at {uri} does not answer ({reason}); start it, or name another with "
+            f"MLflow at {redacted(uri)} does not answer ({reason}); start it, or name another with "
             "--tracking_uri / $MLFLOW_TRACKING_URI",
+            uri,
+            reason,
+        ) from None
+
+
+def probe_database(uri: str, timeout_s: float = 5.0) -> None:
+    """Connect once to a database tracking store (PostgreSQL, MySQL: not SQLite, a file).
+
+    Raises:
+        TrackingUnavailableError: the database does not answer within ``timeout_s`` seconds
+            or refuses the login (one line, the password left out).
+    """
+    if uri.startswith(("http://", "https://", "sqlite:", "file:")) or "://" not in uri:
+        return
+    import sqlalchemy
+
+    args = {"connect_timeout": int(max(timeout_s, 1))} if uri.startswith(("postgresql", "mysql")) else {}
+    try:
+        engine = sqlalchemy.create_engine(uri, connect_args=args)
+        with engine.connect():
+            pass
+        engine.dispose()
+    except Exception as err:  # noqa: BLE001 - drivers raise their own kinds; one line either way
+        reason = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+        raise TrackingUnavailableError(
+            f"the MLflow database {redacted(uri)} does not answer ({reason}); start it, or name another "
+            "with --tracking_uri / $MLFLOW_TRACKING_URI",
             uri,
             reason,
         ) from None
@@ -99,6 +149,7 @@ def client(given: str | None = None, timeout_s: float = 5.0):
     """
     uri = tracking_uri(given)
     probe(uri, timeout_s)
+    probe_database(uri, timeout_s)
     if uri.startswith(("http://", "https://")):
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(int(max(timeout_s, 1))))

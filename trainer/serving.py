@@ -25,7 +25,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from recpipe import atomic
+from recpipe import atomic, outputs
 from recpipe.config.data import FeatureSpec, FeatureType, InputType
 from recpipe.config.pipeline import PipelineConfig
 from recpipe.layout import PIPELINE_ASSET, SAVED_MODEL_RECORD, SERVING_ROWS, ModelDir
@@ -193,8 +193,6 @@ class ServingModule(tf.Module):
         return out
 
 
-
-
 def write_saved_model(
     config: PipelineConfig, model: RankingModel, normalization: dict, directory: Path
 ) -> None:
@@ -250,15 +248,19 @@ def export_saved_model(
     export finds the version an earlier attempt published (``find_export``).
 
     Returns:
-        The final version directory.
+        The final version directory (a new one, never an existing directory replaced).
+
+    Raises:
+        recpipe.outputs.OutputNotOwnedError: ``export_dir`` is a data root.
     """
-    export_dir = Path(export_dir)
+    export_dir = outputs.refuse_root(export_dir, "export_dir")
     export_dir.mkdir(parents=True, exist_ok=True)
     tmp = atomic.temp_dir_beside(export_dir / "export")
     try:
         write_saved_model(config, model, read_normalization(model_dir), tmp)
         record = {"model_dir": str(Path(model_dir).resolve()), "global_step": global_step}
         (tmp / "assets.extra" / SAVED_MODEL_RECORD).write_text(json.dumps(record))
+        outputs.mark(tmp, "export", [model_dir])
         return atomic.publish_numbered(tmp, export_dir, int(time.time()))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -414,17 +414,29 @@ def import_config(text: str, source: str = "<config>", notes: list[str] | None =
     from recpipe.config.pipeline import PipelineConfig
 
     stripped = text.lstrip()
-    if stripped.startswith("{"):
-        try:
-            message = _json_message(json.loads(text))
-        except json.JSONDecodeError as err:
-            raise ConfigError(f"{source}:{err.lineno}:{err.colno}: {err.msg}") from None
-    else:
-        message = parse(text, source)
     try:
+        if stripped.startswith("{"):
+            try:
+                loaded = json.loads(text)
+            except json.JSONDecodeError as err:
+                raise ConfigError(f"{source}:{err.lineno}:{err.colno}: {err.msg}") from None
+            if not isinstance(loaded, dict):
+                raise ConfigError(
+                    f"{source}: a JSON object (EasyRec's pipeline config), not {type(loaded).__name__}"
+                )
+            message = _json_message(loaded)
+        else:
+            message = parse(text, source)
         raw = _message(_translate(message, notes if notes is not None else []), PipelineConfig, "")
     except Refused as err:
         raise Refused(f"{source}: {err}") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: nested too deeply to be an EasyRec pipeline config") from None
+    except (TypeError, AttributeError, KeyError, IndexError) as err:
+        # a scalar where a message belongs (or the reverse): the text is no pipeline config
+        raise ConfigError(
+            f"{source}: a value of the wrong kind where EasyRec expects a message or a scalar ({err})"
+        ) from None
     validate(PipelineConfig, raw, source)
     return raw
 
@@ -435,6 +447,35 @@ HEADER = """\
 # raw_input_path and writes the features training reads to train_input_path: move the raw
 # files into day partitions, and select days with train_ds / eval_ds.
 """
+
+
+def check_output(output: str, source: str) -> None:
+    """Refuse an ``--output`` that ``config import`` does not own: its input, a directory, a path
+    whose directory does not exist, or an existing file that is not this command's earlier
+    import of the same ``source`` (its first line, ``HEADER``'s).
+
+    Raises:
+        recpipe.outputs.OutputNotOwnedError: naming ``--output`` and why.
+    """
+    from recpipe.outputs import OutputNotOwnedError
+
+    path, given = Path(output), Path(source)
+    if not path.parent.resolve().is_dir():
+        raise OutputNotOwnedError(f"--output={output}: its directory {path.parent} does not exist")
+    if path.exists() and given.exists() and path.resolve() == given.resolve():
+        raise OutputNotOwnedError(f"--output={output}: the file being imported; name a new file")
+    if path.is_dir() or path.is_symlink():
+        raise OutputNotOwnedError(f"--output={output}: not a file; name a new file")
+    if path.exists():
+        try:
+            with open(path, encoding="utf-8") as f:
+                first = f.readline()
+        except (OSError, UnicodeDecodeError):
+            first = ""
+        if first != HEADER.format(source=source).splitlines(keepends=True)[0]:
+            raise OutputNotOwnedError(
+                f"--output={output}: exists and is not this command's import of {source}; name a new file"
+            )
 
 
 def main(argv: list[str]) -> int:
@@ -451,12 +492,20 @@ def main(argv: list[str]) -> int:
         "pipeline YAML; a field recpipe cannot honour is refused with its dotted path.",
     )
     parser.add_argument("path", help="the EasyRec config (.config or .json)")
-    parser.add_argument("--output", default=None, help="write the YAML here (default: print it)")
+    parser.add_argument(
+        "--output", default=None,
+        help="write the YAML here: a new file in an existing directory, or this command's earlier output "
+        "(default: print it)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.output:
+        check_output(args.output, args.path)
     try:
-        text = Path(args.path).read_text()
+        text = Path(args.path).read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError(f"{args.path}: {err.strerror}") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{args.path}: not UTF-8 text (byte {err.start}: {err.reason})") from None
     notes: list[str] = []
     raw = import_config(text, args.path, notes)
     order = ["model_dir", "raw_input_path", "train_input_path"]

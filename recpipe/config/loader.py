@@ -51,12 +51,22 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError(f"{path}: cannot be read ({getattr(err, 'strerror', None) or err})") from None
     except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from err
+        raise ConfigError(f"{path}: {yaml_error_line(err)}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not valid YAML: nested too deeply") from None
     except ValueError as err:  # a timestamp YAML parsed but no calendar has (1997-02-30)
         raise ConfigError(f"{path}:{_impossible_day(text)}: {err}: write a day that exists") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of config sections at the top level")
     return data
+
+
+def yaml_error_line(err: Exception) -> str:
+    """A YAML parser's error in one line: ``line L, column C: not valid YAML: <problem>``."""
+    mark = getattr(err, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    return f"{where}not valid YAML: {problem}"
 
 
 def _impossible_day(text: str) -> str:

@@ -6,6 +6,7 @@ keeps them apart."""
 from __future__ import annotations
 
 import os
+import re
 from datetime import date, datetime, timedelta
 from pathlib import Path
 from typing import Literal
@@ -237,7 +238,9 @@ class BatchPredictConfig(Section):
     input_path: str
     """The rows to score, e.g. ``data/candidates/ds={{ ds }}`` (CSV or Parquet)."""
     output_path: str
-    """Where the scores go, e.g. ``data/scores/<model_name>/ds={{ ds }}`` (replaced whole)."""
+    """Where the scores go, e.g. ``data/scores/<model_name>/ds={{ ds }}``: a day's own
+    directory, so it must hold ``{{ ds }}`` or ``{{ ds_nodash }}`` (a re-run replaces only its
+    own earlier output, ``recpipe.outputs``)."""
     reserved_cols: str = "ALL_COLUMNS"
     """Input columns copied beside the scores: ``ALL_COLUMNS``, a comma-separated list, or ``""``."""
     output_cols: str = "ALL_COLUMNS"
@@ -250,6 +253,15 @@ class BatchPredictConfig(Section):
     """A CSV input's separator (null: the pipeline's ``data_config.separator``)."""
     with_header: bool | None = None
     """Whether a CSV input has a header line (null: the pipeline's ``data_config.with_header``)."""
+
+    @field_validator("output_path")
+    @classmethod
+    def _a_day_of_its_own(cls, value: str) -> str:
+        if not re.search(r"\{\{\s*ds(_nodash)?\s*\}\}", value):
+            raise ValueError(
+                "must hold {{ ds }} or {{ ds_nodash }}: each day's scores in a directory of their own"
+            )
+        return value
 
 
 class RetrainConfig(Section):
@@ -434,39 +446,36 @@ def load_retrain_config(path) -> RetrainConfig:
 
 def load_retrain_configs(home) -> tuple[dict[Path, RetrainConfig], dict[Path, str]]:
     """Every retrain config of the deployment (``retrain_config_files``), loaded: ``(the
-    configs that load, by file; the ones that do not, by file, each with its error)``. A
-    config whose ``dag_id`` or ``model_name`` an earlier file (in name order) already has is
-    an error too: ``model_name`` keys the model dirs, exports, registered model and store
-    keys, so two DAGs of one name would train, gate and push over each other. Never raises
-    for a bad file: one model's broken config must not hide the others."""
+    configs that load, by file; the ones that do not, by file, each with its error)``. Configs
+    that share a ``dag_id`` or a ``model_name`` all fail, whatever their files' names, each
+    error naming the others: ``model_name`` keys the model dirs, exports, registered model and
+    store keys, so two DAGs of one name would train, gate and push over each other, and no file
+    name should decide which of them is the model. Never raises for a bad file: one model's
+    broken config must not hide the others."""
     loaded: dict[Path, RetrainConfig] = {}
     broken: dict[Path, str] = {}
-    dag_ids: dict[str, Path] = {}
-    models: dict[str, Path] = {}
     for path in retrain_config_files(home):
         try:
-            retrain = load_retrain_config(path)
+            loaded[path] = load_retrain_config(path)
         except ConfigError as err:
             broken[path] = str(err)
-            continue
         except Exception as err:  # noqa: BLE001 - whatever it is, the other models keep their DAGs
             broken[path] = f"{path}: {type(err).__name__}: {err}"
-            continue
-        if retrain.effective_dag_id in dag_ids:
-            broken[path] = (
-                f"{path}: dag_id {retrain.effective_dag_id!r} is {dag_ids[retrain.effective_dag_id]}'s"
-            )
-            continue
-        if retrain.model_name in models:
-            broken[path] = (
-                f"{path}: model_name {retrain.model_name!r} is {models[retrain.model_name]}'s: a model's "
-                "dirs, registered model and store keys are its name's; give this one another name"
-            )
-            continue
-        dag_ids[retrain.effective_dag_id] = path
-        models[retrain.model_name] = path
-        loaded[path] = retrain
-    return loaded, broken
+    for field, key in (("dag_id", lambda r: r.effective_dag_id), ("model_name", lambda r: r.model_name)):
+        owners: dict[str, list[Path]] = {}
+        for path, retrain in loaded.items():
+            owners.setdefault(key(retrain), []).append(path)
+        for value, paths in owners.items():
+            if len(paths) < 2:
+                continue
+            for path in paths:
+                others = ", ".join(str(p) for p in paths if p != path)
+                broken.setdefault(
+                    path,
+                    f"{path}: {field} {value!r} is also {others}'s: a model's dirs, registered model and "
+                    "store keys are its name's, so none of them runs; give each its own",
+                )
+    return {p: r for p, r in loaded.items() if p not in broken}, broken
 
 
 def _check_pass_schedule(schedule: str, pass_minutes: int) -> None:

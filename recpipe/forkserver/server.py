@@ -50,7 +50,7 @@ RUNTIME = frozenset({"TF_CONFIG", "PYTHONPATH"})
 # job (a test, a task that imported them); only Intel's OpenMP runtime reads them, and none
 # of the preloaded modules loads it (NumPy and SciPy use OpenBLAS, TensorFlow its own pool)
 UNREAD = frozenset({"KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK"})
-PROJECT = ("trainer", "recpipe")
+PROJECT = resident.PROJECT
 
 CLONE_NEWNET = 0x40000000
 CLONE_NEWNS = 0x00020000
@@ -79,6 +79,7 @@ class Resident:
     client: socket.socket | None = None
     idle_since: float = field(default_factory=time.monotonic)
     ending: bool = False  # killed for idling: takes no more requests
+    stale: bool = False  # the project's code changed since it started: ended once idle
 
 
 class Server:
@@ -168,6 +169,9 @@ class Server:
         if kept is not None and (kept.client is not None or kept.ending):
             return False
         if kept is None:
+            for other, older in self.residents.items():
+                if resident.same_but_code(key, other):
+                    older.stale = True  # ended by end_idle_residents once it is idle
             ours, theirs = socket.socketpair()
             pid = os.fork()
             if pid == 0:
@@ -235,11 +239,12 @@ class Server:
         _kill(kept.pid, signal.SIGKILL)
 
     def end_idle_residents(self) -> float | None:
-        """End the residents idle for ``RESIDENT_IDLE_S``; seconds to the next one's end."""
+        """End the residents idle for ``RESIDENT_IDLE_S``, and idle ones whose code is stale;
+        seconds to the next one's end."""
         now, next_end = time.monotonic(), None
         for kept in self.residents.values():
             if kept.client is None and not kept.ending:
-                end = kept.idle_since + RESIDENT_IDLE_S
+                end = now if kept.stale else kept.idle_since + RESIDENT_IDLE_S
                 if end <= now:
                     kept.ending = True
                     _kill(kept.pid, signal.SIGKILL)  # its exit is handled as any other

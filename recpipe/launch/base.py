@@ -57,7 +57,17 @@ class JobSpec:
 
 
 class JobFailedError(PipelineError):
-    """A process of the job exited non-zero; the message names it and holds its log's tail."""
+    """A process of the job exited non-zero; the message names it and holds its log's tail.
+
+    Attributes:
+        exit_code: the failed process's exit code where known (2: the job refused its config
+            or arguments, ``recpipe.errors``: a retry would fail the same way), else None.
+        last_line: the last non-empty line of its log (its error, naming the field), or "".
+    """
+
+    def __init__(self, message: str, exit_code: int | None = None, last_line: str = ""):
+        super().__init__(message)
+        self.exit_code, self.last_line = exit_code, last_line
 
 
 class JobTimeoutError(JobFailedError):

@@ -110,9 +110,12 @@ class LocalLauncher:
                     # cause: the others' collectives failed because it was gone
                     i = min(failed, key=lambda i: (codes[i] > 0, i))
                     self.kill()
+                    last = tail(logs[i])
                     raise JobFailedError(
                         f"{job.name} {job.role(i)} exited with code {codes[i]} (log {logs[i]}); "
-                        f"last lines:\n{tail(logs[i])}"
+                        f"last lines:\n{last}",
+                        exit_code=codes[i],
+                        last_line=next((x for x in reversed(last.splitlines()) if x.strip()), ""),
                     )
                 tasks = [c for i, c in enumerate(codes) if i not in job.servers and i not in given_up]
                 if all(c == 0 for c in tasks):

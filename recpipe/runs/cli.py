@@ -59,7 +59,8 @@ def main(argv: list[str]) -> int:
                 client.get_run(run_id)
             except MlflowException:
                 raise UsageError(
-                    f"run id {run_id!r}: no such MLflow run at {tracking.tracking_uri(args.tracking_uri)}"
+                    f"run id {run_id!r}: no such MLflow run at "
+                    f"{tracking.redacted(tracking.tracking_uri(args.tracking_uri))}"
                 ) from None
         metrics, params = run_table(client, args.run_ids)
         experiment_id = client.get_run(args.run_ids[0]).info.experiment_id

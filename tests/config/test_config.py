@@ -323,7 +323,8 @@ def test_the_best_exporter_and_early_stopping_need_evaluation_while_training():
 
 
 def test_a_folder_of_retrain_configs_loads_each_alone(tmp_path, monkeypatch):
-    # a broken file and a second claim to a dag_id are errors of their own files; the rest load
+    # a broken file is an error of its own; two claims to one dag_id fail both, whatever their
+    # names' order, each naming the other; the rest load
     from recpipe.config.retrain import RETRAIN_CONFIGS_VARIABLE, load_retrain_configs
 
     shipped = (ROOT / "conf/retrain/movielens_daily.yaml").read_text()
@@ -331,12 +332,18 @@ def test_a_folder_of_retrain_configs_loads_each_alone(tmp_path, monkeypatch):
     (tmp_path / "b.yaml").write_text(shipped)  # the same dag_id
     (tmp_path / "c.yaml").write_text(shipped.replace("retention_days: 7", "retention_days: -1"))
     (tmp_path / "notes.txt").write_text("not a config")
+    (tmp_path / "d.yaml").write_text(
+        shipped.replace("dag_id: recpipe_daily_retrain", "dag_id: other").replace(
+            "model_name: movielens_deepfm", "model_name: other"
+        )
+    )
     monkeypatch.setenv(RETRAIN_CONFIGS_VARIABLE, str(tmp_path))
     loaded, broken = load_retrain_configs(ROOT)
-    assert list(loaded) == [tmp_path / "a.yaml"]
-    assert list(broken) == [tmp_path / "b.yaml", tmp_path / "c.yaml"]
-    twice = broken[tmp_path / "b.yaml"]
-    assert "'recpipe_daily_retrain'" in twice and "a.yaml" in twice
+    assert list(loaded) == [tmp_path / "d.yaml"]
+    assert sorted(broken) == [tmp_path / "a.yaml", tmp_path / "b.yaml", tmp_path / "c.yaml"]
+    for mine, other in (("a", "b"), ("b", "a")):
+        twice = broken[tmp_path / f"{mine}.yaml"]
+        assert "'recpipe_daily_retrain'" in twice and f"{other}.yaml" in twice, twice
     assert "retention_days" in broken[tmp_path / "c.yaml"]
 
 

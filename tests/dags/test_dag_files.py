@@ -106,8 +106,11 @@ def probe(stack, tmp_path_factory):
     # a day no calendar has, unquoted: YAML's date constructor raises, not pydantic
     text = yaml.safe_dump({**din, "model_name": "bad_day", "dag_id": "bad_day"})
     (folder / "impossible_day.yaml").write_text(text.replace("start_date: ", "start_date: 1997-02-30 #"))
-    # a second DAG of an existing model (its own dag_id) would share its dirs, registry and keys
-    (folder / "zz_same_model.yaml").write_text(yaml.safe_dump({**din, "dag_id": "din_again"}))
+    # a second DAG of an existing model (its own dag_id) would share its dirs, registry and keys:
+    # every config of that model fails, the duplicate sorting first in name order or last
+    shared = {**din, "model_name": "shared_model", "tags": ["shared"]}
+    for name in ("aa_experiment", "shared", "zz_same_model"):
+        (folder / f"{name}.yaml").write_text(yaml.safe_dump({**shared, "dag_id": f"{name}_daily"}))
     proc = subprocess.run(
         [sys.executable, "-c", PROBE, json.dumps(CONFS)],
         env={**stack["env"], "RECPIPE_RETRAIN_CONFIGS": str(folder)},
@@ -151,7 +154,10 @@ def test_a_broken_config_is_an_import_error_that_names_it_and_its_field(probe):
     (error,) = probe["errors"].values()
     assert "broken.yaml" in error and "gate.tolerance" in error
     assert "impossible_day.yaml:line " in error and "1997-02-30" in error
-    assert "zz_same_model.yaml: model_name 'movielens_din' is " in error and "din.yaml's" in error
+    for name in ("aa_experiment", "shared", "zz_same_model"):
+        others = [o for o in ("aa_experiment", "shared", "zz_same_model") if o != name]
+        mine = next(line for line in error.splitlines() if f"{name}.yaml: model_name 'shared_model'" in line)
+        assert all(f"{o}.yaml" in mine for o in others), mine
     assert "\ndin.yaml" not in error and "daily.yaml" not in error
     # the champion's DAG moves the models that load, each once, within its timeout
     assert probe["champion_models"] == ["movielens_din", "movielens_stream", MODEL]

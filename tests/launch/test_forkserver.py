@@ -253,6 +253,40 @@ def test_a_request_while_the_resident_is_busy_gets_a_process_of_its_own(server, 
         client.wait(30)
 
 
+def test_a_resident_runs_the_deployed_code_after_a_change(server, tmp_path):
+    """A module of the project changed between two passes (a deploy): the second pass runs the
+    new code in a new process, and the resident that held the old code ends."""
+    checkout = tmp_path / "checkout"
+    for package in ("trainer", "recpipe"):
+        (checkout / package).mkdir(parents=True)
+        (checkout / package / "__init__.py").write_text("")
+    (checkout / "trainer" / "code.py").write_text("VERSION = 1\n")
+    (checkout / "code_probe.py").write_text(
+        "import json, os, sys\n"
+        "import trainer.code\n"
+        "sys.recpipe_probe_runs = getattr(sys, 'recpipe_probe_runs', 0) + 1\n"
+        "out = {'pid': os.getpid(), 'runs': sys.recpipe_probe_runs, 'version': trainer.code.VERSION}\n"
+        "json.dump(out, open(sys.argv[1], 'w'))\n"
+    )
+    env = job_environment(
+        {forkserver.ENV: server.path, "RECPIPE_RESIDENT": "deployed", "PYTHONPATH": str(checkout)}
+    )
+
+    def run_pass(name: str) -> dict:
+        report = tmp_path / f"{name}.json"
+        client = [sys.executable, "-m", forkserver.CLIENT, sys.executable, "-m", "code_probe", str(report)]
+        out = subprocess.run(client, cwd=checkout, env=env, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and "not forked" not in out.stderr, out.stderr
+        return json.loads(report.read_text())
+
+    first, second = run_pass("first"), run_pass("second")
+    assert second["pid"] == first["pid"] and second["runs"] == 2 and second["version"] == 1
+    (checkout / "trainer" / "code.py").write_text("VERSION = 22\n")  # the deploy
+    third = run_pass("third")
+    assert third["version"] == 22 and third["pid"] != first["pid"] and third["runs"] == 1
+    assert _gone(first["pid"]), "the resident of the old code outlived the deploy"
+
+
 def test_a_resident_job_runs_in_the_launchers_network_and_ends_when_idle(tmp_path, monkeypatch):
     """A launcher's resident job has no namespace of its own (it would end with the job); the
     server ends a resident idle for ``RECPIPE_RESIDENT_IDLE_S``."""

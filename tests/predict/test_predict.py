@@ -111,7 +111,7 @@ def test_a_day_is_scored_as_the_saved_model_scores_it(exported):
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["rows"] == 3000 and result["saved_model"] == str(version)  # the newest version
     assert result["columns"] == [*COLUMNS, "probs", "logits"]
-    assert sorted(p.name for p in out.iterdir()) == ["_SUCCESS", "part-00000.csv"]
+    assert sorted(p.name for p in out.iterdir()) == ["_SUCCESS", "_recpipe_output.json", "part-00000.csv"]
     # EasyRec's CSV output: no header, \u0001 between fields, the reserved columns as they came
     lines = (out / "part-00000.csv").read_text().splitlines()
     rows = [line.split("\t") for line in (day / "part-00000.tsv").read_text().splitlines()]
@@ -185,6 +185,9 @@ def test_bad_input_is_one_line_and_leaves_the_output_as_it_was(exported, edit, n
     out = var / "bad" / f"{edit}-out"
     out.mkdir()
     (out / "kept").write_text("an earlier run's output")
+    from recpipe.outputs import MARKER, marker
+
+    (out / MARKER).write_text(json.dumps(marker("recpipe predict", [day])))  # this command's own
     where = "/etc" if edit == "outside" else str(day)
     done = _run(
         var,
@@ -199,7 +202,7 @@ def test_bad_input_is_one_line_and_leaves_the_output_as_it_was(exported, edit, n
     )
     assert done.returncode == 2 and named in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
-    assert [p.name for p in out.iterdir()] == ["kept"] and not any(
+    assert sorted(p.name for p in out.iterdir()) == ["_recpipe_output.json", "kept"] and not any(
         p.name.startswith(".tmp") for p in out.parent.iterdir()
     )
 
@@ -268,3 +271,57 @@ def test_the_import_is_the_hand_written_config_and_trains_to_the_same_scores(exp
     mine = export_saved_model(config, model, var / "model_hand", var / "export_hand")
     rows = [line.split("\t") for line in (raw / f"ds={DAYS[1]}" / "part-00000.tsv").read_text().splitlines()]
     np.testing.assert_allclose(_signature_scores(mine, rows), _signature_scores(version, rows), atol=1e-5)
+
+
+def _tree(root: Path) -> dict[str, tuple[int, int]]:
+    """Every file under ``root``: (size, mtime in ns), to prove a refused command left it alone."""
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_an_output_is_a_new_directory_or_the_commands_own_earlier_output(exported):
+    """``--output_path`` may not be a data root, the input, inside it or holding it, nor a
+    directory another command (or this one from another input) wrote: each is refused with exit
+    2 in one line, every file under the var dir untouched; a re-run replaces its own output."""
+    version, raw, var = exported
+    day, other = raw / f"ds={DAYS[1]}", raw / f"ds={DAYS[0]}"
+    model = ["--saved_model_dir", str(version)]
+    before = _tree(var)
+    for target, why in (
+        (var, "a data root"),
+        (day, "holds the command's input"),
+        (day / "scores", "lies inside the command's input"),
+        (raw, "holds the command's input"),
+        (other, "did not write"),
+        (var / "model", "did not write"),
+    ):
+        done = _run(var, "--input_path", str(day), "--output_path", str(target), *model)
+        assert done.returncode == 2 and why in done.stderr, (target, done.stderr)
+        assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+    assert _tree(var) == before
+    out = var / "owned" / f"ds={DAYS[1]}"
+    for _ in range(2):  # a re-run replaces its own earlier output
+        done = _run(var, "--input_path", str(day), "--output_path", str(out), *model)
+        assert done.returncode == 0, done.stderr
+        assert json.loads((out / "_recpipe_output.json").read_text())["inputs"] == [str(day)]
+    scored = _tree(out)
+    done = _run(var, "--input_path", str(other), "--output_path", str(out), *model)
+    assert done.returncode == 2 and "not by recpipe predict from" in done.stderr, done.stderr
+    assert _tree(out) == scored and _tree(raw) == {k: v for k, v in before.items() if k.startswith(str(raw))}
+
+
+def test_blank_lines_and_empty_part_files_are_no_rows(exported):
+    """A CSV ending in blank lines and an empty part file: scored, and counted as the rows
+    they hold (the DAG's check compares this count with the job's)."""
+    from predict.files import count_rows
+
+    version, raw, var = exported
+    lines = (raw / f"ds={DAYS[0]}" / "part-00000.tsv").read_text().splitlines()[:40]
+    day = var / "blank" / "ds=2024-01-03"
+    day.mkdir(parents=True)
+    (day / "part-00000.tsv").write_text("\n".join(lines) + "\n\n\n")
+    (day / "part-00001.tsv").write_text("")
+    assert count_rows(day) == 40
+    out = var / "blank" / "scores"
+    done = _run(var, "--input_path", str(day), "--output_path", str(out), "--saved_model_dir", str(version))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1])["rows"] == 40 == count_rows(out)
