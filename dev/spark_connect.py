@@ -31,6 +31,17 @@ from features.session import SERVER_CONF, local_threads
 PGID_FILE = "server.pgid"
 
 
+# an operation whose client is gone (the feature job SIGKILLed: it cannot interrupt its own
+# queries) is abandoned and interrupted once it has been detached this long; the server ends
+# each response stream after 15 s (a live client reattaches at once), so a dead client's
+# operation ends within about 40 s
+DETACHED_CONF = {
+    "spark.connect.execute.reattachable.senderMaxStreamDuration": "15s",
+    "spark.connect.execute.manager.detachedTimeout": "20s",
+    "spark.connect.execute.manager.maintenanceInterval": "5s",
+}
+
+
 class ServerError(RuntimeError):
     """The server exited or did not answer in time; the message holds its log's tail."""
 
@@ -47,6 +58,7 @@ def command(port: int, master: str, host: str = "127.0.0.1") -> list[str]:
         "spark.connect.grpc.binding.port": str(port),
         "spark.driver.host": host,
         "spark.driver.bindAddress": host,
+        **DETACHED_CONF,
     }
     args = ["bash", str(script), "--wait", "--master", master]
     for key, value in conf.items():

@@ -47,6 +47,13 @@ COMMANDS = {
     "serve push": (["serve", "push", "var/never", "--model", "m"], {}, ["--model"]),
     "ckpt list": (["ckpt", "list", "var/never"], {}, []),
     "announce": (["announce", "var/never"], {}, []),
+    "config import": (["config", "import", "tests/config/easyrec/deepfm_criteo.config"], {}, []),
+    "predict": (
+        ["predict", "--input_path", "var/never", "--output_path", "var/never_out", "--saved_model_dir", "var/never"],
+        {"--batch_size": ("int", 1), "--input_format": ("choice", ["csv", "parquet"]),
+         "--output_format": ("choice", ["csv", "parquet"])},
+        ["--input_path", "--output_path"],
+    ),  # fmt: skip
 }
 COMMANDS["train"] = (["train", *TRAIN], *COMMANDS["train"][1:])
 
@@ -192,3 +199,40 @@ def test_a_mutated_config_is_one_line_naming_the_field(how, data, tmp_path):
     code, err = _run(["config", str(out)])
     _one_line(code, err, field, (how, field))
     assert str(out) in err
+
+
+# what a malformed file may hold: any bytes (non-UTF-8 among them), text, nesting deeper than a
+# parser's recursion, and scalars or lists where a message or mapping belongs
+MALFORMED = st.one_of(
+    st.binary(max_size=120),
+    st.text(max_size=120).map(str.encode),
+    st.integers(200, 5000).map(lambda n: ("a {" * n + "}" * n).encode()),
+    st.integers(200, 5000).map(lambda n: ('{"a": ' * n + "1" + "}" * n).encode()),
+    st.integers(200, 5000).map(lambda n: ("[" * n + "]" * n).encode()),
+    st.integers(200, 5000).map(lambda n: ("a:\n" + "".join(" " * i + "b:\n" for i in range(1, n))).encode()),
+    st.sampled_from([
+        b"\xff\xfe\x00model_config {}", b"model_config: 3", b'{"model_config": 3}', b"[1, 2]", b'"x"', b"3",
+        b'feature_config: "x"', b"data_config { input_fields: 3 }", b'{"data_config": [1, {"x": 2}]}',
+        b"train_config:\n  num_steps: [1, 2]", b"model_config: {model_class: [DeepFM]}", b"- 1\n- 2",
+        b"a: [\n", b"{{{", b"model_config { model_class: DeepFM deepfm { } } feature_config { features: 1 }",
+    ]),
+)  # fmt: skip
+# commands that read a file a user names, with the place the file goes
+READERS = {
+    "config": ["config", "{}"],
+    "config import": ["config", "import", "{}"],
+    "train": ["train", "--pipeline_config_path", "{}"],
+    "eval": ["eval", "--pipeline_config_path", "{}"],
+    "export": ["export", "--pipeline_config_path", "{}", "--export_dir", "var/never"],
+}
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(command=st.sampled_from(sorted(READERS)), content=MALFORMED)
+def test_a_malformed_file_is_one_line_and_exit_2(command, content, tmp_path):
+    path = Path(tmp_path) / f"malformed-{os.getpid()}.config"
+    path.write_bytes(content)
+    argv = [str(path) if a == "{}" else a for a in READERS[command]]
+    code, err = _run(argv)
+    assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, (argv, content[:80], err[-2000:])
+    assert str(path) in err, (argv, err)

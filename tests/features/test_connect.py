@@ -139,7 +139,7 @@ def _still_growing(path, wait_s: float) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["sigterm", "task_sigkilled"])
+@pytest.mark.parametrize("how", ["sigterm", "task_sigkilled", "job_sigkilled"])
 def test_a_stopped_feature_job_leaves_nothing_running_on_the_server(tmp_path, how):
     """``prepare_features`` on Spark Connect stopped by a timeout or a kill (Airflow's SIGTERM
     to the job, or the task process SIGKILLed while the job runs in a session of its own, as
@@ -170,6 +170,8 @@ def test_a_stopped_feature_job_leaves_nothing_running_on_the_server(tmp_path, ho
         job = int((tmp_path / "task.py.pid").read_text())
         if how == "sigterm":
             os.kill(job, signal.SIGTERM)
+        elif how == "job_sigkilled":
+            os.kill(job, signal.SIGKILL)
         else:
             task.kill()
         deadline = time.monotonic() + 30
@@ -177,8 +179,9 @@ def test_a_stopped_feature_job_leaves_nothing_running_on_the_server(tmp_path, ho
             time.sleep(0.2)
         assert not Path(f"/proc/{job}").exists() or "zombie" in _status(job), "the job outlived its stop"
         # Spark ends a cancelled task's Python worker after its kill timeout (2 s; about 3 s
-        # after the job's exit here): the beats stop within seconds, or the operation runs on
-        deadline = time.monotonic() + 30
+        # after the job's exit here): the beats stop within seconds, or the operation runs on;
+        # a SIGKILLed job's operation is abandoned once detached for 20 s (about 40 s in all)
+        deadline = time.monotonic() + (90 if how == "job_sigkilled" else 30)
         while _still_growing(beats, 3):
             assert time.monotonic() < deadline, "the server still runs the stopped job's operation"
     finally:
