@@ -372,3 +372,54 @@ def test_a_push_to_a_store_that_does_not_answer_is_one_line(day, tmp_path):
     )  # fmt: skip
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 1 and len(lines) == 1 and "did not answer" in lines[0], done.stderr[-2000:]
+
+
+def test_the_store_is_read_back_after_each_push_and_must_match_the_export(day, store, monkeypatch):
+    """After every push a sample of the rows it wrote is read back as serving reads them and
+    compared with the export, and its evicted ids must be gone (``recpipe.exports.parity``): a
+    row changed behind the export, an evicted row served again, a row lost, each fails."""
+    from recpipe.exports import parity
+    from recpipe.exports.store import EmbeddingStore
+
+    client, model = store
+    online = EmbeddingStore(client, model)
+    for name in ("base", "delta-01", "delta-02", "delta-03"):
+        totals, _ = online.push_chain(day / name)
+        assert totals["checked"] >= 1 and totals["absent"] == (1 if name == "delta-02" else 0), (name, totals)
+    generation = online.applied()["generation"]
+    row = online.row_key("t", 0, generation)
+    client.hset(row, "t/embedding_weights", np.full(DIM, 9.0, "<f4").tobytes())
+    with pytest.raises(parity.StoreMismatchError, match="table t id 0 view t/embedding_weights"):
+        parity.check(online, [day / "delta-02"])
+    client.hset(row, "t/embedding_weights", np.full(DIM, 2.0, "<f4").tobytes())  # as delta-02 wrote it
+    assert parity.check(online, [day / "delta-02"]) == {"checked": 1, "absent": 1}
+    client.hset(online.row_key("t", 5, generation), "t/embedding_weights", np.zeros(DIM, "<f4").tobytes())
+    with pytest.raises(parity.StoreMismatchError, match="id 5: evicted, but the store serves it"):
+        parity.check(online, [day / "delta-02", day / "delta-03"])
+    client.delete(online.row_key("t", 12, generation))
+    with pytest.raises(parity.StoreMismatchError, match="id 12: pushed, but the store lacks it"):
+        parity.check(online, [day / "delta-03"])
+
+
+def test_a_push_that_leaves_evicted_rows_behind_fails(day, store, monkeypatch):
+    """A writer that cannot delete (tombstones skipped, as TorchEasyRec's) is caught by the
+    push's own read-back, not by a reader days later."""
+    from recpipe.exports import files
+    from recpipe.exports.parity import StoreMismatchError
+    from recpipe.exports.store import EmbeddingStore
+
+    client, model = store
+    online = EmbeddingStore(client, model)
+    for name in ("base", "delta-01"):
+        online.push_chain(day / name)
+    real = files.read_params
+
+    def without_tombstones(export, verify=True):
+        params = real(export, verify)
+        for rows in params.tables.values():
+            rows.tombstones = np.zeros(0, np.int64)
+        return params
+
+    monkeypatch.setattr("recpipe.exports.store.read_params", without_tombstones)
+    with pytest.raises(StoreMismatchError, match="id 5: evicted, but the store serves it"):
+        online.push_chain(day / "delta-02")

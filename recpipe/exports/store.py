@@ -56,6 +56,7 @@ import numpy as np
 from redis.exceptions import LockError, ResponseError
 
 from recpipe.errors import PipelineError
+from recpipe.exports import parity
 from recpipe.exports.files import chain, follows, is_base, read_manifest, read_params
 
 PREFIX = "recpipe"
@@ -341,7 +342,7 @@ class _Pusher:
             return self.rebuild([export])
         totals = self.write_export(export, manifest, held["generation"])
         self.switch(held, manifest, held["generation"])
-        return {**totals, "stale": 0}
+        return {**totals, **parity.check(self.store, [export]), "stale": 0}
 
     def rebuild(self, exports: list[Path], backwards: bool = False) -> dict[str, int]:
         """Write a base and its deltas into a new generation, then switch to it at once; a
@@ -362,7 +363,7 @@ class _Pusher:
             log.warning(
                 "%s: the push lock expired after the switch; old rows are left to the next push", self.model
             )
-        return {**totals, "stale": 0}
+        return {**totals, **parity.check(self.store, exports), "stale": 0}
 
 
 def _decode(fields) -> dict[str, np.ndarray]:
@@ -393,8 +394,10 @@ class EmbeddingStore:
 
     def push(self, export: Path) -> dict[str, int]:
         """Write a base or delta export's rows and record it as applied, holding the model's
-        push lock. Returns ``{"rows": written, "deleted": removed, "stale": 0 or 1}``;
-        ``stale`` 1: the store holds a later export, nothing was written.
+        push lock, then read a sample back (``recpipe.exports.parity``). Returns ``{"rows":
+        written, "deleted": removed, "checked": rows read back equal, "absent": evicted ids read
+        back absent, "stale": 0 or 1}``; ``stale`` 1: the store holds a later export, nothing
+        was written (and nothing read back).
 
         Raises:
             StoreBehind: a delta that does not follow the export applied, which is older (names
@@ -402,6 +405,7 @@ class EmbeddingStore:
             StoreFenced: the lock was lost mid-push; what was not written stays unwritten.
             StoreError: the push lock stayed taken for ``LOCK_WAIT_S`` seconds.
             recpipe.exports.files.DeltaError: an unfinished export or a checksum mismatch.
+            recpipe.exports.parity.StoreMismatchError: the store serves other rows than pushed.
         """
         with _Pusher(self) as pusher:
             return pusher.push(Path(export))

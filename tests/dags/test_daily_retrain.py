@@ -260,3 +260,12 @@ def test_the_champion_after_the_gate_scores_each_days_candidates(daily_runs):
     request |= {c: tf.constant(rows[c].astype(float).to_numpy()) for c in ("age", "release_year")}
     want = fn(**{k: v for k, v in request.items() if k in fn.structured_input_signature[1]})["probability"]
     np.testing.assert_allclose(probs, want.numpy(), atol=1e-6)
+
+
+def test_the_hashed_export_serves_on_stock_tensorflow(daily_runs, tmp_path):
+    """The daily DeepFM's SavedModel (hashed tables) loads and scores in a process of stock
+    TensorFlow alone (``tests/serving_stock.py``)."""
+    from tests.serving_stock import check_stock_serving
+
+    newest = sorted((daily_runs["var"] / "exports" / MODEL).iterdir(), key=lambda p: int(p.name))[-1]
+    assert check_stock_serving(newest, tmp_path)["ops"] > 10

@@ -277,3 +277,15 @@ def test_mmoe_retrains_daily_with_each_tasks_metrics_in_mlflow_and_the_daily_tab
     assert list(days.columns) == DAY_COLUMNS + ["like/auc", "rated_high/auc"]
     assert days["ds"].tolist() == DAYS[:2]
     assert days["rated_high/auc"].tolist() == [p.data.metrics["eval.rated_high/auc"] for p in parents]
+
+
+def test_every_kind_of_export_serves_on_stock_tensorflow(models, tmp_path):
+    """DIN's (hashed tables, histories), MMoE's (two tasks) and the stream model's (online
+    tables) SavedModels load and score in a process of stock TensorFlow alone."""
+    from tests.serving_stock import check_stock_serving, saved_models
+
+    exports = saved_models(models["var"] / "exports")
+    names = {e.relative_to(models["var"] / "exports").parts[0] for e in exports}
+    assert names == {*MODELS.values(), models["stream"]["model_name"]}, exports
+    for export in exports:
+        assert check_stock_serving(export, tmp_path)["ops"] > 10

@@ -38,14 +38,23 @@ class WarmCompareAndSet(RuleBasedStateMachine):
         self.previous_env = os.environ.get(warm.RESIDENT_ENV)
         os.environ[warm.RESIDENT_ENV] = "test"
         warm._kept = None
-        self.versions = dict.fromkeys(NAMES, 0)  # 0: not on disk
+        self.versions = dict.fromkeys(NAMES, "")  # a checkpoint's content ("": not on disk)
         self.writes = 0
         self.kept = None
 
-    def _write(self, name: str) -> None:
-        self.writes += 1  # every write a new size: the stamp changes whatever the clock's grain
-        (self.root / f"{name}.index").write_text("x" * self.writes)
-        self.versions[name] = self.writes
+    def _write(self, name: str, same_size: bool = False) -> None:
+        """A new size, or (``same_size``) other bytes of the same size written in place with
+        the old mtime put back: only the content tells the two checkpoints apart."""
+        self.writes += 1
+        path = self.root / f"{name}.index"
+        if same_size and path.exists():
+            st = path.stat()
+            with open(path, "r+") as f:  # in place: the same inode
+                f.write(f"{self.writes:0{st.st_size}d}"[-st.st_size :])
+            os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+        else:
+            path.write_text("x" * self.writes)
+        self.versions[name] = path.read_text()
 
     @rule(name=st.sampled_from(NAMES), model=st.sampled_from(["a", "b"]))
     def a_job_saves_and_keeps(self, name, model):
@@ -55,9 +64,9 @@ class WarmCompareAndSet(RuleBasedStateMachine):
         warm.keep(trainer, str(self.root / name))
         self.kept = (name, self.versions[name], model)
 
-    @rule(name=st.sampled_from(NAMES))
-    def a_checkpoint_is_written_again(self, name):
-        self._write(name)
+    @rule(name=st.sampled_from(NAMES), same_size=st.booleans())
+    def a_checkpoint_is_written_again(self, name, same_size):
+        self._write(name, same_size)
 
     @rule(
         name=st.sampled_from(NAMES),
@@ -99,3 +108,21 @@ def test_a_job_outside_a_resident_keeps_nothing(monkeypatch, tmp_path):
     trainer = SimpleNamespace(config=_config("a", None), state=1, saved=2, dist=3, traced=None)
     warm.keep(trainer, str(tmp_path / "ckpt-1"))
     assert warm._kept is None and not warm.enabled()
+
+
+def test_a_checkpoint_rewritten_in_place_with_its_size_and_mtime_is_not_taken(tmp_path, monkeypatch):
+    """Inode, size and mtime alike (a rewrite in place within the clock's grain, the mtime put
+    back): the index's bytes differ, and the kept state is not taken."""
+    monkeypatch.setenv(warm.RESIDENT_ENV, "test")
+    monkeypatch.setattr(warm, "_kept", None)
+    index = tmp_path / "ckpt-1.index"
+    index.write_text("checksums-a")
+    trainer = SimpleNamespace(config=_config("a", None), state=object(), saved=object(), dist=object(), traced=None)
+    warm.keep(trainer, str(tmp_path / "ckpt-1"))
+    before = index.stat()
+    with open(index, "r+") as f:
+        f.write("checksums-b")
+    os.utime(index, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = index.stat()
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (before.st_ino, before.st_size, before.st_mtime_ns)
+    assert warm.take(_config("a", str(tmp_path / "ckpt-1")), False) is None
