@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework import op_def_registry
 
-export, out = sys.argv[1], sys.argv[2]
+export, out, PROJECT_PACKAGES = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
 model = tf.saved_model.load(export)
 fn = model.signatures["serving_default"]
 ops = set()
@@ -46,11 +46,11 @@ for name, spec in fn.structured_input_signature[1].items():
         value = rng.normal(size=shape).astype(spec.dtype.as_numpy_dtype)
     inputs[name] = value
 scores = {k: v.numpy() for k, v in fn(**{k: tf.constant(v) for k, v in inputs.items()}).items()}
-project = sorted(m for m in sys.modules if m.split(".")[0] in %(project)r)
+project = sorted(m for m in sys.modules if m.split(".")[0] in PROJECT_PACKAGES)
 np.savez(out + ".inputs.npz", **inputs)
 np.savez(out + ".scores.npz", **scores)
 json.dump({"ops": len(ops), "unknown": unknown, "project": project}, open(out, "w"))
-""" % {"project": PROJECT}
+"""
 
 
 def check_stock_serving(export: Path, workdir: Path) -> dict:
@@ -64,7 +64,10 @@ def check_stock_serving(export: Path, workdir: Path) -> dict:
 
     out = workdir / f"stock-{export.parent.name}-{export.name}.json"
     done = subprocess.run(
-        [sys.executable, "-I", "-c", CHILD, str(export), str(out)], capture_output=True, text=True, timeout=300
+        [sys.executable, "-I", "-c", CHILD, str(export), str(out), ",".join(PROJECT)],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())

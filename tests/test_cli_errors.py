@@ -25,8 +25,13 @@ COMMANDS = {
     "config": (["config", CONFIG], {"--kind": ("choice", ["pipeline", "retrain", "cluster"])}, []),
     "data synth": (
         ["data", "synth", "criteo", "--rows", "10", "--out", "var/never"],
-        {"--rows": ("int", 1), "--days": ("int", 1), "--seed": ("int", 0), "--start": ("day", None),
-         "--profile": ("choice", ["small", "kaggle"])},
+        {
+            "--rows": ("int", 1),
+            "--days": ("int", 1),
+            "--seed": ("int", 0),
+            "--start": ("day", None),
+            "--profile": ("choice", ["small", "kaggle"]),
+        },
         ["--rows", "--out"],
     ),  # fmt: skip
     "data replay": (
@@ -49,9 +54,20 @@ COMMANDS = {
     "announce": (["announce", "var/never"], {}, []),
     "config import": (["config", "import", "tests/config/easyrec/deepfm_criteo.config"], {}, []),
     "predict": (
-        ["predict", "--input_path", "var/never", "--output_path", "var/never_out", "--saved_model_dir", "var/never"],
-        {"--batch_size": ("int", 1), "--input_format": ("choice", ["csv", "parquet"]),
-         "--output_format": ("choice", ["csv", "parquet"])},
+        [
+            "predict",
+            "--input_path",
+            "var/never",
+            "--output_path",
+            "var/never_out",
+            "--saved_model_dir",
+            "var/never",
+        ],
+        {
+            "--batch_size": ("int", 1),
+            "--input_format": ("choice", ["csv", "parquet"]),
+            "--output_format": ("choice", ["csv", "parquet"]),
+        },
         ["--input_path", "--output_path"],
     ),  # fmt: skip
 }
@@ -234,5 +250,9 @@ def test_a_malformed_file_is_one_line_and_exit_2(command, content, tmp_path):
     path.write_bytes(content)
     argv = [str(path) if a == "{}" else a for a in READERS[command]]
     code, err = _run(argv)
-    assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, (argv, content[:80], err[-2000:])
+    assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, (
+        argv,
+        content[:80],
+        err[-2000:],
+    )
     assert str(path) in err, (argv, err)

@@ -317,6 +317,50 @@ def test_no_command_takes_a_password_on_its_command_line(url, capsys):
         StreamConfig(redis_url=url)
 
 
+@pytest.mark.parametrize(
+    "uri", ["http://alice:s3cret@127.0.0.1:5000", "postgresql://mlflow:s3cret@127.0.0.1:5432/mlflow"]
+)
+def test_no_command_takes_a_tracking_password_or_a_spark_token_on_its_command_line(uri, capsys):
+    """Every ``--tracking_uri`` (an MLflow server's or database's) and every ``--remote`` (a
+    Spark Connect server's, ``;token=``) holding a secret is refused with one line that does
+    not repeat it, naming where it goes instead."""
+    for argv, flag in (
+        (["runs", "compare", "--experiment", "e", "--tracking_uri", uri], "--tracking_uri"),
+        (["champion", "show", "--model_name", "m", "--tracking_uri", uri], "--tracking_uri"),
+        (["predict", "--input_path", "data/x", "--output_path", "data/y", "--model_name", "m",
+          "--tracking_uri", uri], "--tracking_uri"),
+    ):  # fmt: skip
+        err = _one_line_exit_2(capsys, argv)
+        assert f"{flag} holds a password" in err and "s3cret" not in err, err
+    remote = "sc://127.0.0.1:15002/;token=s3cret"
+    argv = [
+        "features",
+        "--pipeline_config_path",
+        "conf/movielens_deepfm.yaml",
+        "--ds",
+        "2024-01-01",
+        "--remote",
+        remote,
+    ]
+    err = _one_line_exit_2(capsys, argv)
+    assert "--remote holds a token" in err and "s3cret" not in err, err
+
+
+def test_the_feature_jobs_environment_holds_no_secret_of_the_worker(monkeypatch, tmp_path):
+    """On both paths (Spark Connect, ``SparkSubmitOperator``'s ``env_vars``) the feature job's
+    environment is the allowlist's: none of the worker's connections, database URL or MLflow
+    password; the Spark Connect URL reaches it in its own variable, never on its command line."""
+    from features import REMOTE_ENV
+    from operators.feature_job import feature_job_environment
+
+    for name in ("AIRFLOW_CONN_MLFLOW_DEFAULT", "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "MLFLOW_TRACKING_PASSWORD",
+                 "RECPIPE_REDIS_URL", "AWS_SECRET_ACCESS_KEY"):  # fmt: skip
+        monkeypatch.setenv(name, "s3cret")
+    env = feature_job_environment(tmp_path, {REMOTE_ENV: "sc://h:1/;token=t"})
+    assert "s3cret" not in env.values() and env[REMOTE_ENV] == "sc://h:1/;token=t"
+    assert env["RECPIPE_HOME"] == str(tmp_path) and "PATH" in env
+
+
 def test_a_password_with_any_character_comes_from_its_file(day, tmp_path, monkeypatch):
     """The password is read from ``--redis_password_file`` (or the environment's URL) and the
     connection is built from parts: a password holding '/', '@', ':', '#', '?' and '%' (what

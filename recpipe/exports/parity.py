@@ -65,7 +65,9 @@ def check(store, exports: list[Path], sample: int = SAMPLE, seed: int = 0) -> di
         for key in ids:
             row = served.get(key)
             if row is None:
-                raise StoreMismatchError(f"{store.model}: table {table} id {key}: pushed, but the store lacks it")
+                raise StoreMismatchError(
+                    f"{store.model}: table {table} id {key}: pushed, but the store lacks it"
+                )
             for name, values in written[key].items():
                 if name not in row or not np.array_equal(row[name], np.asarray(values, "<f4")):
                     raise StoreMismatchError(
@@ -75,7 +77,9 @@ def check(store, exports: list[Path], sample: int = SAMPLE, seed: int = 0) -> di
             checked += 1
         for key in gone:
             if key in served:
-                raise StoreMismatchError(f"{store.model}: table {table} id {key}: evicted, but the store serves it")
+                raise StoreMismatchError(
+                    f"{store.model}: table {table} id {key}: evicted, but the store serves it"
+                )
             absent += 1
     return {"checked": checked, "absent": absent}
 

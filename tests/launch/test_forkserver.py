@@ -302,3 +302,30 @@ def test_a_resident_job_runs_in_the_launchers_network_and_ends_when_idle(tmp_pat
         assert _gone(seen["pid"], timeout=30), "an idle resident was not ended"
     finally:
         server.stop()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching to another user needs root")
+def test_another_user_cannot_reach_the_server(server):
+    """The server forks for its own user only: its socket lies in a directory only that user
+    may enter (mode 0700), so another user's connect is refused by the kernel."""
+    import shutil
+
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("setpriv (util-linux) is missing")
+    probe = (
+        "import socket, sys\n"
+        "s = socket.socket(socket.AF_UNIX)\n"
+        "try:\n"
+        "    s.connect(sys.argv[1])\n"
+        "except PermissionError:\n"
+        "    print('refused')\n"
+        "else:\n"
+        "    print('connected')\n"
+    )
+    user = ["--reuid=65534", "--regid=65534", "--clear-groups"]
+    done = subprocess.run(
+        [setpriv, *user, sys.executable, "-I", "-c", probe, server.path], capture_output=True, text=True, timeout=60
+    )
+    assert done.stdout.strip() == "refused", done.stdout + done.stderr
+    assert (os.stat(Path(server.path).parent).st_mode & 0o777) == 0o700

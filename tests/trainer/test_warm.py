@@ -117,12 +117,18 @@ def test_a_checkpoint_rewritten_in_place_with_its_size_and_mtime_is_not_taken(tm
     monkeypatch.setattr(warm, "_kept", None)
     index = tmp_path / "ckpt-1.index"
     index.write_text("checksums-a")
-    trainer = SimpleNamespace(config=_config("a", None), state=object(), saved=object(), dist=object(), traced=None)
+    trainer = SimpleNamespace(
+        config=_config("a", None), state=object(), saved=object(), dist=object(), traced=None
+    )
     warm.keep(trainer, str(tmp_path / "ckpt-1"))
     before = index.stat()
     with open(index, "r+") as f:
         f.write("checksums-b")
     os.utime(index, ns=(before.st_atime_ns, before.st_mtime_ns))
     after = index.stat()
-    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (before.st_ino, before.st_size, before.st_mtime_ns)
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (
+        before.st_ino,
+        before.st_size,
+        before.st_mtime_ns,
+    )
     assert warm.take(_config("a", str(tmp_path / "ckpt-1")), False) is None
