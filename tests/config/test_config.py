@@ -383,3 +383,20 @@ def test_every_accepted_field_is_read_or_refused():
     ):
         with pytest.raises(ConfigError):
             load_pipeline_config(ML, edits)
+
+
+@pytest.mark.parametrize(
+    ("path", "ok"),
+    [("data/scores/m/ds={{ ds }}", True), ("data/scores/{{ds_nodash}}", True), ("data/scores/m", False),
+     ("data/scores/{{ ts }}", False)],
+)  # fmt: skip
+def test_batch_predicts_output_is_a_days_own_directory(path, ok):
+    from pydantic import ValidationError
+
+    from recpipe.config.retrain import BatchPredictConfig
+
+    if ok:
+        assert BatchPredictConfig(input_path="data/c/ds={{ ds }}", output_path=path).output_path == path
+        return
+    with pytest.raises(ValidationError, match=r"must hold \{\{ ds \}\} or \{\{ ds_nodash \}\}"):
+        BatchPredictConfig(input_path="data/c/ds={{ ds }}", output_path=path)

@@ -241,3 +241,32 @@ def test_shared_names_and_a_sample_weight_import_as_easyrec_builds_them():
     assert c1["embedding_name"] == c4["embedding_name"] == "c1" and c4["feature_name"] == "c4"
     assert c4["hash_bucket_size"] == c1["hash_bucket_size"] == 100000
     assert raw["data_config"]["sample_weight"] == "w"
+
+
+def test_config_import_writes_only_a_new_file_or_its_own_earlier_import(tmp_path):
+    """``--output`` may not overwrite a file it did not write (a pipeline config of ``conf/``, the
+    input itself), nor create directories: each is exit 2 in one line, the file unchanged; its
+    own earlier import of the same file is replaced."""
+    source = tmp_path / "team.config"
+    source.write_text(SAMPLE.read_text())
+    ours = tmp_path / "team.yaml"
+    shipped = ROOT / "conf" / "movielens_deepfm.yaml"
+    before = shipped.read_bytes()
+
+    def run(output: Path) -> subprocess.CompletedProcess:
+        argv = [*RECPIPE, "config", "import", str(source), "--output", str(output)]
+        return subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
+
+    for target, why in (
+        (shipped, "is not this command's import"),
+        (source, "the file being imported"),
+        (tmp_path / "new" / "dir" / "team.yaml", "does not exist"),
+        (tmp_path, "not a file"),
+    ):
+        done = run(target)
+        assert done.returncode == 2 and why in done.stderr and done.stderr.count("\n") == 1, (target, done.stderr)
+    assert shipped.read_bytes() == before and not (tmp_path / "new").exists()
+    assert source.read_text() == SAMPLE.read_text()
+    for _ in range(2):  # new, then its own earlier output
+        done = run(ours)
+        assert done.returncode == 0, done.stderr
