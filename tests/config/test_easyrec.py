@@ -253,7 +253,7 @@ def test_config_import_writes_only_a_new_file_or_its_own_earlier_import(tmp_path
     shipped = ROOT / "conf" / "movielens_deepfm.yaml"
     before = shipped.read_bytes()
 
-    def run(output: Path) -> subprocess.CompletedProcess:
+    def run(output) -> subprocess.CompletedProcess:
         argv = [*RECPIPE, "config", "import", str(source), "--output", str(output)]
         return subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
 
@@ -264,7 +264,8 @@ def test_config_import_writes_only_a_new_file_or_its_own_earlier_import(tmp_path
         (tmp_path, "not a file"),
     ):
         done = run(target)
-        assert done.returncode == 2 and why in done.stderr and done.stderr.count("\n") == 1, (target, done.stderr)
+        assert done.returncode == 2 and why in done.stderr, (target, done.stderr)
+        assert done.stderr.count("\n") == 1, done.stderr
     assert shipped.read_bytes() == before and not (tmp_path / "new").exists()
     assert source.read_text() == SAMPLE.read_text()
     for _ in range(2):  # new, then its own earlier output

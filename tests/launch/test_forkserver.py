@@ -324,8 +324,7 @@ def test_another_user_cannot_reach_the_server(server):
         "    print('connected')\n"
     )
     user = ["--reuid=65534", "--regid=65534", "--clear-groups"]
-    done = subprocess.run(
-        [setpriv, *user, sys.executable, "-I", "-c", probe, server.path], capture_output=True, text=True, timeout=60
-    )
+    argv = [setpriv, *user, sys.executable, "-I", "-c", probe, server.path]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "refused", done.stdout + done.stderr
     assert (os.stat(Path(server.path).parent).st_mode & 0o777) == 0o700
