@@ -353,8 +353,13 @@ def test_the_feature_jobs_environment_holds_no_secret_of_the_worker(monkeypatch,
     from features import REMOTE_ENV
     from operators.feature_job import feature_job_environment
 
-    worker = ("AIRFLOW_CONN_MLFLOW_DEFAULT", "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "MLFLOW_TRACKING_USERNAME")
-    for name in (*worker, "MLFLOW_TRACKING_PASSWORD", "RECPIPE_REDIS_URL", "AWS_SECRET_ACCESS_KEY"):
+    worker = (
+        "AIRFLOW_CONN_MLFLOW_DEFAULT",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN",
+        "MLFLOW_TRACKING_USERNAME",
+        "MLFLOW_TRACKING_PASSWORD",
+    )
+    for name in (*worker, "RECPIPE_REDIS_URL", "AWS_SECRET_ACCESS_KEY"):
         monkeypatch.setenv(name, "s3cret")
     env = feature_job_environment(tmp_path, {REMOTE_ENV: "sc://h:1/;token=t"})
     assert "s3cret" not in env.values() and env[REMOTE_ENV] == "sc://h:1/;token=t"
