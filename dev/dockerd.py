@@ -10,6 +10,8 @@ are cached from run to run. On exit it stops that dockerd, deletes the bridge it
 back the sysctls and iptables rules it found.
 
     python -m dev.dockerd -- deploy/local-images/build.sh    # a command with an engine
+    python -m dev.dockerd start    # an engine kept up for a deployment: prints its DOCKER_HOST
+    python -m dev.dockerd stop     # stops it, the host's rules put back
 """
 
 from __future__ import annotations
@@ -152,17 +154,76 @@ def engine(start_timeout: float = 60) -> Iterator[dict[str, str]]:
         _restore(sysctls, rules)
 
 
+HOLDER_PID = Path(SOCKET).parent / "holder.pid"  # the process keeping a started engine up
+
+
+def start(timeout: float = 90) -> int:
+    """Keep an engine up after this command ends (a deployment's): a process in a session of
+    its own holds ``engine()`` until ``stop``. Prints the ``DOCKER_HOST`` line to export.
+    Returns the exit code (2: no engine can be started here, the reason on stderr)."""
+    if answers():
+        print(f"# an engine answers already: {os.environ.get('DOCKER_HOST') or 'the default socket'}")
+        return 0
+    why = can_start()
+    if why:
+        print(f"dev.dockerd: {why}", file=sys.stderr)
+        return 2
+    Path(SOCKET).parent.mkdir(parents=True, exist_ok=True)
+    with open(Path(SOCKET).parent / "holder.log", "ab") as log:
+        holder = subprocess.Popen(
+            [sys.executable, "-m", "dev.dockerd", "--", "sleep", "infinity"],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+            cwd=Path(__file__).resolve().parents[1],
+        )  # fmt: skip
+    deadline = time.monotonic() + timeout
+    while not answers(f"unix://{SOCKET}", timeout=5):
+        if holder.poll() is not None or time.monotonic() > deadline:
+            holder.kill()
+            log_path = Path(SOCKET).parent / "holder.log"
+            print(f"dev.dockerd: the engine did not start (see {log_path})", file=sys.stderr)
+            return 1
+        time.sleep(0.5)
+    HOLDER_PID.write_text(str(holder.pid))
+    print(f"export DOCKER_HOST=unix://{SOCKET}")
+    return 0
+
+
+def stop(timeout: float = 90) -> int:
+    """Stop the engine ``start`` keeps up (its holder ends it and puts back the host's rules);
+    nothing to do when none was started."""
+    try:
+        pid = int(HOLDER_PID.read_text())
+    except (OSError, ValueError):
+        print("# no engine started by dev.dockerd start")
+        return 0
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + timeout
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    HOLDER_PID.unlink(missing_ok=True)
+    if Path(f"/proc/{pid}").exists():
+        print(f"dev.dockerd: the engine's holder {pid} did not end in {timeout:.0f} s", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m dev.dockerd -- COMMAND...``: run COMMAND with an engine, then stop it."""
+    """``python -m dev.dockerd -- COMMAND...``: run COMMAND with an engine, then stop it;
+    ``start`` / ``stop``: keep one up for a deployment, then stop it."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv in (["start"], ["stop"]):
+        return start() if argv == ["start"] else stop()
     if argv[:1] == ["--"]:
         argv = argv[1:]
     if not argv:
-        print("usage: python -m dev.dockerd -- COMMAND [ARG...]", file=sys.stderr)
+        print("usage: python -m dev.dockerd {start | stop | -- COMMAND [ARG...]}", file=sys.stderr)
         return 2
     # SIGTERM ends the command and then the engine, as Ctrl-C does
     signal.signal(signal.SIGTERM, _interrupt)

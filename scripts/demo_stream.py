@@ -69,7 +69,7 @@ def main() -> int:
         try:
             client.ping()
         except redis.RedisError as err:
-            print(f"no Redis at {stream.stream.redis_url} ({err}): start one (docker compose up -d redis)")
+            print(f"no Redis at {stream.stream.redis_url} ({err}): start one (docker-compose up -d redis)")
             return 1
     runs, exports = HOME / stream.runs_dir / stream.model_name, HOME / stream.export_dir / stream.model_name
     for path in (runs, exports, Path(pipeline.train_input_path)):

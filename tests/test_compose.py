@@ -4,7 +4,7 @@ compose up -d`; then, through the published ports only: day 1 of the daily DAG t
 Airflow's UI with a Param, day 2 backfilled and approved on its Required Actions page, the
 gate's champion in MLflow behind basic auth (and its UI), rollbacks from `recpipe_champion`'s
 form and in the worker container, a stream pass started by `recpipe announce`, a second retrain
-config that is a DAG without a rebuild; `docker compose down -v` leaves no container, network
+config that is a DAG without a rebuild; `docker-compose down -v` leaves no container, network
 or volume of the project.
 
 Docker here: dev.dockerd starts an engine of its own when none answers (root, Debian's
@@ -53,10 +53,9 @@ def _env_file(path: Path) -> dict[str, str]:
 
 
 def _bash(text: str, cwd: Path, env: dict, timeout: int = 1800) -> subprocess.CompletedProcess:
-    # `docker compose` as the docs write it; Debian's docker-compose 1.29 where the plugin is missing
-    shim = 'docker() { if [ "$1" = compose ] && ! command docker compose version >/dev/null 2>&1; ' \
-        'then shift; docker-compose "$@"; else command docker "$@"; fi; }\n'  # fmt: skip
-    return run_doc_commands(shim + text, cwd, env, timeout)
+    """The docs' commands byte for byte: ``docker-compose``, the Compose ``make setup`` installs
+    (Debian's 1.29; no package index here has the v2 plugin)."""
+    return run_doc_commands(text, cwd, env, timeout)
 
 
 def _copy_checkout(dest: Path) -> None:
@@ -156,7 +155,7 @@ def _left(name: str, env: dict) -> list[str]:
 
 
 def _compose(deployment, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return _bash("docker compose " + " ".join(args), deployment["project"], deployment["env"], timeout)
+    return _bash("docker-compose " + " ".join(args), deployment["project"], deployment["env"], timeout)
 
 
 def _champion(deployment, auth: bool = True) -> str:

@@ -73,3 +73,25 @@ def test_nothing_is_left_by_a_failing_test_or_a_killed_run():
     subprocess.run(["ip", "netns", "add", stale], check=True)
     assert stale in sweep()
     assert stale not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+
+
+def test_an_engine_kept_up_for_a_deployment_stops_on_request():
+    """docs/deployment.md's ``dev.dockerd start`` / ``stop``, run as written: the engine answers
+    after ``start`` returns, and ``stop`` ends it (its holder and dockerd gone, the socket too)."""
+    from dev import dockerd
+    from tests.support import ROOT, doc_commands, run_doc_commands
+
+    if dockerd.answers():
+        pytest.skip("an engine answers already: start would use it, not start one")
+    why = dockerd.can_start()
+    if why:
+        pytest.skip(why)
+    test = "tests/test_hosts.py::test_an_engine_kept_up_for_a_deployment_stops_on_request"
+    text = doc_commands("deployment.md", test)
+    try:
+        done = run_doc_commands(text, ROOT, timeout=180)
+        assert done.returncode == 0 and done.stdout.strip().splitlines()[-1][:1].isdigit(), done.stdout
+    finally:
+        subprocess.run([sys.executable, "-m", "dev.dockerd", "stop"], cwd=ROOT, timeout=120)
+    assert not dockerd.answers(f"unix://{dockerd.SOCKET}", timeout=5)
+    assert not dockerd.HOLDER_PID.exists()

@@ -81,4 +81,4 @@ docker images recpipe-deps --format '{{.Repository}}:{{.Tag}}' | { grep -vx "$de
 for stage in final src deps; do
   docker image prune -f --filter "label=org.recpipe.stage=$stage" >/dev/null
 done
-say "done: docker compose up -d"
+say "done: docker-compose up -d"
