@@ -30,7 +30,8 @@ with DAG(
     tags=["recpipe", "champion"],
     doc_md=__doc__,
     params={
-        "model_name": Param(MODELS[0] if MODELS else "", type="string", enum=MODELS or [""]),
+        # no default: a form that only needs a reason must not move the first model in the list
+        "model_name": Param(type="string", enum=MODELS or [""], description="the model whose champion moves"),
         "action": Param("rollback", type="string", enum=["rollback", "set"]),
         "version": Param(None, type=["null", "integer"], minimum=1, description="set: the version to serve"),
         "reason": Param("", type="string", minLength=3, description="why: goes to the version's tags"),

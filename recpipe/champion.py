@@ -13,7 +13,9 @@ to the champion's rows (``restore_store``). Used by ``recpipe champion`` and by 
 
 from __future__ import annotations
 
+import getpass
 import json
+import os
 import uuid
 from pathlib import Path
 from typing import Any
@@ -243,7 +245,11 @@ def _parser():
     parser.add_argument("--model_name", required=True, help="the registered model")
     parser.add_argument("--version", type=int, default=None, help="set: the version to serve")
     parser.add_argument("--reason", default="", help="set / rollback: why (required)")
-    parser.add_argument("--by", default=None, help="who (default: the login name)")
+    parser.add_argument(
+        "--by", default=None,
+        help=f"who moves it (default: ${BY_ENV}, else the login name; required where that is a service "
+        "account such as root)",
+    )  # fmt: skip
     parser.add_argument("--alias", default=ALIAS)
     parser.add_argument("--experiment", default=None, help="where the move is logged (default: the model's)")
     redis_conn.add_arguments(
@@ -256,6 +262,36 @@ def _parser():
         "else <var>/mlflow/mlflow.db)",
     )
     return parser
+
+
+# logins that name no person: a move by one of them must say who with --by (or $RECPIPE_BY)
+SERVICE_ACCOUNTS = frozenset({"root", "airflow", "mlflow", "nobody", "daemon", "recpipe"})
+BY_ENV = "RECPIPE_BY"
+
+
+def mover(given: str | None) -> str:
+    """Who moves the champion: ``--by``, else ``$RECPIPE_BY``, else the login name when it
+    names a person.
+
+    Raises:
+        UsageError: no person is known (the login is a service account such as ``root`` in a
+            container): ``--by`` names them.
+    """
+    from recpipe.errors import UsageError
+
+    for name in (given, os.environ.get(BY_ENV)):
+        if name and name.strip():
+            return name.strip()
+    try:
+        login = getpass.getuser()
+    except (KeyError, OSError):
+        login = ""
+    if not login or login in SERVICE_ACCOUNTS:
+        raise UsageError(
+            f"--by: who moves the champion? This runs as {login or 'an unnamed user'}, a service account: "
+            f"give --by NAME (or set ${BY_ENV})"
+        )
+    return login
 
 
 def _check_args(args) -> None:
@@ -295,13 +331,12 @@ def _check_model(client, args) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """``recpipe champion show | set --version N | rollback --model_name M --reason TEXT``."""
-    import getpass
-
     from recpipe import redis_conn, tracking
 
     args = _parser().parse_args(argv)
     _check_args(args)  # before any store is asked
     address = redis_conn.resolve(args.redis_url, password_file=args.redis_password_file, default=None)
+    by = mover(args.by) if args.action != "show" else None  # who: known before any store is asked
     client = tracking.client(args.tracking_uri)
     _check_model(client, args)
     if args.action == "show":
@@ -313,7 +348,6 @@ def main(argv: list[str] | None = None) -> int:
             "history": history(client, args.model_name, args.alias),
         }, indent=2))  # fmt: skip
         return 0
-    by = args.by or getpass.getuser()
     store = address.client() if address is not None else None
     try:
         record = move(

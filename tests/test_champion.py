@@ -115,15 +115,39 @@ def test_the_rollback_pages_commands_run_as_written(registry, tmp_path):
     assert shown["champion"]["version"] == 8
     assert (back["version"], back["previous"]) == (6, 8)  # the newest earlier version its gate promoted
     assert (chosen["version"], chosen["previous"]) == (7, 6)
-    assert [h["reason"] for h in history(registry, model)][-2:] == [
-        "day 12 AUC fell in serving",
-        "back to the pre-drift model",
+    assert [(h["reason"], h["by"]) for h in history(registry, model)][-2:] == [
+        ("day 12 AUC fell in serving", "Ana Lima"),
+        ("back to the pre-drift model", "Ana Lima"),
     ]
-    refused = subprocess.run(
-        [*RECPIPE, "champion", "set", "--model_name", model, "--version", "9", "--reason", "x"],
-        capture_output=True, text=True, cwd=ROOT, timeout=120,
-    )  # fmt: skip
+    assert client_tags(registry, model, 7)["champion.set_by"] == "Ana Lima"
+    argv = [*RECPIPE, "champion", "set", "--model_name", model, "--version", "9", "--reason", "x"]
+    argv += ["--by", "Ana"]
+    refused = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert refused.returncode == 2 and "no version 9" in refused.stderr
+
+
+def client_tags(registry, model: str, version: int) -> dict:
+    return dict(registry.get_model_version(model, str(version)).tags)
+
+
+def test_a_move_by_a_service_account_must_name_the_person(monkeypatch):
+    """In a container every login is ``root``: a move without ``--by`` (or ``$RECPIPE_BY``) is
+    refused in one line before any store is asked, and ``--by`` is what the history records."""
+    import getpass
+
+    from recpipe.champion import mover
+    from recpipe.errors import UsageError
+
+    monkeypatch.delenv("RECPIPE_BY", raising=False)
+    monkeypatch.setattr(getpass, "getuser", lambda: "root")
+    with pytest.raises(UsageError, match=r"--by: who moves the champion\? This runs as root"):
+        mover(None)
+    assert mover("Ana Lima") == "Ana Lima"
+    monkeypatch.setenv("RECPIPE_BY", "Bo")
+    assert mover(None) == "Bo"
+    monkeypatch.delenv("RECPIPE_BY")
+    monkeypatch.setattr(getpass, "getuser", lambda: "ana")
+    assert mover(None) == "ana"
 
 
 def test_warm_start_names_a_champion_whose_model_dir_is_gone(registry, tmp_path):

@@ -275,12 +275,13 @@ def test_the_deployment_runs_days_and_a_rollback(deployment):
     # docs/rollback.md's commands, in the worker container: they find the deployment's MLflow
     # and store without a flag
     worker_recpipe = f"exec -T airflow-worker recpipe champion {{}} --model_name {MODEL}"
-    _compose(deployment, worker_recpipe.format("set") + " --version 2 --reason test")
+    _compose(deployment, worker_recpipe.format("set") + " --version 2 --reason test --by Ana")
     assert _champion(deployment) == "2"
-    _compose(deployment, worker_recpipe.format("rollback") + " --reason test")
+    _compose(deployment, worker_recpipe.format("rollback") + " --reason test --by Ana")
     assert _champion(deployment) == "1"
     shown = json.loads(_compose(deployment, worker_recpipe.format("show")).stdout)
     assert str(shown["champion"]["version"]) == "1"
+    assert [m["by"] for m in shown["history"][-2:]] == ["Ana", "Ana"]  # the person, not root
 
 
 def _succeeded(api, states: dict[str, str]) -> None:

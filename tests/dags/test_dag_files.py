@@ -36,6 +36,7 @@ out["timeouts"] = {
 move = bag.dags["recpipe_champion"].task_dict["move_champion"]
 out["champion_timeout"] = move.execution_timeout.total_seconds()
 out["champion_models"] = bag.dags["recpipe_champion"].params.get_param("model_name").schema["enum"]
+out["champion_preselected"] = bag.dags["recpipe_champion"].params.get_param("model_name").has_value
 din = bag.dags["movielens_din_daily"]
 out["din"] = {
     "schedule": din.timetable.expression,
@@ -161,6 +162,7 @@ def test_a_broken_config_is_an_import_error_that_names_it_and_its_field(probe):
     assert "\ndin.yaml" not in error and "daily.yaml" not in error
     # the champion's DAG moves the models that load, each once, within its timeout
     assert probe["champion_models"] == ["movielens_din", "movielens_stream", MODEL]
+    assert probe["champion_preselected"] is False  # the form asks which model; none is chosen for you
     assert 0 < probe["champion_timeout"] <= 3600
 
 
