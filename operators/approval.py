@@ -18,13 +18,33 @@ APPROVE, REJECT = "Approve", "Reject"
 GATE_TASK = "register_and_gate"
 _DECISION = f"ti.xcom_pull(task_ids='{GATE_TASK}')"
 _SUBJECT = "Promote {{ " + _DECISION + "['model_name'] }} version {{ " + _DECISION + "['version'] }}?"
+# the gate's figures, each explained on the page (a figure the metrics table shows is not repeated)
+GATE_FIGURES = {
+    "diff": "AUC difference, new minus champion, on the same held-out rows",
+    "se": "standard error of that difference (DeLong)",
+    "ci_low": "lower end of the difference's confidence interval",
+    "ci_high": "upper end of the difference's confidence interval",
+    "p_value": "two-sided p-value of the difference",
+    "positives": "held-out rows with a positive label",
+    "negatives": "held-out rows with a negative label",
+    "strata": "stream passes the AUCs were ranked within (0: all rows ranked together)",
+}
+_FORMAT = (
+    "{% macro fmt(v) %}{% if v is none %}-{% elif v is float %}{{ '%.4f' % v }}"
+    "{% else %}{{ v }}{% endif %}{% endmacro %}"
+)
 _BODY = (
-    "{% set d = " + _DECISION + " %}"
-    "**{{ d['model_name'] }} version {{ d['version'] }}** ({{ dag.dag_id }}, {{ ds }}): the gate says "
-    "*{{ d['reason'] }}*\n\n| figure | value |\n| --- | --- |\n"
-    "{% for k, v in d['metrics'].items() %}| new {{ k }} | {{ '%.4f' % v }} |\n{% endfor %}"
-    "{% for k, v in d['champion_metrics'].items() %}| champion {{ k }} | {{ '%.4f' % v }} |\n{% endfor %}"
-    "{% for k, v in d['gate'].items() %}| gate {{ k }} | {{ v }} |\n{% endfor %}"
+    _FORMAT + "{% set d = " + _DECISION + " %}"
+    "**{{ d['model_name'] }} version {{ d['version'] }}** ({{ dag.dag_id }}, {{ ds }}). "
+    "The gate found: *{{ d['reason'] }}*\n\n"
+    "| metric | new model | champion | what it is |\n| --- | --- | --- | --- |\n"
+    "{% for k, v in d['metrics'].items() %}| {{ k }} | {{ fmt(v) }} "
+    "| {{ fmt(d['champion_metrics'].get(k)) }} | each model's {{ k }}, on the held-out rows |\n{% endfor %}\n"
+    "| gate figure | value | what it is |\n| --- | --- | --- |\n"
+    + "".join(
+        f"{{% if '{k}' in d['gate'] %}}| {k} | {{{{ fmt(d['gate']['{k}']) }}}} | {text} |\n{{% endif %}}"
+        for k, text in GATE_FIGURES.items()
+    )
 )
 
 

@@ -26,7 +26,10 @@ from recpipe.config.retrain import GateConfig
 from recpipe.registry import INCONCLUSIVE, PROMOTED, REJECTED, GateDecision
 from recpipe.stats import PairedAUC, paired_auc_test, stratified_paired_auc_test
 
-__all__ = ["INCONCLUSIVE", "PROMOTED", "REJECTED", "GateDecision", "gate", "paired_scores", "class_counts"]
+__all__ = [
+    "INCONCLUSIVE", "PROMOTED", "REJECTED", "POLICY_PROMOTE", "GateDecision", "gate", "paired_scores",
+    "class_counts",
+]  # fmt: skip
 
 
 def gate(
@@ -55,7 +58,7 @@ def gate(
         positives, negatives = held_out
         if not (positives and negatives):
             promote_anyway = rules.inconclusive == "promote"
-            policy = "promoted (gate.inconclusive: promote)" if promote_anyway else "the champion stays"
+            policy = POLICY_PROMOTE if promote_anyway else "the champion stays"
             reason = (
                 f"inconclusive: {positives} positives and {negatives} negatives held out, no {metric} "
                 f"to compare; {policy}"
@@ -115,13 +118,16 @@ def _guarded(decision: GateDecision, candidate: dict, champion: dict, rules: Gat
     return decision
 
 
+POLICY_PROMOTE = "promoted (gate.inconclusive: promote)"  # what an inconclusive gate does by config
+
+
 def _paired(p: PairedAUC, rules: GateConfig) -> GateDecision:
     numbers = {k: v for k, v in p.as_dict().items() if k != "confidence"}
     ci = f"{p.diff:+.4f} [{p.ci_low:+.4f}, {p.ci_high:+.4f}] at {rules.confidence:.0%}"
     if p.strata:
         ci += f" within {p.strata} passes"
     promote_anyway = rules.inconclusive == "promote"
-    policy = "promoted (gate.inconclusive: promote)" if promote_anyway else "the champion stays"
+    policy = POLICY_PROMOTE if promote_anyway else "the champion stays"
     if p.positives < rules.min_positives or p.negatives < rules.min_negatives:
         reason = (
             f"inconclusive: {p.positives} positives and {p.negatives} negatives held out, fewer than "

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 
 from operators.base import RecpipeOperator
-from operators.gate import class_counts, gate, paired_scores
+from operators.gate import POLICY_PROMOTE, class_counts, gate, paired_scores
 from recpipe import registry
 from recpipe.config.retrain import GateConfig
 from recpipe.errors import PipelineError
@@ -195,7 +195,8 @@ class RegisterModelOperator(RecpipeOperator):
         outcome = decision.outcome if self.promote else "registered"
         reason = decision.reason if self.promote else f"promotion not requested ({decision.reason})"
         if promoted and self.gate.approval == "required":
-            # the alias moves only once a person approves (operators/approval.py)
+            # the alias moves only once a person approves (operators/approval.py): the page asks
+            reason = f"{reason.replace(POLICY_PROMOTE, 'the gate would promote it')}; awaiting approval"
             log.info("%s version %s awaits approval: %s", self.model_name, version, reason)
             return False, AWAITING_APPROVAL, reason, True
         if not promoted:
