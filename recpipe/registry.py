@@ -7,7 +7,8 @@ refused with ``ChampionMovedError``, naming who holds it now and who moved it, w
 so. The read-compare-write runs under a file lock in ``$RECPIPE_VAR_DIR`` (shared by the
 deployment's workers and its ``recpipe champion`` command), since MLflow has no conditional
 write. Each move tags the version (``champion.set_by`` / ``set_reason`` / ``set_at``) and
-appends to the registered model's history (tag ``champion.history``, JSON, oldest first).
+appends to the registered model's history (tag ``champion.history``, JSON, oldest first, and a
+Markdown table in its description, newest first, ``history_table``).
 
 A move with work after it (a stream model's store restored to the new champion's rows) is
 written ahead as ``champion.pending``: a retry finishes that move, to the same target, instead
@@ -262,7 +263,37 @@ def move_alias(
             client.set_model_version_tag(model, str(version), tag, value)
         moves = [*moves, *_unrecorded_plan(client, model, alias, found, moves, record["id"]), record]
         client.set_registered_model_tag(model, _key(HISTORY, alias), json.dumps(moves[-HISTORY_KEEP:]))
+        describe_history(client, model, moves[-HISTORY_KEEP:], alias)
     return record
+
+
+def history_table(moves: list[dict[str, Any]], alias: str = ALIAS) -> str:
+    """The moves of ``alias`` as a Markdown table, newest first: when, the version, the one it
+    replaced, what moved it, who and why (the registered model's page renders it)."""
+    head = f"#### {alias} history (recpipe)\n\n| at (UTC) | version | replaced | action | by | reason |\n"
+    rows = "".join(
+        f"| {m['at']} | {m['version']} | {m['previous'] if m['previous'] is not None else '-'} | "
+        f"{m['action']} | {_cell(m['by'])} | {_cell(m['reason'])} |\n"
+        for m in reversed(moves)
+    )
+    return head + "| --- | --- | --- | --- | --- | --- |\n" + rows
+
+
+def _cell(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def describe_history(client, model: str, moves: list[dict[str, Any]], alias: str = ALIAS) -> None:
+    """Write ``history_table`` into the registered model's description between markers of its
+    own, keeping whatever else a person wrote there (called under the move's lock)."""
+    start, end = f"<!-- recpipe:{alias}-history -->", f"<!-- /recpipe:{alias}-history -->"
+    text = client.get_registered_model(model).description or ""
+    block = f"{start}\n{history_table(moves, alias)}{end}"
+    if start in text and end in text:
+        text = text[: text.index(start)] + block + text[text.index(end) + len(end) :]
+    else:
+        text = f"{text.rstrip()}\n\n{block}" if text.strip() else block
+    client.update_registered_model(model, description=text)
 
 
 def _unrecorded_plan(client, model: str, alias: str, found, moves: list, move_id: str) -> list[dict]:

@@ -396,3 +396,19 @@ def test_the_champion_command_finds_the_deployments_registry_and_fails_fast(tmp_
     assert time.monotonic() - started < 30
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 1 and len(lines) == 1 and f"127.0.0.1:{port} does not answer" in lines[0], lines
+
+
+def test_the_history_is_a_table_on_the_registered_models_page(registry, tmp_path):
+    """Each move rewrites a Markdown table in the registered model's description (newest first,
+    who and why, a ``|`` in a reason escaped), keeping the text a person wrote there."""
+    registry.create_registered_model(MODEL, description="Owned by the ranking team.")
+    for day in ("2024-03-01", "2024-03-02"):
+        _version(registry, tmp_path, day)
+    set_champion(registry, MODEL, 1, "first | day", "alice")
+    set_champion(registry, MODEL, 2, "second day", "bob")
+    text = registry.get_registered_model(MODEL).description
+    assert text.startswith("Owned by the ranking team.")
+    rows = [r for r in text.splitlines() if r.startswith("| 20")]
+    assert [r.split(" | ")[1:3] for r in rows] == [["2", "1"], ["1", "-"]]
+    assert "| bob | second day |" in rows[0] and "| alice | first \\| day |" in rows[1]
+    assert text.count("recpipe:champion-history -->") == 2  # one block, rewritten in place

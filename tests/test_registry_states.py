@@ -199,6 +199,10 @@ class Champion(RuleBasedStateMachine):
             assert moves[-1]["version"] == self.champion
         if self.cut_plan is None:
             assert pending(self.client, MODEL) is None
+        if moves:  # the registered model's page shows the same history, newest first
+            text = self.client.get_registered_model(MODEL).description
+            rows = [r for r in text.splitlines() if r.startswith("| 20")]
+            assert len(rows) == len(moves) and rows[0].split(" | ")[1] == str(moves[-1]["version"]), text
 
 
 def test_the_champions_moves_over_random_interleavings(tmp_path, monkeypatch):
