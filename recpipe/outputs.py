@@ -34,7 +34,8 @@ class OutputNotOwnedError(UsageError):
 
 
 def _resolved(path: str | os.PathLike) -> Path:
-    return (project_home() / path).resolve()
+    # where the file system puts it: a relative path against the working directory
+    return Path(path).resolve()
 
 
 def marker(command: str, inputs: Iterable[str | os.PathLike]) -> dict:
@@ -83,7 +84,7 @@ def check(
     """Refuse an output path the command does not own (see the module docstring).
 
     Args:
-        final: the output directory, relative to ``RECPIPE_HOME`` or absolute.
+        final: the output directory, absolute or relative to the working directory.
         command: the writer's name, e.g. ``"recpipe predict"``.
         inputs: the paths the command reads (files or directories).
         flag: the flag or field that named ``final``, for the message.
@@ -142,8 +143,8 @@ def directory(
         OutputNotOwnedError: as ``check``; nothing is written or removed then.
     """
     inputs = list(inputs)
-    path = check(final, command, inputs, flag, adopt)
-    with atomic.directory(path) as tmp:
+    check(final, command, inputs, flag, adopt)
+    with atomic.directory(final) as tmp:
         yield tmp
-        check(path, command, inputs, flag, adopt)  # the world may have moved while the block ran
+        check(final, command, inputs, flag, adopt)  # the world may have moved while the block ran
         mark(tmp, command, inputs)

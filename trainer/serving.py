@@ -253,7 +253,8 @@ def export_saved_model(
     Raises:
         recpipe.outputs.OutputNotOwnedError: ``export_dir`` is a data root.
     """
-    export_dir = outputs.refuse_root(export_dir, "export_dir")
+    export_dir = Path(export_dir)
+    outputs.refuse_root(export_dir.resolve(), "export_dir")
     export_dir.mkdir(parents=True, exist_ok=True)
     tmp = atomic.temp_dir_beside(export_dir / "export")
     try:
