@@ -56,9 +56,11 @@ RUN rm -rf /opt/recpipe/deploy/wheelhouse /opt/recpipe/deploy/ca-certificates
 LABEL org.recpipe.stage=src
 
 FROM ${PYTHON_IMAGE}
+# openssh-server's package makes host keys as it installs: removed, so that no two pods of any
+# deployment share them (an MPIJob worker makes its own as it starts: recpipe.launch.kubeflow)
 RUN apt-get update \
  && apt-get install -y --no-install-recommends openjdk-17-jre-headless iproute2 procps openssh-client openssh-server \
- && rm -rf /var/lib/apt/lists/*
+ && rm -rf /var/lib/apt/lists/* /etc/ssh/ssh_host_*
 COPY --from=deps /opt/venv /opt/venv
 COPY --from=deps /opt/spark-client /opt/spark-client
 COPY --from=src /opt/recpipe /opt/recpipe

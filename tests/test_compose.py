@@ -351,6 +351,15 @@ def test_a_retrain_config_dropped_in_is_a_dag_without_a_rebuild(deployment):
     assert deployment["api"].wait_for_dag("second_daily", timeout=300)["dag_id"] == "second_daily"
 
 
+def test_the_image_holds_no_ssh_host_keys(deployment):
+    """openssh-server's package makes host keys when it installs; the image removes them, so
+    that no two MPIJob pods (of any deployment) share them: each worker makes its own."""
+    listing = "docker run --rm --entrypoint sh recpipe:latest -c 'ls /etc/ssh; ls /usr/sbin/sshd'"
+    done = _bash(listing, deployment["project"], deployment["env"], timeout=300)
+    names = done.stdout.split()
+    assert "/usr/sbin/sshd" in names and not [n for n in names if n.startswith("ssh_host_")], names
+
+
 def test_down_leaves_nothing_behind(deployment):
     _bash(doc_commands("deployment.md", DOWN), deployment["project"], deployment["env"], timeout=600)
     assert _left(deployment["name"], deployment["env"]) == []

@@ -32,6 +32,10 @@ JOB_LABEL = "training.kubeflow.org/job-name"  # the training and MPI operators' 
 MPIJOB = ("kubeflow.org", "v2beta1", "mpijobs", "MPIJob")
 
 
+# an MPIJob worker: its own host keys, made as the pod starts (the image holds none: pods sharing
+# one image's keys could impersonate each other), then sshd in the foreground
+SSHD = ("sh", "-c", "ssh-keygen -A && exec /usr/sbin/sshd -De")
+
 def job_name(text: str) -> str:
     """A DNS-1123 name (lowercase alphanumerics and '-', at most 52 characters, leaving room for
     the operator's pod suffixes)."""
@@ -166,9 +170,7 @@ def _mpi_job(meta: dict, cluster: ClusterConfig, train: list[str], workers: int)
             "runPolicy": dict(RUN_POLICY),
             "mpiReplicaSpecs": {
                 "Launcher": _replica(cluster, "launcher", [*launcher, *train], small, 1, "Never"),
-                "Worker": _replica(
-                    cluster, "worker", ["/usr/sbin/sshd", "-De"], cluster.worker, workers, "Never"
-                ),
+                "Worker": _replica(cluster, "worker", list(SSHD), cluster.worker, workers, "Never"),
             },
         },
     }

@@ -82,6 +82,8 @@ def test_horovod_renders_an_mpijob_sized_by_the_cluster_config_and_an_evaluator_
     assert command[-len(ARGS) :] == ARGS
     worker = specs["Worker"]["template"]["spec"]["containers"][0]
     assert worker["resources"]["limits"] == {"cpu": "8.0", "memory": "32Gi", "nvidia.com/gpu": "1"}
+    # each worker pod makes its own sshd host keys as it starts: the image holds none
+    assert worker["command"] == ["sh", "-c", "ssh-keygen -A && exec /usr/sbin/sshd -De"]
     assert (
         evaluator["kind"] == "Job" and evaluator["metadata"]["name"] == "recpipe-train-2024-01-01-evaluator"
     )
