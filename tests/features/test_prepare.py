@@ -107,6 +107,26 @@ def test_rerun_is_idempotent_and_ids_are_stable(spark, movielens_config):
     assert not [p for p in Path(movielens_config.train_input_path).iterdir() if p.name.startswith(".")]
 
 
+def test_a_partition_the_job_did_not_write_is_refused_and_left_as_it_was(spark, movielens_config):
+    """A ``ds=`` partition holding someone else's files (no marker, no stats of this raw
+    partition) is refused before any work, its files untouched; the job's own earlier output,
+    with its marker (``recpipe.outputs``), is replaced by a re-run."""
+    from recpipe.outputs import MARKER, OutputNotOwnedError
+
+    theirs = Path(movielens_config.train_input_path) / f"ds={DAYS[1]}"
+    theirs.mkdir(parents=True, exist_ok=True)
+    (theirs / "part-0.parquet").write_bytes(b"another team's rows")
+    with pytest.raises(OutputNotOwnedError, match="did not write"):
+        prepare_day(spark, movielens_config, DAYS[1])
+    assert sorted(p.name for p in theirs.iterdir()) == ["part-0.parquet"]
+    assert (theirs / "part-0.parquet").read_bytes() == b"another team's rows"
+    ours = Path(movielens_config.train_input_path) / f"ds={DAYS[0]}"
+    for _ in range(2):
+        prepare_day(spark, movielens_config, DAYS[0])
+        marker = json.loads((ours / MARKER).read_text())
+        assert marker["command"] == "features" and marker["inputs"][0].endswith(f"ds={DAYS[0]}")
+
+
 def test_spark_ids_equal_tensorflow_ids_on_raw_values(spark, movielens_config):
     import tensorflow as tf
 
