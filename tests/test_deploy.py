@@ -25,6 +25,7 @@ IMAGE_SETTINGS = {
     "MLFLOW_FLASK_SERVER_SECRET_KEY",
     "MLFLOW_TRACKING_USERNAME",  # the MLflow client's basic-auth login
     "MLFLOW_TRACKING_PASSWORD",
+    "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT",  # the MLflow client: its links name the internal host
     "REDIS_PASSWORD",  # the redis service's own command reads it
     "REDISCLI_AUTH",  # redis-cli (the health check)
 }

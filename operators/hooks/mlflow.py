@@ -310,9 +310,33 @@ class MLflowHook(BaseHook):
                     self.log_artifact(run, path, artifact_path)
         return run
 
+    def ui_url(self) -> str | None:
+        """Where people open MLflow's UI: the connection's ``extra.ui_url`` (the published
+        address, where the tracking URI is a compose-internal host), else an HTTP tracking
+        URI; None for a database store (no UI)."""
+        conn = self._connection()
+        if conn is not None and (conn.extra_dejson or {}).get("ui_url"):
+            return conn.extra_dejson["ui_url"].rstrip("/")
+        uri = self.tracking_uri()
+        return uri.rstrip("/") if uri.startswith(("http://", "https://")) else None
+
+    def run_link(self, run_id: str) -> str | None:
+        """A run's page in MLflow's model-training view (``ui_url``), or None without a UI."""
+        from recpipe.runs.compare import experiment_link
+
+        ui = self.ui_url()
+        if ui is None:
+            return None
+        experiment = self.get_client().get_run(run_id).info.experiment_id
+        base, query = experiment_link(ui, experiment).split("?", 1)
+        return f"{base}/runs/{run_id}?{query}"
+
     def end_run(self, run_id: str, failed: bool = False) -> None:
-        """Mark a run FINISHED (or FAILED)."""
+        """Mark a run FINISHED (or FAILED) and log its page's link (``run_link``)."""
         self.get_client().set_terminated(run_id, "FAILED" if failed else "FINISHED")
+        link = self.run_link(run_id)
+        if link is not None:
+            self.log.info("MLflow run: %s", link)
 
     def log_params(self, run_id: str, params: dict[str, Any]) -> None:
         """Log params in batches of 100 (MLflow's limit); values cut to 6,000 characters."""

@@ -128,3 +128,21 @@ def test_task_processes_opening_a_new_sqlite_store_at_once_all_get_it(tmp_path):
     ]
     errors = [p.communicate(timeout=180)[1] for p in procs]
     assert [p.returncode for p in procs] == [0] * 4, [e[-600:] for e in errors]
+
+
+def test_a_runs_link_is_the_published_ui_in_the_model_training_view(monkeypatch, tmp_path):
+    """Where the tracking URI is a compose-internal host, the link a task logs names the
+    connection's ``ui_url`` and opens MLflow's model-training view, not its GenAI one."""
+    import json
+    from types import SimpleNamespace
+
+    from operators.hooks.mlflow import MLflowHook
+
+    conn = {"conn_type": "http", "host": "mlflow", "port": 5000, "extra": {"ui_url": "http://127.0.0.1:5005/"}}
+    monkeypatch.setenv("AIRFLOW_CONN_MLFLOW_DEFAULT", json.dumps(conn))
+    hook = MLflowHook()
+    assert hook.tracking_uri() == "http://mlflow:5000" and hook.ui_url() == "http://127.0.0.1:5005"
+    run = SimpleNamespace(info=SimpleNamespace(experiment_id="3"))
+    hook._client = SimpleNamespace(get_run=lambda run_id: run)
+    link = hook.run_link("abc")
+    assert link == "http://127.0.0.1:5005/#/experiments/3/runs/abc?workflowType=machine_learning"
