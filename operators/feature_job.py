@@ -140,11 +140,15 @@ def feature_job(home: Path, retrain, ds: str, edits_arg: str, name: str) -> Base
         application=str(home / "features" / "prepare.py"),
         application_args=args,
         name=name,
-        # the job's own variables; the provider's hook lays them over the worker's environment
-        # in client mode (docs/reliability.md says what that leaves)
-        env_vars=feature_job_environment(
-            home, {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-        ),
+        # the job's own variables, strings as given (a templated field of a DAG rendering native
+        # objects: "1" would become 1); the provider's hook lays them over the worker's own
+        # environment, which this path therefore keeps (docs/reliability.md)
+        env_vars={
+            "PYSPARK_PYTHON": sys.executable,
+            "PYSPARK_DRIVER_PYTHON": sys.executable,
+            "PYTHONPATH": str(home),
+            "RECPIPE_HOME": str(home),
+        },
         # recpipe's JVM functions load with the driver's JVM, before the job's Python starts;
         # the driver's address is the task host's SPARK_LOCAL_IP (features/session.py), read
         # where the task runs, not where this DAG file is parsed

@@ -347,9 +347,9 @@ def test_no_command_takes_a_tracking_password_or_a_spark_token_on_its_command_li
 
 
 def test_the_feature_jobs_environment_holds_no_secret_of_the_worker(monkeypatch, tmp_path):
-    """On both paths (Spark Connect, ``SparkSubmitOperator``'s ``env_vars``) the feature job's
-    environment is the allowlist's: none of the worker's connections, database URL or MLflow
-    password; the Spark Connect URL reaches it in its own variable, never on its command line."""
+    """On the Spark Connect path the feature job's environment is the allowlist's: none of the
+    worker's connections, database URL or MLflow password; the Spark Connect URL reaches it in
+    its own variable, never on its command line."""
     from features import REMOTE_ENV
     from operators.feature_job import feature_job_environment
 
