@@ -344,7 +344,10 @@ def deployment(
         server = forkserver.start(env, wait=False)
         env[forkserver.ENV] = server.path
     try:
-        commands = [(name, *(["--port", str(port)] if name == "api-server" else [])) for name in COMPONENTS]
+        # the triggerer's log server would listen on every interface (Airflow binds it to ""): the
+        # api-server reads the trigger logs from the shared log folder on this machine instead
+        flags = {"api-server": ["--port", str(port)], "triggerer": ["--skip-serve-logs"]}
+        commands = [(name, *flags.get(name, [])) for name in COMPONENTS]
         for command in [*commands, *workers]:
             name = "-".join(c for c in command[:2] if not c.startswith("-"))
             if start_worker is not None and command in workers:

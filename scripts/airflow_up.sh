@@ -30,10 +30,13 @@ trap 'kill "${pids[@]}" 2>/dev/null; wait' INT TERM EXIT
 # the feature job's Spark Connect server (prepare_features is a session on it)
 .venv/bin/python -m dev.spark_connect > "$AIRFLOW_HOME/spark-connect.log" 2>&1 &
 pids+=($!)
-for component in api-server scheduler dag-processor triggerer; do
+for component in api-server scheduler dag-processor; do
   .venv/bin/airflow "$component" > "$AIRFLOW_HOME/$component.log" 2>&1 &
   pids+=($!)
 done
+# its log server would listen on every interface: the api-server reads the shared log folder
+.venv/bin/airflow triggerer --skip-serve-logs > "$AIRFLOW_HOME/triggerer.log" 2>&1 &
+pids+=($!)
 passwords="$AIRFLOW_HOME/simple_auth_manager_passwords.json.generated"
 for _ in $(seq 90); do [[ -s $passwords ]] && curl -sf "$AIRFLOW__API__BASE_URL/api/v2/monitor/health" > /dev/null && break; sleep 2; done
 echo "Airflow UI: $AIRFLOW__API__BASE_URL  (user admin, password in $passwords: $(cat "$passwords" 2>/dev/null))"

@@ -64,6 +64,11 @@ def test_trigger_through_rest_api_on_postgresql_as_a_two_rank_horovod_job_and_sc
         assert result["train_distribute"] == "HorovodStrategy"
         log = (model_dir / "logs" / "train-0.log").read_text()
         assert "rank 0 of 2" in log and "rank 1 of 2" in log
+        # the triggerer serves no logs on every interface (its log server binds ""): none on 8794
+        import psutil
+
+        listening = [c for c in psutil.net_connections("inet") if c.status == "LISTEN" and c.laddr.port == 8794]
+        assert listening == [], listening
         _screenshot_the_grid(api, run)  # last: without Chromium (not in CI) it skips the rest
 
 
