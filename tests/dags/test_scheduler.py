@@ -67,8 +67,8 @@ def test_trigger_through_rest_api_on_postgresql_as_a_two_rank_horovod_job_and_sc
         # the triggerer serves no logs on every interface (its log server binds ""): none on 8794
         import psutil
 
-        listening = [c for c in psutil.net_connections("inet") if c.status == "LISTEN" and c.laddr.port == 8794]
-        assert listening == [], listening
+        sockets = psutil.net_connections("inet")
+        assert [c for c in sockets if c.status == "LISTEN" and c.laddr.port == 8794] == []
         _screenshot_the_grid(api, run)  # last: without Chromium (not in CI) it skips the rest
 
 
