@@ -381,7 +381,7 @@ def test_a_rollback_reaches_day_ones_champion_though_retention_keeps_one_day(day
     shown = run("show")
     (first, *_) = shown["rollback_targets"]
     assert first["available"] and first["ds"] == DAYS[0], shown["rollback_targets"]
-    moved = run("rollback", "--reason", "day 3 serves badly", "--redis_url", "redis://127.0.0.1:6379/0")
+    moved = run("rollback", "--reason", "day 3 serves badly", "--by", "Ana", "--redis_url", "redis://127.0.0.1:6379/0")
     assert moved["version"] == first["version"] and moved["store"]["rows"] > 0
     assert int(registry.get_model_version_by_alias(model, "champion").version) == first["version"]
     assert EmbeddingStore(client, model).applied()["day"] == DAYS[0]
