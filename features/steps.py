@@ -120,7 +120,10 @@ def window_moments(
 COMMAND = "features"  # the writer named in a partition's marker (recpipe.outputs)
 
 
-def _adopted(config: PipelineConfig, raw: Path):
+def _owned(config: PipelineConfig, ds: str) -> tuple:
+    """``recpipe.outputs``' arguments for day ``ds``'s feature partition."""
+    raw = ds_partition(config.raw_input_path, ds)
+
     def earlier_output(partition: Path) -> bool:
         # a partition written before markers: its _stats.json names raw files of this partition
         try:
@@ -129,7 +132,7 @@ def _adopted(config: PipelineConfig, raw: Path):
             return False
         return bool(files) and all(Path(f).resolve().is_relative_to(raw.resolve()) for f in files)
 
-    return earlier_output
+    return ds_partition(config.train_input_path, ds), COMMAND, [raw], "train_input_path", earlier_output
 
 
 def partition_output(config: PipelineConfig, ds: str):
@@ -140,9 +143,7 @@ def partition_output(config: PipelineConfig, ds: str):
     Raises:
         recpipe.outputs.OutputNotOwnedError: the partition holds what the job did not write.
     """
-    raw = ds_partition(config.raw_input_path, ds)
-    final = ds_partition(config.train_input_path, ds)
-    return outputs.directory(final, COMMAND, [raw], "train_input_path", _adopted(config, raw))
+    return outputs.directory(*_owned(config, ds))
 
 
 def check_partition_output(config: PipelineConfig, ds: str) -> None:
@@ -151,9 +152,7 @@ def check_partition_output(config: PipelineConfig, ds: str) -> None:
     Raises:
         recpipe.outputs.OutputNotOwnedError: as ``partition_output``.
     """
-    raw = ds_partition(config.raw_input_path, ds)
-    final = ds_partition(config.train_input_path, ds)
-    outputs.check(final, COMMAND, [raw], "train_input_path", _adopted(config, raw))
+    outputs.check(*_owned(config, ds))
 
 
 def quarantine(bad: DataFrame, bad_count: int, root: Path, ds: str) -> None:

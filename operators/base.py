@@ -190,13 +190,11 @@ class JobOperator(RecpipeOperator):
             result = run_job(self._launcher, job)
             self.degraded = dict(getattr(self._launcher, "degraded", {}))
             return result
-        except JobFailedError as err:
-            self._launcher.kill()
-            if err.exit_code == EXIT_USAGE:  # a bad config or flag: every retry would fail alike
-                raise AirflowFailException(f"{job.name}: {err.last_line or err}") from err
-            raise
-        except BaseException:
+        except BaseException as err:
             self._launcher.kill()  # Airflow's own timeout lands here too: stop the whole tree
+            if isinstance(err, JobFailedError) and err.exit_code == EXIT_USAGE:
+                # a bad config or flag: every retry would fail alike
+                raise AirflowFailException(f"{job.name}: {err.last_line or err}") from err
             raise
         finally:
             self._launcher = None

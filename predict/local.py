@@ -118,7 +118,6 @@ def predict_files(model: ScoringModel, input_path: str | os.PathLike, output_pat
         recpipe.outputs.OutputNotOwnedError: ``output_path`` is a root, holds or lies in the
             input, or holds what this command did not write from this input.
     """
-    owned.check(output_path, COMMAND, [input_path])
     files = data_files(input_path)
     fmt = file_format(files, options.input_format)
     out_fmt = options.output_format or fmt

@@ -240,7 +240,7 @@ def move_alias(
         if finishing:
             found = expected
         elif found != expected:
-            last = next((m for m in reversed(history(client, model, alias)) if m["version"] == found), None)
+            last = next((m for m in reversed(moves) if m["version"] == found), None)
             who = f" (moved by {last['by']} at {last['at']}: {last['reason']})" if last else ""
             raise ChampionMovedError(
                 f"{model}: the {alias} is version {found}, not {expected} as this {action} expected{who}; "

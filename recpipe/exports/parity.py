@@ -56,6 +56,8 @@ def check(store, exports: list[Path], sample: int = SAMPLE, seed: int = 0) -> di
     Raises:
         StoreMismatchError: a sampled row differs or is missing, or an evicted id is served.
     """
+    # the exports are read again, not handed over by the writer: what the store must hold comes
+    # from the files, independent of what the writer made of them
     rng = np.random.default_rng(seed)
     checked = absent = 0
     for table, (written, evicted) in expected_rows(exports).items():

@@ -134,7 +134,8 @@ def test_a_runs_link_is_the_published_ui_in_the_model_training_view(monkeypatch,
     """Where the tracking URI is a compose-internal host, the link a task logs names the
     connection's ``ui_url`` and opens MLflow's model-training view, not its GenAI one."""
     import json
-    from types import SimpleNamespace
+
+    from mlflow import MlflowClient
 
     from operators.hooks.mlflow import MLflowHook
 
@@ -142,7 +143,10 @@ def test_a_runs_link_is_the_published_ui_in_the_model_training_view(monkeypatch,
     monkeypatch.setenv("AIRFLOW_CONN_MLFLOW_DEFAULT", json.dumps(conn))
     hook = MLflowHook()
     assert hook.tracking_uri() == "http://mlflow:5000" and hook.ui_url() == "http://127.0.0.1:5005"
-    run = SimpleNamespace(info=SimpleNamespace(experiment_id="3"))
-    hook._client = SimpleNamespace(get_run=lambda run_id: run)
-    link = hook.run_link("abc")
-    assert link == "http://127.0.0.1:5005/#/experiments/3/runs/abc?workflowType=machine_learning"
+    # the run itself in a real MLflow store (no server named mlflow answers here)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    hook._client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    experiment = hook._client.create_experiment("links", artifact_location=(tmp_path / "a").as_uri())
+    run = hook._client.create_run(experiment).info.run_id
+    link = hook.run_link(run)
+    assert link == f"http://127.0.0.1:5005/#/experiments/{experiment}/runs/{run}?workflowType=machine_learning"
