@@ -102,10 +102,12 @@ class SparkConnectFeatureOperator(BaseOperator):
 
 def feature_job_environment(home: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
     """The feature job's environment: ``recpipe.launch.isolation.job_environment`` (the
-    allowlisted variables, no secret's name among them) with the project's paths and ``extra``."""
-    from recpipe.launch.isolation import job_environment
+    allowlisted variables and Spark's own, ``SPARK_PREFIXES``; no secret's name among them)
+    with the project's paths and ``extra``."""
+    from recpipe.launch.isolation import SPARK_PREFIXES, job_environment
 
-    return job_environment({"PYTHONPATH": str(home), "RECPIPE_HOME": str(home), **(extra or {})})
+    own = {"PYTHONPATH": str(home), "RECPIPE_HOME": str(home), **(extra or {})}
+    return job_environment(own, prefixes=SPARK_PREFIXES)
 
 
 def feature_job(home: Path, retrain, ds: str, edits_arg: str, name: str) -> BaseOperator:
@@ -131,9 +133,9 @@ def feature_job(home: Path, retrain, ds: str, edits_arg: str, name: str) -> Base
             home=home,
         )
     # imported here: it pulls the Kubernetes client, about a second of every task's DAG parse
-    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+    from operators.spark_submit import FeatureSparkSubmitOperator
 
-    return SparkSubmitOperator(
+    return FeatureSparkSubmitOperator(
         task_id="prepare_features",
         execution_timeout=retrain.timeouts.of("prepare_features"),
         conn_id=retrain.spark_conn_id,
@@ -141,8 +143,7 @@ def feature_job(home: Path, retrain, ds: str, edits_arg: str, name: str) -> Base
         application_args=args,
         name=name,
         # the job's own variables, strings as given (a templated field of a DAG rendering native
-        # objects: "1" would become 1); the provider's hook lays them over the worker's own
-        # environment, which this path therefore keeps (docs/reliability.md)
+        # objects: "1" would become 1), over feature_job_environment's allowlist
         env_vars={
             "PYSPARK_PYTHON": sys.executable,
             "PYSPARK_DRIVER_PYTHON": sys.executable,

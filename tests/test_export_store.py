@@ -5,6 +5,7 @@ exports are written by ``recpipe.exports.files`` alone (no TensorFlow): a base a
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -364,6 +365,37 @@ def test_the_feature_jobs_environment_holds_no_secret_of_the_worker(monkeypatch,
     env = feature_job_environment(tmp_path, {REMOTE_ENV: "sc://h:1/;token=t"})
     assert "s3cret" not in env.values() and env[REMOTE_ENV] == "sc://h:1/;token=t"
     assert env["RECPIPE_HOME"] == str(tmp_path) and "PATH" in env
+
+
+def test_spark_submit_gets_the_feature_jobs_environment_not_the_workers(monkeypatch, tmp_path):
+    """On the spark-submit path (``operators.spark_submit``, Airflow's operator and hook) the
+    ``spark-submit`` process gets the allowlist, Spark's own variables and the operator's
+    ``env_vars``; none of the worker's secrets (the provider's hook alone passes them all). A
+    ``spark-submit`` on PATH that writes its environment stands in for Spark's."""
+    import json
+    import stat
+
+    from operators.spark_submit import FeatureSparkSubmitOperator
+
+    bin_dir, dump = tmp_path / "bin", tmp_path / "env.json"
+    bin_dir.mkdir()
+    fake = bin_dir / "spark-submit"
+    fake.write_text(f"#!/bin/sh\nexec python3 -c 'import json, os; json.dump(dict(os.environ), open(\"{dump}\", \"w\"))'\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_FEATURES", json.dumps({"conn_type": "spark", "host": "local[1]"}))
+    for name in ("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "MLFLOW_TRACKING_PASSWORD", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(name, "s3cret")
+    monkeypatch.setenv("SPARK_LOCAL_IP", "198.51.100.7")
+    op = FeatureSparkSubmitOperator(
+        task_id="prepare_features", conn_id="spark_features", application="prepare.py",
+        env_vars={"RECPIPE_HOME": str(tmp_path), "PYSPARK_PYTHON": "python3"},
+    )  # fmt: skip
+    op._get_hook().submit("prepare.py")
+    env = json.loads(dump.read_text())
+    assert "s3cret" not in env.values() and not [k for k in env if k.startswith("AIRFLOW_CONN_")], sorted(env)
+    assert env["SPARK_LOCAL_IP"] == "198.51.100.7" and env["RECPIPE_HOME"] == str(tmp_path)
+    assert env["PYSPARK_PYTHON"] == "python3" and "PATH" in env
 
 
 def test_a_password_with_any_character_comes_from_its_file(day, tmp_path, monkeypatch):

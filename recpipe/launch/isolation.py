@@ -54,6 +54,8 @@ ALLOWED = frozenset(
 )
 ALLOWED_PREFIXES = ("LC_", "TF_", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "HOROVOD_", "GLOO_", "NCCL_", "CUDA_")
 ALLOWED_PREFIXES += ("KERAS_", "XLA_", "RECPIPE_")
+# what Spark's launcher reads besides (SPARK_LOCAL_IP: the driver's address, HADOOP_CONF_DIR, ...)
+SPARK_PREFIXES = ("SPARK_", "PYSPARK_", "HADOOP_", "YARN_", "KRB5")
 # never passed, whatever its prefix: a name that looks like it holds a secret or a URL with one
 SECRET = re.compile(
     r"PASSWORD|PASSWD|SECRET|TOKEN|CREDENTIAL|_KEY$|KEY_|_URL$|_URI$|_DSN$|AUTH|FERNET|JWT", re.I
@@ -64,16 +66,16 @@ class IsolationError(PipelineError):
     """No private network namespace can be made here and ``RECPIPE_JOB_NETWORK`` is not ``host``."""
 
 
-def job_environment(extra: dict[str, str], environ: dict[str, str] | None = None) -> dict[str, str]:
+def job_environment(
+    extra: dict[str, str], environ: dict[str, str] | None = None, prefixes: tuple[str, ...] = ()
+) -> dict[str, str]:
     """The environment of a job process: the allowlisted variables of ``environ`` (default
-    ``os.environ``; ``ALLOWED``, ``ALLOWED_PREFIXES``, never a name matching ``SECRET``), then
-    the job's own ``extra`` (``TF_CONFIG``, ...), which are passed as given."""
+    ``os.environ``; ``ALLOWED``, ``ALLOWED_PREFIXES`` and the job kind's own ``prefixes``,
+    never a name matching ``SECRET``), then the job's own ``extra`` (``TF_CONFIG``, ...),
+    which are passed as given."""
     environ = os.environ if environ is None else environ
-    kept = {
-        k: v
-        for k, v in environ.items()
-        if (k in ALLOWED or k.startswith(ALLOWED_PREFIXES)) and not SECRET.search(k)
-    }
+    starts = ALLOWED_PREFIXES + tuple(prefixes)
+    kept = {k: v for k, v in environ.items() if (k in ALLOWED or k.startswith(starts)) and not SECRET.search(k)}
     return {**kept, **extra}
 
 
