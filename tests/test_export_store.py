@@ -380,7 +380,8 @@ def test_spark_submit_gets_the_feature_jobs_environment_not_the_workers(monkeypa
     bin_dir, dump = tmp_path / "bin", tmp_path / "env.json"
     bin_dir.mkdir()
     fake = bin_dir / "spark-submit"
-    fake.write_text(f"#!/bin/sh\nexec python3 -c 'import json, os; json.dump(dict(os.environ), open(\"{dump}\", \"w\"))'\n")
+    dumper = f"import json, os; json.dump(dict(os.environ), open('{dump}', 'w'))"
+    fake.write_text(f'#!/bin/sh\nexec python3 -c "{dumper}"\n')
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_FEATURES", json.dumps({"conn_type": "spark", "host": "local[1]"}))

@@ -75,7 +75,9 @@ def job_environment(
     which are passed as given."""
     environ = os.environ if environ is None else environ
     starts = ALLOWED_PREFIXES + tuple(prefixes)
-    kept = {k: v for k, v in environ.items() if (k in ALLOWED or k.startswith(starts)) and not SECRET.search(k)}
+    kept = {
+        k: v for k, v in environ.items() if (k in ALLOWED or k.startswith(starts)) and not SECRET.search(k)
+    }
     return {**kept, **extra}
 
 

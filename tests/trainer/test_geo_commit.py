@@ -23,7 +23,8 @@ def _commit():
     table = tf.Variable(tf.zeros([ROWS, DIM]))
     marks = [tf.Variable(tf.zeros([ROWS], tf.bool), trainable=False) for _ in range(WORKERS)]
     copies = [tf.Variable(tf.zeros([2])), tf.Variable(tf.zeros([ROWS, DIM]))]
-    worker = types.SimpleNamespace(pairs=list(zip([dense, table], copies)), stale={1: marks}, index=ME)
+    pairs = list(zip([dense, table], copies, strict=True))
+    worker = types.SimpleNamespace(pairs=pairs, stale={1: marks}, index=ME)
     applied = tf.Variable(0, dtype=tf.int64, trainable=False)
     return GeoReplica.commit_fn(worker, applied), table, dense, marks, applied
 
