@@ -148,7 +148,14 @@ class KubernetesLauncher:
         core = self.hook.core_v1_client
         pods = core.list_namespaced_pod(namespace=meta["namespace"], label_selector=selector).items
         path = self.log_dir / f"{job.name}-0.log"
-        text = core.read_namespaced_pod_log(pods[0].metadata.name, meta["namespace"]) if pods else ""
+        text = ""
+        if pods:
+            # the raw bytes: the client's own decoding parses a log that is one JSON document
+            # and prints it back as a Python dict (single quotes: no result line is found)
+            raw = core.read_namespaced_pod_log(
+                pods[0].metadata.name, meta["namespace"], _preload_content=False
+            )
+            text = raw.data.decode("utf-8", errors="replace")
         path.write_text(text)
         return path
 
