@@ -67,12 +67,26 @@ COPY --from=src /opt/recpipe /opt/recpipe
 COPY --from=native /opt/recpipe/build/jvm/ /opt/recpipe/build/jvm/
 COPY --from=native /opt/recpipe/build/kernels/librecpipe_kernels.so /opt/recpipe/build/kernels/
 WORKDIR /opt/recpipe
-# the configs' relative var/ paths (runs_dir, export_dir, model_dir) land on the state volume
+# the configs' relative var/ paths (runs_dir, export_dir, model_dir) land on the state volume.
+# The services run as user 50000 (compose's AIRFLOW_UID), group 0: what they write (the state
+# and Airflow volumes, a named volume taking its directory's owner from here; their home) is
+# group 0's too, so that another uid of group 0 writes it as well. The code stays root's.
+# MLflow's client reads ~/.mlflow/credentials: the secret compose mounts for the worker.
 RUN /opt/venv/bin/pip install -q --no-deps --no-build-isolation -e . \
- && ln -s /var/lib/recpipe /opt/recpipe/var
+ && ln -s /var/lib/recpipe /opt/recpipe/var \
+ && useradd --uid 50000 --gid 0 --home-dir /home/recpipe --no-create-home --shell /bin/bash recpipe \
+ && mkdir -p /var/lib/recpipe /var/lib/airflow /home/recpipe/.mlflow \
+ && ln -s /run/secrets/mlflow_credentials /home/recpipe/.mlflow/credentials \
+ && chown -R 50000:0 /var/lib/recpipe /var/lib/airflow /home/recpipe \
+ && chmod -R g+rwX /var/lib/recpipe /var/lib/airflow /home/recpipe
+USER 50000
 ARG GIT_COMMIT=unknown
 LABEL org.recpipe.stage=final
+# HOME and the Hadoop / Spark user: a uid without a passwd entry (another AIRFLOW_UID) runs too
 ENV PATH=/opt/venv/bin:$PATH \
+    HOME=/home/recpipe \
+    HADOOP_USER_NAME=recpipe \
+    SPARK_USER=recpipe \
     RECPIPE_HOME=/opt/recpipe \
     RECPIPE_VAR_DIR=/var/lib/recpipe \
     RECPIPE_GIT_COMMIT=${GIT_COMMIT} \

@@ -10,6 +10,7 @@ import asyncio
 import logging
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
@@ -60,11 +61,14 @@ class PartitionArrivalTrigger(BaseTrigger):
 
         try:
             conn = await sync_to_async(RedisHook.get_connection)(self.redis_conn_id)
+            password, password_file = conn.password, conn.extra_dejson.get("password_file")
+            if not password and password_file:  # a deployment's secret file, not the connection
+                password = Path(password_file).read_text().rstrip("\n")
             client = aioredis.Redis(
                 host=conn.host or "127.0.0.1",
                 port=conn.port or 6379,
                 username=conn.login or None,
-                password=conn.password or None,
+                password=password or None,
                 db=int(conn.extra_dejson.get("db") or 0),
                 socket_connect_timeout=5,
                 retry=Retry(NoBackoff(), 0),  # no Redis: fall back to the looks at once

@@ -107,6 +107,12 @@ def add_arguments(parser, what: str, env: str = STORE_ENV, default: str | None =
     parser.add_argument("--redis_password_file", default=None, help=f"a file holding the password of {what}")
 
 
+def password_file_env(env: str) -> str:
+    """The variable naming the password file of ``env``'s URL: ``RECPIPE_REDIS_URL`` ->
+    ``RECPIPE_REDIS_PASSWORD_FILE``."""
+    return env.removesuffix("_URL") + "_PASSWORD_FILE"
+
+
 def resolve(
     given: str | None = None,
     *,
@@ -117,7 +123,8 @@ def resolve(
     default: str | None = LOCAL,
 ) -> RedisAddress | None:
     """The Redis a command uses: ``given`` (a command-line URL, without a password), else
-    ``$env``, else ``default``; the password from ``password_file`` when given.
+    ``$env``, else ``default``; the password from ``password_file`` when given, else, for
+    ``$env``'s URL, from the file ``$<env>_PASSWORD_FILE`` names (``password_file_env``).
 
     Returns:
         The address, or None when nothing names one and ``default`` is None.
@@ -132,6 +139,9 @@ def resolve(
             f"give the URL in ${env}, or the password in {password_flag}"
         )
     url, source = (given, flag) if given else (os.environ.get(env), f"${env}")
+    if not given and url and not password_file and os.environ.get(password_file_env(env)):
+        # a deployment's URL without its password, and the file holding it (compose's secrets)
+        password_file, password_flag = os.environ[password_file_env(env)], f"${password_file_env(env)}"
     if not url:
         url, source = default, "the default"
     if url is None:

@@ -1,6 +1,7 @@
 """docker-compose.yaml as an operator runs it (docs/deployment.md's commands, run as written):
-secrets generated into .env, the images built where Docker Hub cannot be reached, `docker
-compose up -d`; then, through the published ports only: day 1 of the daily DAG triggered from
+secrets generated into ./secrets/, the images built where Docker Hub cannot be reached,
+`docker-compose up -d`; every container as its own non-root user holding only its secrets;
+then, through the published ports only: day 1 of the daily DAG triggered from
 Airflow's UI with a Param, day 2 backfilled and approved on its Required Actions page, the
 gate's champion in MLflow behind basic auth (and its UI), rollbacks from `recpipe_champion`'s
 form and in the worker container, a stream pass started by `recpipe announce`, a second retrain
@@ -41,15 +42,29 @@ STREAM = "recpipe_stream_retrain"
 PASS = "1997-09-20T17:00"  # 88 ratings
 PARTITION = "data/raw/movielens_hourly/events/ds=1997-09-20/hh=17"
 ARTIFACTS = ROOT / "var" / "test-artifacts"
+UID = 50000  # .env.example's AIRFLOW_UID
+# each service's user and the secrets mounted into it (docker-compose.yaml)
+USERS = {"postgres": "postgres", "redis": "redis", "embedding-store": "redis"}
+SECRETS = {
+    "postgres": {"postgres_password"},
+    "redis": {"broker_password"},
+    "embedding-store": {"store_password"},
+    "mlflow": {"postgres_password", "mlflow_admin_password", "mlflow_secret_key"},
+    "airflow-init": {"postgres_password"},
+    "airflow-api-server": {
+        "postgres_password", "airflow_jwt_secret", "airflow_fernet_key", "airflow_passwords"
+    },  # fmt: skip
+    "airflow-scheduler": {"postgres_password", "airflow_jwt_secret", "broker_password"},
+    "airflow-dag-processor": {"postgres_password", "airflow_jwt_secret"},
+    "airflow-triggerer": {"postgres_password", "airflow_jwt_secret", "broker_password"},
+    "airflow-worker": {"broker_password", "store_password", "mlflow_credentials"},
+    "spark-connect": set(),
+}
 
 
-def _env_file(path: Path) -> dict[str, str]:
-    out = {}
-    for line in path.read_text().splitlines():
-        key, sep, value = line.partition("=")
-        if sep and not line.startswith("#"):
-            out[key.strip()] = value.strip()
-    return out
+def _secrets(project: Path) -> dict[str, str]:
+    """The deployment's secrets, as deploy/fill_secrets.py wrote them (name -> value)."""
+    return {p.name: p.read_text().rstrip("\n") for p in (project / "secrets").iterdir()}
 
 
 def _bash(text: str, cwd: Path, env: dict, timeout: int = 1800) -> subprocess.CompletedProcess:
@@ -101,6 +116,8 @@ def deployment(movielens_raw, movielens_hourly_raw, tmp_path_factory):
     # the stream DAG's hourly passes; the test's pass lands (and is announced) while it waits
     shutil.copytree(movielens_hourly_raw, project / "data/raw/movielens_hourly")
     (project / PARTITION / "_SUCCESS").unlink()
+    # the operator's part: ./data writable by the deployment's user (.env's AIRFLOW_UID)
+    _chown(project / "data", UID)
     name = f"recpipe_test_{uuid.uuid4().hex[:6]}"
     ports = {"AIRFLOW_PORT": str(free_port()), "MLFLOW_PORT": str(free_port())}
     with engine() as docker_env:
@@ -111,10 +128,10 @@ def deployment(movielens_raw, movielens_hourly_raw, tmp_path_factory):
         _remove_killed_runs(env)
         try:
             _bash(up, project, env)
-            secrets = _env_file(project / ".env")
+            secrets = _secrets(project)
             base = f"http://127.0.0.1:{ports['AIRFLOW_PORT']}"
             _wait_http(base + "/api/v2/monitor/health", 600)
-            api = Api(base, password=secrets["AIRFLOW_ADMIN_PASSWORD"])
+            api = Api(base, password=secrets["airflow_admin_password"])
             api.login(timeout=300)
             yield {
                 "api": api,
@@ -132,6 +149,11 @@ def deployment(movielens_raw, movielens_hourly_raw, tmp_path_factory):
             print(logs.stdout)
             if _left(name, env):  # a test failed before test_down_leaves_nothing_behind
                 _bash(doc_commands("deployment.md", DOWN), project, env, timeout=600)
+
+
+def _chown(path: Path, uid: int) -> None:
+    for p in [path, *path.rglob("*")]:
+        os.chown(p, uid, 0, follow_symlinks=False)
 
 
 def _remove_killed_runs(env: dict) -> None:
@@ -174,7 +196,7 @@ def _mlflow(deployment, path: str, body: dict | None = None, auth: bool = True) 
         headers={"Content-Type": "application/json"},
     )
     if auth:
-        login = "admin:" + deployment["secrets"]["MLFLOW_ADMIN_PASSWORD"]
+        login = "admin:" + deployment["secrets"]["mlflow_admin_password"]
         req.add_header("Authorization", "Basic " + base64.b64encode(login.encode()).decode())
     with urllib.request.urlopen(req, timeout=30) as resp:
         return json.loads(resp.read())
@@ -197,7 +219,7 @@ def test_the_deployment_runs_days_and_a_rollback(deployment):
     api.wait_for_dag(DAILY)
     override = {"train_config.log_step_count_steps": 7}
     with Browser(ARTIFACTS) as browser:
-        ui = browser.airflow(api.base, "admin", secrets["AIRFLOW_ADMIN_PASSWORD"])
+        ui = browser.airflow(api.base, "admin", secrets["airflow_admin_password"])
         # day 1 from the DAG's form (its Backfill: unpausing also starts today's scheduled run,
         # whose wait for today's data a single run of 1997 would queue behind)
         ui.backfill(DAILY, f"{DAYS[0]} 00:00", f"{DAYS[0]} 00:00", {"edit_config_json": override})
@@ -239,7 +261,7 @@ def test_the_deployment_runs_days_and_a_rollback(deployment):
         assert api.wait_for_run("recpipe_champion", rollback, timeout=600)["state"] == "success"
         assert _champion(deployment) == "1"
 
-        login = {"username": "admin", "password": secrets["MLFLOW_ADMIN_PASSWORD"]}
+        login = {"username": "admin", "password": secrets["mlflow_admin_password"]}
         page = browser.page(http_credentials=login)
         experiment_id, run_name = experiment["experiment_id"], train["info"]["run_name"]
         try:
@@ -270,7 +292,7 @@ def test_the_deployment_runs_days_and_a_rollback(deployment):
     # the broker's password, which the worker's URL holds, is masked in its log
     log = _compose(deployment, "logs --no-color airflow-worker").stdout
     assert "Connected to redis://:**@redis:6379/0" in log, log[-3000:]
-    assert deployment["secrets"]["REDIS_PASSWORD"] not in log
+    assert deployment["secrets"]["broker_password"] not in log
 
     # docs/rollback.md's commands, in the worker container: they find the deployment's MLflow
     # and store without a flag
@@ -281,7 +303,11 @@ def test_the_deployment_runs_days_and_a_rollback(deployment):
     assert _champion(deployment) == "1"
     shown = json.loads(_compose(deployment, worker_recpipe.format("show")).stdout)
     assert str(shown["champion"]["version"]) == "1"
-    assert [m["by"] for m in shown["history"][-2:]] == ["Ana", "Ana"]  # the person, not root
+    # the person, not root; the form's rollback by its logged-in user
+    assert [m["by"] for m in shown["history"][-3:]] == ["admin", "Ana", "Ana"], shown["history"]
+    # what the deployment wrote into ./data (the days' features) is AIRFLOW_UID's, not root's
+    written = [p for p in (deployment["project"] / "data" / "features").rglob("*")]
+    assert written and {p.stat().st_uid for p in written} == {UID}, written[:5]
 
 
 def _succeeded(api, states: dict[str, str]) -> None:
@@ -320,7 +346,8 @@ def test_an_announced_stream_pass_starts_within_seconds(deployment):
     api.wait_for_dag(STREAM)
     _create_backfill(api, STREAM, [PASS], print)
     run_id = _wait_runs(api, STREAM, PASS)[0]["dag_run_id"]
-    subscribed = f"exec -T redis sh -c 'REDISCLI_AUTH=$REDIS_PASSWORD redis-cli PUBSUB NUMSUB {CHANNEL}'"
+    login = "REDISCLI_AUTH=$(cat /run/secrets/broker_password)"
+    subscribed = f"exec -T redis sh -c '{login} redis-cli PUBSUB NUMSUB {CHANNEL}'"
     deadline = time.monotonic() + 600
     while not (
         api.task_instance(STREAM, run_id, "wait_for_pass")["state"] == "deferred"
@@ -358,6 +385,38 @@ def test_the_image_holds_no_ssh_host_keys(deployment):
     done = _bash(listing, deployment["project"], deployment["env"], timeout=300)
     names = done.stdout.split()
     assert "/usr/sbin/sshd" in names and not [n for n in names if n.startswith("ssh_host_")], names
+
+
+def test_each_container_runs_as_its_own_user_with_only_its_secrets(deployment):
+    """``docker inspect`` of every container (airflow-init's, exited, too): its user (none is
+    root: the recpipe image's services run as AIRFLOW_UID, group 0), the secrets mounted into it (compose's
+    ``secrets:``, each under /run/secrets), and no secret's value in its environment,
+    command or labels."""
+    env, name = deployment["env"], deployment["name"]
+    ids = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"label=com.docker.compose.project={name}"],
+        env=env, capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    out = subprocess.run(["docker", "inspect", *ids], env=env, capture_output=True, text=True, check=True)
+    inspected = json.loads(out.stdout)
+    values = [v for v in deployment["secrets"].values() if len(v) >= 16]
+    seen = {}
+    for c in inspected:
+        service = c["Config"]["Labels"]["com.docker.compose.service"]
+        seen[service] = c["Config"]["User"]
+        assert c["Config"]["User"] == USERS.get(service, f"{UID}:0"), (service, c["Config"]["User"])
+        mounted = {m["Destination"] for m in c["Mounts"] if m["Destination"].startswith("/run/secrets/")}
+        assert mounted == {f"/run/secrets/{s}" for s in SECRETS[service]}, (service, mounted)
+        shown = json.dumps([c["Config"]["Env"], c["Config"]["Cmd"], c["Config"]["Labels"], c["Args"]])
+        assert not [v for v in values if v in shown], f"{service} holds a secret in its config"
+        assert c["HostConfig"]["CapAdd"] in (None, [], ["SYS_ADMIN"], ["CAP_SYS_ADMIN"]), service
+    assert set(seen) == set(SECRETS), seen
+    # the processes too: no container runs anything as root (the entrypoints drop nothing)
+    for c in (c for c in inspected if c["State"]["Running"]):
+        top = subprocess.run(
+            ["docker", "top", c["Id"], "-o", "uid,args"], env=env, capture_output=True, text=True, check=True
+        ).stdout.splitlines()[1:]
+        assert top and not [line for line in top if line.split()[0] in ("0", "root")], top
 
 
 def test_down_leaves_nothing_behind(deployment):

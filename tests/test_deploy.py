@@ -1,6 +1,8 @@
-"""docker-compose.yaml (Docker does not run here): it parses, takes its secrets from the env
-file, publishes on 127.0.0.1 only, and every setting it passes is one the project, Airflow
-or the service's image reads."""
+"""docker-compose.yaml without Docker (tests/test_compose.py runs it): it parses, each service
+mounts only the secret files it uses and names no secret itself, it publishes on 127.0.0.1
+only, every setting it passes is one the project, Airflow or the service's image reads; the
+helpers that hand the secrets over (deploy/secret.py, deploy/redis-start.sh,
+deploy/fill_secrets.py) with passwords of every character."""
 
 from __future__ import annotations
 
@@ -16,19 +18,13 @@ REFERENCE = re.compile(r"\$\{(\w+)(?::?[-?][^}]*)?\}")
 # variables the official images document (postgres) or MLflow's server reads
 IMAGE_SETTINGS = {
     "POSTGRES_USER",
-    "POSTGRES_PASSWORD",
+    "POSTGRES_PASSWORD_FILE",
     "POSTGRES_DB",
     "MLFLOW_SERVER_ENABLE_JOB_EXECUTION",
-    "MLFLOW_BACKEND_STORE_URI",  # mlflow server --backend-store-uri's variable
     "MLFLOW_AUTH_CONFIG_PATH",
-    "MLFLOW_AUTH_ADMIN_PASSWORD",
-    "MLFLOW_FLASK_SERVER_SECRET_KEY",
-    "MLFLOW_TRACKING_USERNAME",  # the MLflow client's basic-auth login
-    "MLFLOW_TRACKING_PASSWORD",
     "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT",  # the MLflow client: its links name the internal host
-    "REDIS_PASSWORD",  # the redis service's own command reads it
-    "REDISCLI_AUTH",  # redis-cli (the health check)
 }
+SECRET_NAME = re.compile(r"PASSWORD|SECRET|FERNET|TOKEN|_CONN$|BROKER_URL$|RESULT_BACKEND$", re.I)
 
 
 @pytest.fixture(scope="module")
@@ -80,21 +76,35 @@ def test_services_of_the_deployment(compose):
     assert (conn["host"], str(conn["port"])) == ("127.0.0.1", port)
 
 
-def test_secrets_come_from_the_env_file(compose):
+def test_each_service_mounts_only_its_secrets_and_names_none(compose):
+    """The compose file and .env hold no secret: a setting that would carry one is a command
+    reading a file (``*_CMD``) or a file's path (``*_FILE``); each secret a service's settings,
+    command or health check read is mounted into it, and it mounts no other (the table of
+    docs/deployment.md, which tests/test_compose.py checks on the running containers)."""
+    from tests.test_compose import SECRETS
+
     text = (ROOT / "docker-compose.yaml").read_text()
-    declared = {
-        line.split("=")[0]
-        for line in (ROOT / ".env.example").read_text().splitlines()
-        if line and not line.startswith("#")
-    }
+    example = (ROOT / ".env.example").read_text()
+    declared = {line.split("=")[0] for line in example.splitlines() if line and not line.startswith("#")}
     used = set(REFERENCE.findall(text)) - {"GIT_COMMIT"}
     assert used <= declared, used - declared
-    for service in compose["services"].values():
-        for key, value in _env(service).items():
-            if re.search(r"PASSWORD$|SECRET|FERNET", key):
-                assert REFERENCE.fullmatch(str(value)), f"{key} must come from .env, not the compose file"
-    # the admin password is required (":?"), never defaulted
-    assert "${AIRFLOW_ADMIN_PASSWORD:?" in text and "${POSTGRES_PASSWORD:?" in text
+    assert not [k for k in declared if SECRET_NAME.search(k)], declared
+    assert set(compose["secrets"]) == set().union(*SECRETS.values())
+    for name, secret in compose["secrets"].items():
+        assert secret == {"file": f"./secrets/{name}"}, name
+    for name, service in compose["services"].items():
+        for key in _env(service):
+            if SECRET_NAME.search(key):
+                assert key.endswith(("_CMD", "_FILE")), f"{name}: {key} holds its value itself"
+        wiring = json.dumps([_env(service), service.get("command"), service.get("healthcheck")])
+        read = set(re.findall(r"/run/secrets/(\w+)", wiring)) | set(re.findall(r"\{(\w+)\}", wiring))
+        read |= set(re.findall(r"(?:--raw \w+=|secret.py value |recpipe-redis-start\W+)(\w+)", wiring))
+        assert read == SECRETS[name] or name == "airflow-worker", (name, read)
+        assert set(service.get("secrets") or []) == SECRETS[name], name
+    # the worker's MLflow login: ~/.mlflow/credentials, the image's link to its secret
+    assert "ln -s /run/secrets/mlflow_credentials /home/recpipe/.mlflow/credentials" in (
+        ROOT / "Dockerfile"
+    ).read_text()
 
 
 def test_every_setting_is_read_by_someone(compose):
@@ -116,14 +126,15 @@ def test_every_setting_is_read_by_someone(compose):
     for name, service in compose["services"].items():
         for key in _env(service):
             if key.startswith("AIRFLOW__"):
-                section, option = key.removeprefix("AIRFLOW__").lower().split("__", 1)
+                section, option = key.removeprefix("AIRFLOW__").removesuffix("_CMD").lower().split("__", 1)
                 known = conf.configuration_description.get(section, {}).get("options", {})
                 assert option in known, f"{name}: {key} is no Airflow option"
             elif key.startswith("AIRFLOW_CONN_"):
                 conn = key.removeprefix("AIRFLOW_CONN_").lower()
                 assert conn in connections.values(), f"{name}: connection {conn} is not used by the DAGs"
-            elif key == "AIRFLOW_ADMIN_PASSWORD":
-                assert "AIRFLOW_ADMIN_PASSWORD" in service["command"]
+            elif key.endswith("_PASSWORD_FILE") and key != "POSTGRES_PASSWORD_FILE":
+                # recpipe.redis_conn.password_file_env: the URL's variable, then its file's
+                assert f'"{key.removesuffix("_PASSWORD_FILE")}_URL"' in source, f"{name}: {key}"
             elif key not in IMAGE_SETTINGS:
                 assert f'"{key}"' in source, f"{name}: {key} is not read by the project"
     dockerfile = (ROOT / "Dockerfile").read_text()
@@ -136,31 +147,94 @@ def test_no_service_listens_without_a_password_or_shows_one_on_its_command_line(
     for name, service in services.items():
         command = service.get("command") or ""
         command = " ".join(command) if isinstance(command, list) else command
-        assert not re.search(r"\$\{\w*PASSWORD", command), f"{name}: a password on the command line"
-        assert "postgresql" not in command, f"{name}: a database URI on the command line"
-    # Redis: requirepass from the environment; the broker URL and the health check log in
-    redis = services["redis"]
-    assert "requirepass $$REDIS_PASSWORD" in " ".join(redis["command"])
-    assert _env(redis)["REDIS_PASSWORD"].startswith("${REDIS_PASSWORD:?")
-    assert _env(redis)["REDISCLI_AUTH"] == "${REDIS_PASSWORD}"
-    broker = _env(services["airflow-worker"])["AIRFLOW__CELERY__BROKER_URL"]
-    assert broker.startswith("redis://:${REDIS_PASSWORD:?") and broker.endswith("@redis:6379/0")
-    # MLflow: basic auth, its admin password and database URI from the environment
+        assert not re.search(r"\$\{\w*PASSWORD|:\w{12,}@", command), f"{name}: a password on the command line"
+    # Redis: requirepass from its secret on stdin; the broker URL and the health check log in
+    for name, secret in (("redis", "broker_password"), ("embedding-store", "store_password")):
+        assert services[name]["command"][:2] == ["recpipe-redis-start", secret]
+        assert secret in " ".join(services[name]["healthcheck"]["test"])
+    broker = _env(services["airflow-worker"])["AIRFLOW__CELERY__BROKER_URL_CMD"]
+    assert broker.endswith("url redis://:{broker_password}@redis:6379/0")
+    # MLflow: basic auth, its admin password and database URI in its environment only
     mlflow = services["mlflow"]
-    assert "--app-name basic-auth" in mlflow["command"]
-    env = _env(mlflow)
-    assert env["MLFLOW_BACKEND_STORE_URI"].startswith("postgresql+psycopg2://recpipe:${POSTGRES_PASSWORD}@")
-    assert env["MLFLOW_AUTH_ADMIN_PASSWORD"].startswith("${MLFLOW_ADMIN_PASSWORD:?")
-    ini = ROOT / env["MLFLOW_AUTH_CONFIG_PATH"].removeprefix("/opt/recpipe/")
+    assert "--app-name basic-auth" in mlflow["command"] and "secret.py exec" in mlflow["command"]
+    for var in ("MLFLOW_BACKEND_STORE_URI", "MLFLOW_AUTH_ADMIN_PASSWORD", "MLFLOW_FLASK_SERVER_SECRET_KEY"):
+        assert f" {var}=" in mlflow["command"], var
+    ini = ROOT / _env(mlflow)["MLFLOW_AUTH_CONFIG_PATH"].removeprefix("/opt/recpipe/")
     assert ini.exists() and "admin_password" not in ini.read_text().replace("# ", "")
     # each request's login is a scrypt check (0.1 CPU-s) unless MLflow's cache keeps it a while
     from mlflow.server.auth.config import read_auth_config
 
     monkeypatch.setenv("MLFLOW_AUTH_CONFIG_PATH", str(ini))
     assert 0 < read_auth_config().auth_cache_ttl_seconds <= 300
-    worker = _env(services["airflow-worker"])
-    assert worker["MLFLOW_TRACKING_USERNAME"] == "admin"
-    assert worker["MLFLOW_TRACKING_PASSWORD"].startswith("${MLFLOW_ADMIN_PASSWORD:?")
+
+
+def _secrets_dir(tmp_path, **values: str):
+    d = tmp_path / "secrets"
+    d.mkdir(exist_ok=True)
+    for name, value in values.items():
+        (d / name).write_text(value + "\n")
+    return d
+
+
+ODD = 'p/w@x:y#z?%"\\ \'end'  # what password managers and `openssl rand -base64` print
+
+
+def test_secret_urls_hold_any_password_and_exec_keeps_it_off_the_command_line(tmp_path):
+    """deploy/secret.py: a URL built with the password percent-encoded parses back to it (as
+    SQLAlchemy and redis-py read it); ``exec`` sets it in the command's environment only; a
+    missing secret is one line and exit 2."""
+    import subprocess
+    import sys
+
+    from sqlalchemy.engine import make_url
+
+    d = _secrets_dir(tmp_path, db=ODD)
+    env = {"RECPIPE_SECRETS_DIR": str(d), "PATH": "/usr/bin:/bin"}
+    tool = [sys.executable, str(ROOT / "deploy/secret.py")]
+    run = lambda *a: subprocess.run([*tool, *a], env=env, capture_output=True, text=True)  # noqa: E731
+    url = run("url", "postgresql+psycopg2://recpipe:{db}@postgres:5432/airflow").stdout
+    assert make_url(url).password == ODD and make_url(url).host == "postgres" and not url.endswith("\n")
+    assert run("value", "db").stdout == ODD
+    shell = ["sh", "-c", 'echo "$P"; ps -o args= $$']
+    shown = run("exec", "--url", "U=redis://:{db}@h:1/0", "--raw", "P=db", "--", *shell)
+    assert shown.stdout.splitlines()[0] == ODD and ODD not in shown.stdout.splitlines()[1]
+    missing = run("url", "x://{nope}@h")
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "secret nope" in missing.stderr
+
+
+def test_redis_starts_with_a_password_of_any_character(tmp_path):
+    """deploy/redis-start.sh, as the compose file runs it, with this machine's redis-server:
+    the password (quotes and backslashes too) on its stdin; a client logs in with it."""
+    import subprocess
+    import time
+
+    import redis
+
+    from tests.support import free_port
+
+    d = _secrets_dir(tmp_path, broker_password=ODD)
+    port = free_port()
+    proc = subprocess.Popen(
+        ["sh", str(ROOT / "deploy/redis-start.sh"), "broker_password", f"port {port}", f"dir {tmp_path}"],
+        env={"RECPIPE_SECRETS_DIR": str(d), "PATH": "/usr/bin:/bin:/usr/sbin"},
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                assert redis.Redis(port=port, password=ODD).ping()
+                break
+            except redis.ConnectionError:
+                assert time.monotonic() < deadline and proc.poll() is None, "redis-server did not start"
+                time.sleep(0.2)
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=port, password="wrong").ping()
+        ps = subprocess.run(["ps", "-o", "args=", "-p", str(proc.pid)], capture_output=True, text=True)
+        assert "p/w@x" not in ps.stdout
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 def test_the_wiring_a_new_user_meets(compose):
@@ -185,7 +259,7 @@ def test_the_wiring_a_new_user_meets(compose):
     assert "SPARK_MASTER=" in (ROOT / ".env.example").read_text()
     # `recpipe announce` in a container publishes where the stream's sensor listens
     arrivals = json.loads(worker["AIRFLOW_CONN_RECPIPE_ARRIVALS"])
-    published = parse(worker[ARRIVALS_ENV].replace("${REDIS_PASSWORD}", "x"), ARRIVALS_ENV)
+    published = parse(worker[ARRIVALS_ENV], ARRIVALS_ENV)
     assert (published.host, published.port, published.db) == (
         arrivals["host"],
         arrivals["port"],
@@ -194,35 +268,39 @@ def test_the_wiring_a_new_user_meets(compose):
     # `recpipe champion` in a container finds the deployment's MLflow (recpipe.tracking)
     mlflow = json.loads(worker["AIRFLOW_CONN_MLFLOW_DEFAULT"])
     assert (mlflow["host"], mlflow["port"]) == ("mlflow", 5000)
-    # the jobs' private network namespaces: unshare needs CAP_SYS_ADMIN, their loopback
-    # CAP_NET_ADMIN (tests/test_compose.py runs them)
-    assert services["airflow-worker"]["cap_add"] == ["SYS_ADMIN", "NET_ADMIN"]
+    # the jobs' private network namespaces, made by a non-root user in a user namespace: Docker's
+    # seccomp profile lets unshare through with CAP_SYS_ADMIN in the bounding set only
+    assert services["airflow-worker"]["cap_add"] == ["SYS_ADMIN"]
+    assert all(svc.get("user") for svc in services.values())
     # published: the API server and MLflow only
     published_ports = {n for n, svc in services.items() if svc.get("ports")}
     assert published_ports == {"airflow-api-server", "mlflow"}
 
 
-def test_fill_secrets_generates_each_empty_secret_and_keeps_the_rest(tmp_path):
+def test_fill_secrets_generates_each_missing_secret_and_keeps_the_rest(tmp_path):
     import base64
     import subprocess
     import sys
 
-    env = tmp_path / ".env"
-    example = (ROOT / ".env.example").read_text()
-    env.write_text(example.replace("MLFLOW_SECRET_KEY=", "MLFLOW_SECRET_KEY=kept"))
-    fill = [sys.executable, str(ROOT / "deploy/fill_secrets.py"), str(env)]
-    assert subprocess.run(fill).returncode == 0
-    lines = [line for line in env.read_text().splitlines() if "=" in line and line[0] != "#"]
-    values = dict(line.split("=", 1) for line in lines)
-    assert all(values.values()), values  # compose refuses to start on an empty one
-    assert values["MLFLOW_SECRET_KEY"] == "kept" and values["SPARK_MASTER"] == "local[*]"
-    assert len(base64.urlsafe_b64decode(values["AIRFLOW_FERNET_KEY"])) == 32  # a Fernet key
-    assert len({values[k] for k in ("POSTGRES_PASSWORD", "REDIS_PASSWORD", "AIRFLOW_ADMIN_PASSWORD")}) == 3
-    assert env.stat().st_mode & 0o077 == 0  # the owner's alone
-    # a second run changes nothing; an empty key it does not know is refused, the file kept
-    before = env.read_text()
-    assert subprocess.run(fill).returncode == 0 and env.read_text() == before
-    env.write_text(before + "SOMETHING_ELSE=\n")
-    done = subprocess.run(fill, capture_output=True, text=True)
-    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "SOMETHING_ELSE" in done.stderr
-    assert env.read_text() == before + "SOMETHING_ELSE=\n"
+    d = _secrets_dir(tmp_path, mlflow_secret_key="kept", postgres_password="")
+    fill = [sys.executable, str(ROOT / "deploy/fill_secrets.py"), str(d)]
+    assert subprocess.run(fill, capture_output=True).returncode == 0
+    values = {p.name: p.read_text().rstrip("\n") for p in d.iterdir()}
+    from tests.test_compose import SECRETS
+
+    assert set(values) >= set().union(*SECRETS.values()) and all(values.values()), values
+    assert values["mlflow_secret_key"] == "kept"
+    assert len(base64.urlsafe_b64decode(values["airflow_fernet_key"])) == 32  # a Fernet key
+    assert len({values[k] for k in ("postgres_password", "broker_password", "store_password")}) == 3
+    assert f"mlflow_tracking_password = {values['mlflow_admin_password']}" in values["mlflow_credentials"]
+    assert json.loads(values["airflow_passwords"]) == {"admin": values["airflow_admin_password"]}
+    assert d.stat().st_mode & 0o077 == 0  # the directory: its owner's alone
+    # a second run changes nothing; a changed admin password carries into the derived files
+    assert subprocess.run(fill, capture_output=True).returncode == 0
+    assert {p.name: p.read_text().rstrip("\n") for p in d.iterdir()} == values
+    (d / "airflow_admin_password").write_text("chosen\n")
+    assert subprocess.run(fill, capture_output=True).returncode == 0
+    assert json.loads((d / "airflow_passwords").read_text()) == {"admin": "chosen"}
+    (tmp_path / "afile").write_text("")
+    done = subprocess.run([*fill[:2], str(tmp_path / "afile")], capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1

@@ -432,6 +432,11 @@ def test_a_password_with_any_character_comes_from_its_file(day, tmp_path, monkey
             redis_conn.STORE_ENV, f"redis://:{quote(password, safe='')}@127.0.0.1:{server.port}/0"
         )
         assert redis_conn.resolve(None).client().ping()
+        # a deployment's: the URL without it, and $RECPIPE_REDIS_PASSWORD_FILE (compose's secret)
+        monkeypatch.setenv(redis_conn.STORE_ENV, url)
+        monkeypatch.setenv(redis_conn.password_file_env(redis_conn.STORE_ENV), str(secret))
+        assert redis_conn.password_file_env(redis_conn.STORE_ENV) == "RECPIPE_REDIS_PASSWORD_FILE"
+        assert redis_conn.resolve(None).client().ping()
         # a wrong one is refused by the server, not sent elsewhere
         secret.write_text("wrong")
         address = redis_conn.resolve(url, password_file=str(secret))

@@ -35,9 +35,15 @@ LIST
   rm -rf "$root"
   trap - EXIT
 fi
+# a stand-in is rebuilt when its folder changed (the label holds the folder's hash)
 for name in postgres:15 redis:7 recpipe-local/python:3.11; do
   dir="deploy/local-images/$(echo "$name" | sed 's#recpipe-local/##; s#:.*##')"
-  have "$name" || { say "building $name"; build -q -t "$name" "$dir" >/dev/null; }
+  source="$(cat "$dir"/* | sha256sum | cut -c1-16)"
+  built="$(docker image inspect -f '{{ index .Config.Labels "org.recpipe.source" }}' "$name" 2>/dev/null || true)"
+  if [ "$force" = 1 ] || [ "$built" != "$source" ]; then
+    say "building $name"
+    build -q --label org.recpipe.source="$source" -t "$name" "$dir" >/dev/null
+  fi
 done
 
 # The project image's optional inputs (both git-ignored): public CA certificates that the

@@ -5,7 +5,10 @@ if [ "$(id -u)" = 0 ]; then
   mkdir -p "$PGDATA" && chown -R postgres:postgres "$PGDATA" && chmod 700 "$PGDATA"
   exec setpriv --reuid=postgres --regid=postgres --init-groups "$0" "$@"
 fi
-: "${POSTGRES_PASSWORD:?POSTGRES_PASSWORD must be set}"
+if [ -n "${POSTGRES_PASSWORD_FILE:-}" ]; then
+  POSTGRES_PASSWORD="$(cat "$POSTGRES_PASSWORD_FILE")"
+fi
+: "${POSTGRES_PASSWORD:?POSTGRES_PASSWORD or POSTGRES_PASSWORD_FILE must be set}"
 user="${POSTGRES_USER:-postgres}"
 db="${POSTGRES_DB:-$user}"
 if [ ! -s "$PGDATA/PG_VERSION" ]; then
