@@ -139,6 +139,27 @@ class AirflowUI:
         else:
             form.locator(f"[name=element_{name}]").fill(str(value))
 
+    def choice_shown(self, dag_id: str, name: str) -> str:
+        """What ``dag_id``'s trigger form shows chosen for the enum Param ``name`` before anyone
+        touches it ("" when nothing is); the form is closed again."""
+        form = self._form(dag_id)
+        field = form.locator(f"#element_{name}")
+        field.wait_for()
+        shown = field.locator("input").first.input_value() if field.locator("input").count() else ""
+        chosen = field.locator("[data-part=value-text], [data-part=item-text][data-state=checked]")
+        shown = shown or (chosen.first.inner_text() if chosen.count() else "")
+        self.page.keyboard.press("Escape")
+        self._leave()
+        return shown.strip()
+
+    def required_action(self, dag_id: str, run_id: str, task_id: str) -> str:
+        """The text of the task's Required Actions tab once its options show."""
+        self.page.goto(
+            f"{self.base}/dags/{dag_id}/runs/{run_id}/tasks/{task_id}/required_actions", wait_until="load"
+        )
+        self.page.locator("[data-testid^=hitl-option-]").first.wait_for()
+        return self.page.locator("body").inner_text()
+
     def answer(self, dag_id: str, run_id: str, task_id: str, option: str) -> None:
         """Choose ``option`` on the task's Required Actions tab (Human-in-the-loop)."""
         self.page.goto(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -213,6 +214,7 @@ def test_the_deployment_runs_days_and_a_rollback(deployment):
     from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
     from dev.airflow import _create_backfill
+    from operators.approval import GATE_FIGURES
     from tests.browser import Browser
 
     api, secrets = deployment["api"], deployment["secrets"]
@@ -252,11 +254,22 @@ def test_the_deployment_runs_days_and_a_rollback(deployment):
         request = api.wait_for_hitl(DAILY, run["dag_run_id"], "approve_promotion", timeout=1200)
         assert request["subject"] == f"Promote {MODEL} version 2?", request
         assert _champion(deployment) == "1"  # nothing moves before the answer
+        # the page asks one question; each figure once, rounded to 4 decimals, explained
+        page_text = ui.required_action(DAILY, run["dag_run_id"], "approve_promotion")
+        browser.screenshot(ui.page, "compose_approval")
+        assert not re.search(r"\d\.\d{5,}", page_text), page_text
+        for label in GATE_FIGURES.values():
+            assert page_text.count(label) <= 1, (label, page_text)
+        assert page_text.count("The gate found") == 1 and "promoted (" not in page_text, page_text
         ui.answer(DAILY, run["dag_run_id"], "approve_promotion", "Approve")
         run = api.wait_for_run(DAILY, run["dag_run_id"])
         assert run["state"] == "success"
         assert _champion(deployment) == "2"
 
+        # no model is chosen for the operator: one who fills only the reason moves nothing
+        shown = ui.choice_shown("recpipe_champion", "model_name")
+        models = [yaml.safe_load(p.read_text())["model_name"] for p in path.parent.glob("*.yaml")]
+        assert MODEL in models and not [m for m in models if m in shown], shown
         rollback = ui.trigger("recpipe_champion", {"model_name": MODEL, "reason": "a rollback from the UI"})
         assert api.wait_for_run("recpipe_champion", rollback, timeout=600)["state"] == "success"
         assert _champion(deployment) == "1"
