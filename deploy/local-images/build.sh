@@ -35,11 +35,13 @@ LIST
   rm -rf "$root"
   trap - EXIT
 fi
-# a stand-in is rebuilt when its folder changed (the label holds the folder's hash)
+# postgres and redis are rebuilt when their folder changed (a label holds its hash); the
+# Python base is kept (a new one rebuilds the project's whole stack: --force)
 for name in postgres:15 redis:7 recpipe-local/python:3.11; do
   dir="deploy/local-images/$(echo "$name" | sed 's#recpipe-local/##; s#:.*##')"
   source="$(cat "$dir"/* | sha256sum | cut -c1-16)"
   built="$(docker image inspect -f '{{ index .Config.Labels "org.recpipe.source" }}' "$name" 2>/dev/null || true)"
+  case "$name" in recpipe-local/*) have "$name" && built="$source" ;; esac
   if [ "$force" = 1 ] || [ "$built" != "$source" ]; then
     say "building $name"
     build -q --label org.recpipe.source="$source" -t "$name" "$dir" >/dev/null
