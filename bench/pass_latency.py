@@ -104,8 +104,8 @@ def main() -> int:
         help="the scheduler's scheduler_idle_sleep_time of each variant, run one after the other",
     )
     args = parser.parse_args()
-    from dev import spark_connect
     from dev.env import airflow_env
+    from features import connect_server as spark_connect
 
     root = args.workdir
     shutil.rmtree(root, ignore_errors=True)

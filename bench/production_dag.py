@@ -37,9 +37,9 @@ sys.path.insert(0, str(ROOT))
 from bench import harness  # noqa: E402
 from bench.days import config_copy, day_range  # noqa: E402
 from bench.process_tree import checked, recpipe  # noqa: E402
-from dev import spark_connect  # noqa: E402
 from dev.airflow import run_backfill  # noqa: E402
 from dev.env import airflow_env  # noqa: E402
+from features import connect_server as spark_connect  # noqa: E402
 
 RETRAIN = "conf/retrain/criteo_daily.yaml"
 DAG_ID = "criteo_deepfm_daily"  # the config's dag_id (its default, <model_name>_<kind>)

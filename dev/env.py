@@ -14,9 +14,11 @@ import shlex
 import sys
 from pathlib import Path
 
+from features.connect_server import PORT as CONNECT_PORT
+
 AIRFLOW_PORT = 8080
 MLFLOW_PORT = 5000
-SPARK_CONNECT_PORT = 15002
+SPARK_CONNECT_PORT = CONNECT_PORT
 # SQLite's default busy timeout (5 s) is short for four Airflow components writing at once:
 # a backfill's runs were left half created ("database is locked"). Airflow imports this dict.
 SQLITE_CONNECT_ARGS = {"timeout": 60}
@@ -71,7 +73,7 @@ def airflow_env(
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{AIRFLOW_PORT}/execution/",
         "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(ah / "logs"),
         "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[*]"}),
-        # the feature job's Spark Connect server (dev.spark_connect; the tests start their own)
+        # the feature job's Spark Connect server (features.connect_server; the tests start their own)
         "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": os.environ.get("AIRFLOW_CONN_SPARK_CONNECT_DEFAULT")
         or spark_connect_conn(SPARK_CONNECT_PORT),
         "AIRFLOW_CONN_FS_DEFAULT": json.dumps({"conn_type": "fs", "extra": {"path": "/"}}),

@@ -67,7 +67,7 @@ def _key(spark: SparkSession) -> int:
 def registered(spark: SparkSession | None = None) -> bool:
     """Whether ``spark`` (default: the active session) has recpipe's functions: the jar was
     loaded where the session's JVM runs (this process, spark-submit's driver, or a Spark
-    Connect server started by ``dev.spark_connect``)."""
+    Connect server started by ``features.connect_server``)."""
     from pyspark.sql import SparkSession
 
     spark = spark or SparkSession.getActiveSession()

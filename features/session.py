@@ -23,7 +23,7 @@ def local_threads(master: str) -> int | None:
 
 
 # Settings fixed when the JVM starts: the feature job's own session and the Spark Connect
-# server (dev.spark_connect) both take them.
+# server (features.connect_server) both take them.
 SERVER_CONF = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
@@ -49,7 +49,7 @@ def get_spark(
     """Get or create the session.
 
     With ``remote`` (``sc://host:port``), a Spark Connect session on that server
-    (``dev.spark_connect`` starts one with the settings below): no JVM starts here. Else the
+    (``features.connect_server`` starts one with the settings below): no JVM starts here. Else the
     master is, in order: ``master``, the one spark-submit set, ``$RECPIPE_SPARK_MASTER``,
     ``local[*]``. The driver on ``$SPARK_LOCAL_IP`` (loopback by default), no UI port, UTC. In
     local mode one shuffle partition per worker thread (the job's few aggregations need no

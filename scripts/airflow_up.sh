@@ -28,7 +28,7 @@ mkdir -p "$AIRFLOW_HOME"
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null; wait' INT TERM EXIT
 # the feature job's Spark Connect server (prepare_features is a session on it)
-.venv/bin/python -m dev.spark_connect > "$AIRFLOW_HOME/spark-connect.log" 2>&1 &
+.venv/bin/python -m features.connect_server > "$AIRFLOW_HOME/spark-connect.log" 2>&1 &
 pids+=($!)
 for component in api-server scheduler dag-processor; do
   .venv/bin/airflow "$component" > "$AIRFLOW_HOME/$component.log" 2>&1 &

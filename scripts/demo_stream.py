@@ -30,9 +30,9 @@ from pathlib import Path
 HOME = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(HOME))
 
-from dev import spark_connect  # noqa: E402
 from dev.airflow import run_backfill  # noqa: E402
 from dev.env import airflow_env  # noqa: E402
+from features import connect_server as spark_connect  # noqa: E402
 from recpipe.config import load_pipeline_config  # noqa: E402
 from recpipe.config.retrain import load_retrain_config  # noqa: E402
 from recpipe.layout import PASS_MINUTES, pass_step  # noqa: E402

@@ -152,7 +152,7 @@ def _start_spark_connect(config) -> None:
 
     if os.environ.get("AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"):
         return
-    from dev import spark_connect
+    from features import connect_server as spark_connect
     from recpipe.atomic import pid_alive
     from tests.support import free_port
 
@@ -174,7 +174,7 @@ def pytest_unconfigure(config):
         config._forkserver.stop()
     proc = getattr(config, "_spark_connect", None)
     if proc is not None:
-        from dev import spark_connect
+        from features import connect_server as spark_connect
 
         spark_connect.stop(proc)
         shutil.rmtree(config._spark_connect_state, ignore_errors=True)

@@ -34,7 +34,7 @@ def run_ok(command: list[str], env: dict | None = None, timeout: int = 300) -> s
 def spark_connect_url(timeout: float = 300) -> str:
     """The suite's Spark Connect server (``AIRFLOW_CONN_SPARK_CONNECT_DEFAULT``; started by
     tests/conftest.py), once it answers; fails the test after ``timeout`` seconds."""
-    from dev.spark_connect import answers, url
+    from features.connect_server import answers, url
 
     conn = json.loads(os.environ["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"])
     deadline = time.monotonic() + timeout

@@ -272,6 +272,8 @@ def test_the_wiring_a_new_user_meets(compose):
     # seccomp profile lets unshare through with CAP_SYS_ADMIN in the bounding set only
     assert services["airflow-worker"]["cap_add"] == ["SYS_ADMIN"]
     assert all(svc.get("user") for svc in services.values())
+    # the deployment runs production modules only, never the development kit (dev/)
+    assert not [n for n, svc in services.items() if " dev." in f" {svc.get('command')}"]
     # published: the API server and MLflow only
     published_ports = {n for n, svc in services.items() if svc.get("ports")}
     assert published_ports == {"airflow-api-server", "mlflow"}

@@ -65,19 +65,20 @@ def test_bad_input_over_connect_names_the_file_and_leaves_nothing(movielens_conf
 
 @pytest.mark.slow
 def test_a_server_stopped_with_sigterm_leaves_no_jvm(tmp_path):
-    """``python -m dev.spark_connect`` (compose's spark-connect service, make airflow) stopped
+    """``python -m features.connect_server`` (compose's spark-connect service, make airflow) stopped
     with SIGTERM, as Docker and systemd stop it: its JVM goes too, and its port is free."""
     import signal
     import subprocess
     import sys
     import time
 
-    from dev.spark_connect import _group, answers
+    from features.connect_server import _group, answers
     from tests.support import free_port
 
     port, state = free_port(), tmp_path / "state"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "dev.spark_connect", "--port", str(port), "--state", str(state)], cwd=ROOT
+        [sys.executable, "-m", "features.connect_server", "--port", str(port), "--state", str(state)],
+        cwd=ROOT,
     )
     try:
         deadline = time.monotonic() + 180

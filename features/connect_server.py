@@ -5,7 +5,7 @@ The deployment runs one (``make airflow``, ``make demo``, compose's ``spark-conn
 the test suite); each pass's ``prepare_features`` is then a client session on a warm JVM
 instead of a ``spark-submit`` that starts one (``operators.feature_job``).
 
-``python -m dev.spark_connect [--port N] [--master local[2]] [--state DIR]`` runs one in the
+``python -m features.connect_server [--port N] [--master local[2]] [--state DIR]`` runs one in the
 foreground; ``server()`` starts one for the time of a ``with`` block; ``running()`` starts one
 unless the deployment's address already answers.
 """
@@ -24,10 +24,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from dev.env import SPARK_CONNECT_PORT as PORT  # Spark Connect's default
 from features.jvm import session_conf
 from features.session import SERVER_CONF, local_threads
 
+PORT = 15002  # Spark Connect's default
 PGID_FILE = "server.pgid"
 
 
@@ -188,7 +188,7 @@ def server(port: int, state: Path, master: str = "local[2]", host: str = "127.0.
 
 @contextmanager
 def running(env: dict[str, str], state: Path) -> Iterator[str]:
-    """The server that ``env``'s ``AIRFLOW_CONN_SPARK_CONNECT_DEFAULT`` names (``dev.env``):
+    """The server that ``env``'s ``AIRFLOW_CONN_SPARK_CONNECT_DEFAULT`` names:
     used as it is when it answers, else started there (state in ``state``) for the block.
     Yields its ``sc://`` URL."""
     conn = json.loads(env["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"])
@@ -201,7 +201,9 @@ def running(env: dict[str, str], state: Path) -> Iterator[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dev.spark_connect", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m features.connect_server", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--port", type=int, default=PORT)
     parser.add_argument("--host", default="127.0.0.1", help="the address it binds (one interface)")
     parser.add_argument("--master", default=os.environ.get("RECPIPE_SPARK_MASTER", "local[2]"))
