@@ -341,7 +341,7 @@ def deployment(
     server = None
     if not env.get(forkserver.ENV):
         # the deployment's job processes fork from one warm process (recpipe.forkserver)
-        server = forkserver.start(env, wait=False)
+        server = forkserver.start(env, wait=False, preload=("trainer.preload",))
         env[forkserver.ENV] = server.path
     try:
         # the triggerer's log server would listen on every interface (Airflow binds it to ""): the

@@ -139,7 +139,7 @@ def _start_forkserver(config) -> None:
         return
     # the stream DAGs' residents (one per pass's train task) need not outlive their tests
     environ = {"RECPIPE_RESIDENT_IDLE_S": "300", **os.environ}
-    config._forkserver = forkserver.start(environ, wait=False)
+    config._forkserver = forkserver.start(environ, wait=False, preload=("trainer.preload",))
     os.environ[forkserver.ENV] = config._forkserver.path
 
 

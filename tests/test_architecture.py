@@ -87,7 +87,6 @@ def test_every_core_module_imports_first_in_a_fresh_interpreter():
     names = sorted(
         ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
         for path in (ROOT / "recpipe").rglob("*.py")
-        if "forkserver" not in path.parts  # its server imports TensorFlow to keep it warm
     )
     code = (
         "import importlib, sys\n"

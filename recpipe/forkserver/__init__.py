@@ -57,19 +57,23 @@ class ForkServer:
         env: the server's environment; the processes it forks must agree with it in every
             variable read at import (``recpipe.forkserver.server.IMPORT_TIME``).
         wait: wait until it listens (clients that come before start their processes themselves).
-        timeout_s: seconds to wait for the server to import TensorFlow and listen.
+        timeout_s: seconds to wait for the server to import ``preload`` and listen.
+        preload: the modules the server imports before it forks (for trainer jobs
+            ``("trainer.preload",)``, a module whose import is the preload).
 
     Raises:
         RuntimeError: ``wait`` and the server exited or did not listen within ``timeout_s``.
     """
 
-    def __init__(self, env: dict[str, str], wait: bool = True, timeout_s: float = 120.0):
+    def __init__(
+        self, env: dict[str, str], wait: bool = True, timeout_s: float = 120.0, preload: tuple[str, ...] = ()
+    ):
         self._dir = tempfile.mkdtemp(prefix="recpipe-forkserver-")  # mode 0700: this user only
         self.path = str(Path(self._dir) / "socket")
         self.log = Path(self._dir) / "server.log"  # its own import's messages; its errors
         with self.log.open("wb") as out:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "recpipe.forkserver.server", self.path, str(os.getpid())],
+                [sys.executable, "-m", "recpipe.forkserver.server", self.path, str(os.getpid()), *preload],
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
@@ -97,11 +101,14 @@ class ForkServer:
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
-def start(environ: dict[str, str] | None = None, wait: bool = True) -> ForkServer:
+def start(
+    environ: dict[str, str] | None = None, wait: bool = True, preload: tuple[str, ...] = ()
+) -> ForkServer:
     """Start a server with a job process's environment: ``recpipe.launch.isolation.
-    job_environment`` of ``JOB_ENV`` over ``environ`` (default ``os.environ``)."""
+    job_environment`` of ``JOB_ENV`` over ``environ`` (default ``os.environ``), importing
+    ``preload`` (module names: ``("trainer.preload",)`` for trainer jobs) before it forks."""
     from recpipe.launch.isolation import JOB_ENV, job_environment
 
     env = job_environment(dict(JOB_ENV), environ)
     env.pop(ENV, None)
-    return ForkServer(env, wait=wait)
+    return ForkServer(env, wait=wait, preload=preload)

@@ -1,5 +1,6 @@
-"""``python -m recpipe.forkserver.server SOCKET PARENT_PID``: import what job processes import
-(``PRELOAD``), listen on ``SOCKET`` and fork one process per request (``recpipe.forkserver``).
+"""``python -m recpipe.forkserver.server SOCKET PARENT_PID [MODULE ...]``: import the modules
+job processes import (given by the server's starter: ``trainer.preload`` for trainer jobs),
+listen on ``SOCKET`` and fork one process per request (``recpipe.forkserver``).
 
 A forked process starts its own session, joins the client's network and mount namespaces, takes the
 client's standard streams, working directory and environment, and runs its module as
@@ -28,19 +29,6 @@ from dataclasses import dataclass, field
 
 from recpipe.forkserver import protocol, resident
 
-# what trainer processes import: trainer's package first (it sets TensorFlow's variables), then
-# the libraries (scipy.stats for the AUC's ranks, mlflow for an export's MLflow model)
-PRELOAD = (
-    "trainer",
-    "tensorflow",
-    "tf_keras",
-    "pandas",
-    "pyarrow.parquet",
-    "pydantic",
-    "yaml",
-    "scipy.stats",
-    "mlflow",
-)
 # variables read when those modules are imported: a process whose values differ is refused
 IMPORT_TIME = ("TF_", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "KERAS_", "XLA_", "PYTHON", "LD_", "MALLOC_")
 # read after import: TF_CONFIG when the job starts its cluster; PYTHONPATH is applied to a
@@ -85,9 +73,9 @@ class Resident:
 class Server:
     """The fork server's state: the listening socket and, per forked process, its client."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, preload: tuple[str, ...] = ()):
         before = dict(os.environ)
-        for name in PRELOAD:
+        for name in preload:
             __import__(name)
         # what the preload set (trainer's setdefault of TF_USE_LEGACY_KERAS, ...): a forked
         # process gets them as its own import would have set them
@@ -458,11 +446,11 @@ _SERVER_PYTHONPATH = frozenset(p for p in os.environ.get("PYTHONPATH", "").split
 
 
 def main() -> None:
-    path, parent = sys.argv[1], int(sys.argv[2])
+    path, parent, preload = sys.argv[1], int(sys.argv[2]), tuple(sys.argv[3:])
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != parent:
         return  # the parent died before the line above
-    server = Server(path)
+    server = Server(path, preload)
 
     def stop(signum, frame):
         server.stop()

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def server():
     """A server of this module's own, so that it is listening before the first test."""
-    started = forkserver.start(wait=True)
+    started = forkserver.start(wait=True, preload=("trainer.preload",))
     yield started
     started.stop()
 
@@ -290,7 +290,9 @@ def test_a_resident_runs_the_deployed_code_after_a_change(server, tmp_path):
 def test_a_resident_job_runs_in_the_launchers_network_and_ends_when_idle(tmp_path, monkeypatch):
     """A launcher's resident job has no namespace of its own (it would end with the job); the
     server ends a resident idle for ``RECPIPE_RESIDENT_IDLE_S``."""
-    server = forkserver.start({**os.environ, "RECPIPE_RESIDENT_IDLE_S": "2"}, wait=True)
+    server = forkserver.start(
+        {**os.environ, "RECPIPE_RESIDENT_IDLE_S": "2"}, wait=True, preload=("trainer.preload",)
+    )
     try:
         monkeypatch.setenv(forkserver.ENV, server.path)
         report = tmp_path / "report.json"

@@ -354,7 +354,7 @@ def test_a_resident_trains_the_next_pass_warm_as_a_new_process_would(chain, tmp_
     from trainer.checkpoints import resolve
 
     runs = chain["root"] / "runs"
-    server = forkserver.start(wait=True)
+    server = forkserver.start(wait=True, preload=("trainer.preload",))
     env = job_environment({forkserver.ENV: server.path, "RECPIPE_RESIDENT": f"warm-{uuid.uuid4().hex}"})
 
     def one_pass(name: str, train_ds: str, start: Path) -> tuple[dict, str]:
