@@ -426,10 +426,11 @@ def test_each_container_runs_as_its_own_user_with_only_its_secrets(deployment):
     assert set(seen) == set(SECRETS), seen
     # the processes too: no container runs anything as root (the entrypoints drop nothing)
     for c in (c for c in inspected if c["State"]["Running"]):
+        columns = ["-o", "pid,uid,args"]  # (docker top needs the pid column)
         top = subprocess.run(
-            ["docker", "top", c["Id"], "-o", "uid,args"], env=env, capture_output=True, text=True, check=True
+            ["docker", "top", c["Id"], *columns], env=env, capture_output=True, text=True, check=True
         ).stdout.splitlines()[1:]
-        assert top and not [line for line in top if line.split()[0] in ("0", "root")], top
+        assert top and not [line for line in top if line.split()[1] in ("0", "root")], top
 
 
 def test_down_leaves_nothing_behind(deployment):
