@@ -27,6 +27,20 @@ from recpipe.errors import UsageError, run_command
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    code = _delegated(argv)
+    if code is not None:
+        return code
+    parser, announce = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "announce":
+        if extra:
+            announce.error(f"unrecognized arguments: {' '.join(extra)}")
+        return run_command(lambda: _announce(args), "recpipe announce")
+    return run_command(lambda: _print_configs(args, extra))
+
+
+def _parser() -> tuple[ArgumentParser, ArgumentParser]:
+    """The top-level parser (each delegated command's name, for ``--help``) and ``announce``'s."""
     parser = ArgumentParser(
         prog="recpipe",
         description="recpipe: the project's command-line tool",
@@ -69,6 +83,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     announce.add_argument("partition", nargs="+", help="the partition directory, ds=D[/hh=HH[MM]]")
     redis_conn.add_arguments(announce, "the Redis of the arrivals connection", env=redis_conn.ARRIVALS_ENV)
+    return parser, announce
+
+
+def _delegated(argv: list[str]) -> int | None:
+    """Run a command whose parser lives with its code (``predict``, ``runs``, ``champion``, ...);
+    None for the commands parsed here."""
     if argv and argv[0] == "data":
         from dev.data.cli import main as data_main
 
@@ -104,12 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             "ckpt": entry.ckpt_main,
         }[argv[0]]
         return fn(argv[1:])
-    args, extra = parser.parse_known_args(argv)
-    if args.command == "announce":
-        if extra:
-            announce.error(f"unrecognized arguments: {' '.join(extra)}")
-        return run_command(lambda: _announce(args), "recpipe announce")
-    return run_command(lambda: _print_configs(args, extra))
+    return None
 
 
 def _announce(args: argparse.Namespace) -> int:

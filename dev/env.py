@@ -14,7 +14,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from features.connect_server import PORT as CONNECT_PORT
+from features import CONNECT_PORT
 
 AIRFLOW_PORT = 8080
 MLFLOW_PORT = 5000

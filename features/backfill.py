@@ -94,11 +94,7 @@ def prepare_range(spark: SparkSession, config: PipelineConfig, days: list[str]) 
 
     features = config.feature_config.features
     moments = {d: figures.moments_from_row(counted[d], features) for d in days}
-    plans = {}
-    for d in days:
-        window, earlier = window_moments(spark, config, d, known={k: moments[k] for k in days if k < d})
-        dense_stats, normalization = window_normalization(config, earlier, moments[d])
-        plans[d] = {"window": [*window, d], "statistics": dense_stats, "features": normalization}
+    plans = _plans(spark, config, days, moments)
 
     staging = Path(config.train_input_path) / f"_backfill-{uuid.uuid4().hex[:8]}"  # readers skip _
     states, sequence = None, dict.fromkeys(days)
@@ -114,15 +110,8 @@ def prepare_range(spark: SparkSession, config: PipelineConfig, days: list[str]) 
     try:
         params = _day_params(spark, config, plans)
         by_day = rows.join(F.broadcast(params), on=DAY, how="inner")
-        normalization = {
-            f.name: {
-                "method": plans[days[0]]["features"][f.name]["method"],
-                **{k: F.col(_param(f.name, k)) for k in plans[days[0]]["features"][f.name] if k != "method"},
-            }
-            for f in features
-            if f.feature_type == FeatureType.RawFeature
-        }
-        written = feature_rows(by_day, config, normalization, keep=(DAY,) if states is None else (DAY, ROW))
+        keep = (DAY,) if states is None else (DAY, ROW)
+        written = feature_rows(by_day, config, _day_columns(plans[days[0]], features), keep=keep)
         if states is not None:  # each day's rows in their logged order (the histories' joins shuffled them)
             written = written.orderBy(DAY, ROW).drop(ROW)
         written.write.partitionBy(DAY).mode("overwrite").parquet(str(staging))
@@ -137,6 +126,30 @@ def prepare_range(spark: SparkSession, config: PipelineConfig, days: list[str]) 
         return out
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _plans(spark: SparkSession, config: PipelineConfig, days: list[str], moments: dict) -> dict:
+    """Per day, its normalization document as ``prepare_day`` writes it (window, statistics,
+    features), each day's window over the range's earlier days' ``moments``."""
+    plans = {}
+    for d in days:
+        window, earlier = window_moments(spark, config, d, known={k: moments[k] for k in days if k < d})
+        dense_stats, normalization = window_normalization(config, earlier, moments[d])
+        plans[d] = {"window": [*window, d], "statistics": dense_stats, "features": normalization}
+    return plans
+
+
+def _day_columns(plan: dict, features) -> dict:
+    """The raw features' normalization with each parameter a column of the day's row (the
+    broadcast ``_day_params``), the methods as in ``plan`` (the same every day)."""
+    return {
+        f.name: {
+            "method": plan["features"][f.name]["method"],
+            **{k: F.col(_param(f.name, k)) for k in plan["features"][f.name] if k != "method"},
+        }
+        for f in features
+        if f.feature_type == FeatureType.RawFeature
+    }
 
 
 STATES = "_states"  # under the staging folder: the range's states, partitioned by day

@@ -24,10 +24,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from features import CONNECT_PORT
 from features.jvm import session_conf
 from features.session import SERVER_CONF, local_threads
 
-PORT = 15002  # Spark Connect's default
+PORT = CONNECT_PORT
 PGID_FILE = "server.pgid"
 
 

@@ -91,6 +91,52 @@ def _write_features(rows: DataFrame, config: PipelineConfig, out: Path, normaliz
     feature_rows(rows, config, normalization).write.mode("overwrite").parquet(str(out))
 
 
+def _quarantine(
+    parsed: DataFrame, config: PipelineConfig, ds: str, files: list[Path], total: int, bad_count: int
+):
+    """Write the day's bad rows to its quarantine partition; the count of each reason.
+
+    Raises:
+        RawInputError: a day (not a pass) without rows.
+        BadRowsError: the share of bad rows is over ``max_bad_row_fraction``.
+    """
+    dc = config.data_config
+    bad = quarantined(parsed, dc.input_fields)
+    quarantine_root = Path(config.effective_quarantine_path)
+    quarantine(bad, bad_count, quarantine_root, ds)
+    if total == 0 and "/" not in ds:  # a quiet hour is a pass with no rows; a day is not
+        raise RawInputError(f"raw partition {files[0].parent} holds no rows")
+    if bad_count / max(total, 1) > dc.max_bad_row_fraction:
+        where = ds_partition(quarantine_root, ds)
+        raise BadRowsError(_bad_row_message(bad, bad_count, total, ds, dc.max_bad_row_fraction, where))
+    if not bad_count:
+        return {}
+    return {r[REASON]: r["count"] for r in bad.groupBy(REASON).count().collect()}
+
+
+def _with_histories(spark: SparkSession, rows: DataFrame, config: PipelineConfig, ds: str):
+    """``rows`` with each user's behaviour history (``data_config.behavior_sequence``; the
+    good rows', positive ones only where it says so), the users' new state and its figures;
+    ``(rows, None, {})`` for a config without one."""
+    dc = config.data_config
+    seq = dc.behavior_sequence
+    if seq is None:
+        return rows, None, {}
+    good = ~F.col(BAD)
+    if seq.positive_only:
+        good = good & (F.col(dc.label_fields[0]) > 0)
+    return add_histories(spark, rows, seq, dc.all_fields(sequences=False), config.train_input_path, ds, good)
+
+
+def _publish(out: Path, stats: dict, normalization: dict) -> None:
+    """The side files of the partition written at ``out``, ``_SUCCESS`` last: the partition is
+    then complete."""
+    written = FeaturePartition(out)
+    written.stats.write_text(json.dumps(stats, indent=2, sort_keys=True))
+    written.normalization.write_text(json.dumps(normalization, indent=2, sort_keys=True))
+    written.success.touch()
+
+
 def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
     """Prepare the features of day ``ds`` and return its stats (also in ``_stats.json``).
     ``ds`` may be a pass, ``YYYY-MM-DD/HH`` or ``YYYY-MM-DD/HHMM``: one pass's raw partition
@@ -113,7 +159,6 @@ def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
         ValueError: ``ds`` is neither ``YYYY-MM-DD`` nor a pass of it.
         In all cases no output partition is written for ``ds``.
     """
-    dc = config.data_config
     split_pass(ds)  # a malformed ds fails before any work
     check_partition_output(config, ds)
     rows, files = read_day(spark, config, ds)
@@ -123,21 +168,12 @@ def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
     except Exception as err:
         raise _read_error(err, files) from err
     window, earlier = window_moments(spark, config, ds)
-    window.append(ds)
-    final = ds_partition(config.train_input_path, ds)
-    seq = dc.behavior_sequence
+    window = [*window, ds]
     parsed = rows  # the raw rows, as quarantine keeps them (no history columns)
-    new_state, seq_figures = None, {}
-    if seq is not None:
-        good = ~F.col(BAD)
-        if seq.positive_only:
-            good = good & (F.col(dc.label_fields[0]) > 0)
-        rows, new_state, seq_figures = add_histories(
-            spark, rows, seq, dc.all_fields(sequences=False), config.train_input_path, ds, good
-        )
+    rows, new_state, seq_figures = _with_histories(spark, rows, config, ds)
     state_dir = (
         atomic.directory(ds_partition(state_root(config.train_input_path), ds))
-        if seq is not None
+        if new_state is not None
         else contextlib.nullcontext()
     )
     with state_dir as state_tmp, partition_output(config, ds) as tmp:
@@ -151,17 +187,7 @@ def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
             raise _read_error(err, files) from err
         counted = day_figures()
         total, bad_count = counted["__total"], counted["__bad"] or 0
-        bad = quarantined(parsed, dc.input_fields)
-        quarantine_root = Path(config.effective_quarantine_path)
-        quarantine(bad, bad_count, quarantine_root, ds)
-        if total == 0 and "/" not in ds:  # a quiet hour is a pass with no rows; a day is not
-            raise RawInputError(f"raw partition {files[0].parent} holds no rows")
-        if bad_count / max(total, 1) > dc.max_bad_row_fraction:
-            where = ds_partition(quarantine_root, ds)
-            raise BadRowsError(_bad_row_message(bad, bad_count, total, ds, dc.max_bad_row_fraction, where))
-        reasons = {}
-        if bad_count:
-            reasons = {r[REASON]: r["count"] for r in bad.groupBy(REASON).count().collect()}
+        reasons = _quarantine(parsed, config, ds, files, total, bad_count)
         if not first_pass:
             moments = figures.moments_from_row(counted, config.feature_config.features)
         elif bad_count:  # the first pass's moments counted the quarantined rows' dense values
@@ -172,32 +198,20 @@ def prepare_day(spark: SparkSession, config: PipelineConfig, ds: str) -> dict:
         if observed != normalization:
             _write_features(rows, config, tmp, observed)
         stats = {
-            "ds": ds,
-            "rows_in": total,
-            "rows": total - bad_count,
-            "rows_quarantined": bad_count,
-            "quarantine_reasons": reasons,
-            "positive_rate": counted["__positive_rate"],
+            "ds": ds, "rows_in": total, "rows": total - bad_count, "rows_quarantined": bad_count,
+            "quarantine_reasons": reasons, "positive_rate": counted["__positive_rate"],
             "nulls": figures.day_nulls(counted, config, moments, total - bad_count),
-            "dense_moments": moments,
-            "normalization_window": window,
-            "raw_files": [str(p) for p in files],
-        }
+            "dense_moments": moments, "normalization_window": window, "raw_files": [str(p) for p in files],
+        }  # fmt: skip
         if new_state is not None:
             # the state is renamed after the features (the with's order): a day whose state
             # is published has its features published too
             write_state(new_state, state_tmp)
-            stats["sequence"] = {
-                **seq_figures,
-                "users": spark.read.parquet(str(state_tmp)).count(),
-                **_sequence_lengths(spark, config, tmp),
-            }
-        written = FeaturePartition(tmp)
-        written.stats.write_text(json.dumps(stats, indent=2, sort_keys=True))
-        norm_doc = {"window": window, "statistics": dense_stats, "features": observed}
-        written.normalization.write_text(json.dumps(norm_doc, indent=2, sort_keys=True))
-        written.success.touch()  # last: the partition is complete
-    log.info("ds=%s: %d rows -> %s (%d quarantined)", ds, stats["rows"], final, bad_count)
+            users = spark.read.parquet(str(state_tmp)).count()
+            stats["sequence"] = {**seq_figures, "users": users, **_sequence_lengths(spark, config, tmp)}
+        _publish(tmp, stats, {"window": window, "statistics": dense_stats, "features": observed})
+    where = ds_partition(config.train_input_path, ds)
+    log.info("ds=%s: %d rows -> %s (%d quarantined)", ds, stats["rows"], where, bad_count)
     return stats
 
 
