@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -370,29 +371,26 @@ def test_the_feature_jobs_environment_holds_no_secret_of_the_worker(monkeypatch,
 def test_spark_submit_gets_the_feature_jobs_environment_not_the_workers(monkeypatch, tmp_path):
     """On the spark-submit path (``operators.spark_submit``, Airflow's operator and hook) the
     ``spark-submit`` process gets the allowlist, Spark's own variables and the operator's
-    ``env_vars``; none of the worker's secrets (the provider's hook alone passes them all). A
-    ``spark-submit`` on PATH that writes its environment stands in for Spark's."""
+    ``env_vars``; none of the worker's secrets (the provider's hook alone passes them all). The
+    application, run by pyspark's own ``spark-submit`` on ``local[1]``, writes the environment
+    its driver process got (it starts no SparkContext: nothing binds ``SPARK_LOCAL_IP``)."""
     import json
-    import stat
+    import sys
 
     from operators.spark_submit import FeatureSparkSubmitOperator
 
-    bin_dir, dump = tmp_path / "bin", tmp_path / "env.json"
-    bin_dir.mkdir()
-    fake = bin_dir / "spark-submit"
-    dumper = f"import json, os; json.dump(dict(os.environ), open('{dump}', 'w'))"
-    fake.write_text(f'#!/bin/sh\nexec python3 -c "{dumper}"\n')
-    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    app, dump = tmp_path / "dump_env.py", tmp_path / "env.json"
+    app.write_text(f"import json, os\njson.dump(dict(os.environ), open({str(dump)!r}, 'w'))\n")
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")  # spark-submit
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_FEATURES", json.dumps({"conn_type": "spark", "host": "local[1]"}))
     for name in ("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "MLFLOW_TRACKING_PASSWORD", "AWS_SECRET_ACCESS_KEY"):
         monkeypatch.setenv(name, "s3cret")
     monkeypatch.setenv("SPARK_LOCAL_IP", "198.51.100.7")
     op = FeatureSparkSubmitOperator(
-        task_id="prepare_features", conn_id="spark_features", application="prepare.py",
+        task_id="prepare_features", conn_id="spark_features", application=str(app),
         env_vars={"RECPIPE_HOME": str(tmp_path), "PYSPARK_PYTHON": "python3"},
     )  # fmt: skip
-    op._get_hook().submit("prepare.py")
+    op._get_hook().submit(str(app))
     env = json.loads(dump.read_text())
     assert "s3cret" not in env.values() and not [k for k in env if k.startswith("AIRFLOW_CONN_")], sorted(env)
     assert env["SPARK_LOCAL_IP"] == "198.51.100.7" and env["RECPIPE_HOME"] == str(tmp_path)
