@@ -14,11 +14,10 @@ import shlex
 import sys
 from pathlib import Path
 
-from features import CONNECT_PORT
+from features import CONNECT_PORT as SPARK_CONNECT_PORT
 
 AIRFLOW_PORT = 8080
 MLFLOW_PORT = 5000
-SPARK_CONNECT_PORT = CONNECT_PORT
 # SQLite's default busy timeout (5 s) is short for four Airflow components writing at once:
 # a backfill's runs were left half created ("database is locked"). Airflow imports this dict.
 SQLITE_CONNECT_ARGS = {"timeout": 60}

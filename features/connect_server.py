@@ -28,7 +28,6 @@ from features import CONNECT_PORT
 from features.jvm import session_conf
 from features.session import SERVER_CONF, local_threads
 
-PORT = CONNECT_PORT
 PGID_FILE = "server.pgid"
 
 
@@ -205,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m features.connect_server", description=__doc__.splitlines()[0]
     )
-    parser.add_argument("--port", type=int, default=PORT)
+    parser.add_argument("--port", type=int, default=CONNECT_PORT)
     parser.add_argument("--host", default="127.0.0.1", help="the address it binds (one interface)")
     parser.add_argument("--master", default=os.environ.get("RECPIPE_SPARK_MASTER", "local[2]"))
     parser.add_argument("--state", default=None, help="pid file and logs (default var/spark-connect)")

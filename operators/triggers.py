@@ -10,12 +10,12 @@ import asyncio
 import logging
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from recpipe.arrivals import CHANNEL
+from recpipe.redis_conn import read_password
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class PartitionArrivalTrigger(BaseTrigger):
             conn = await sync_to_async(RedisHook.get_connection)(self.redis_conn_id)
             password, password_file = conn.password, conn.extra_dejson.get("password_file")
             if not password and password_file:  # a deployment's secret file, not the connection
-                password = Path(password_file).read_text().rstrip("\n")
+                password = read_password(password_file, f"connection {self.redis_conn_id}'s password_file")
             client = aioredis.Redis(
                 host=conn.host or "127.0.0.1",
                 port=conn.port or 6379,

@@ -148,11 +148,21 @@ def resolve(
         return None
     address = parse(url, source)
     if password_file:
-        try:
-            password = Path(password_file).read_text().rstrip("\n")
-        except OSError as err:
-            raise UsageError(f"{password_flag} {password_file}: {err.strerror}") from None
-        if not password:
-            raise UsageError(f"{password_flag} {password_file}: the file is empty")
-        address = replace(address, password=password)
+        address = replace(address, password=read_password(password_file, password_flag))
     return address
+
+
+def read_password(path: str, source: str) -> str:
+    """The password in the file ``path`` (its text without the final newline); ``source``
+    names where the path came from (a flag, a variable, a connection) in the error.
+
+    Raises:
+        UsageError: the file cannot be read, or is empty.
+    """
+    try:
+        password = Path(path).read_text().rstrip("\n")
+    except OSError as err:
+        raise UsageError(f"{source} {path}: {err.strerror}") from None
+    if not password:
+        raise UsageError(f"{source} {path}: the file is empty")
+    return password
